@@ -1,0 +1,245 @@
+"""The `hybrid` command: index, serve, search, eval, bench, download-beir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+
+# Everything runs offline by default; set HF_HUB_OFFLINE=0 to let model names reach the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+logger = logging.getLogger("hybrid")
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _build_options(args):
+    from indexer.build import BuildOptions
+    from search.analyzer import Analyzer
+    from search.bm25 import BM25Params
+    from search.dense import FaissParams
+
+    return BuildOptions(
+        model=args.model,
+        backend=args.backend,
+        analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
+        bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
+        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, ef_search=args.ef_search),
+        device=args.device,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+
+
+def cmd_index(args) -> int:
+    from indexer.build import build_index
+
+    started = time.perf_counter()
+    manifest = build_index(args.corpus, args.out, _build_options(args))
+    wall = time.perf_counter() - started
+    print(f"indexed {manifest['counts']['documents']} documents into {args.out} in {wall:.1f} s "
+          f"(peak memory {_peak_rss_mib():.0f} MiB); stages: {json.dumps(manifest['build'])}")
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from app.main import create_app
+    from app.settings import Settings
+
+    overrides = {k: v for k, v in {"index": args.index, "host": args.host, "port": args.port, "device": args.device, "verify": args.verify}.items() if v is not None}
+    settings = Settings(**overrides)
+    if settings.index is None:
+        print("error: no index given: pass --index DIR or set HYBRID_INDEX", file=sys.stderr)
+        return 2
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0
+
+
+def _open(path, device="auto", verify="size"):
+    from indexer.store import open_index
+    from search.pipeline import SearchPipeline
+
+    index = open_index(path, verify=verify, device=device)
+    fusion = index.manifest["fusion"]
+    return index, SearchPipeline(index.bm25, index.dense, index.embedder, depth=fusion["depth"], rrf_k=fusion["rrf_k"])
+
+
+def cmd_search(args) -> int:
+    index, pipeline = _open(args.index, args.device)
+    result = pipeline.search(args.query, k=args.k, mode=args.mode)
+    hits = []
+    for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
+        doc = index.docs.get(int(doc_idx))
+        hits.append({"rank": rank, "id": doc["id"], "score": float(score), "title": doc["title"]})
+    if args.json:
+        print(json.dumps({"query": args.query, "mode": args.mode, "hits": hits, "timings_ms": result.timings_ms}, indent=2))
+    else:
+        for hit in hits:
+            print(f"{hit['rank']:>4}  {hit['score']:10.4f}  {hit['id']:<16} {hit['title'][:80]}")
+        print(f"({result.timings_ms['total']:.1f} ms)")
+    return 0
+
+
+def _index_for_dataset(args, dataset: Path) -> Path:
+    """Reuse --index when it exists, else build it from the dataset's corpus."""
+    from indexer.build import build_index
+
+    index_dir = Path(args.index or Path("indexes") / dataset.name)
+    if not (index_dir / "manifest.json").is_file():
+        build_index(dataset, index_dir, _build_options(args))
+    return index_dir
+
+
+def cmd_eval(args) -> int:
+    from evaluation.metrics import evaluate
+    from evaluation.runner import doc_ids, run_queries
+    from indexer.corpus import split_queries
+
+    dataset = Path(args.data)
+    queries, qrels = split_queries(dataset, args.split)
+    index, pipeline = _open(_index_for_dataset(args, dataset), args.device)
+    ids = doc_ids(index)
+    report = {"dataset": dataset.name, "split": args.split, "queries": len(queries), "pipelines": {}}
+    for mode in args.modes.split(","):
+        run, latencies = run_queries(pipeline, ids, queries, mode, k=100, progress=not args.quiet)
+        report["pipelines"][mode] = {k: round(v, 4) for k, v in evaluate(run, qrels).items()}
+    print(f"{dataset.name} / {args.split} ({len(queries)} queries)")
+    print(f"{'pipeline':<10}" + "".join(f"{m:>12}" for m in next(iter(report['pipelines'].values()))))
+    for mode, metrics in report["pipelines"].items():
+        print(f"{mode:<10}" + "".join(f"{v:>12.4f}" for v in metrics.values()))
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from evaluation.bench import bm25_throughput, pipeline_latency
+    from indexer.corpus import split_queries
+
+    queries, _ = split_queries(args.data, args.split)
+    texts = list(queries.values())
+    index, pipeline = _open(args.index, args.device)
+    report = {
+        "index": str(args.index),
+        "documents": index.num_docs,
+        "queries": len(texts),
+        "cpu_count": os.cpu_count(),
+        "bm25_throughput": bm25_throughput(index, texts),
+        "latency": pipeline_latency(pipeline, texts),
+        "peak_rss_mib": round(_peak_rss_mib(), 1),
+    }
+    print(json.dumps(report, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_download_beir(args) -> int:
+    from evaluation.beir import ensure_dataset
+
+    print(ensure_dataset(args.name, args.to))
+    return 0
+
+
+def _add_build_flags(p: argparse.ArgumentParser) -> None:
+    from indexer.build import BuildOptions
+    from search.analyzer import STEMMERS, STOPWORD_LISTS
+    from search.bm25 import BM25_METHODS
+    from search.dense import FAISS_KINDS
+
+    g = p.add_argument_group("index build")
+    g.add_argument("--model", default=BuildOptions.model, help="sentence-transformers model name or local path")
+    g.add_argument("--backend", choices=("onnx", "torch"), default="onnx", help="how documents are embedded")
+    g.add_argument("--faiss", choices=FAISS_KINDS, default="flat")
+    g.add_argument("--nlist", type=int, default=None, help="IVF clusters (default ~4*sqrt(n))")
+    g.add_argument("--nprobe", type=int, default=16)
+    g.add_argument("--hnsw-m", type=int, default=32)
+    g.add_argument("--ef-search", type=int, default=128)
+    g.add_argument("--bm25-method", choices=BM25_METHODS, default="lucene")
+    g.add_argument("--k1", type=float, default=1.5)
+    g.add_argument("--b", type=float, default=0.75)
+    g.add_argument("--stopwords", choices=STOPWORD_LISTS, default="en")
+    g.add_argument("--stemmer", choices=STEMMERS, default="english")
+    g.add_argument("--batch-size", type=int, default=16)
+    g.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybrid", description="Hybrid BM25 + dense retrieval")
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+    devices = ("auto", "cpu", "gpu")
+
+    p = sub.add_parser("index", help="build an index from a BEIR folder or a JSONL corpus")
+    p.add_argument("corpus", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--device", choices=devices, default="auto", help="FAISS / ONNX device")
+    _add_build_flags(p)
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("serve", help="serve POST /search over HTTP")
+    p.add_argument("--index", type=Path, help="index folder (env HYBRID_INDEX)")
+    p.add_argument("--host", help="bind address (env HYBRID_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (env HYBRID_PORT, default 8000)")
+    p.add_argument("--device", choices=devices)
+    p.add_argument("--verify", choices=("full", "size", "none"), help="index file check at startup (default full)")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("search", help="query an index from the command line")
+    p.add_argument("index", type=Path)
+    p.add_argument("query")
+    p.add_argument("--mode", choices=("bm25", "dense", "hybrid"), default="hybrid")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", choices=devices, default="auto")
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("eval", help="evaluate pipelines on a BEIR dataset split")
+    p.add_argument("--data", type=Path, required=True, help="BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--index", type=Path, help="index folder to use or build (default indexes/<dataset>)")
+    p.add_argument("--modes", default="bm25,dense,hybrid")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--device", choices=devices, default="auto")
+    _add_build_flags(p)
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("bench", help="measure throughput and latency side by side")
+    p.add_argument("index", type=Path)
+    p.add_argument("--data", type=Path, required=True, help="BEIR dataset folder supplying the queries")
+    p.add_argument("--split", default="test")
+    p.add_argument("--out", type=Path, help="write the JSON report here")
+    p.add_argument("--device", choices=devices, default="auto")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("download-beir", help="fetch a BEIR dataset if it is not on disk")
+    p.add_argument("name")
+    p.add_argument("--to", type=Path, default=Path(os.environ.get("BEIR_DATA", "data/beir")))
+    p.set_defaults(func=cmd_download_beir)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, RuntimeError, FileExistsError) as exc:
+        logger.debug("command failed", exc_info=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""FastAPI application: create_app() wires settings, the index and the routes."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from app.limits import BodySizeLimit
+from app.routes import router
+from app.settings import Settings
+from indexer.store import OpenIndex, open_index
+from search.pipeline import SearchError, SearchPipeline
+
+logger = logging.getLogger(__name__)
+
+
+def _pipeline_for(index: OpenIndex, settings: Settings) -> SearchPipeline:
+    fusion = index.manifest["fusion"]
+    return SearchPipeline(index.bm25, index.dense, index.embedder, depth=settings.depth or fusion["depth"], rrf_k=fusion["rrf_k"])
+
+
+def create_app(settings: Settings | None = None, index: OpenIndex | None = None) -> FastAPI:
+    """Build the app; the index is opened once at startup unless one is injected (tests)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        opened = index
+        if opened is None:
+            if settings.index is None:
+                raise RuntimeError("no index configured: pass --index DIR or set HYBRID_INDEX")
+            logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
+            opened = open_index(settings.index, verify=settings.verify, device=settings.device)
+        app.state.index = opened
+        app.state.pipeline = _pipeline_for(opened, settings)
+        logger.info("ready: %d documents", opened.num_docs)
+        yield
+        app.state.pipeline = None
+        if index is None:
+            opened.close()
+
+    app = FastAPI(
+        title="Hybrid retrieval",
+        version="0.1.0",
+        summary="BM25 + dense retrieval with rank fusion",
+        lifespan=lifespan,
+    )
+    app.state.pipeline = None
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(router)
+
+    @app.exception_handler(SearchError)
+    async def _search_error(request: Request, exc: SearchError):
+        return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]})
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        logger.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(status_code=500, content={"detail": "internal server error"})
+
+    return app

@@ -1,0 +1,53 @@
+"""HTTP routes: thin translation between JSON and the search pipeline."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
+from indexer.store import OpenIndex
+from search.pipeline import SearchPipeline
+
+router = APIRouter()
+
+
+def _pipeline(request: Request) -> SearchPipeline:
+    pipeline = request.app.state.pipeline
+    if pipeline is None:
+        raise HTTPException(status_code=503, detail="index not loaded yet", headers={"Retry-After": "1"})
+    return pipeline
+
+
+def _index(request: Request) -> OpenIndex:
+    return request.app.state.index
+
+
+PipelineDep = Annotated[SearchPipeline, Depends(_pipeline)]
+IndexDep = Annotated[OpenIndex, Depends(_index)]
+
+
+@router.post("/search", response_model=SearchResponse)
+def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> SearchResponse:
+    # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
+    result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth)
+    hits = []
+    for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
+        doc = index.docs.get(int(doc_idx))
+        hits.append(Hit(id=doc["id"], score=float(score), rank=rank, title=doc["title"], text=doc["text"] if body.include_text else None))
+    return SearchResponse(query=body.query, mode=body.mode, k=body.k, hits=hits, timings_ms={k: round(v, 3) for k, v in result.timings_ms.items()})
+
+
+@router.get("/health", response_model=Health)
+def health() -> Health:
+    return Health()
+
+
+@router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
+def ready(request: Request):
+    index = getattr(request.app.state, "index", None)
+    if request.app.state.pipeline is None or index is None:
+        return JSONResponse(status_code=503, content=Ready(ready=False).model_dump())
+    return Ready(ready=True, documents=index.num_docs, index=str(index.path))

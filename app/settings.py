@@ -1,0 +1,22 @@
+"""Service settings: environment variables prefixed HYBRID_ (e.g. HYBRID_INDEX=/data/index)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HYBRID_", extra="ignore")
+
+    index: Path | None = Field(None, description="index folder built by `hybrid index`")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    verify: Literal["full", "size", "none"] = Field("full", description="index file check at startup")
+    depth: int | None = Field(None, ge=1, le=1000, description="hybrid candidates per retriever (default: the index's)")
+    max_body_bytes: int = Field(64 * 1024, ge=1024)
+    log_level: str = "info"

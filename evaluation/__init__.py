@@ -1,0 +1,1 @@
+"""Offline evaluation and benchmarks over BEIR-layout datasets."""

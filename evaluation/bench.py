@@ -1,0 +1,54 @@
+"""Side-by-side measurements on one index, in one process: the numbers docs/BENCHMARKS.md quotes."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from indexer.corpus import indexed_text
+from indexer.store import OpenIndex
+from search.bm25 import BM25Params, ReferenceBM25
+from search.pipeline import MODES, SearchPipeline
+
+
+def percentiles(values_ms: list[float]) -> dict[str, float]:
+    p50, p95, p99 = np.percentile(values_ms, [50, 95, 99])
+    return {"p50_ms": round(float(p50), 3), "p95_ms": round(float(p95), 3), "p99_ms": round(float(p99), 3)}
+
+
+def _queries_per_second(search, queries: list[str], depth: int) -> float:
+    start = time.perf_counter()
+    for q in queries:
+        search(q, depth)
+    return len(queries) / (time.perf_counter() - start)
+
+
+def bm25_throughput(index: OpenIndex, queries: list[str], depth: int = 100, rounds: int = 3) -> dict:
+    """Our BM25 engine vs rank-bm25 on the same corpus, analyzer and k1/b, interleaved rounds."""
+    spec = index.manifest["bm25"]
+    tokens = (index.analyzer.analyze(indexed_text(doc["title"], doc["text"])) for doc in map(index.docs.get, range(index.num_docs)))
+    reference = ReferenceBM25(tokens, index.analyzer, BM25Params(k1=spec["k1"], b=spec["b"]))
+    ours, theirs = [], []
+    for _ in range(rounds):  # interleaved so machine noise hits both alike
+        ours.append(_queries_per_second(index.bm25.search, queries, depth))
+        theirs.append(_queries_per_second(reference.search, queries, depth))
+    ours_qps, ref_qps = statistics.median(ours), statistics.median(theirs)
+    return {"engine_qps": round(ours_qps, 1), "rank_bm25_qps": round(ref_qps, 1), "ratio": round(ours_qps / ref_qps, 1), "queries": len(queries), "rounds": rounds}
+
+
+def pipeline_latency(pipeline: SearchPipeline, queries: list[str], k: int = 10, warmup: int = 10) -> dict:
+    """In-process latency per mode (median over the query set, after a short warm-up)."""
+    for q in queries[:warmup]:
+        pipeline.search(q, k=k, mode="hybrid")
+    report = {}
+    for mode in MODES:
+        totals, stages = [], {}
+        for q in queries:
+            result = pipeline.search(q, k=k, mode=mode)
+            totals.append(result.timings_ms["total"])
+            for stage, ms in result.timings_ms.items():
+                stages.setdefault(stage, []).append(ms)
+        report[mode] = {**percentiles(totals), "stage_p50_ms": {s: round(statistics.median(v), 3) for s, v in stages.items()}}
+    return report

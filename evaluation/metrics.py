@@ -1,0 +1,37 @@
+"""IR metrics through pytrec_eval (the trec_eval implementation BEIR uses)."""
+
+from __future__ import annotations
+
+import pytrec_eval
+
+# Our names -> trec_eval measures. Cut-offs follow BEIR's conventions.
+MEASURES = {
+    "ndcg@10": "ndcg_cut_10",
+    "recall@100": "recall_100",
+    "mrr@10": "recip_rank",  # computed on runs truncated to 10 (see evaluate)
+    "map@100": "map_cut_100",
+}
+
+
+def evaluate(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]], metrics=tuple(MEASURES)) -> dict[str, float]:
+    """Mean of each metric over the judged queries; a judged query missing from the run scores 0."""
+    unknown = set(metrics) - set(MEASURES)
+    if unknown:
+        raise ValueError(f"unknown metrics {sorted(unknown)}; valid: {', '.join(MEASURES)}")
+    per_query = per_query_scores(run, qrels, metrics)
+    return {m: sum(scores.values()) / len(qrels) for m, scores in per_query.items()}
+
+
+def per_query_scores(run, qrels, metrics=tuple(MEASURES)) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {m: {qid: 0.0 for qid in qrels} for m in metrics}
+    plain = [m for m in metrics if m != "mrr@10"]
+    if plain:
+        evaluator = pytrec_eval.RelevanceEvaluator(qrels, {MEASURES[m] for m in plain})
+        for qid, values in evaluator.evaluate(run).items():
+            for m in plain:
+                out[m][qid] = values[MEASURES[m]]
+    if "mrr@10" in metrics:
+        top10 = {qid: dict(sorted(docs.items(), key=lambda kv: -kv[1])[:10]) for qid, docs in run.items()}
+        for qid, values in pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(top10).items():
+            out["mrr@10"][qid] = values["recip_rank"]
+    return out

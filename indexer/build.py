@@ -1,0 +1,184 @@
+"""Build an index folder from a corpus: documents, BM25, embeddings, FAISS, manifest.
+
+The build goes into a hidden temporary folder next to the target and is renamed into place
+only when complete, so a failed or interrupted build never leaves a half-written index and
+never damages the index it replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from indexer import store
+from indexer.corpus import corpus_file, indexed_text, read_corpus
+from models.embedder import BACKENDS
+from search.analyzer import Analyzer
+from search.bm25 import BM25Index, BM25Params
+from search.dense import FaissParams, build_faiss_index, use_gpu
+from search.fusion import DEFAULT_RRF_K
+
+logger = logging.getLogger(__name__)
+
+BUILDER_VERSION = "0.1.0"
+DEFAULT_DEPTH = 100
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    backend: str = "onnx"  # how documents are embedded; queries always use the exported ONNX model
+    analyzer: Analyzer = field(default_factory=Analyzer)
+    bm25: BM25Params = field(default_factory=BM25Params)
+    faiss: FaissParams = field(default_factory=FaissParams)
+    device: str = "auto"
+    batch_size: int = 16
+    onnx_cache: Path | None = None
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+def _versions() -> dict:
+    import bm25s
+    import faiss
+    import onnxruntime
+
+    return {"python": platform.python_version(), "bm25s": bm25s.__version__, "faiss": faiss.__version__,
+            "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
+
+
+def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
+    from models.embedder import OnnxEmbedder, TorchEmbedder
+
+    if options.backend == "torch":
+        return TorchEmbedder(model_path, device=options.device)
+    return OnnxEmbedder(onnx_folder, device=options.device)
+
+
+def _write_documents(source: Path, folder: Path, analyzer: Analyzer, progress: bool) -> list[list[str]]:
+    """Pass 1 over the corpus: validate, store, analyse. Cheap, so errors surface before embedding."""
+    writer = store.DocStoreWriter(folder)
+    tokens = []
+    try:
+        for doc in tqdm(read_corpus(source), desc="documents", unit=" docs", disable=not progress):
+            writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
+            tokens.append(analyzer.analyze(doc.indexed_text))
+    finally:
+        writer.close()
+    if not tokens:
+        raise ValueError(f"{source}: corpus has no documents")
+    return tokens
+
+
+def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) -> np.ndarray:
+    """Pass 2: embed the stored documents in chunks straight into a memory-mapped .npy file."""
+    docs = store.DocStore(folder)
+    try:
+        vectors = np.lib.format.open_memmap(folder / store.EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(docs), embedder.dimension))
+        chunk = 1024
+        with tqdm(total=len(docs), desc="embeddings", unit=" docs", disable=not progress) as bar:
+            for start in range(0, len(docs), chunk):
+                stop = min(start + chunk, len(docs))
+                texts = [indexed_text(doc["title"], doc["text"]) for doc in map(docs.get, range(start, stop))]
+                vectors[start:stop] = embedder.encode(texts, batch_size=batch_size)
+                bar.update(stop - start)
+        vectors.flush()
+    finally:
+        docs.close()
+    return np.load(folder / store.EMBEDDINGS)
+
+
+def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions()) -> dict:
+    """Build the index for `corpus` at `out` (replacing any index there) and return its manifest."""
+    from models.onnx_export import export_onnx
+    from models.registry import resolve_model
+
+    started = time.perf_counter()
+    source = corpus_file(corpus)
+    out = Path(out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    model = resolve_model(options.model)
+    onnx_folder = export_onnx(model, options.onnx_cache)
+    embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
+    embedder = _make_embedder(options, onnx_folder, model.path)
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    try:
+        timings = {}
+        t = time.perf_counter()
+        tokens = _write_documents(source, tmp, options.analyzer, options.progress)
+        timings["documents_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
+        bm25.save(tmp / store.BM25_DIR)
+        timings["bm25_s"] = time.perf_counter() - t
+        del tokens
+
+        t = time.perf_counter()
+        vectors = _embed_documents(tmp, embedder, options.batch_size, options.progress)
+        timings["embeddings_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        import faiss
+
+        faiss_index = build_faiss_index(vectors, options.faiss, options.device)
+        faiss.write_index(faiss_index, str(tmp / store.FAISS_FILE))
+        timings["faiss_s"] = time.perf_counter() - t
+
+        shutil.copytree(onnx_folder, tmp / store.MODEL_DIR)
+        num_docs = len(vectors)
+        manifest = {
+            "format": store.FORMAT,
+            "format_version": store.FORMAT_VERSION,
+            "builder_version": BUILDER_VERSION,
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "versions": _versions(),
+            "corpus": {"source": str(source), "bytes": source.stat().st_size},
+            "counts": {"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
+            "analyzer": options.analyzer.to_dict(),
+            "bm25": {"engine": "bm25s", **options.bm25.to_dict()},
+            "embedder": {**embedder_spec, "document_backend": options.backend},
+            "faiss": {
+                "factory": options.faiss.factory(num_docs),
+                "metric": "inner_product",
+                "built_on_gpu": use_gpu(options.device, options.faiss.kind),
+                "params": options.faiss.to_dict(),
+            },
+            "fusion": {"method": "rrf", "rrf_k": DEFAULT_RRF_K, "depth": DEFAULT_DEPTH},
+            "files": store.file_inventory(tmp),
+        }
+        manifest["build"] = {**{k: round(v, 3) for k, v in timings.items()}, "total_s": round(time.perf_counter() - started, 3)}
+        (tmp / store.MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("index of %d documents published at %s", num_docs, out)
+    return manifest
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Move the finished build into place; an existing index is swapped out, then removed."""
+    if not out.exists():
+        tmp.rename(out)
+        return
+    if not (out / store.MANIFEST).is_file():
+        raise FileExistsError(f"{out} exists and is not an index: refusing to replace it")
+    retired = out.with_name(f".{out.name}.retired-{int(time.time())}")
+    out.rename(retired)
+    tmp.rename(out)
+    shutil.rmtree(retired, ignore_errors=True)

@@ -1,0 +1,192 @@
+"""The index folder: manifest, document store, and opening with verification.
+
+Layout (all paths relative to the index folder, all listed with size and sha256 in the manifest):
+    manifest.json          what was built, how, from what
+    docs.jsonl             one stored document per line, in internal index order
+    docs.offsets.npy       byte offset of each line (n + 1 entries) for O(1) random access
+    bm25/                  bm25s sparse score matrix (memory-mapped .npy) and vocabulary
+    embeddings.npy         float32 unit document vectors, (n, dimension)
+    dense.faiss            FAISS inner-product index over those vectors
+    model/                 the ONNX query/document embedder the index was built with
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from search.analyzer import Analyzer
+from search.bm25 import BM25Index
+from search.dense import DenseIndex, FaissParams
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "hybrid-retrieval-index"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DOCS = "docs.jsonl"
+DOC_OFFSETS = "docs.offsets.npy"
+BM25_DIR = "bm25"
+EMBEDDINGS = "embeddings.npy"
+FAISS_FILE = "dense.faiss"
+MODEL_DIR = "model"
+VERIFY_MODES = ("full", "size", "none")
+
+
+class IndexOpenError(RuntimeError):
+    """The index folder is missing, incomplete, corrupted or from an incompatible builder."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_inventory(root: Path) -> dict[str, dict]:
+    """{relative path: {bytes, sha256}} for every file under root except the manifest."""
+    return {
+        path.relative_to(root).as_posix(): {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+
+
+class DocStore:
+    """Random access to stored documents by internal index, without loading the file."""
+
+    def __init__(self, folder: Path):
+        self._offsets = np.load(folder / DOC_OFFSETS, mmap_mode="r")
+        self._fd = os.open(folder / DOCS, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def get(self, doc_idx: int) -> dict:
+        start, end = int(self._offsets[doc_idx]), int(self._offsets[doc_idx + 1])
+        return json.loads(os.pread(self._fd, end - start, start))  # pread: safe across threads
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class DocStoreWriter:
+    def __init__(self, folder: Path):
+        self._fh = (folder / DOCS).open("wb")
+        self._offsets = [0]
+        self._folder = folder
+
+    def add(self, doc_id: str, title: str, text: str, metadata: dict) -> None:
+        line = json.dumps({"id": doc_id, "title": title, "text": text, "metadata": metadata}, ensure_ascii=False)
+        data = line.encode() + b"\n"
+        self._fh.write(data)
+        self._offsets.append(self._offsets[-1] + len(data))
+
+    def close(self) -> None:
+        self._fh.close()
+        np.save(self._folder / DOC_OFFSETS, np.asarray(self._offsets, dtype=np.int64))
+
+
+def read_manifest(folder: Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise IndexOpenError(f"{folder} is not an index: no {MANIFEST} (build one with `hybrid index`)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise IndexOpenError(f"{path} is not valid JSON: {exc}") from None
+    if manifest.get("format") != FORMAT:
+        raise IndexOpenError(f"{path}: format is {manifest.get('format')!r}, expected {FORMAT!r}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise IndexOpenError(
+            f"{path}: format version {manifest.get('format_version')} is not supported by this build "
+            f"(supports {FORMAT_VERSION}); rebuild the index with `hybrid index`"
+        )
+    return manifest
+
+
+def verify_files(folder: Path, manifest: dict, mode: str = "full") -> None:
+    """Check that every file of the manifest exists with its size (and checksum, in `full` mode)."""
+    if mode not in VERIFY_MODES:
+        raise ValueError(f"unknown verify mode {mode!r}; valid: {', '.join(VERIFY_MODES)}")
+    if mode == "none":
+        return
+    for rel, expected in manifest["files"].items():
+        path = folder / rel
+        if not path.is_file():
+            raise IndexOpenError(f"index file missing: {path}")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise IndexOpenError(f"index file {path} has {size} bytes, manifest says {expected['bytes']} (truncated or replaced)")
+        if mode == "full" and sha256_file(path) != expected["sha256"]:
+            raise IndexOpenError(f"index file {path} does not match its checksum in the manifest (corrupted)")
+
+
+@dataclass
+class OpenIndex:
+    """Everything a search needs, loaded once: share it across requests."""
+
+    path: Path
+    manifest: dict
+    analyzer: Analyzer
+    bm25: BM25Index
+    dense: DenseIndex
+    docs: DocStore
+    embedder: object  # models.embedder.Embedder
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.docs)
+
+    def close(self) -> None:
+        self.docs.close()
+
+
+def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None) -> OpenIndex:
+    """Open and verify an index; queries will use the analyzer and embedder it was built with.
+
+    `embedder` overrides the bundled ONNX embedder (e.g. the torch backend); its model checksum
+    must have been checked against the manifest by the caller (see `embedder_for_index`).
+    """
+    import faiss
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    verify_files(folder, manifest, verify)
+    analyzer = Analyzer.from_dict(manifest["analyzer"])
+    bm25 = BM25Index.load(folder / BM25_DIR, analyzer)
+    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), FaissParams(**manifest["faiss"]["params"]), device)
+    docs = DocStore(folder)
+    counts = {"documents": manifest["counts"]["documents"], "bm25": bm25.num_docs, "dense": dense.num_docs, "docs": len(docs)}
+    if len(set(counts.values())) != 1:
+        raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
+    if embedder is None:
+        from models.embedder import OnnxEmbedder
+
+        embedder = OnnxEmbedder(folder / MODEL_DIR, device=device)
+    if embedder.dimension != dense.dimension:
+        raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
+    return OpenIndex(folder, manifest, analyzer, bm25, dense, docs, embedder)
+
+
+def torch_embedder_for_index(folder: Path | str, device: str = "auto"):
+    """The sentence-transformers embedder of the index's model, after checking its checksum."""
+    from models.embedder import TorchEmbedder
+    from models.registry import resolve_model
+
+    spec = read_manifest(Path(folder))["embedder"]
+    model = resolve_model(spec["model"])
+    if model.checksum != spec["model_checksum"]:
+        raise IndexOpenError(
+            f"model {spec['model']!r} resolves to weights with checksum {model.checksum[:12]}, "
+            f"but the index was built with {spec['model_checksum'][:12]}: queries would not match documents"
+        )
+    return TorchEmbedder(model.path, device=device)

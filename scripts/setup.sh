@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv and install the project for this machine: CPU builds, or GPU builds when
+# nvidia-smi sees a GPU (override with HYBRID_EXTRA=cpu|gpu). torch is pinned first so that
+# sentence-transformers never pulls a CUDA build onto a CPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra="${HYBRID_EXTRA:-$(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)}"
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+.venv/bin/pip install -q -e ".[${extra},index,dev]"
+echo "installed hybrid-retrieval with the ${extra} extra into .venv"

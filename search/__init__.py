@@ -1,0 +1,4 @@
+"""Domain logic of hybrid retrieval: analyzers, retrievers, fusion, the search pipeline.
+
+Pure Python and NumPy: nothing here imports FastAPI.
+"""

@@ -1,0 +1,29 @@
+import pytest
+
+from search.analyzer import Analyzer, AnalyzerError
+
+
+def test_default_analyzer_lowercases_drops_stopwords_and_stems():
+    assert Analyzer().analyze("The Running of the Studies, in 2024!") == ["run", "studi", "2024"]
+
+
+def test_single_characters_are_not_tokens():
+    assert Analyzer().analyze("a b c vitamin d") == ["vitamin"]
+
+
+def test_plain_analyzer_keeps_everything_but_case():
+    plain = Analyzer(stopwords="none", stemmer="none")
+    assert plain.analyze("The Running of") == ["the", "running", "of"]
+
+
+def test_round_trip_through_manifest_dict():
+    analyzer = Analyzer(stemmer="none")
+    assert Analyzer.from_dict(analyzer.to_dict()) == analyzer
+    assert analyzer.to_dict()["stopword_list"][:3] == ["a", "an", "and"]
+
+
+def test_unknown_options_list_valid_values():
+    with pytest.raises(AnalyzerError, match="valid: english, none"):
+        Analyzer(stemmer="klingon")
+    with pytest.raises(AnalyzerError, match="unknown analyzer fields"):
+        Analyzer.from_dict({"lowercase": True, "shout": True})

@@ -1,0 +1,129 @@
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from indexer.corpus import read_corpus, split_queries
+
+
+@pytest.fixture(scope="module")
+def client(scifact_slice_index):
+    with TestClient(create_app(Settings(index=scifact_slice_index))) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def judged_in_slice(scifact, scifact_slice):
+    """Test queries whose relevant documents are all inside the 500-document slice."""
+    ids = {d.doc_id for d in read_corpus(scifact_slice)}
+    queries, qrels = split_queries(scifact, "test")
+    return [(queries[q], set(rel)) for q, rel in qrels.items() if set(rel) <= ids]
+
+
+def test_health_and_ready(client):
+    assert client.get("/health").json() == {"status": "ok"}
+    ready = client.get("/ready").json()
+    assert ready["ready"] is True and ready["documents"] == 500
+
+
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+def test_search_finds_judged_documents(client, judged_in_slice, mode):
+    assert len(judged_in_slice) >= 10
+    found = 0
+    for query, relevant in judged_in_slice:
+        body = client.post("/search", json={"query": query, "k": 10, "mode": mode}).json()
+        ranks = [h["rank"] for h in body["hits"]]
+        assert ranks == list(range(1, len(ranks) + 1))
+        assert [h["score"] for h in body["hits"]] == sorted((h["score"] for h in body["hits"]), reverse=True)
+        found += bool(relevant & {h["id"] for h in body["hits"]})
+    # On this slice every mode puts a relevant document in the top 10 for most judged queries.
+    assert found / len(judged_in_slice) >= 0.7
+
+
+def test_response_shape_text_flag_and_timings(client):
+    body = client.post("/search", json={"query": "vitamin D and bone density", "k": 3}).json()
+    assert body["mode"] == "hybrid" and len(body["hits"]) == 3
+    assert all(h["text"] is None and h["title"] for h in body["hits"])
+    assert {"bm25", "embed", "dense", "fusion", "total"} <= set(body["timings_ms"])
+    with_text = client.post("/search", json={"query": "vitamin D and bone density", "k": 3, "include_text": True}).json()
+    assert all(h["text"] for h in with_text["hits"])
+    assert [h["id"] for h in with_text["hits"]] == [h["id"] for h in body["hits"]]
+
+
+def test_hybrid_scores_are_rrf_and_do_not_depend_on_k(client):
+    small = client.post("/search", json={"query": "cancer cell proliferation", "k": 5}).json()["hits"]
+    large = client.post("/search", json={"query": "cancer cell proliferation", "k": 50}).json()["hits"]
+    assert [(h["id"], h["score"]) for h in large[:5]] == [(h["id"], h["score"]) for h in small]
+    assert small[0]["score"] <= 2 / 61 + 1e-9  # at best rank 1 in both legs
+
+
+def test_unknown_words_give_empty_bm25_hits(client):
+    assert client.post("/search", json={"query": "zzqxv", "mode": "bm25"}).json()["hits"] == []
+
+
+@pytest.mark.parametrize("payload, field", [
+    ({"query": ""}, "query"),
+    ({"query": "   \t "}, "query"),
+    ({"query": "x" * 5000}, "query"),
+    ({"query": "ok", "k": 0}, "k"),
+    ({"query": "ok", "k": 1001}, "k"),
+    ({"query": "ok", "k": "ten"}, "k"),
+    ({"query": "ok", "mode": "magic"}, "mode"),
+    ({"query": "ok", "depth": 0}, "depth"),
+    ({"query": "ok", "color": "red"}, "color"),
+    ({"k": 3}, "query"),
+])
+def test_bad_input_is_422_naming_the_field(client, payload, field):
+    response = client.post("/search", json=payload)
+    assert response.status_code == 422
+    assert any(field in err["loc"] for err in response.json()["detail"]), response.json()
+
+
+def test_malformed_json_and_oversize_body(client):
+    response = client.post("/search", content=b'{"query": ', headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    response = client.post("/search", content=b'{"query": "' + b"a" * 100_000 + b'"}', headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "exceeds" in response.json()["detail"]
+
+
+def test_openapi_schema_documents_search(client):
+    schema = client.get("/openapi.json").json()
+    search = schema["paths"]["/search"]["post"]
+    assert "SearchResponse" in json.dumps(search["responses"]["200"])
+    assert "rrf_k" in json.dumps(schema["components"]["schemas"]["SearchRequest"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hybrid_serve_answers_over_loopback(scifact_slice_index):
+    port = _free_port()
+    env = {**os.environ, "HYBRID_INDEX": str(scifact_slice_index), "HYBRID_PORT": str(port)}
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        else:
+            pytest.fail("server did not become ready within 60 s")
+        hits = httpx.post(f"{url}/search", json={"query": "vitamin D deficiency", "k": 5}, timeout=10).json()["hits"]
+        assert len(hits) == 5 and all(h["id"] for h in hits)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)

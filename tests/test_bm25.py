@@ -1,0 +1,62 @@
+import math
+
+import numpy as np
+import pytest
+
+from search.analyzer import Analyzer
+from search.bm25 import BM25Index, BM25Params, ReferenceBM25
+from tests.conftest import TINY_CORPUS
+
+ANALYZER = Analyzer()
+TOKENS = [ANALYZER.analyze(f"{d['title']} {d['text']}") for d in TINY_CORPUS]
+QUERIES = ["cat", "cats and dogs", "pet care daily", "quantum markets", "running health cat"]
+
+
+def test_robertson_scores_equal_rank_bm25_okapi():
+    # rank-bm25's BM25Okapi is Robertson BM25 with idf = ln((N - n + 0.5) / (n + 0.5)).
+    params = BM25Params(method="robertson", k1=1.2, b=0.75)
+    ours = BM25Index.build(TOKENS, ANALYZER, params)
+    reference = ReferenceBM25(TOKENS, ANALYZER, params)
+    for query in QUERIES:
+        np.testing.assert_allclose(ours.scores(query), reference.scores(query), rtol=1e-5, atol=1e-6)
+
+
+def test_lucene_score_matches_formula_by_hand():
+    # Lucene BM25: idf = ln(1 + (N - n + 0.5)/(n + 0.5)); tf part = tf / (tf + k1 (1 - b + b dl/avgdl)).
+    tokens = [["cat", "mat"], ["dog"], ["cat", "cat", "dog", "bird"]]
+    index = BM25Index.build(tokens, Analyzer(stopwords="none", stemmer="none"), BM25Params(k1=1.5, b=0.75))
+    avgdl = (2 + 1 + 4) / 3
+    idf_cat = math.log(1 + (3 - 2 + 0.5) / (2 + 0.5))
+    expected_d0 = idf_cat * 1 / (1 + 1.5 * (1 - 0.75 + 0.75 * 2 / avgdl))
+    expected_d2 = idf_cat * 2 / (2 + 1.5 * (1 - 0.75 + 0.75 * 4 / avgdl))
+    np.testing.assert_allclose(index.scores("cat"), [expected_d0, 0.0, expected_d2], rtol=1e-6)
+
+
+def test_search_returns_only_matching_documents_sorted():
+    index = BM25Index.build(TOKENS, ANALYZER, BM25Params())
+    ranking = index.search("cat", depth=10)
+    matching = {i for i, toks in enumerate(TOKENS) if "cat" in toks}
+    assert set(ranking.doc_idx.tolist()) == matching
+    assert np.all(np.diff(ranking.scores) <= 0)
+    assert len(index.search("cat", depth=1)) == 1
+
+
+def test_unknown_words_and_stopwords_give_empty_ranking():
+    index = BM25Index.build(TOKENS, ANALYZER, BM25Params())
+    assert len(index.search("zzyzx", depth=10)) == 0
+    assert len(index.search("the of and", depth=10)) == 0
+
+
+def test_save_and_memory_mapped_load_give_same_scores(tmp_path):
+    index = BM25Index.build(TOKENS, ANALYZER, BM25Params())
+    index.save(tmp_path)
+    loaded = BM25Index.load(tmp_path, ANALYZER, mmap=True)
+    for query in QUERIES:
+        np.testing.assert_array_equal(loaded.scores(query), index.scores(query))
+
+
+def test_invalid_parameters_are_rejected():
+    with pytest.raises(ValueError, match="valid: lucene, robertson"):
+        BM25Params(method="tfidf")
+    with pytest.raises(ValueError, match="0 <= b <= 1"):
+        BM25Params(b=2.0)

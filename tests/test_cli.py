@@ -1,0 +1,29 @@
+import json
+import subprocess
+import sys
+
+from tests.conftest import TINY_CORPUS, write_jsonl
+
+
+def hybrid(*args):
+    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_search_command_prints_json(tiny_index):
+    result = hybrid("search", tiny_index, "cat on a mat", "--mode", "bm25", "--k", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert [h["id"] for h in body["hits"]][0] == "d1" and len(body["hits"]) == 2
+
+
+def test_index_command_reports_bad_corpus_line(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [TINY_CORPUS[0], {"_id": "z"}])
+    result = hybrid("index", bad, "--out", tmp_path / "idx", "--quiet")
+    assert result.returncode == 2
+    assert "bad.jsonl:2: missing field 'text'" in result.stderr
+    assert not (tmp_path / "idx").exists()
+
+
+def test_serve_without_index_fails_fast():
+    result = hybrid("serve")
+    assert result.returncode == 2 and "no index given" in result.stderr

@@ -1,0 +1,67 @@
+import numpy as np
+import pytest
+
+from search.dense import DenseIndex, FaissParams, build_faiss_index
+
+
+def unit_vectors(n, dim, seed):
+    x = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+DOCS = unit_vectors(2000, 32, seed=0)
+QUERIES = unit_vectors(20, 32, seed=1)
+
+
+def brute_force_top_k(queries, docs, k):
+    sims = queries @ docs.T
+    return np.argsort(-sims, axis=1, kind="stable")[:, :k], np.sort(sims, axis=1)[:, ::-1][:, :k]
+
+
+def test_flat_index_equals_brute_force_numpy():
+    params = FaissParams()
+    dense = DenseIndex(build_faiss_index(DOCS, params, device="cpu"), params, device="cpu")
+    expected_idx, expected_scores = brute_force_top_k(QUERIES, DOCS, 10)
+    for ranking, idx, scores in zip(dense.search_batch(QUERIES, 10), expected_idx, expected_scores):
+        assert ranking.doc_idx.tolist() == idx.tolist()
+        np.testing.assert_allclose(ranking.scores, scores, atol=1e-5)
+
+
+def test_ivf_probing_every_list_is_exact():
+    params = FaissParams(kind="ivf", nlist=16, nprobe=16)
+    dense = DenseIndex(build_faiss_index(DOCS, params, device="cpu"), params, device="cpu")
+    expected_idx, _ = brute_force_top_k(QUERIES, DOCS, 10)
+    assert [r.doc_idx.tolist() for r in dense.search_batch(QUERIES, 10)] == expected_idx.tolist()
+
+
+def test_hnsw_recall_is_high():
+    params = FaissParams(kind="hnsw")
+    dense = DenseIndex(build_faiss_index(DOCS, params, device="cpu"), params, device="cpu")
+    expected_idx, _ = brute_force_top_k(QUERIES, DOCS, 10)
+    found = sum(len(set(r.doc_idx.tolist()) & set(e.tolist())) for r, e in zip(dense.search_batch(QUERIES, 10), expected_idx))
+    assert found / expected_idx.size >= 0.95
+
+
+def test_depth_beyond_corpus_returns_whole_corpus_without_padding():
+    params = FaissParams()
+    dense = DenseIndex(build_faiss_index(DOCS[:5], params, device="cpu"), params, device="cpu")
+    ranking = dense.search(QUERIES[0], depth=50)
+    assert sorted(ranking.doc_idx.tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_ivf_clusters_capped_by_training_points():
+    assert FaissParams(kind="ivf", nlist=1000).factory(2000) == "IVF51,Flat"
+
+
+def test_wrong_query_dimension_is_an_error():
+    params = FaissParams()
+    dense = DenseIndex(build_faiss_index(DOCS, params, device="cpu"), params, device="cpu")
+    with pytest.raises(ValueError, match=r"shape \(n, 32\)"):
+        dense.search_batch(np.ones((1, 8), dtype=np.float32), 5)
+
+
+def test_unknown_kind_and_device_list_valid_values():
+    with pytest.raises(ValueError, match="valid: flat, ivf, hnsw"):
+        FaissParams(kind="lsh")
+    with pytest.raises(ValueError, match="valid: auto, cpu, gpu"):
+        build_faiss_index(DOCS, FaissParams(), device="tpu")

@@ -1,0 +1,55 @@
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from models.embedder import OnnxEmbedder, TorchEmbedder
+from models.onnx_export import export_onnx
+from models.registry import ModelNotFoundError, resolve_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return resolve_model()
+
+
+@pytest.fixture(scope="module")
+def onnx_embedder(model):
+    return OnnxEmbedder(export_onnx(model), device="cpu")
+
+
+def scifact_texts(scifact, n):
+    with (scifact / "corpus.jsonl").open() as fh:
+        return [json.loads(line)["text"] for line in itertools.islice(fh, n)]
+
+
+def test_onnx_matches_torch_on_real_text(model, onnx_embedder, scifact):
+    texts = scifact_texts(scifact, 24) + ["vitamin D deficiency", "Does smoking cause lung cancer?"]
+    onnx = onnx_embedder.encode(texts)
+    torch = TorchEmbedder(model.path, device="cpu").encode(texts)
+    cosine = (onnx * torch).sum(axis=1)
+    assert cosine.min() >= 0.999
+
+
+def test_batched_equals_one_by_one(onnx_embedder):
+    texts = ["short", "a somewhat longer sentence about proteins", "x " * 300]
+    batched = onnx_embedder.encode(texts, batch_size=8)
+    single = np.vstack([onnx_embedder.encode([t]) for t in texts])
+    np.testing.assert_allclose(batched, single, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(batched, axis=1), 1.0, atol=1e-5)
+
+
+def test_export_is_cached(model):
+    folder = export_onnx(model)
+    mtime = (folder / "model.onnx").stat().st_mtime_ns
+    assert export_onnx(model) == folder and (folder / "model.onnx").stat().st_mtime_ns == mtime
+
+
+def test_bundled_model_resolves_offline(model):
+    assert model.path.is_dir() and len(model.checksum) == 64
+
+
+def test_unknown_model_fails_with_a_clear_message():
+    with pytest.raises(ModelNotFoundError, match="cannot resolve model 'no-such/model-xyz'"):
+        resolve_model("no-such/model-xyz")

@@ -1,0 +1,99 @@
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from indexer import store
+from indexer.build import BuildOptions, build_index
+from indexer.corpus import CorpusError
+from indexer.store import IndexOpenError, open_index
+from tests.conftest import TINY_CORPUS, write_jsonl
+
+
+def test_manifest_describes_the_build(tiny_index):
+    manifest = json.loads((tiny_index / "manifest.json").read_text())
+    assert manifest["format_version"] == store.FORMAT_VERSION
+    assert manifest["counts"]["documents"] == len(TINY_CORPUS)
+    assert manifest["embedder"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert manifest["embedder"]["dimension"] == 384 and len(manifest["embedder"]["model_checksum"]) == 64
+    assert manifest["analyzer"]["stemmer"] == "english"
+    assert manifest["bm25"] == {"engine": "bm25s", "method": "lucene", "k1": 1.5, "b": 0.75, "delta": 0.5}
+    assert manifest["faiss"]["factory"] == "Flat"
+    assert {"docs.jsonl", "embeddings.npy", "dense.faiss", "model/model.onnx"} <= set(manifest["files"])
+    for rel, entry in manifest["files"].items():
+        assert entry["sha256"] == store.sha256_file(tiny_index / rel)
+
+
+def test_open_index_reads_documents_and_vectors(tiny_index):
+    index = open_index(tiny_index, verify="full")
+    assert index.num_docs == len(TINY_CORPUS)
+    assert index.docs.get(4) == {"id": "d5", "title": "Running", "text": TINY_CORPUS[4]["text"], "metadata": {"lang": "en"}}
+    vectors = np.load(tiny_index / "embeddings.npy")
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # Stored vectors are what the index's own embedder produces for the same text.
+    again = index.embedder.encode(["Cats The cat sat on the mat. Cats like warm mats."])
+    np.testing.assert_allclose(again[0], vectors[0], atol=1e-5)
+
+
+@pytest.fixture
+def index_copy(tiny_index, tmp_path):
+    target = tmp_path / "copy"
+    shutil.copytree(tiny_index, target)
+    return target
+
+
+def test_corrupted_file_fails_checksum(index_copy):
+    data = bytearray((index_copy / "embeddings.npy").read_bytes())
+    data[-1] ^= 0xFF
+    (index_copy / "embeddings.npy").write_bytes(bytes(data))
+    with pytest.raises(IndexOpenError, match="embeddings.npy does not match its checksum"):
+        open_index(index_copy)
+
+
+def test_truncated_file_is_detected_even_without_checksums(index_copy):
+    with (index_copy / "docs.jsonl").open("r+b") as fh:
+        fh.truncate(10)
+    with pytest.raises(IndexOpenError, match="truncated or replaced"):
+        open_index(index_copy, verify="size")
+
+
+def test_missing_file_and_missing_manifest(index_copy, tmp_path):
+    (index_copy / "dense.faiss").unlink()
+    with pytest.raises(IndexOpenError, match="index file missing"):
+        open_index(index_copy)
+    with pytest.raises(IndexOpenError, match="not an index"):
+        open_index(tmp_path / "nowhere")
+
+
+def test_future_format_version_is_refused(index_copy):
+    manifest = json.loads((index_copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (index_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexOpenError, match="format version 99 is not supported"):
+        open_index(index_copy)
+
+
+def test_failed_build_leaves_existing_index_untouched_and_no_temp_dirs(index_copy, tmp_path):
+    before = (index_copy / "manifest.json").read_text()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"_id": "x", "text": "fine"}, {"_id": "x", "text": "dup"}])
+    with pytest.raises(CorpusError, match="bad.jsonl:2: duplicate id"):
+        build_index(bad, index_copy, BuildOptions(progress=False))
+    assert (index_copy / "manifest.json").read_text() == before
+    assert sorted(p.name for p in index_copy.parent.iterdir()) == sorted(["copy", "bad.jsonl"])
+
+
+def test_rebuild_replaces_index_in_place(index_copy, tmp_path):
+    corpus = write_jsonl(tmp_path / "small.jsonl", TINY_CORPUS[:2])
+    build_index(corpus, index_copy, BuildOptions(progress=False))
+    assert open_index(index_copy).num_docs == 2
+    assert not [p for p in index_copy.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_refuses_to_replace_a_folder_that_is_not_an_index(tmp_path):
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "thesis.txt").write_text("years of work")
+    corpus = write_jsonl(tmp_path / "c.jsonl", TINY_CORPUS[:2])
+    with pytest.raises(FileExistsError, match="is not an index"):
+        build_index(corpus, tmp_path / "precious", BuildOptions(progress=False))
+    assert (tmp_path / "precious" / "thesis.txt").read_text() == "years of work"
