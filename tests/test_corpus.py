@@ -30,8 +30,8 @@ def test_beir_folder_resolves_to_its_corpus(tmp_path):
     ('{"_id": "b", "text": ', "malformed JSON"),
     ('{"_id": "b", "title": "only"}', "missing field 'text'"),
     ('{"text": "no id"}', "missing or empty id"),
-    ('{"_id": "b", "text": 5}', "'text' must be a string"),
-    ('{"_id": "b", "text": "  ", "title": ""}', "neither text nor title"),
+    ('{"_id": "b", "text": 5}', "field 'text' must be a string"),
+    ('{"_id": "b", "text": "  ", "title": ""}', "document has neither text nor title"),
     ('["a", "list"]', "expected a JSON object"),
     ('{"_id": "a", "text": "again"}', "duplicate id 'a' \\(first seen on line 1\\)"),
 ])
