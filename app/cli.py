@@ -11,9 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-# Everything runs offline by default; set HF_HUB_OFFLINE=0 to let model names reach the hub.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 logger = logging.getLogger("hybrid")
 
 

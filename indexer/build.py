@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
+import resource
 import shutil
 import tempfile
 import time
@@ -52,11 +54,13 @@ class BuildOptions:
 
 
 def _versions() -> dict:
-    import bm25s
-    import faiss
-    import onnxruntime
+    from importlib.metadata import version
 
-    return {"python": platform.python_version(), "bm25s": bm25s.__version__, "faiss": faiss.__version__,
+    import faiss
+    import onnxruntime  # module versions: the CPU and GPU wheels have different distribution names
+
+    packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy")}
+    return {"python": platform.python_version(), **packages, "faiss": faiss.__version__,
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
 
 
@@ -161,7 +165,12 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
             "fusion": {"method": "rrf", "rrf_k": DEFAULT_RRF_K, "depth": DEFAULT_DEPTH},
             "files": store.file_inventory(tmp),
         }
-        manifest["build"] = {**{k: round(v, 3) for k, v in timings.items()}, "total_s": round(time.perf_counter() - started, 3)}
+        manifest["build"] = {
+            **{k: round(v, 3) for k, v in timings.items()},
+            "total_s": round(time.perf_counter() - started, 3),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+            "cpu_count": os.cpu_count(),
+        }
         (tmp / store.MANIFEST).write_text(json.dumps(manifest, indent=2))
         _publish(tmp, out)
     except BaseException:

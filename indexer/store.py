@@ -130,6 +130,16 @@ def verify_files(folder: Path, manifest: dict, mode: str = "full") -> None:
             raise IndexOpenError(f"index file {path} does not match its checksum in the manifest (corrupted)")
 
 
+def _warn_on_stemmer_change(manifest: dict) -> None:
+    """Stemmer releases rarely change outputs, but when they do, query terms stop matching."""
+    from importlib.metadata import version
+
+    built_with = manifest.get("versions", {}).get("PyStemmer")
+    installed = version("PyStemmer")
+    if manifest["analyzer"]["stemmer"] != "none" and built_with and built_with != installed:
+        logger.warning("index was built with PyStemmer %s, queries use %s: rebuild if BM25 results look off", built_with, installed)
+
+
 @dataclass
 class OpenIndex:
     """Everything a search needs, loaded once: share it across requests."""
@@ -162,6 +172,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     manifest = read_manifest(folder)
     verify_files(folder, manifest, verify)
     analyzer = Analyzer.from_dict(manifest["analyzer"])
+    _warn_on_stemmer_change(manifest)
     bm25 = BM25Index.load(folder / BM25_DIR, analyzer)
     dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), FaissParams(**manifest["faiss"]["params"]), device)
     docs = DocStore(folder)

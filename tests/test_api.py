@@ -1,9 +1,11 @@
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -127,3 +129,13 @@ def test_hybrid_serve_answers_over_loopback(scifact_slice_index):
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_readme_quickstart_is_true(client):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    commands = re.findall(r"^bash (scripts/\S+)", readme, flags=re.M)
+    assert commands[:2] == ["scripts/run.sh", "scripts/test.sh"]
+    assert all((Path(__file__).resolve().parents[1] / c).is_file() for c in commands)
+    body = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
+    response = client.post("/search", json=body)
+    assert response.status_code == 200 and len(response.json()["hits"]) == body["k"]

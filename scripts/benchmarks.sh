@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Regenerate docs/BENCHMARKS.md on this machine: index scifact, evaluate, benchmark, render.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export BEIR_DATA="${BEIR_DATA:-../shared/data/beir}"
+index="${INDEX:-indexes/scifact}"
+out="${OUT:-runs/scifact}"
+mkdir -p "$out"
+if [ ! -f "$index/manifest.json" ] || [ -n "${REBUILD:-}" ]; then
+  .venv/bin/hybrid index "$BEIR_DATA/scifact" --out "$index" --quiet
+fi
+.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --out "$out" --quiet
+.venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json"
+.venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" > docs/BENCHMARKS.md
+echo "wrote docs/BENCHMARKS.md"
