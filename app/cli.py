@@ -64,11 +64,9 @@ def cmd_serve(args) -> int:
 
 def _open(path, device="auto", verify="size"):
     from indexer.store import open_index
-    from search.pipeline import SearchPipeline
 
     index = open_index(path, verify=verify, device=device)
-    fusion = index.manifest["fusion"]
-    return index, SearchPipeline(index.bm25, index.dense, index.embedder, depth=fusion["depth"], rrf_k=fusion["rrf_k"])
+    return index, index.pipeline()
 
 
 def cmd_search(args) -> int:
@@ -99,24 +97,68 @@ def _index_for_dataset(args, dataset: Path) -> Path:
 
 def cmd_eval(args) -> int:
     from evaluation.metrics import evaluate
-    from evaluation.runner import doc_ids, run_queries
+    from evaluation.runner import doc_ids, parse_pipeline, run_queries, tuned_pipelines
     from indexer.corpus import split_queries
 
     dataset = Path(args.data)
     queries, qrels = split_queries(dataset, args.split)
     index, pipeline = _open(_index_for_dataset(args, dataset), args.device)
     ids = doc_ids(index)
+    specs = args.pipelines.split(",") + (tuned_pipelines(index.manifest) if args.all_fusions else [])
     report = {"dataset": dataset.name, "split": args.split, "queries": len(queries), "pipelines": {}}
-    for mode in args.modes.split(","):
-        run, latencies = run_queries(pipeline, ids, queries, mode, k=100, progress=not args.quiet)
-        report["pipelines"][mode] = {k: round(v, 4) for k, v in evaluate(run, qrels).items()}
+    for spec in dict.fromkeys(specs):
+        mode, fusion = parse_pipeline(spec)
+        run, _ = run_queries(pipeline, ids, queries, mode, fusion=fusion, k=100, progress=not args.quiet)
+        report["pipelines"][spec] = {k: round(v, 4) for k, v in evaluate(run, qrels).items()}
     print(f"{dataset.name} / {args.split} ({len(queries)} queries)")
-    print(f"{'pipeline':<10}" + "".join(f"{m:>12}" for m in next(iter(report['pipelines'].values()))))
-    for mode, metrics in report["pipelines"].items():
-        print(f"{mode:<10}" + "".join(f"{v:>12.4f}" for v in metrics.values()))
+    print(f"{'pipeline':<22}" + "".join(f"{m:>12}" for m in next(iter(report['pipelines'].values()))))
+    for spec, metrics in report["pipelines"].items():
+        print(f"{spec:<22}" + "".join(f"{v:>12.4f}" for v in metrics.values()))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+def cmd_tune(args) -> int:
+    from evaluation.runner import doc_ids
+    from evaluation.tuning import format_table, plot, tune
+    from indexer.corpus import read_qrels, read_queries
+    from indexer.store import read_manifest, write_manifest
+    from search.fusion import fusion_to_dict
+
+    if args.qrels.stem == "test":
+        print(f"error: refusing to tune on {args.qrels}: test queries must never choose parameters; "
+              "pass a train or dev split", file=sys.stderr)
+        return 2
+    qrels = read_qrels(args.qrels)
+    all_queries = read_queries(args.queries)
+    missing = sorted(set(qrels) - set(all_queries))
+    if missing:
+        print(f"error: {len(missing)} judged queries of {args.qrels} are not in {args.queries}, e.g. {missing[:3]}", file=sys.stderr)
+        return 2
+    queries = {qid: all_queries[qid] for qid in qrels}  # only the split's queries are ever read
+    index, pipeline = _open(args.index, args.device)
+    result = tune(pipeline, doc_ids(index), queries, qrels, metric=args.metric, progress=not args.quiet)
+    out = args.out or args.index / "tuning"
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "fusion.png")
+    (out / "fusion.json").write_text(json.dumps({"metric": result.metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
+    best = result.best_fusion()
+    print(format_table(result))
+    print(f"best: {fusion_to_dict(best)} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} queries of {args.qrels.name}); "
+          f"table and plot in {out}")
+    if not args.dry_run:
+        manifest = read_manifest(args.index)
+        manifest["fusion"]["default"] = fusion_to_dict(best)
+        manifest["fusion"]["tuning"] = {
+            "metric": args.metric, "value": round(result.best()[args.metric], 4), "queries": len(queries),
+            "qrels": str(args.qrels), "depth": pipeline.depth,
+            "best_per_norm": {n: result.best("cc", n)["alpha"] for n in sorted({r["norm"] for r in result.table if r["method"] == "cc"})},
+            "best_rrf_k": result.best("rrf")["rrf_k"],
+        }
+        write_manifest(args.index, manifest)
+        print(f"wrote the fusion into {args.index / 'manifest.json'}: the service now uses it by default")
     return 0
 
 
@@ -126,14 +168,14 @@ def cmd_bench(args) -> int:
 
     queries, _ = split_queries(args.data, args.split)
     texts = list(queries.values())
-    index, pipeline = _open(args.index, args.device)
+    index, _ = _open(args.index, args.device)
     report = {
         "index": str(args.index),
         "documents": index.num_docs,
         "queries": len(texts),
         "cpu_count": os.cpu_count(),
         "bm25_throughput": bm25_throughput(index, texts),
-        "latency": pipeline_latency(pipeline, texts),
+        "latency": pipeline_latency(index, texts),
         "peak_rss_mib": round(_peak_rss_mib(), 1),
     }
     print(json.dumps(report, indent=2))
@@ -206,11 +248,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, required=True, help="BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)")
     p.add_argument("--split", default="test")
     p.add_argument("--index", type=Path, help="index folder to use or build (default indexes/<dataset>)")
-    p.add_argument("--modes", default="bm25,dense,hybrid")
+    p.add_argument("--pipelines", default="bm25,dense,hybrid",
+                   help="comma-separated: bm25, dense, hybrid (the index's default fusion), rrf:RRF_K, cc:NORM:ALPHA")
+    p.add_argument("--all-fusions", action="store_true", help="also every fusion the tuning record names (rrf 60, tuned rrf, each norm at its tuned alpha)")
     p.add_argument("--out", type=Path)
     p.add_argument("--device", choices=devices, default="auto")
     _add_build_flags(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("tune", help="choose the fusion (alpha, normalisation, rrf_k) on labelled training queries")
+    p.add_argument("index", type=Path)
+    p.add_argument("--queries", type=Path, required=True, help="queries.jsonl (only the queries judged in --qrels are read)")
+    p.add_argument("--qrels", type=Path, required=True, help="qrels TSV of a training or dev split (never test)")
+    p.add_argument("--metric", default="ndcg@10", help="ndcg@10, recall@100, mrr@10 or map@100")
+    p.add_argument("--out", type=Path, help="where the table and plot go (default INDEX/tuning)")
+    p.add_argument("--dry-run", action="store_true", help="report only; leave the manifest unchanged")
+    p.add_argument("--device", choices=devices, default="auto")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("bench", help="measure throughput and latency side by side")
     p.add_argument("index", type=Path)

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from app.limits import BodySizeLimit
 from app.routes import router
 from app.settings import Settings
 from indexer.store import OpenIndex, open_index
-from search.pipeline import SearchError, SearchPipeline
+from search.pipeline import SearchError
 
 logger = logging.getLogger(__name__)
 
 
-def _pipeline_for(index: OpenIndex, settings: Settings) -> SearchPipeline:
-    fusion = index.manifest["fusion"]
-    return SearchPipeline(index.bm25, index.dense, index.embedder, depth=settings.depth or fusion["depth"], rrf_k=fusion["rrf_k"])
+def _parallel_legs(settings: Settings, index: OpenIndex) -> bool:
+    if settings.parallel_legs != "auto":
+        return settings.parallel_legs == "on"
+    return "CUDAExecutionProvider" in getattr(index.embedder, "providers", ())
 
 
 def create_app(settings: Settings | None = None, index: OpenIndex | None = None) -> FastAPI:
@@ -34,11 +37,14 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
                 raise RuntimeError("no index configured: pass --index DIR or set HYBRID_INDEX")
             logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
             opened = open_index(settings.index, verify=settings.verify, device=settings.device)
+        executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
         app.state.index = opened
-        app.state.pipeline = _pipeline_for(opened, settings)
+        app.state.pipeline = opened.pipeline(depth=settings.depth, executor=executor)
         logger.info("ready: %d documents", opened.num_docs)
         yield
         app.state.pipeline = None
+        if executor is not None:
+            executor.shutdown(wait=True)
         if index is None:
             opened.close()
 
@@ -51,6 +57,12 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
     app.state.pipeline = None
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(router)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError):
+        # Echo where and what, never the input: it may be huge, or NaN, which JSON cannot carry.
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": detail})
 
     @app.exception_handler(SearchError)
     async def _search_error(request: Request, exc: SearchError):

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse
 
 from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
 from indexer.store import OpenIndex
+from search.fusion import fusion_to_dict
 from search.pipeline import SearchPipeline
 
 router = APIRouter()
@@ -32,12 +33,22 @@ IndexDep = Annotated[OpenIndex, Depends(_index)]
 @router.post("/search", response_model=SearchResponse)
 def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> SearchResponse:
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
-    result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth)
+    result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth,
+                             fusion=body.fusion.to_domain() if body.fusion else None, min_score=body.min_score)
+    explain = body.explain and result.fused is not None
     hits = []
-    for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
+    for position, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores)):
         doc = index.docs.get(int(doc_idx))
-        hits.append(Hit(id=doc["id"], score=float(score), rank=rank, title=doc["title"], text=doc["text"] if body.include_text else None))
-    return SearchResponse(query=body.query, mode=body.mode, k=body.k, hits=hits, timings_ms={k: round(v, 3) for k, v in result.timings_ms.items()})
+        hits.append(Hit(
+            id=doc["id"], score=float(score), rank=position + 1, title=doc["title"],
+            text=doc["text"] if body.include_text else None,
+            explain=result.explain(position) if explain else None,
+        ))
+    return SearchResponse(
+        query=body.query, mode=body.mode, k=body.k, hits=hits,
+        fusion=fusion_to_dict(result.fusion) if result.fusion else None,
+        timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
+    )
 
 
 @router.get("/health", response_model=Health)

@@ -2,26 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from search.fusion import RRF, ConvexCombination, Fusion
+from search.normalize import NORMALIZERS
 from search.pipeline import MAX_DEPTH, MAX_K
 
 MAX_QUERY_CHARS = 2048
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class SearchRequest(BaseModel):
+class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+
+class RRFParams(_Strict):
+    """score(d) = sum over retrievers o of w_o / (rrf_k + rank_o(d)); ranks from 1; weights = [bm25, dense]."""
+
+    method: Literal["rrf"]
+    rrf_k: FiniteFloat = Field(60.0, ge=0, le=1e6, description="RRF constant (not the number of results)")
+    weights: tuple[Annotated[FiniteFloat, Field(ge=0)], Annotated[FiniteFloat, Field(ge=0)]] = Field((1.0, 1.0), description="[bm25, dense]")
+
+    def to_domain(self) -> Fusion:
+        return RRF(rrf_k=self.rrf_k, weights=tuple(self.weights))
+
+
+class CCParams(_Strict):
+    """score(d) = alpha * norm(cosine(d)) + (1 - alpha) * norm(bm25(d)), normalised over the candidates."""
+
+    method: Literal["cc"]
+    alpha: FiniteFloat = Field(0.5, ge=0, le=1, description="weight of the dense retriever")
+    norm: Literal[tuple(NORMALIZERS)] = Field("minmax", description="minmax | zscore | tmm (theoretical min-max) | dbsf | none")
+
+    def to_domain(self) -> Fusion:
+        return ConvexCombination(alpha=self.alpha, norm=self.norm)
+
+
+FusionParams = Annotated[Union[RRFParams, CCParams], Field(discriminator="method")]
+
+
+class SearchRequest(_Strict):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="free-text query")
     k: int = Field(10, ge=1, le=MAX_K, description="number of results to return")
-    mode: Literal["bm25", "dense", "hybrid"] = Field(
-        "hybrid",
-        description="bm25, dense, or hybrid: Reciprocal Rank Fusion, score(d) = sum_o 1/(rrf_k + rank_o(d)), "
-        "ranks from 1, rrf_k = 60, over the top-`depth` candidates of each retriever",
-    )
-    depth: int | None = Field(None, ge=1, le=MAX_DEPTH, description="hybrid candidates per retriever (default 100); independent of k")
+    mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode; hybrid fuses BM25 and dense candidates")
+    depth: int | None = Field(None, ge=1, le=MAX_DEPTH, description="hybrid candidates per retriever (default from the index, 100); independent of k")
+    fusion: FusionParams | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
+    min_score: FiniteFloat | None = Field(None, description="drop hits scoring below this, applied after fusion")
+    explain: bool = Field(False, description="return every component of each hit's score")
     include_text: bool = Field(False, description="return each hit's text")
 
     @field_validator("query")
@@ -32,20 +61,35 @@ class SearchRequest(BaseModel):
         return value
 
 
+class Component(BaseModel):
+    score: float = Field(description="raw retriever score (BM25 score or cosine)")
+    rank: int | None = Field(description="rank in the retriever's top-depth list, null if outside it")
+    normalized: float | None = Field(description="normalised score (cc only)")
+    contribution: float = Field(description="this retriever's share of the fused score")
+
+
+class Explanation(BaseModel):
+    fused: float = Field(description="= bm25.contribution + dense.contribution")
+    bm25: Component
+    dense: Component
+
+
 class Hit(BaseModel):
     id: str
     score: float
     rank: int
     title: str
     text: str | None = None
+    explain: Explanation | None = None
 
 
 class SearchResponse(BaseModel):
     query: str
     mode: str
     k: int
+    fusion: dict | None = Field(None, description="the fusion applied (hybrid mode)")
     hits: list[Hit]
-    timings_ms: dict[str, float] = Field(description="per stage: embed, dense, bm25, fusion, total")
+    timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, total")
 
 
 class Health(BaseModel):

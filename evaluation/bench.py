@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from indexer.corpus import indexed_text
 from indexer.store import OpenIndex
 from search.bm25 import BM25Params, ReferenceBM25
+from search.fusion import RRF, ConvexCombination
 from search.pipeline import MODES, SearchPipeline
 
 
@@ -38,17 +40,30 @@ def bm25_throughput(index: OpenIndex, queries: list[str], depth: int = 100, roun
     return {"engine_qps": round(ours_qps, 1), "rank_bm25_qps": round(ref_qps, 1), "ratio": round(ours_qps / ref_qps, 1), "queries": len(queries), "rounds": rounds}
 
 
-def pipeline_latency(pipeline: SearchPipeline, queries: list[str], k: int = 10, warmup: int = 10) -> dict:
-    """In-process latency per mode (median over the query set, after a short warm-up)."""
-    for q in queries[:warmup]:
-        pipeline.search(q, k=k, mode="hybrid")
-    report = {}
-    for mode in MODES:
-        totals, stages = [], {}
-        for q in queries:
-            result = pipeline.search(q, k=k, mode=mode)
-            totals.append(result.timings_ms["total"])
-            for stage, ms in result.timings_ms.items():
-                stages.setdefault(stage, []).append(ms)
-        report[mode] = {**percentiles(totals), "stage_p50_ms": {s: round(statistics.median(v), 3) for s, v in stages.items()}}
+def _latency(pipeline: SearchPipeline, queries: list[str], k: int, mode: str, fusion=None) -> dict:
+    totals, stages = [], {}
+    for q in queries:
+        result = pipeline.search(q, k=k, mode=mode, fusion=fusion)
+        totals.append(result.timings_ms["total"])
+        for stage, ms in result.timings_ms.items():
+            stages.setdefault(stage, []).append(ms)
+    report = {**percentiles(totals), "stage_p50_ms": {s: round(statistics.median(v), 3) for s, v in stages.items()}}
+    if "fusion" in stages:  # share of the query time spent gathering both scores and fusing
+        fusion_ms = np.add(stages["candidates"], stages["fusion"])
+        report["fusion_share"] = round(float(np.median(fusion_ms / np.asarray(totals))), 4)
+    return report
+
+
+def pipeline_latency(index: OpenIndex, queries: list[str], k: int = 10, warmup: int = 10) -> dict:
+    """In-process latency of each mode and fusion, legs sequential vs concurrent, same run."""
+    sequential = index.pipeline()
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        concurrent = index.pipeline(executor=executor)
+        for q in queries[:warmup]:
+            sequential.search(q, k=k)
+            concurrent.search(q, k=k)
+        report = {mode: _latency(sequential, queries, k, mode) for mode in MODES}
+        for name, fusion in (("hybrid rrf", RRF()), ("hybrid cc", ConvexCombination())):
+            report[name] = _latency(sequential, queries, k, "hybrid", fusion)
+            report[f"{name}, concurrent legs"] = _latency(concurrent, queries, k, "hybrid", fusion)
     return report

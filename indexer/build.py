@@ -28,7 +28,7 @@ from models.embedder import BACKENDS
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index, BM25Params
 from search.dense import FaissParams, build_faiss_index, use_gpu
-from search.fusion import DEFAULT_RRF_K
+from search.fusion import RRF, fusion_to_dict
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +162,8 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
                 "built_on_gpu": use_gpu(options.device, options.faiss.kind),
                 "params": options.faiss.to_dict(),
             },
-            "fusion": {"method": "rrf", "rrf_k": DEFAULT_RRF_K, "depth": DEFAULT_DEPTH},
+            # Untuned default: RRF. `hybrid tune` replaces it with what won on labelled queries.
+            "fusion": {"depth": DEFAULT_DEPTH, "default": fusion_to_dict(RRF())},
             "files": store.file_inventory(tmp),
         }
         manifest["build"] = {
@@ -171,7 +172,7 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
             "cpu_count": os.cpu_count(),
         }
-        (tmp / store.MANIFEST).write_text(json.dumps(manifest, indent=2))
+        store.write_manifest(tmp, manifest)
         _publish(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -24,6 +24,8 @@ import numpy as np
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index
 from search.dense import DenseIndex, FaissParams
+from search.fusion import fusion_from_dict
+from search.pipeline import SearchPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,13 @@ class DocStoreWriter:
         np.save(self._folder / DOC_OFFSETS, np.asarray(self._offsets, dtype=np.int64))
 
 
+def write_manifest(folder: Path, manifest: dict) -> None:
+    """Replace manifest.json atomically (write a sibling, then rename over it)."""
+    tmp = Path(folder) / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, Path(folder) / MANIFEST)
+
+
 def read_manifest(folder: Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.is_file():
@@ -150,11 +159,18 @@ class OpenIndex:
     bm25: BM25Index
     dense: DenseIndex
     docs: DocStore
+    embeddings: np.ndarray  # memory-mapped (n, dimension) unit vectors
     embedder: object  # models.embedder.Embedder
 
     @property
     def num_docs(self) -> int:
         return len(self.docs)
+
+    def pipeline(self, depth: int | None = None, executor=None) -> SearchPipeline:
+        """A search pipeline over this index with the fusion the manifest names as default."""
+        fusion = self.manifest["fusion"]
+        return SearchPipeline(self.bm25, self.dense, self.embedder, self.embeddings, depth=depth or fusion["depth"],
+                              fusion=fusion_from_dict(fusion["default"]), executor=executor)
 
     def close(self) -> None:
         self.docs.close()
@@ -176,7 +192,9 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     bm25 = BM25Index.load(folder / BM25_DIR, analyzer)
     dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), FaissParams(**manifest["faiss"]["params"]), device)
     docs = DocStore(folder)
-    counts = {"documents": manifest["counts"]["documents"], "bm25": bm25.num_docs, "dense": dense.num_docs, "docs": len(docs)}
+    embeddings = np.load(folder / EMBEDDINGS, mmap_mode="r")
+    counts = {"documents": manifest["counts"]["documents"], "bm25": bm25.num_docs, "dense": dense.num_docs,
+              "docs": len(docs), "embeddings": len(embeddings)}
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
     if embedder is None:
@@ -185,7 +203,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
         embedder = OnnxEmbedder(folder / MODEL_DIR, device=device)
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
-    return OpenIndex(folder, manifest, analyzer, bm25, dense, docs, embedder)
+    return OpenIndex(folder, manifest, analyzer, bm25, dense, docs, embeddings, embedder)
 
 
 def torch_embedder_for_index(folder: Path | str, device: str = "auto"):

@@ -82,11 +82,12 @@ class BM25Index:
 
     def search(self, query: str, depth: int) -> Ranking:
         """Top-`depth` documents that match at least one query term."""
-        scores = self.scores(query)
-        matched = np.flatnonzero(scores != 0)
-        if len(matched) == 0:
-            return Ranking.empty()
-        return top_k(scores, depth, candidates=matched)
+        return self.ranking_from_scores(self.scores(query), depth)
+
+    @staticmethod
+    def ranking_from_scores(scores: np.ndarray, depth: int) -> Ranking:
+        # A document that shares no term with the query scores exactly 0 and is not a match.
+        return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
 
 
 class ReferenceBM25:
@@ -102,5 +103,4 @@ class ReferenceBM25:
         return np.asarray(self._engine.get_scores(self.analyzer.analyze(query)), dtype=np.float64)
 
     def search(self, query: str, depth: int) -> Ranking:
-        scores = self.scores(query)
-        return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
+        return BM25Index.ranking_from_scores(self.scores(query), depth)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from search.bm25 import BM25Index
 from search.dense import DenseIndex
-from search.fusion import DEFAULT_RRF_K, rrf
+from search.fusion import RRF, Candidates, Fused, Fusion, fuse
 from search.ranking import Ranking
 
 MODES = ("bm25", "dense", "hybrid")
@@ -27,6 +30,23 @@ class SearchError(ValueError):
 class SearchResult:
     ranking: Ranking
     timings_ms: dict[str, float] = field(default_factory=dict)
+    fusion: Fusion | None = None
+    fused: Fused | None = None  # hybrid only: candidates with every component, for `explain`
+
+    def explain(self, position: int) -> dict:
+        """Every component of the score of the hit at `position` (hybrid mode)."""
+        fused = self.fused
+        at = int(np.searchsorted(fused.candidates.doc_idx, self.ranking.doc_idx[position]))
+        parts = {}
+        for name in ("bm25", "dense"):
+            rank = int(fused.candidates.ranks[name][at])
+            parts[name] = {
+                "score": float(fused.candidates.scores[name][at]),
+                "rank": rank or None,
+                "normalized": None if fused.normalized is None else float(fused.normalized[name][at]),
+                "contribution": float(fused.contributions[name][at]),
+            }
+        return {"fused": float(fused.scores[at]), **parts}
 
 
 class _Stopwatch:
@@ -45,33 +65,67 @@ class SearchPipeline:
 
     Hybrid mode fuses the top-`depth` of each retriever; `depth` is fixed per pipeline (or per
     request) and independent of `k`, so a document's fused score never depends on the page size.
+    With an executor, the BM25 leg runs beside query embedding + dense search.
     """
 
-    def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, depth: int = 100, rrf_k: float = DEFAULT_RRF_K):
-        self.bm25, self.dense, self.embedder = bm25, dense, embedder
-        self.depth, self.rrf_k = depth, rrf_k
+    def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
+                 depth: int = 100, fusion: Fusion = RRF(), executor: ThreadPoolExecutor | None = None):
+        self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
+        self.depth, self.fusion, self.executor = depth, fusion, executor
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid", depth: int | None = None) -> SearchResult:
+    def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch):
+        scores = clock.time("bm25", self.bm25.scores, query)
+        return scores, self.bm25.ranking_from_scores(scores, depth)
+
+    def _dense_leg(self, query: str, depth: int, clock: _Stopwatch):
+        vector = clock.time("embed", self.embedder.encode, [query])[0]
+        return vector, clock.time("dense", self.dense.search, vector, depth)
+
+    def candidates(self, query: str, depth: int, clock: _Stopwatch | None = None) -> Candidates:
+        """Union of both top-`depth` lists, every document with its BM25 score and cosine."""
+        clock = clock or _Stopwatch()
+        if self.executor is not None:
+            bm25_future = self.executor.submit(self._bm25_leg, query, depth, clock)
+            vector, dense_ranking = self._dense_leg(query, depth, clock)
+            bm25_scores, bm25_ranking = bm25_future.result()
+        else:
+            bm25_scores, bm25_ranking = self._bm25_leg(query, depth, clock)
+            vector, dense_ranking = self._dense_leg(query, depth, clock)
+        return clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking}, {
+            "bm25": lambda idx: bm25_scores[idx],
+            "dense": lambda idx: self.embeddings[idx] @ vector,
+        })
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid", depth: int | None = None,
+               fusion: Fusion | None = None, min_score: float | None = None) -> SearchResult:
+        self._validate(query, k, mode, depth)
+        started = time.perf_counter()
+        clock = _Stopwatch()
+        result = SearchResult(Ranking.empty())
+        if mode == "bm25":
+            result.ranking = self._bm25_leg(query, k, clock)[1]
+        elif mode == "dense":
+            result.ranking = self._dense_leg(query, k, clock)[1]
+        else:
+            candidates = self.candidates(query, self.depth if depth is None else depth, clock)
+            result.fusion = fusion or self.fusion
+            result.fused = clock.time("fusion", fuse, candidates, result.fusion)
+            result.ranking = result.fused.ranking()
+        ranking = result.ranking
+        if min_score is not None:
+            ranking = ranking.head(int(np.count_nonzero(ranking.scores >= min_score)))  # scores descend
+        result.ranking = ranking.head(k)
+        clock.timings["total"] = (time.perf_counter() - started) * 1000
+        result.timings_ms = clock.timings
+        return result
+
+    @staticmethod
+    def _validate(query, k, mode, depth) -> None:
         if not isinstance(query, str) or not query.strip():
             raise SearchError("query", "must be a non-empty string")
         if mode not in MODES:
             raise SearchError("mode", f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if not 1 <= k <= MAX_K:
             raise SearchError("k", f"must be between 1 and {MAX_K}, got {k}")
-        depth = self.depth if depth is None else depth
-        if not 1 <= depth <= MAX_DEPTH:
+        if depth is not None and not 1 <= depth <= MAX_DEPTH:
             raise SearchError("depth", f"must be between 1 and {MAX_DEPTH}, got {depth}")
-
-        started = time.perf_counter()
-        clock = _Stopwatch()
-        # Single-retriever modes retrieve exactly k; hybrid fuses fixed-depth candidate lists.
-        leg_depth = k if mode != "hybrid" else depth
-        legs = []
-        if mode in ("bm25", "hybrid"):
-            legs.append(clock.time("bm25", self.bm25.search, query, leg_depth))
-        if mode in ("dense", "hybrid"):
-            vector = clock.time("embed", self.embedder.encode, [query])
-            legs.append(clock.time("dense", self.dense.search, vector[0], leg_depth))
-        ranking = clock.time("fusion", rrf, legs, self.rrf_k) if mode == "hybrid" else legs[0]
-        clock.timings["total"] = (time.perf_counter() - started) * 1000
-        return SearchResult(ranking.head(k), clock.timings)

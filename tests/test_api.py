@@ -139,3 +139,67 @@ def test_readme_quickstart_is_true(client):
     body = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
     response = client.post("/search", json=body)
     assert response.status_code == 200 and len(response.json()["hits"]) == body["k"]
+
+
+QUERY = "cancer cell proliferation and apoptosis"
+
+
+def test_explain_rrf_components_reproduce_the_fused_score(client):
+    body = client.post("/search", json={"query": QUERY, "k": 20, "explain": True,
+                                        "fusion": {"method": "rrf", "rrf_k": 30, "weights": [0.7, 1.3]}}).json()
+    assert body["fusion"] == {"method": "rrf", "rrf_k": 30.0, "weights": [0.7, 1.3]}
+    for hit in body["hits"]:
+        e = hit["explain"]
+        expected = sum(w / (30 + e[name]["rank"]) for name, w in (("bm25", 0.7), ("dense", 1.3)) if e[name]["rank"])
+        assert hit["score"] == pytest.approx(expected, abs=1e-6) and e["fused"] == pytest.approx(expected, abs=1e-6)
+        assert e["bm25"]["score"] >= 0 and -1 <= e["dense"]["score"] <= 1
+
+
+@pytest.mark.parametrize("norm", ["minmax", "zscore", "tmm", "dbsf", "none"])
+def test_explain_cc_components_reproduce_the_fused_score(client, norm):
+    body = client.post("/search", json={"query": QUERY, "k": 20, "explain": True,
+                                        "fusion": {"method": "cc", "alpha": 0.3, "norm": norm}}).json()
+    for hit in body["hits"]:
+        e = hit["explain"]
+        expected = 0.3 * e["dense"]["normalized"] + 0.7 * e["bm25"]["normalized"]
+        assert hit["score"] == pytest.approx(expected, abs=1e-6)
+        assert e["dense"]["contribution"] + e["bm25"]["contribution"] == pytest.approx(hit["score"], abs=1e-6)
+    if norm == "none":
+        e = body["hits"][0]["explain"]
+        assert e["bm25"]["normalized"] == pytest.approx(e["bm25"]["score"])
+
+
+@pytest.mark.parametrize("fusion", [{"method": "rrf"}, {"method": "cc", "alpha": 0.6, "norm": "zscore"}])
+def test_fused_scores_do_not_change_with_k(client, fusion):
+    small = client.post("/search", json={"query": QUERY, "k": 3, "fusion": fusion}).json()["hits"]
+    large = client.post("/search", json={"query": QUERY, "k": 100, "fusion": fusion}).json()["hits"]
+    assert [(h["id"], h["score"]) for h in large[:3]] == [(h["id"], h["score"]) for h in small]
+
+
+def test_min_score_applies_after_fusion(client):
+    hits = client.post("/search", json={"query": QUERY, "k": 50, "fusion": {"method": "cc", "alpha": 0.5}}).json()["hits"]
+    cut = hits[4]["score"]
+    kept = client.post("/search", json={"query": QUERY, "k": 50, "fusion": {"method": "cc", "alpha": 0.5}, "min_score": cut}).json()["hits"]
+    assert [h["id"] for h in kept] == [h["id"] for h in hits if h["score"] >= cut]
+
+
+@pytest.mark.parametrize("fusion, field", [
+    ({"method": "borda"}, "fusion"),
+    ({"method": "cc", "alpha": 1.5}, "alpha"),
+    ({"method": "cc", "norm": "softmax"}, "norm"),
+    ({"method": "rrf", "rrf_k": -1}, "rrf_k"),
+    ({"method": "rrf", "weights": [1]}, "weights"),
+    ({"method": "rrf", "k": 60}, "k"),
+])
+def test_bad_fusion_is_422_naming_the_field(client, fusion, field):
+    response = client.post("/search", json={"query": "ok", "fusion": fusion})
+    assert response.status_code == 422
+    assert any(field in map(str, err["loc"]) for err in response.json()["detail"]), response.json()
+
+
+def test_nan_parameters_are_rejected(client):
+    raw = b'{"query": "ok", "fusion": {"method": "cc", "alpha": NaN}}'
+    response = client.post("/search", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    raw = b'{"query": "ok", "min_score": Infinity}'
+    assert client.post("/search", content=raw, headers={"content-type": "application/json"}).status_code == 422

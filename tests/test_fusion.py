@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from search.fusion import rrf
+from search.fusion import RRF, Candidates, ConvexCombination, fuse, fusion_from_dict, fusion_to_dict, rrf
 from search.ranking import Ranking
 
 
@@ -59,3 +59,80 @@ def test_rrf_matches_ranx_on_random_runs():
 def _as_ranking(scores: dict) -> Ranking:
     items = sorted(scores.items(), key=lambda kv: -kv[1])
     return ranking([int(d[1:]) for d, _ in items], [s for _, s in items])
+
+
+def candidates(bm25, dense, bm25_list, dense_list):
+    """Candidates for docs 0..n-1 with full score vectors, ranked lists given explicitly."""
+    return Candidates.from_rankings(
+        {"bm25": ranking(bm25_list), "dense": ranking(dense_list)},
+        {"bm25": lambda idx: np.asarray(bm25)[idx], "dense": lambda idx: np.asarray(dense)[idx]},
+    )
+
+
+def test_candidates_carry_both_scores_and_ranks():
+    # doc 2 only in the BM25 list, doc 0 only in the dense list: both still get both raw scores.
+    c = candidates(bm25=[1.0, 9.0, 5.0], dense=[0.8, 0.3, 0.1], bm25_list=[1, 2], dense_list=[0, 1])
+    assert c.doc_idx.tolist() == [0, 1, 2]
+    assert c.scores["bm25"].tolist() == [1.0, 9.0, 5.0] and c.scores["dense"].tolist() == [0.8, 0.3, 0.1]
+    assert c.ranks["bm25"].tolist() == [0, 1, 2] and c.ranks["dense"].tolist() == [1, 2, 0]
+
+
+def test_candidate_rrf_by_hand():
+    c = candidates(bm25=[1.0, 9.0, 5.0], dense=[0.8, 0.3, 0.1], bm25_list=[1, 2], dense_list=[0, 1])
+    fused = fuse(c, RRF(rrf_k=60, weights=(1.0, 2.0)))
+    np.testing.assert_allclose(fused.scores, [2 / 61, 1 / 61 + 2 / 62, 1 / 62])
+    assert fused.ranking().doc_idx.tolist() == [1, 0, 2]
+
+
+def test_convex_combination_minmax_by_hand():
+    c = candidates(bm25=[1.0, 9.0, 5.0], dense=[0.8, 0.3, 0.1], bm25_list=[1, 2], dense_list=[0, 1])
+    fused = fuse(c, ConvexCombination(alpha=0.3, norm="minmax"))
+    bm25_n = np.array([0.0, 1.0, (5 - 1) / (9 - 1)])
+    dense_n = np.array([1.0, (0.3 - 0.1) / (0.8 - 0.1), 0.0])
+    np.testing.assert_allclose(fused.scores, 0.3 * dense_n + 0.7 * bm25_n)
+    np.testing.assert_allclose(fused.normalized["bm25"], bm25_n)
+    np.testing.assert_allclose(fused.contributions["dense"] + fused.contributions["bm25"], fused.scores)
+
+
+def test_alpha_extremes_reproduce_single_retrievers():
+    c = candidates(bm25=[1.0, 9.0, 5.0], dense=[0.8, 0.3, 0.1], bm25_list=[1, 2, 0], dense_list=[0, 1, 2])
+    assert fuse(c, ConvexCombination(alpha=0.0, norm="zscore")).ranking().doc_idx.tolist() == [1, 2, 0]
+    assert fuse(c, ConvexCombination(alpha=1.0, norm="zscore")).ranking().doc_idx.tolist() == [0, 1, 2]
+
+
+def test_fusion_configs_validate_and_round_trip():
+    for fusion in (RRF(rrf_k=10, weights=(0.5, 1.5)), ConvexCombination(alpha=0.25, norm="tmm")):
+        assert fusion_from_dict(fusion_to_dict(fusion)) == fusion
+    with pytest.raises(ValueError, match="valid: rrf, cc"):
+        fusion_from_dict({"method": "borda"})
+    with pytest.raises(ValueError, match="alpha must be between 0 and 1"):
+        ConvexCombination(alpha=1.5)
+    with pytest.raises(ValueError, match="rrf_k must be a finite number"):
+        RRF(rrf_k=float("nan"))
+
+
+def _random_runs_over_same_docs(seed):
+    rng = np.random.default_rng(seed)
+    docs = rng.choice(1000, size=40, replace=False)
+    return docs, rng.random(40) * 20, rng.random(40) * 2 - 1  # bm25-like and cosine-like scores
+
+
+@pytest.mark.parametrize("norm, ranx_norm", [("minmax", "min-max"), ("zscore", "zmuv")])
+def test_convex_combination_matches_ranx_wsum(norm, ranx_norm):
+    ranx = pytest.importorskip("ranx")
+    alpha = 0.35
+    bm25_runs, dense_runs, ours = {}, {}, {}
+    for q in range(15):
+        docs, bm25, dense = _random_runs_over_same_docs(q)
+        bm25_runs[f"q{q}"] = {f"d{d}": float(s) for d, s in zip(docs, bm25)}
+        dense_runs[f"q{q}"] = {f"d{d}": float(s) for d, s in zip(docs, dense)}
+        full_bm25, full_dense = np.zeros(1000), np.zeros(1000)
+        full_bm25[docs], full_dense[docs] = bm25, dense
+        c = candidates(full_bm25, full_dense, docs[np.argsort(-bm25)], docs[np.argsort(-dense)])
+        fused = fuse(c, ConvexCombination(alpha=alpha, norm=norm))
+        ours[f"q{q}"] = {f"d{d}": s for d, s in zip(c.doc_idx, fused.scores)}
+    theirs = ranx.fuse([ranx.Run(bm25_runs), ranx.Run(dense_runs)], norm=ranx_norm, method="wsum",
+                       params={"weights": [1 - alpha, alpha]}).to_dict()
+    for q, scores in theirs.items():
+        for doc, score in scores.items():
+            assert ours[q][doc] == pytest.approx(score, abs=1e-6)

@@ -1,0 +1,103 @@
+"""Choose the fusion for an index on labelled training queries.
+
+Candidates (both raw scores for the union of both top-depth lists) are retrieved once per query;
+every configuration is then a cheap re-fusion. Convex combination is swept over alpha for every
+normalisation, RRF over rrf_k; the best configuration on the training metric becomes the index's
+default. The queries passed in are the only ones looked at: keep test queries out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from evaluation.metrics import evaluate
+from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_to_dict
+from search.normalize import NORMALIZERS
+from search.pipeline import SearchPipeline
+
+logger = logging.getLogger(__name__)
+
+ALPHAS = tuple(round(float(a), 2) for a in np.linspace(0.0, 1.0, 21))
+RRF_KS = (1, 2, 5, 10, 20, 30, 40, 60, 80, 100, 150, 200, 500)
+
+
+@dataclass
+class TuningResult:
+    metric: str
+    queries: int
+    table: list[dict]  # one row per configuration: its fusion dict and its metric value
+    singles: dict[str, float]  # the metric of each retriever alone
+
+    def best(self, family: str | None = None, norm: str | None = None) -> dict:
+        rows = [r for r in self.table if (family is None or r["method"] == family) and (norm is None or r.get("norm") == norm)]
+        return max(rows, key=lambda r: r[self.metric])  # first of equals: the grid order is deterministic
+
+    def best_fusion(self) -> Fusion:
+        row = self.best()
+        if row["method"] == "rrf":
+            return RRF(rrf_k=row["rrf_k"])
+        return ConvexCombination(alpha=row["alpha"], norm=row["norm"])
+
+
+def grid() -> list[Fusion]:
+    configs: list[Fusion] = [ConvexCombination(alpha=a, norm=n) for n in NORMALIZERS for a in ALPHAS]
+    return configs + [RRF(rrf_k=float(k)) for k in RRF_KS]
+
+
+def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], qrels: dict[str, dict[str, int]],
+         metric: str = "ndcg@10", k: int = 100, progress: bool = True) -> TuningResult:
+    candidates = {qid: pipeline.candidates(text, pipeline.depth) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
+    table = []
+    for fusion in tqdm(grid(), desc="configurations", disable=not progress):
+        run = {}
+        for qid, cands in candidates.items():
+            ranking = fuse(cands, fusion).ranking().head(k)
+            run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+        table.append({**fusion_to_dict(fusion), metric: evaluate(run, qrels, (metric,))[metric]})
+    singles = {}
+    for mode in ("bm25", "dense"):
+        run = {}
+        for qid, text in queries.items():
+            ranking = pipeline.search(text, k=k, mode=mode).ranking
+            run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+        singles[mode] = evaluate(run, qrels, (metric,))[metric]
+    return TuningResult(metric, len(queries), table, singles)
+
+
+def plot(result: TuningResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for norm in NORMALIZERS:
+        rows = [r for r in result.table if r.get("norm") == norm]
+        ax.plot([r["alpha"] for r in rows], [r[result.metric] for r in rows], marker=".", label=f"cc {norm}")
+    rrf_best = result.best("rrf")
+    ax.axhline(rrf_best[result.metric], color="black", linestyle="--", label=f"rrf (rrf_k={rrf_best['rrf_k']:g})")
+    for mode, style in (("bm25", ":"), ("dense", "-.")):
+        ax.axhline(result.singles[mode], color="grey", linestyle=style, label=f"{mode} alone")
+    ax.set_xlabel("alpha (weight of dense)")
+    ax.set_ylabel(f"{result.metric} ({result.queries} training queries)")
+    ax.set_title("Convex-combination fusion against alpha")
+    ax.legend(loc="lower center", ncol=3, fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_table(result: TuningResult) -> str:
+    m = result.metric
+    rows = [(f"cc {norm} (best alpha {result.best('cc', norm)['alpha']:.2f})", result.best("cc", norm)[m]) for norm in NORMALIZERS]
+    rrf60 = next(r for r in result.table if r["method"] == "rrf" and r["rrf_k"] == 60)
+    best_rrf = result.best("rrf")
+    rows += [("rrf (rrf_k 60)", rrf60[m]), (f"rrf (best rrf_k {best_rrf['rrf_k']:g})", best_rrf[m])]
+    rows += [(f"{mode} alone", value) for mode, value in result.singles.items()]
+    return "\n".join([f"{'configuration':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])

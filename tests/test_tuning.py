@@ -1,0 +1,67 @@
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from evaluation.runner import doc_ids, parse_pipeline
+from evaluation.tuning import ALPHAS, RRF_KS, tune
+from indexer.corpus import read_corpus, split_queries
+from indexer.store import open_index
+from search.fusion import RRF, ConvexCombination
+from search.normalize import NORMALIZERS
+
+
+@pytest.fixture(scope="module")
+def train_split(scifact, scifact_slice):
+    """Training queries whose judged documents are in the slice (a small, honest tuning set)."""
+    ids = {d.doc_id for d in read_corpus(scifact_slice)}
+    queries, qrels = split_queries(scifact, "train")
+    keep = [q for q, rel in qrels.items() if set(rel) <= ids][:25]
+    return {q: queries[q] for q in keep}, {q: qrels[q] for q in keep}
+
+
+def test_tune_sweeps_every_configuration_and_picks_the_best(scifact_slice_index, train_split):
+    queries, qrels = train_split
+    index = open_index(scifact_slice_index)
+    result = tune(index.pipeline(), doc_ids(index), queries, qrels, progress=False)
+    assert len(result.table) == len(ALPHAS) * len(NORMALIZERS) + len(RRF_KS)
+    best = max(row["ndcg@10"] for row in result.table)
+    assert result.best()["ndcg@10"] == best
+    assert isinstance(result.best_fusion(), (RRF, ConvexCombination))
+    assert set(result.singles) == {"bm25", "dense"} and all(0 < v <= 1 for v in result.singles.values())
+
+
+def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scifact_slice_index, train_split, tmp_path):
+    index_dir = tmp_path / "index"
+    shutil.copytree(scifact_slice_index, index_dir)
+    queries, qrels = train_split
+    (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items()))
+    (tmp_path / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, rel in qrels.items() for d, r in rel.items()))
+    cmd = [sys.executable, "-m", "app.cli", "tune", str(index_dir), "--queries", str(tmp_path / "queries.jsonl"), "--quiet"]
+
+    refused = subprocess.run(cmd + ["--qrels", str(scifact / "qrels" / "test.tsv")], capture_output=True, text=True)
+    assert refused.returncode == 2 and "refusing to tune" in refused.stderr
+
+    done = subprocess.run(cmd + ["--qrels", str(tmp_path / "train.tsv")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    table = json.loads((index_dir / "tuning" / "fusion.json").read_text())["table"]
+    best = max(table, key=lambda row: row["ndcg@10"])
+    assert manifest["fusion"]["tuning"]["value"] == round(best["ndcg@10"], 4)
+    assert manifest["fusion"]["default"]["method"] == best["method"]
+    assert (index_dir / "tuning" / "fusion.png").read_bytes()[:4] == b"\x89PNG"
+    # The service and CLI now fuse with the tuned default.
+    assert open_index(index_dir).pipeline().fusion == parse_pipeline(
+        "rrf:%g" % best["rrf_k"] if best["method"] == "rrf" else f"cc:{best['norm']}:{best['alpha']}")[1]
+
+
+def test_pipeline_specs():
+    assert parse_pipeline("bm25") == ("bm25", None)
+    assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0))
+    assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"))
+    with pytest.raises(ValueError, match="valid: bm25, dense, hybrid"):
+        parse_pipeline("cc:zscore")
+    with pytest.raises(ValueError, match="alpha must be between 0 and 1"):
+        parse_pipeline("cc:minmax:3")
