@@ -20,6 +20,6 @@ class Settings(BaseSettings):
     depth: int | None = Field(None, ge=1, le=1000, description="hybrid candidates per retriever (default: the index's)")
     parallel_legs: Literal["auto", "on", "off"] = Field(
         "auto", description="run the BM25 leg beside embedding + dense search; auto: only when queries are embedded on a GPU "
-        "(on CPU the embedder already uses every core, and running BM25 beside it measured slower)")
+        "(on CPU the embedder already uses every core: the gain measured within noise, docs/BENCHMARKS.md)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     log_level: str = "info"
