@@ -25,7 +25,8 @@ from search.analyzer import Analyzer
 from search.bm25 import BM25Index
 from search.dense import DenseIndex, FaissParams
 from search.fusion import fusion_from_dict
-from search.pipeline import SearchPipeline
+from search.hubness import HubnessSearcher
+from search.pipeline import HubnessChoice, SearchPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +162,7 @@ class OpenIndex:
     docs: DocStore
     embeddings: np.ndarray  # memory-mapped (n, dimension) unit vectors
     embedder: object  # models.embedder.Embedder
+    hubness: HubnessSearcher | None = None
 
     @property
     def num_docs(self) -> int:
@@ -169,8 +171,10 @@ class OpenIndex:
     def pipeline(self, depth: int | None = None, executor=None) -> SearchPipeline:
         """A search pipeline over this index with the fusion the manifest names as default."""
         fusion = self.manifest["fusion"]
+        hubness_default = HubnessChoice(**self.manifest["hubness"]["default"]) if self.hubness else HubnessChoice()
         return SearchPipeline(self.bm25, self.dense, self.embedder, self.embeddings, depth=depth or fusion["depth"],
-                              fusion=fusion_from_dict(fusion["default"]), executor=executor)
+                              fusion=fusion_from_dict(fusion["default"]), executor=executor,
+                              hubness=self.hubness, hubness_default=hubness_default)
 
     def close(self) -> None:
         self.docs.close()
@@ -203,7 +207,9 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
         embedder = OnnxEmbedder(folder / MODEL_DIR, device=device)
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
-    return OpenIndex(folder, manifest, analyzer, bm25, dense, docs, embeddings, embedder)
+    from indexer.hubness import load_hubness
+
+    return OpenIndex(folder, manifest, analyzer, bm25, dense, docs, embeddings, embedder, load_hubness(folder, manifest, device))
 
 
 def torch_embedder_for_index(folder: Path | str, device: str = "auto"):

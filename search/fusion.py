@@ -18,7 +18,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from search.normalize import NORMALIZERS, normalize
+from search.normalize import NORMALIZERS, THEORETICAL_MIN, normalize
 from search.ranking import Ranking, top_k
 
 DEFAULT_RRF_K = 60.0
@@ -85,17 +85,19 @@ class Candidates:
     doc_idx: np.ndarray
     scores: dict[str, np.ndarray]
     ranks: dict[str, np.ndarray]
+    floors: dict[str, float]  # theoretical minimum of each retriever's scores (for tmm)
 
     def __len__(self) -> int:
         return len(self.doc_idx)
 
     @classmethod
-    def from_rankings(cls, rankings: dict[str, Ranking], score_of: dict[str, callable]) -> "Candidates":
+    def from_rankings(cls, rankings: dict[str, Ranking], score_of: dict[str, callable],
+                      floors: dict[str, float] | None = None) -> "Candidates":
         """`score_of[name](doc_idx)` returns that retriever's raw scores for any documents."""
         doc_idx = np.unique(np.concatenate([r.doc_idx for r in rankings.values()]))
         ranks = {name: _ranks_in(r, doc_idx) for name, r in rankings.items()}
         scores = {name: np.asarray(score_of[name](doc_idx), dtype=np.float64) for name in rankings}
-        return cls(doc_idx, scores, ranks)
+        return cls(doc_idx, scores, ranks, {**THEORETICAL_MIN, **(floors or {})})
 
 
 def _ranks_in(ranking: Ranking, doc_idx: np.ndarray) -> np.ndarray:
@@ -131,7 +133,7 @@ def fuse(candidates: Candidates, fusion: Fusion) -> Fused:
         }
         normalized = None
     else:
-        normalized = {name: normalize(candidates.scores[name], fusion.norm, name) for name in RETRIEVERS}
+        normalized = {name: normalize(candidates.scores[name], fusion.norm, candidates.floors[name]) for name in RETRIEVERS}
         contributions = {"dense": fusion.alpha * normalized["dense"], "bm25": (1 - fusion.alpha) * normalized["bm25"]}
     total = contributions["bm25"] + contributions["dense"]
     return Fused(candidates, total, contributions, normalized)

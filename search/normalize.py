@@ -49,9 +49,10 @@ def identity(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
 NORMALIZERS = {"minmax": minmax, "zscore": zscore, "tmm": tmm, "dbsf": dbsf, "none": identity}
 
 
-def normalize(scores: np.ndarray, method: str, retriever: str) -> np.ndarray:
+def normalize(scores: np.ndarray, method: str, floor: float) -> np.ndarray:
+    """Normalise with `method`; `floor` is the scorer's theoretical minimum (used by tmm only)."""
     try:
         fn = NORMALIZERS[method]
     except KeyError:
         raise ValueError(f"unknown normalisation {method!r}; valid: {', '.join(NORMALIZERS)}") from None
-    return fn(np.asarray(scores, dtype=np.float64), THEORETICAL_MIN[retriever])
+    return fn(np.asarray(scores, dtype=np.float64), floor)

@@ -11,6 +11,7 @@ import numpy as np
 from search.bm25 import BM25Index
 from search.dense import DenseIndex
 from search.fusion import RRF, Candidates, Fused, Fusion, fuse
+from search.hubness import HUBNESS_METHODS, HubnessSearcher
 from search.ranking import Ranking
 
 MODES = ("bm25", "dense", "hybrid")
@@ -24,6 +25,12 @@ class SearchError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+@dataclass(frozen=True)
+class HubnessChoice:
+    method: str = "none"  # none | qbnorm | dbnorm
+    dynamic: bool = False  # DIS: correct only queries whose raw top-1 is in the bank's activation set
 
 
 @dataclass
@@ -69,45 +76,67 @@ class SearchPipeline:
     """
 
     def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
-                 depth: int = 100, fusion: Fusion = RRF(), executor: ThreadPoolExecutor | None = None):
+                 depth: int = 100, fusion: Fusion = RRF(), executor: ThreadPoolExecutor | None = None,
+                 hubness: HubnessSearcher | None = None, hubness_default: HubnessChoice = HubnessChoice()):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.depth, self.fusion, self.executor = depth, fusion, executor
+        self.hubness, self.hubness_default = hubness, hubness_default
 
     def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch):
         scores = clock.time("bm25", self.bm25.scores, query)
         return scores, self.bm25.ranking_from_scores(scores, depth)
 
-    def _dense_leg(self, query: str, depth: int, clock: _Stopwatch):
+    def _dense_leg(self, query: str, depth: int, clock: _Stopwatch, hubness: HubnessChoice):
+        """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked."""
         vector = clock.time("embed", self.embedder.encode, [query])[0]
-        return vector, clock.time("dense", self.dense.search, vector, depth)
+        if hubness.method == "none":
+            return vector, clock.time("dense", self.dense.search, vector, depth), None
+        coef = clock.time("hubness", self.hubness.coefficients, vector, hubness.method, hubness.dynamic)
+        return vector, clock.time("dense", self.hubness.search, vector, depth, coef), coef
 
-    def candidates(self, query: str, depth: int, clock: _Stopwatch | None = None) -> Candidates:
-        """Union of both top-`depth` lists, every document with its BM25 score and cosine."""
+    def candidates(self, query: str, depth: int, clock: _Stopwatch | None = None,
+                   hubness: HubnessChoice | None = None) -> Candidates:
+        """Union of both top-`depth` lists, every document with its BM25 score and (corrected) cosine."""
         clock = clock or _Stopwatch()
+        hubness = self._hubness_choice(hubness)
         if self.executor is not None:
             bm25_future = self.executor.submit(self._bm25_leg, query, depth, clock)
-            vector, dense_ranking = self._dense_leg(query, depth, clock)
+            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness)
             bm25_scores, bm25_ranking = bm25_future.result()
         else:
             bm25_scores, bm25_ranking = self._bm25_leg(query, depth, clock)
-            vector, dense_ranking = self._dense_leg(query, depth, clock)
-        return clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking}, {
-            "bm25": lambda idx: bm25_scores[idx],
-            "dense": lambda idx: self.embeddings[idx] @ vector,
-        })
+            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness)
+        if coef is None:
+            dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
+        else:
+            correction = self.hubness.correction
+            dense_scores = lambda idx: correction.corrected(self.embeddings[idx] @ vector, idx, coef)  # noqa: E731
+            floors = {"dense": correction.score_floor(coef)}
+        return clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking},
+                          {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores}, floors)
+
+    def _hubness_choice(self, choice: HubnessChoice | None) -> HubnessChoice:
+        choice = choice or self.hubness_default
+        if choice.method not in HUBNESS_METHODS:
+            raise SearchError("hubness", f"unknown method {choice.method!r}; valid: {', '.join(HUBNESS_METHODS)}")
+        if choice.method != "none" and self.hubness is None:
+            raise SearchError("hubness", "this index has no fitted hubness correction (run `hybrid hubness fit`); use \"none\"")
+        return choice
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid", depth: int | None = None,
-               fusion: Fusion | None = None, min_score: float | None = None) -> SearchResult:
+               fusion: Fusion | None = None, min_score: float | None = None,
+               hubness: HubnessChoice | None = None) -> SearchResult:
         self._validate(query, k, mode, depth)
+        hubness = self._hubness_choice(hubness)
         started = time.perf_counter()
         clock = _Stopwatch()
         result = SearchResult(Ranking.empty())
         if mode == "bm25":
             result.ranking = self._bm25_leg(query, k, clock)[1]
         elif mode == "dense":
-            result.ranking = self._dense_leg(query, k, clock)[1]
+            result.ranking = self._dense_leg(query, k, clock, hubness)[1]
         else:
-            candidates = self.candidates(query, self.depth if depth is None else depth, clock)
+            candidates = self.candidates(query, self.depth if depth is None else depth, clock, hubness)
             result.fusion = fusion or self.fusion
             result.fused = clock.time("fusion", fuse, candidates, result.fusion)
             result.ranking = result.fused.ranking()

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from search.normalize import dbsf, minmax, normalize, tmm, zscore
+from search.normalize import THEORETICAL_MIN, dbsf, minmax, normalize, tmm, zscore
 
 S = np.array([2.0, 4.0, 8.0])
 
@@ -16,9 +16,9 @@ def test_zscore():
 
 
 def test_theoretical_min_max_uses_the_scorer_floor():
-    np.testing.assert_allclose(normalize(S, "tmm", "bm25"), [2 / 8, 4 / 8, 1.0])
+    np.testing.assert_allclose(normalize(S, "tmm", THEORETICAL_MIN["bm25"]), [2 / 8, 4 / 8, 1.0])
     cosines = np.array([0.2, 0.6])
-    np.testing.assert_allclose(normalize(cosines, "tmm", "dense"), [(0.2 + 1) / (0.6 + 1), 1.0])
+    np.testing.assert_allclose(normalize(cosines, "tmm", THEORETICAL_MIN["dense"]), [(0.2 + 1) / (0.6 + 1), 1.0])
 
 
 def test_dbsf():
@@ -36,4 +36,4 @@ def test_degenerate_lists_map_to_a_constant(fn, constant):
 def test_tmm_degenerate_and_unknown_method():
     np.testing.assert_array_equal(tmm(np.array([0.0, 0.0]), floor=0.0), [1.0, 1.0])
     with pytest.raises(ValueError, match="valid: minmax, zscore, tmm, dbsf, none"):
-        normalize(S, "softmax", "bm25")
+        normalize(S, "softmax", 0.0)

@@ -1,0 +1,184 @@
+"""Hubness correction of dense scores: QB-Norm and DBNorm, exact over the whole corpus.
+
+QB-Norm (Bogolin et al., CVPR 2022), Inverted Softmax with a query bank B and inverse temperature beta:
+    eta(q, d) = exp(beta s(q,d)) / sum_{b in B} exp(beta s(b,d))
+DBNorm (Wang et al., EMNLP 2023), dual Inverted Softmax with a query bank B and a gallery bank G:
+    eta(q, d) = [exp(b1 s(q,d)) / sum_B exp(b1 s(b,d))] * [exp(b2 s(q,d)) / sum_G exp(b2 s(g,d))]
+
+In log space both rank by the raw cosine minus a fixed per-document bias,
+    log(eta) / (sum of active betas) = s(q,d) - sum_active LSE_bank(d) / sum_active betas,
+    LSE_bank(d) = logsumexp_{b in bank} beta_bank * s(b,d),
+so the biases are computed once (see `bank_statistics`) and the exact corrected top-k over the whole
+corpus is an inner-product search over augmented vectors d' = [d, -LSE_B(d), -LSE_G(d), ...] with
+q' = [q, coefficients]. We report corrected scores on that scale (cosine units minus the bias).
+
+Dynamic variants (DIS): a bank's factor is applied only when the query's raw top-1 document is in the
+bank's activation set (the union of every bank member's raw top-k documents); with no active factor
+the raw cosine is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from search.ranking import Ranking
+
+HUBNESS_METHODS = ("none", "qbnorm", "dbnorm")
+# Columns of the augmented vectors, after the embedding: one bias column per fitted bank statistic.
+BIAS_COLUMNS = ("qbnorm_query", "dbnorm_query", "dbnorm_gallery")
+
+
+def bank_statistics(bank: np.ndarray, docs: np.ndarray, beta: float, k: int = 1,
+                    self_idx: np.ndarray | None = None, bank_chunk: int = 8192, doc_chunk: int = 4096):
+    """Per-document LSE_d = logsumexp_b beta * s(b, d), and the activation set of the bank.
+
+    Streams over (bank chunk x document chunk) products with an online logsumexp, so memory stays
+    at one chunk product however large the bank. `self_idx[i]` is the corpus index of bank member i
+    when the bank is drawn from the corpus (gallery bank): that self-match is excluded from both.
+    Returns (lse: float64 (n,), activation: bool (n,)).
+    """
+    n = len(docs)
+    run_max = np.full(n, -np.inf)
+    run_sum = np.zeros(n)
+    top_idx = np.zeros((len(bank), k), dtype=np.int64)
+    top_val = np.full((len(bank), k), -np.inf, dtype=np.float32)
+    for d0 in range(0, n, doc_chunk):
+        doc_block = np.ascontiguousarray(docs[d0 : d0 + doc_chunk], dtype=np.float32)
+        cols = np.arange(d0, d0 + len(doc_block))
+        for b0 in range(0, len(bank), bank_chunk):
+            sims = np.ascontiguousarray(bank[b0 : b0 + bank_chunk], dtype=np.float32) @ doc_block.T
+            if self_idx is not None:
+                rows, hit = np.nonzero(self_idx[b0 : b0 + len(sims), None] == cols[None, :])
+                sims[rows, hit] = -np.inf
+            _update_lse(run_max[d0 : d0 + len(doc_block)], run_sum[d0 : d0 + len(doc_block)], beta * sims.astype(np.float64))
+            _update_top_k(top_val[b0 : b0 + len(sims)], top_idx[b0 : b0 + len(sims)], sims, d0)
+    lse = run_max + np.log(run_sum)
+    activation = np.zeros(n, dtype=bool)
+    activation[top_idx[np.isfinite(top_val)]] = True
+    return lse, activation
+
+
+def _update_lse(run_max: np.ndarray, run_sum: np.ndarray, logits: np.ndarray) -> None:
+    """Fold a (bank rows x docs) block of logits into running per-document max and scaled sums."""
+    block_max = logits.max(axis=0)
+    new_max = np.maximum(run_max, block_max)
+    safe = np.where(np.isfinite(new_max), new_max, 0.0)
+    run_sum *= np.exp(np.where(np.isfinite(run_max), run_max - safe, -np.inf))
+    run_sum += np.exp(logits - safe).sum(axis=0)
+    run_max[:] = new_max
+
+
+def _update_top_k(top_val: np.ndarray, top_idx: np.ndarray, sims: np.ndarray, offset: int) -> None:
+    k = top_val.shape[1]
+    take = min(k, sims.shape[1])
+    part = np.argpartition(-sims, take - 1, axis=1)[:, :take]
+    vals = np.concatenate([top_val, np.take_along_axis(sims, part, axis=1)], axis=1)
+    idx = np.concatenate([top_idx, part + offset], axis=1)
+    best = np.argsort(-vals, axis=1, kind="stable")[:, :k]
+    top_val[:] = np.take_along_axis(vals, best, axis=1)
+    top_idx[:] = np.take_along_axis(idx, best, axis=1)
+
+
+@dataclass(frozen=True)
+class HubnessParams:
+    beta: float = 20.0  # QB-Norm
+    beta1: float = 1 / 1.99  # DBNorm query bank
+    beta2: float = 3.0  # DBNorm gallery bank
+    k: int = 1  # activation top-k
+
+    def __post_init__(self):
+        for name in ("beta", "beta1", "beta2"):
+            value = getattr(self, name)
+            if not (np.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+
+
+@dataclass
+class HubnessCorrection:
+    """Fitted biases and activation sets; turns raw cosines into corrected scores."""
+
+    params: HubnessParams
+    lse: dict[str, np.ndarray]  # column name -> (n,) LSE over that bank, at that bank's beta
+    activation: dict[str, np.ndarray]  # "query" / "gallery" -> (n,) bool
+
+    def coefficients(self, method: str, dynamic: bool, raw_top1: int | None) -> np.ndarray:
+        """Weights of the bias columns for one query: corrected = s - coefficients . LSE."""
+        coef = np.zeros(len(BIAS_COLUMNS))
+        if method == "none":
+            return coef
+        if method == "qbnorm":
+            if not dynamic or self._active("query", raw_top1):
+                coef[0] = 1.0 / self.params.beta
+            return coef
+        if method != "dbnorm":
+            raise ValueError(f"unknown hubness method {method!r}; valid: {', '.join(HUBNESS_METHODS)}")
+        use_query = not dynamic or self._active("query", raw_top1)
+        use_gallery = not dynamic or self._active("gallery", raw_top1)
+        total_beta = self.params.beta1 * use_query + self.params.beta2 * use_gallery
+        if use_query:
+            coef[1] = 1.0 / total_beta
+        if use_gallery:
+            coef[2] = 1.0 / total_beta
+        return coef
+
+    def _active(self, bank: str, raw_top1: int | None) -> bool:
+        return raw_top1 is not None and bool(self.activation[bank][raw_top1])
+
+    def bias_matrix(self) -> np.ndarray:
+        """(n, len(BIAS_COLUMNS)) of LSE values; columns of unfitted methods are 0."""
+        n = len(next(iter(self.lse.values())))
+        return np.column_stack([self.lse.get(c, np.zeros(n)) for c in BIAS_COLUMNS])
+
+    def corrected(self, raw: np.ndarray, doc_idx: np.ndarray, coef: np.ndarray) -> np.ndarray:
+        """Corrected scores of `doc_idx` given their raw cosines `raw`."""
+        bias = sum(c * self.lse[name][doc_idx] for c, name in zip(coef, BIAS_COLUMNS) if c)
+        return np.asarray(raw, dtype=np.float64) - bias
+
+    def score_floor(self, coef: np.ndarray) -> float:
+        """A lower bound of corrected scores (cosine floor -1 minus the largest bias): for tmm."""
+        return -1.0 - float(sum(c * self.lse[name].max() for c, name in zip(coef, BIAS_COLUMNS) if c))
+
+
+def augment_documents(vectors: np.ndarray, correction: HubnessCorrection) -> np.ndarray:
+    """d' = [d, -LSE columns]: inner product with q' = [q, coef] is s(q, d) - coef . LSE(d)."""
+    return np.hstack([vectors, -correction.bias_matrix()]).astype(np.float32)
+
+
+def augment_query(vector: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    return np.concatenate([vector, coef]).astype(np.float32)
+
+
+def k_occurrence(rankings: list[Ranking], num_docs: int, k: int = 10) -> np.ndarray:
+    """N_k(d): how many queries have d in their top k."""
+    counts = np.zeros(num_docs, dtype=np.int64)
+    for ranking in rankings:
+        np.add.at(counts, ranking.doc_idx[:k], 1)
+    return counts
+
+
+def hubness_stats(counts: np.ndarray) -> dict:
+    """Skewness of the k-occurrence distribution and the share of documents never retrieved."""
+    mean, std = counts.mean(), counts.std()
+    skew = float(((counts - mean) ** 3).mean() / std**3) if std > 0 else 0.0
+    return {"skewness": round(skew, 4), "never_retrieved": round(float((counts == 0).mean()), 4), "max_occurrence": int(counts.max())}
+
+
+class HubnessSearcher:
+    """Exact corrected top-k over the whole corpus through the augmented inner-product index."""
+
+    def __init__(self, correction: HubnessCorrection, augmented):
+        self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex
+
+    def coefficients(self, vector: np.ndarray, method: str, dynamic: bool) -> np.ndarray:
+        raw_top1 = None
+        if dynamic and method != "none":  # DIS decides on the raw nearest neighbour
+            top = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), 1)
+            raw_top1 = int(top.doc_idx[0]) if len(top) else None
+        return self.correction.coefficients(method, dynamic, raw_top1)
+
+    def search(self, vector: np.ndarray, depth: int, coef: np.ndarray) -> Ranking:
+        return self.augmented.search(augment_query(vector, coef), depth)
