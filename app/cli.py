@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+import numpy as np
 import logging
 import os
 import resource
@@ -97,7 +99,8 @@ def _index_for_dataset(args, dataset: Path) -> Path:
 
 def cmd_eval(args) -> int:
     from evaluation.metrics import evaluate
-    from evaluation.runner import doc_ids, parse_pipeline, run_queries, tuned_pipelines
+    from evaluation.runner import doc_ids, hubness_pipelines, parse_pipeline, run_queries, tuned_pipelines
+    from search.hubness import hubness_stats, k_occurrence
     from indexer.corpus import split_queries
 
     dataset = Path(args.data)
@@ -105,15 +108,17 @@ def cmd_eval(args) -> int:
     index, pipeline = _open(_index_for_dataset(args, dataset), args.device)
     ids = doc_ids(index)
     specs = args.pipelines.split(",") + (tuned_pipelines(index.manifest) if args.all_fusions else [])
+    specs += hubness_pipelines() if args.all_hubness else []
     report = {"dataset": dataset.name, "split": args.split, "queries": len(queries), "pipelines": {}}
     for spec in dict.fromkeys(specs):
-        mode, fusion = parse_pipeline(spec)
-        run, _ = run_queries(pipeline, ids, queries, mode, fusion=fusion, k=100, progress=not args.quiet)
+        mode, fusion, hubness = parse_pipeline(spec)
+        run, rankings, _ = run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=100, progress=not args.quiet)
         report["pipelines"][spec] = {k: round(v, 4) for k, v in evaluate(run, qrels).items()}
+        report["pipelines"][spec]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]
     print(f"{dataset.name} / {args.split} ({len(queries)} queries)")
-    print(f"{'pipeline':<22}" + "".join(f"{m:>12}" for m in next(iter(report['pipelines'].values()))))
+    print(f"{'pipeline':<22}" + "".join(f"{m:>14}" for m in next(iter(report['pipelines'].values()))))
     for spec, metrics in report["pipelines"].items():
-        print(f"{spec:<22}" + "".join(f"{v:>12.4f}" for v in metrics.values()))
+        print(f"{spec:<22}" + "".join(f"{v:>14.4f}" for v in metrics.values()))
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
@@ -162,8 +167,73 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_hubness_fit(args) -> int:
+    import numpy as np
+
+    from evaluation.hubness_eval import tune_hubness
+    from evaluation.runner import doc_ids
+    from indexer.corpus import read_qrels
+    from indexer.hubness import fit_hubness, load_bank, pseudo_bank
+    from indexer.store import open_index
+    from search.hubness import HubnessParams
+
+    params = HubnessParams(beta=args.beta, beta1=args.beta1, beta2=args.beta2, k=args.k)
+    index = open_index(args.index, verify="size", device="cpu")
+    if str(args.bank) == "pseudo":
+        texts, info = pseudo_bank(index, args.pseudo_size)
+    else:
+        texts, info = load_bank(args.bank, args.split_qrels)
+    tuning = None
+    if args.tune:
+        if info["kind"] != "queries":
+            print("error: --tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv", file=sys.stderr)
+            return 2
+        qrels = read_qrels(args.split_qrels)
+        embeddings = np.asarray(index.embeddings)
+        gallery = np.sort(np.random.default_rng(0).choice(len(embeddings), size=min(args.gallery_size, len(embeddings)), replace=False))
+        params, table = tune_hubness(index.embedder.encode(texts), list(qrels), qrels, embeddings, doc_ids(index),
+                                     args.method, args.dynamic, params, gallery)
+        tuning = {"metric": "ndcg@10", "folds": 5, "table": table}
+        for row in table:
+            print("  ".join(f"{k}={v:.4g}" for k, v in row.items()))
+    index.close()
+    manifest = fit_hubness(args.index, texts, info, params, args.method, args.dynamic, args.gallery_size, tuning=tuning)
+    spec = manifest["hubness"]
+    print(f"fitted {args.method}{' (dynamic)' if args.dynamic else ''} with {json.dumps(spec['params'])} on a {info['kind']} bank of {info['size']} "
+          f"in {spec['fit_seconds']} s; activation sets: {spec['activation']}")
+    return 0
+
+
+def cmd_hubness_report(args) -> int:
+    from evaluation.hubness_eval import hubness_report, plot_histograms
+    from evaluation.runner import doc_ids
+    from indexer.corpus import read_qrels, read_queries
+
+    index, pipeline = _open(args.index, "cpu")
+    if pipeline.hubness is None:
+        print("error: this index has no fitted hubness correction: run `hybrid hubness fit` first", file=sys.stderr)
+        return 2
+    queries = read_queries(args.queries)
+    if args.split_qrels:
+        queries = {q: queries[q] for q in read_qrels(args.split_qrels) if q in queries}
+    report = hubness_report(index.embedder.encode(list(queries.values())), np.asarray(index.embeddings),
+                            pipeline.hubness.correction, doc_ids(index), k=args.k)
+    out = args.out or args.index / "hubness_report"
+    out.mkdir(parents=True, exist_ok=True)
+    plot_histograms(report, out / "k_occurrence.png", args.k)
+    rows = {name: {k: v for k, v in values.items() if k != "counts"} for name, values in report.items()}
+    (out / "report.json").write_text(json.dumps({"queries": len(queries), "k": args.k, "variants": rows}, indent=2))
+    print(f"{len(queries)} queries, dense top-{args.k}")
+    print(f"{'variant':<14}{'skewness':>10}{'never':>8}{'max N':>7}  top hubs (doc id: N_k)")
+    for name, r in rows.items():
+        hubs = ", ".join(f"{d}: {n}" for d, n in r["top_hubs"][:3])
+        print(f"{name:<14}{r['skewness']:>10.3f}{r['never_retrieved']:>8.1%}{r['max_occurrence']:>7}  {hubs}")
+    print(f"histogram and JSON in {out}")
+    return 0
+
+
 def cmd_bench(args) -> int:
-    from evaluation.bench import bm25_throughput, pipeline_latency
+    from evaluation.bench import bm25_throughput, hubness_overhead, pipeline_latency
     from indexer.corpus import split_queries
 
     queries, _ = split_queries(args.data, args.split)
@@ -176,8 +246,10 @@ def cmd_bench(args) -> int:
         "cpu_count": os.cpu_count(),
         "bm25_throughput": bm25_throughput(index, texts),
         "latency": pipeline_latency(index, texts),
-        "peak_rss_mib": round(_peak_rss_mib(), 1),
     }
+    if index.hubness is not None:
+        report["hubness_overhead"] = hubness_overhead(index, texts)
+    report["peak_rss_mib"] = round(_peak_rss_mib(), 1)
     print(json.dumps(report, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2))
@@ -250,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", type=Path, help="index folder to use or build (default indexes/<dataset>)")
     p.add_argument("--pipelines", default="bm25,dense,hybrid",
                    help="comma-separated: bm25, dense, hybrid (the index's default fusion), rrf:RRF_K, cc:NORM:ALPHA")
+    p.add_argument("--all-hubness", action="store_true", help="also dense and hybrid with every hubness variant (needs `hybrid hubness fit`)")
     p.add_argument("--all-fusions", action="store_true", help="also every fusion the tuning record names (rrf 60, tuned rrf, each norm at its tuned alpha)")
     p.add_argument("--out", type=Path)
     p.add_argument("--device", choices=devices, default="auto")
@@ -266,6 +339,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=devices, default="auto")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("hubness", help="fit or inspect hubness correction (QB-Norm, DBNorm)")
+    hub = p.add_subparsers(dest="hubness_command", required=True)
+    p = hub.add_parser("fit", help="fit both corrections from a query bank; the chosen method becomes the default")
+    p.add_argument("index", type=Path)
+    p.add_argument("--bank", required=True, help="queries.jsonl (with --split-qrels), a text file with one query per line, or 'pseudo' (document titles)")
+    p.add_argument("--split-qrels", type=Path, help="qrels of the split whose queries form the bank (never test)")
+    p.add_argument("--method", choices=("qbnorm", "dbnorm"), default="qbnorm", help="the default applied to queries")
+    p.add_argument("--dynamic", action="store_true", help="dynamic inverted softmax (DIS) by default")
+    p.add_argument("--beta", type=float, default=20.0)
+    p.add_argument("--beta1", type=float, default=1 / 1.99)
+    p.add_argument("--beta2", type=float, default=3.0)
+    p.add_argument("--k", type=int, default=1, help="activation set: each bank member's top-k documents")
+    p.add_argument("--gallery-size", type=int, default=10_000)
+    p.add_argument("--pseudo-size", type=int, default=5_000)
+    p.add_argument("--tune", action="store_true", help="choose the method's betas by 5-fold cross-fitting on the labelled bank")
+    p.set_defaults(func=cmd_hubness_fit)
+    p = hub.add_parser("report", help="k-occurrence skewness, never-retrieved share and top hubs, before and after")
+    p.add_argument("index", type=Path)
+    p.add_argument("--queries", type=Path, required=True)
+    p.add_argument("--split-qrels", type=Path, help="restrict to the queries of this split")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--out", type=Path)
+    p.set_defaults(func=cmd_hubness_report)
 
     p = sub.add_parser("bench", help="measure throughput and latency side by side")
     p.add_argument("index", type=Path)

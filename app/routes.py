@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
 from indexer.store import OpenIndex
 from search.fusion import fusion_to_dict
-from search.pipeline import SearchPipeline
+from search.pipeline import HubnessChoice, SearchPipeline
 
 router = APIRouter()
 
@@ -33,8 +33,11 @@ IndexDep = Annotated[OpenIndex, Depends(_index)]
 @router.post("/search", response_model=SearchResponse)
 def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> SearchResponse:
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
+    hubness = pipeline.hubness_default
+    if body.hubness is not None or body.dynamic is not None:
+        hubness = HubnessChoice(method=body.hubness or hubness.method, dynamic=hubness.dynamic if body.dynamic is None else body.dynamic)
     result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth,
-                             fusion=body.fusion.to_domain() if body.fusion else None, min_score=body.min_score)
+                             fusion=body.fusion.to_domain() if body.fusion else None, min_score=body.min_score, hubness=hubness)
     explain = body.explain and result.fused is not None
     hits = []
     for position, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores)):
@@ -47,6 +50,7 @@ def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> Searc
     return SearchResponse(
         query=body.query, mode=body.mode, k=body.k, hits=hits,
         fusion=fusion_to_dict(result.fusion) if result.fusion else None,
+        hubness={"method": hubness.method, "dynamic": hubness.dynamic} if body.mode != "bm25" else {"method": "none", "dynamic": False},
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     )
 

@@ -49,6 +49,9 @@ class SearchRequest(_Strict):
     mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode; hybrid fuses BM25 and dense candidates")
     depth: int | None = Field(None, ge=1, le=MAX_DEPTH, description="hybrid candidates per retriever (default from the index, 100); independent of k")
     fusion: FusionParams | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
+    hubness: Literal["none", "qbnorm", "dbnorm"] | None = Field(
+        None, description="hubness correction of dense scores (QB-Norm, DBNorm); default: what the index was fitted with")
+    dynamic: bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
     min_score: FiniteFloat | None = Field(None, description="drop hits scoring below this, applied after fusion")
     explain: bool = Field(False, description="return every component of each hit's score")
     include_text: bool = Field(False, description="return each hit's text")
@@ -88,6 +91,7 @@ class SearchResponse(BaseModel):
     mode: str
     k: int
     fusion: dict | None = Field(None, description="the fusion applied (hybrid mode)")
+    hubness: dict = Field(description="the hubness correction applied to dense scores: method and dynamic")
     hits: list[Hit]
     timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, total")
 

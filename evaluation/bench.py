@@ -12,7 +12,7 @@ from indexer.corpus import indexed_text
 from indexer.store import OpenIndex
 from search.bm25 import BM25Params, ReferenceBM25
 from search.fusion import RRF, ConvexCombination
-from search.pipeline import MODES, SearchPipeline
+from search.pipeline import MODES, HubnessChoice, SearchPipeline
 
 
 def percentiles(values_ms: list[float]) -> dict[str, float]:
@@ -52,6 +52,25 @@ def _latency(pipeline: SearchPipeline, queries: list[str], k: int, mode: str, fu
         fusion_ms = np.add(stages["candidates"], stages["fusion"])
         report["fusion_share"] = round(float(np.median(fusion_ms / np.asarray(totals))), 4)
     return report
+
+
+def hubness_overhead(index: OpenIndex, queries: list[str], k: int = 10, rounds: int = 3) -> dict:
+    """Dense-leg time with each correction vs uncorrected, interleaved query by query in one run."""
+    pipeline = index.pipeline()
+    variants = {"none": HubnessChoice(), "qbnorm IS": HubnessChoice("qbnorm"), "qbnorm DIS": HubnessChoice("qbnorm", True),
+                "dbnorm IS": HubnessChoice("dbnorm"), "dbnorm DIS": HubnessChoice("dbnorm", True)}
+    leg, search = {name: [] for name in variants}, {name: [] for name in variants}
+    for _ in range(rounds):
+        for q in queries:
+            for name, choice in variants.items():
+                timings = pipeline.search(q, k=k, mode="dense", hubness=choice).timings_ms
+                leg[name].append(timings["total"])
+                search[name].append(timings["dense"] + timings.get("hubness", 0.0))
+    base_leg, base_search = statistics.median(leg["none"]), statistics.median(search["none"])
+    return {name: {"dense_leg_p50_ms": round(statistics.median(leg[name]), 3),
+                   "leg_ratio": round(statistics.median(leg[name]) / base_leg, 3),
+                   "search_p50_ms": round(statistics.median(search[name]), 3),
+                   "search_ratio": round(statistics.median(search[name]) / base_search, 3)} for name in variants}
 
 
 def pipeline_latency(index: OpenIndex, queries: list[str], k: int = 10, warmup: int = 10) -> dict:

@@ -1,6 +1,6 @@
 """Render docs/BENCHMARKS.md from the JSON that `hybrid index`, `hybrid eval` and `hybrid bench` wrote.
 
-Usage: python -m evaluation.benchmarks_md INDEX_DIR EVAL_REPORT_JSON BENCH_JSON > docs/BENCHMARKS.md
+Usage: python -m evaluation.benchmarks_md INDEX_DIR EVAL_REPORT_JSON BENCH_JSON [HUBNESS_MEMORY_JSON] > docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def render(index_dir: Path, eval_report: dict, bench: dict) -> str:
+def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None = None) -> str:
     manifest = json.loads((index_dir / "manifest.json").read_text())
     build = manifest["build"]
     lines = [
@@ -42,11 +42,11 @@ def render(index_dir: Path, eval_report: dict, bench: dict) -> str:
         "",
         f"## Quality: {eval_report['dataset']} {eval_report['split']} ({eval_report['queries']} queries)",
         "",
-        "| pipeline | nDCG@10 | Recall@100 | MRR@10 | MAP@100 |",
-        "|---|---:|---:|---:|---:|",
+        "| pipeline | nDCG@10 | Recall@100 | MRR@10 | MAP@100 | N10 skewness |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, m in eval_report["pipelines"].items():
-        lines.append(f"| {name} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | {m['map@100']:.4f} |")
+        lines.append(f"| {name} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | {m['map@100']:.4f} | {m['n10_skewness']:.3f} |")
     tuning = manifest["fusion"].get("tuning")
     if tuning:
         lines += ["", f"`hybrid` is the index's default fusion, `{json.dumps(manifest['fusion']['default'])}`, chosen by `hybrid tune` on "
@@ -90,6 +90,32 @@ def render(index_dir: Path, eval_report: dict, bench: dict) -> str:
               "`concurrent legs` runs BM25 in a second thread beside query embedding + dense search; compare it with the row "
               "above it. On a 2-core CPU the embedder already uses both cores and BM25 takes well under a millisecond, so the "
               "service enables it by default only when queries are embedded on a GPU (`HYBRID_PARALLEL_LEGS`)."]
+    hubness = manifest.get("hubness")
+    if hubness and "hubness_overhead" in bench:
+        lines += [
+            "", "## Hubness correction",
+            "",
+            f"Bank: {hubness['bank']['size']} queries of `{Path(hubness['bank'].get('split', '')).name}` "
+            f"(never test); gallery: {hubness['gallery']['size']} corpus documents, self-matches excluded. "
+            f"Betas chosen by 5-fold cross-fitting on the bank queries: {json.dumps(hubness['params'])}. "
+            "`+qbnorm` / `+dbnorm` rows above are the inverted-softmax variants, `:dis` the dynamic ones; "
+            "N10 skewness is the skewness of the k-occurrence of the test queries' top-10 over the corpus.",
+            "",
+            "Dense-leg time (embed + search) with each correction vs without, interleaved query by query in one run:",
+            "",
+            "| correction | dense leg p50 ms | ratio | search only p50 ms | ratio |",
+            "|---|---:|---:|---:|---:|",
+            *(f"| {name} | {v['dense_leg_p50_ms']:.2f} | {v['leg_ratio']:.3f} | {v['search_p50_ms']:.3f} | {v['search_ratio']:.3f} |"
+              for name, v in bench["hubness_overhead"].items()),
+            "",
+            "Inverted softmax costs one search of the augmented index (one more dimension per bias column). "
+            "The dynamic variants add a search for the raw top-1 before the corrected one.",
+        ]
+    if memory:
+        lines += ["", f"Fitting memory: a {memory['bank']:,}-query bank against {memory['docs']:,} documents of dimension "
+                  f"{memory['dim']} (and a {memory['gallery']:,}-document gallery) peaked at {memory['peak_rss_mib']:.0f} MiB "
+                  f"resident, inputs {memory['inputs_mib']:.0f} MiB, in {memory['fit_seconds']:.0f} s "
+                  "(`python -m evaluation.hubness_memory`)."]
     lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval` and "
               "`hybrid bench` on scifact and regenerates this file.", ""]
     return "\n".join(lines)
@@ -97,4 +123,5 @@ def render(index_dir: Path, eval_report: dict, bench: dict) -> str:
 
 if __name__ == "__main__":
     index_dir, eval_json, bench_json = map(Path, sys.argv[1:4])
-    sys.stdout.write(render(index_dir, json.loads(eval_json.read_text()), json.loads(bench_json.read_text())))
+    memory = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else None
+    sys.stdout.write(render(index_dir, json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory))

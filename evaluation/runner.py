@@ -6,15 +6,34 @@ from tqdm import tqdm
 
 from indexer.store import OpenIndex
 from search.fusion import RRF, ConvexCombination, Fusion
-from search.pipeline import MODES, SearchPipeline
+from search.pipeline import MODES, HubnessChoice, SearchPipeline
 
 
 def doc_ids(index: OpenIndex) -> list[str]:
     return [index.docs.get(i)["id"] for i in range(index.num_docs)]
 
 
-def parse_pipeline(spec: str) -> tuple[str, Fusion | None]:
-    """`bm25`, `dense`, `hybrid` (index default), `rrf[:RRF_K]` or `cc:NORM:ALPHA` -> (mode, fusion)."""
+def parse_pipeline(spec: str) -> tuple[str, Fusion | None, HubnessChoice]:
+    """`bm25`, `dense`, `hybrid` (index default), `rrf[:RRF_K]` or `cc:NORM:ALPHA`, optionally followed by
+    `+qbnorm`, `+dbnorm`, `+qbnorm:dis`, `+dbnorm:dis` (hubness correction) -> (mode, fusion, hubness)."""
+    spec, _, hub = spec.partition("+")
+    hubness = HubnessChoice()
+    if hub:
+        method, _, variant = hub.partition(":")
+        if method not in ("qbnorm", "dbnorm") or variant not in ("", "dis"):
+            raise ValueError(f"unknown hubness {hub!r} in pipeline; valid: qbnorm, dbnorm, qbnorm:dis, dbnorm:dis")
+        hubness = HubnessChoice(method, variant == "dis")
+    mode, fusion = _parse_retrieval(spec)
+    return mode, fusion, hubness
+
+
+def hubness_pipelines() -> list[str]:
+    """Dense and hybrid, each with no correction and with every hubness variant."""
+    variants = ("", "+qbnorm", "+qbnorm:dis", "+dbnorm", "+dbnorm:dis")
+    return [f"{base}{v}" for base in ("dense", "hybrid") for v in variants]
+
+
+def _parse_retrieval(spec: str) -> tuple[str, Fusion | None]:
     name, *params = spec.split(":")
     try:
         if name in MODES and not params:
@@ -38,11 +57,12 @@ def tuned_pipelines(manifest: dict) -> list[str]:
 
 
 def run_queries(pipeline: SearchPipeline, ids: list[str], queries: dict[str, str], mode: str,
-                fusion: Fusion | None = None, k: int = 100, progress: bool = False):
-    """{query_id: {doc_id: score}} and the per-query latency in ms."""
-    run, latencies = {}, []
+                fusion: Fusion | None = None, hubness: HubnessChoice | None = None, k: int = 100, progress: bool = False):
+    """{query_id: {doc_id: score}}, the rankings (internal indices) and the per-query latency in ms."""
+    run, rankings, latencies = {}, [], []
     for qid, text in tqdm(queries.items(), desc=mode, unit=" q", disable=not progress):
-        result = pipeline.search(text, k=k, mode=mode, fusion=fusion)
+        result = pipeline.search(text, k=k, mode=mode, fusion=fusion, hubness=hubness or HubnessChoice())
         run[qid] = {ids[int(i)]: float(s) for i, s in zip(result.ranking.doc_idx, result.ranking.scores)}
+        rankings.append(result.ranking)
         latencies.append(result.timings_ms["total"])
-    return run, latencies
+    return run, rankings, latencies

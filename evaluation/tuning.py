@@ -18,7 +18,7 @@ from tqdm import tqdm
 from evaluation.metrics import evaluate
 from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_to_dict
 from search.normalize import NORMALIZERS
-from search.pipeline import SearchPipeline
+from search.pipeline import HubnessChoice, SearchPipeline
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,8 @@ def grid() -> list[Fusion]:
 
 def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], qrels: dict[str, dict[str, int]],
          metric: str = "ndcg@10", k: int = 100, progress: bool = True) -> TuningResult:
-    candidates = {qid: pipeline.candidates(text, pipeline.depth) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
+    raw = HubnessChoice()  # fusion is tuned on uncorrected dense scores, whatever hubness the index has
+    candidates = {qid: pipeline.candidates(text, pipeline.depth, hubness=raw) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
     table = []
     for fusion in tqdm(grid(), desc="configurations", disable=not progress):
         run = {}
@@ -63,7 +64,7 @@ def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], 
     for mode in ("bm25", "dense"):
         run = {}
         for qid, text in queries.items():
-            ranking = pipeline.search(text, k=k, mode=mode).ranking
+            ranking = pipeline.search(text, k=k, mode=mode, hubness=raw).ranking
             run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
         singles[mode] = evaluate(run, qrels, (metric,))[metric]
     return TuningResult(metric, len(queries), table, singles)

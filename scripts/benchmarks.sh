@@ -11,7 +11,13 @@ if [ ! -f "$index/manifest.json" ] || [ -n "${REBUILD:-}" ]; then
 fi
 # Fusion is tuned on the train split only; test queries are used for evaluation alone.
 .venv/bin/hybrid tune "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$out/tuning" --quiet
-.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --out "$out" --quiet
+# Hubness: bank = train queries; betas by cross-fitting on them (qbnorm first, then dbnorm keeping beta).
+train=(--bank "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/train.tsv")
+beta=$(.venv/bin/hybrid hubness fit "$index" "${train[@]}" --method qbnorm --tune | sed -n 's/.*"beta": \([0-9.]*\).*/\1/p')
+.venv/bin/hybrid hubness fit "$index" "${train[@]}" --method dbnorm --beta "$beta" --tune
+.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$out" --quiet
+.venv/bin/hybrid hubness report "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/test.tsv" --out "$out/hubness"
+[ -f "$out/hubness_memory.json" ] || .venv/bin/python -m evaluation.hubness_memory > "$out/hubness_memory.json"
 .venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json"
-.venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" > docs/BENCHMARKS.md
+.venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" > docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md"

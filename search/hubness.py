@@ -31,7 +31,7 @@ BIAS_COLUMNS = ("qbnorm_query", "dbnorm_query", "dbnorm_gallery")
 
 
 def bank_statistics(bank: np.ndarray, docs: np.ndarray, beta: float, k: int = 1,
-                    self_idx: np.ndarray | None = None, bank_chunk: int = 8192, doc_chunk: int = 4096):
+                    self_idx: np.ndarray | None = None, bank_chunk: int = 2048, doc_chunk: int = 4096):
     """Per-document LSE_d = logsumexp_b beta * s(b, d), and the activation set of the bank.
 
     Streams over (bank chunk x document chunk) products with an online logsumexp, so memory stays

@@ -11,6 +11,7 @@ from indexer.corpus import read_corpus, split_queries
 from indexer.store import open_index
 from search.fusion import RRF, ConvexCombination
 from search.normalize import NORMALIZERS
+from search.pipeline import HubnessChoice
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +59,13 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
 
 
 def test_pipeline_specs():
-    assert parse_pipeline("bm25") == ("bm25", None)
-    assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0))
-    assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"))
+    none = HubnessChoice()
+    assert parse_pipeline("bm25") == ("bm25", None, none)
+    assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0), none)
+    assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"), none)
+    assert parse_pipeline("dense+qbnorm:dis") == ("dense", None, HubnessChoice("qbnorm", True))
+    with pytest.raises(ValueError, match="valid: qbnorm, dbnorm"):
+        parse_pipeline("dense+csls")
     with pytest.raises(ValueError, match="valid: bm25, dense, hybrid"):
         parse_pipeline("cc:zscore")
     with pytest.raises(ValueError, match="alpha must be between 0 and 1"):
