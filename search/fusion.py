@@ -14,7 +14,7 @@ BM25 index, the cosine of a BM25-only document from its stored vector): nothing 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Union
 
 import numpy as np
 
@@ -137,16 +137,3 @@ def fuse(candidates: Candidates, fusion: Fusion) -> Fused:
         contributions = {"dense": fusion.alpha * normalized["dense"], "bm25": (1 - fusion.alpha) * normalized["bm25"]}
     total = contributions["bm25"] + contributions["dense"]
     return Fused(candidates, total, contributions, normalized)
-
-
-def rrf(rankings: Sequence[Ranking], rrf_k: float = DEFAULT_RRF_K, weights: Sequence[float] | None = None) -> Ranking:
-    """Reciprocal Rank Fusion of any number of ranked lists (no scores needed)."""
-    weights = [1.0] * len(rankings) if weights is None else list(weights)
-    if len(weights) != len(rankings):
-        raise ValueError(f"got {len(weights)} weights for {len(rankings)} rankings")
-    if not rankings:
-        return Ranking.empty()
-    doc_idx = np.unique(np.concatenate([r.doc_idx for r in rankings]))
-    fused = sum(rrf_contributions(_ranks_in(r, doc_idx), rrf_k, w) for r, w in zip(rankings, weights))
-    order = top_k(np.asarray(fused, dtype=np.float64), len(doc_idx))
-    return Ranking(doc_idx[order.doc_idx], order.scores)

@@ -1,13 +1,20 @@
 import numpy as np
 import pytest
 
-from search.fusion import RRF, Candidates, ConvexCombination, fuse, fusion_from_dict, fusion_to_dict, rrf
+from search.fusion import RRF, Candidates, ConvexCombination, fuse, fusion_from_dict, fusion_to_dict
 from search.ranking import Ranking
 
 
 def ranking(ids, scores=None):
     scores = scores if scores is not None else list(range(len(ids), 0, -1))
     return Ranking(np.array(ids, dtype=np.int64), np.array(scores, dtype=np.float32))
+
+
+def rrf(rankings, rrf_k=60, weights=(1.0, 1.0)):
+    """RRF of a BM25 and a dense list; RRF reads ranks only, so the raw scores are irrelevant here."""
+    no_scores = {name: (lambda idx: np.zeros(len(idx))) for name in ("bm25", "dense")}
+    fused = fuse(Candidates.from_rankings(dict(zip(("bm25", "dense"), rankings)), no_scores), RRF(rrf_k=rrf_k, weights=weights))
+    return fused.ranking()
 
 
 def test_rrf_by_hand():
@@ -23,7 +30,7 @@ def test_rrf_ties_broken_by_doc_index():
 
 
 def test_weighted_rrf():
-    fused = rrf([ranking([1, 2]), ranking([2, 1])], rrf_k=10, weights=[2.0, 1.0])
+    fused = rrf([ranking([1, 2]), ranking([2, 1])], rrf_k=10, weights=(2.0, 1.0))
     assert fused.doc_idx.tolist() == [1, 2]
     np.testing.assert_allclose(fused.scores, [2 / 11 + 1 / 12, 2 / 12 + 1 / 11])
 
@@ -32,9 +39,9 @@ def test_rrf_of_empty_lists_is_empty():
     assert len(rrf([Ranking.empty(), Ranking.empty()])) == 0
 
 
-def test_rrf_rejects_mismatched_weights():
-    with pytest.raises(ValueError, match="2 weights for 1 rankings"):
-        rrf([ranking([1])], weights=[1, 1])
+def test_rrf_rejects_bad_weights():
+    with pytest.raises(ValueError, match="weights must be two finite numbers"):
+        RRF(weights=(1.0,))
 
 
 def test_rrf_matches_ranx_on_random_runs():
