@@ -107,26 +107,28 @@ class HubnessCorrection:
 
     def coefficients(self, method: str, dynamic: bool, raw_top1: int | None) -> np.ndarray:
         """Weights of the bias columns for one query: corrected = s - coefficients . LSE."""
-        coef = np.zeros(len(BIAS_COLUMNS))
-        if method == "none":
-            return coef
-        if method == "qbnorm":
-            if not dynamic or self._active("query", raw_top1):
-                coef[0] = 1.0 / self.params.beta
-            return coef
-        if method != "dbnorm":
-            raise ValueError(f"unknown hubness method {method!r}; valid: {', '.join(HUBNESS_METHODS)}")
-        use_query = not dynamic or self._active("query", raw_top1)
-        use_gallery = not dynamic or self._active("gallery", raw_top1)
-        total_beta = self.params.beta1 * use_query + self.params.beta2 * use_gallery
-        if use_query:
-            coef[1] = 1.0 / total_beta
-        if use_gallery:
-            coef[2] = 1.0 / total_beta
-        return coef
+        return self.coefficients_for(method, *self.active_banks(dynamic, raw_top1))
 
-    def _active(self, bank: str, raw_top1: int | None) -> bool:
-        return raw_top1 is not None and bool(self.activation[bank][raw_top1])
+    def active_banks(self, dynamic: bool, raw_top1: int | None) -> tuple[bool, bool]:
+        """(query bank applies, gallery bank applies): always for IS, by the raw top-1 for DIS."""
+        if not dynamic:
+            return True, True
+        return tuple(raw_top1 is not None and bool(self.activation[bank][raw_top1]) for bank in ("query", "gallery"))
+
+    def coefficients_for(self, method: str, use_query: bool, use_gallery: bool) -> np.ndarray:
+        coef = np.zeros(len(BIAS_COLUMNS))
+        if method == "qbnorm":
+            if use_query:
+                coef[0] = 1.0 / self.params.beta
+        elif method == "dbnorm":
+            total_beta = self.params.beta1 * use_query + self.params.beta2 * use_gallery
+            if use_query:
+                coef[1] = 1.0 / total_beta
+            if use_gallery:
+                coef[2] = 1.0 / total_beta
+        elif method != "none":
+            raise ValueError(f"unknown hubness method {method!r}; valid: {', '.join(HUBNESS_METHODS)}")
+        return coef
 
     def bias_matrix(self) -> np.ndarray:
         """(n, len(BIAS_COLUMNS)) of LSE values; columns of unfitted methods are 0."""
@@ -173,12 +175,19 @@ class HubnessSearcher:
     def __init__(self, correction: HubnessCorrection, augmented):
         self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex
 
-    def coefficients(self, vector: np.ndarray, method: str, dynamic: bool) -> np.ndarray:
-        raw_top1 = None
-        if dynamic and method != "none":  # DIS decides on the raw nearest neighbour
-            top = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), 1)
-            raw_top1 = int(top.doc_idx[0]) if len(top) else None
-        return self.correction.coefficients(method, dynamic, raw_top1)
+    def search(self, vector: np.ndarray, depth: int, method: str, dynamic: bool) -> tuple[Ranking, np.ndarray]:
+        """Corrected top-`depth` and the bias coefficients used for this query.
 
-    def search(self, vector: np.ndarray, depth: int, coef: np.ndarray) -> Ranking:
-        return self.augmented.search(augment_query(vector, coef), depth)
+        Dynamic variants search the raw scores first: when the raw top-1 activates no bank, that is the
+        answer; otherwise a second search applies the correction. (Batching both queries into one call,
+        or a NumPy matvec for the top-1, measured slower in the service: both wake a second thread pool,
+        OpenMP or OpenBLAS, that competes with ONNX Runtime's for the same cores.)
+        """
+        if dynamic and method != "none":
+            raw = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), depth)
+            coef = self.correction.coefficients(method, True, int(raw.doc_idx[0]) if len(raw) else None)
+            if not coef.any():
+                return raw, coef
+        else:
+            coef = self.correction.coefficients(method, False, None)
+        return self.augmented.search(augment_query(vector, coef), depth), coef

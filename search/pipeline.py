@@ -91,8 +91,8 @@ class SearchPipeline:
         vector = clock.time("embed", self.embedder.encode, [query])[0]
         if hubness.method == "none":
             return vector, clock.time("dense", self.dense.search, vector, depth), None
-        coef = clock.time("hubness", self.hubness.coefficients, vector, hubness.method, hubness.dynamic)
-        return vector, clock.time("dense", self.hubness.search, vector, depth, coef), coef
+        ranking, coef = clock.time("dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic)
+        return vector, ranking, coef
 
     def candidates(self, query: str, depth: int, clock: _Stopwatch | None = None,
                    hubness: HubnessChoice | None = None) -> Candidates:

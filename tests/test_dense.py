@@ -65,3 +65,4 @@ def test_unknown_kind_and_device_list_valid_values():
         FaissParams(kind="lsh")
     with pytest.raises(ValueError, match="valid: auto, cpu, gpu"):
         build_faiss_index(DOCS, FaissParams(), device="tpu")
+

@@ -39,7 +39,7 @@ def our_rankings(queries, docs, bank, params, method, dynamic, depth, gallery_si
     correction, gallery = fit_correction(bank, docs, params, gallery_size=gallery_size, seed=0)
     flat = FaissParams()
     searcher = HubnessSearcher(correction, DenseIndex(build_faiss_index(augment_documents(docs, correction), flat, "cpu"), flat, "cpu"))
-    rankings = [searcher.search(q, depth, searcher.coefficients(q, method, dynamic)) for q in queries]
+    rankings = [searcher.search(q, depth, method, dynamic)[0] for q in queries]
     return rankings, gallery, correction
 
 
