@@ -109,7 +109,8 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
               for name, v in bench["hubness_overhead"].items()),
             "",
             "Inverted softmax costs one search of the augmented index (one more dimension per bias column). "
-            "The dynamic variants add a search for the raw top-1 before the corrected one.",
+            "The dynamic variants search the raw scores first and search again, corrected, only when the raw top-1 "
+            "is in a bank's activation set.",
         ]
     if memory:
         lines += ["", f"Fitting memory: a {memory['bank']:,}-query bank against {memory['docs']:,} documents of dimension "
