@@ -168,8 +168,6 @@ def cmd_tune(args) -> int:
 
 
 def cmd_hubness_fit(args) -> int:
-    import numpy as np
-
     from evaluation.hubness_eval import tune_hubness
     from evaluation.runner import doc_ids
     from indexer.corpus import read_qrels
