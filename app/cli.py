@@ -98,7 +98,8 @@ def _index_for_dataset(args, dataset: Path) -> Path:
 
 
 def cmd_eval(args) -> int:
-    from evaluation.metrics import evaluate
+    from evaluation.metrics import per_query_scores
+    from evaluation.report import compare_to_baseline, markdown_table, plot_charts, write_trec_run
     from evaluation.runner import doc_ids, hubness_pipelines, parse_pipeline, run_queries, tuned_pipelines
     from search.hubness import hubness_stats, k_occurrence
     from indexer.corpus import split_queries
@@ -110,18 +111,32 @@ def cmd_eval(args) -> int:
     specs = args.pipelines.split(",") + (tuned_pipelines(index.manifest) if args.all_fusions else [])
     specs += hubness_pipelines() if args.all_hubness else []
     report = {"dataset": dataset.name, "split": args.split, "queries": len(queries), "pipelines": {}}
+    per_query = {}
+    if args.out:
+        (args.out / "runs").mkdir(parents=True, exist_ok=True)
     for spec in dict.fromkeys(specs):
         mode, fusion, hubness = parse_pipeline(spec)
         run, rankings, _ = run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=100, progress=not args.quiet)
-        report["pipelines"][spec] = {k: round(v, 4) for k, v in evaluate(run, qrels).items()}
+        per_query[spec] = per_query_scores(run, qrels)
+        report["pipelines"][spec] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[spec].items()}
         report["pipelines"][spec]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]
+        if args.out:
+            write_trec_run(run, args.out / "runs" / f"{spec.replace(':', '_').replace('+', '_')}.trec", spec)
+    baseline = "bm25" if "bm25" in per_query else next(iter(per_query))
+    comparison = compare_to_baseline(per_query, baseline)
+    for spec, c in comparison.items():
+        report["pipelines"][spec].update(p_value_vs_baseline=round(c["p_value"], 4), wins=c["wins"], ties=c["ties"], losses=c["losses"])
     print(f"{dataset.name} / {args.split} ({len(queries)} queries)")
     print(f"{'pipeline':<22}" + "".join(f"{m:>14}" for m in next(iter(report['pipelines'].values()))))
     for spec, metrics in report["pipelines"].items():
-        print(f"{spec:<22}" + "".join(f"{v:>14.4f}" for v in metrics.values()))
+        print(f"{spec:<22}" + "".join(f"{v:>14.4f}" if isinstance(v, float) else f"{v:>14}" for v in metrics.values()))
     if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "report.json").write_text(json.dumps(report, indent=2))
+        report["baseline"] = baseline
+        (args.out / "report.json").write_text(json.dumps(report, indent=2))
+        metric_report = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
+        (args.out / "report.md").write_text(markdown_table(metric_report, comparison, baseline))
+        plot_charts(report, comparison, args.out, baseline)
+        print(f"report.json, report.md, charts and TREC runs in {args.out}")
     return 0
 
 

@@ -1,0 +1,82 @@
+"""Evaluation artefacts: TREC run files, report.md with significance marks, and charts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from evaluation.significance import randomization_test
+
+ALPHA = 0.05
+
+
+def write_trec_run(run: dict[str, dict[str, float]], path: Path, tag: str) -> None:
+    """`qid Q0 docid rank score tag`, ranks from 1 in descending score order."""
+    with path.open("w") as fh:
+        for qid, docs in run.items():
+            for rank, (doc, score) in enumerate(sorted(docs.items(), key=lambda kv: -kv[1]), start=1):
+                fh.write(f"{qid} Q0 {doc} {rank} {score:.6f} {tag}\n")
+
+
+def compare_to_baseline(per_query: dict[str, dict[str, dict[str, float]]], baseline: str, metric: str = "ndcg@10") -> dict:
+    """Per pipeline: p-value vs the baseline, and per-query wins / ties / losses on `metric`."""
+    base = per_query[baseline][metric]
+    qids = sorted(base)
+    b = np.array([base[q] for q in qids])
+    out = {}
+    for name, metrics in per_query.items():
+        a = np.array([metrics[metric][q] for q in qids])
+        out[name] = {
+            "p_value": 1.0 if name == baseline else randomization_test(a, b),
+            "wins": int((a > b + 1e-9).sum()), "ties": int((np.abs(a - b) <= 1e-9).sum()), "losses": int((a < b - 1e-9).sum()),
+        }
+    return out
+
+
+def markdown_table(report: dict, comparison: dict, baseline: str) -> str:
+    metrics = [m for m in next(iter(report["pipelines"].values()))]
+    lines = [f"# {report['dataset']} / {report['split']} ({report['queries']} queries)", "",
+             "| pipeline | " + " | ".join(metrics) + f" | vs {baseline} (nDCG@10 wins/ties/losses) |",
+             "|---|" + "---:|" * len(metrics) + "---|"]
+    for name, values in report["pipelines"].items():
+        c = comparison[name]
+        mark = "†" if c["p_value"] < ALPHA and name != baseline else ""
+        lines.append(f"| {name}{mark} | " + " | ".join(f"{values[m]:.4f}" for m in metrics)
+                     + f" | {c['wins']}/{c['ties']}/{c['losses']} (p={c['p_value']:.3g}) |")
+    lines += ["", f"† nDCG@10 differs from {baseline} at p < {ALPHA} (paired two-sided randomisation test, 10,000 permutations)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_charts(report: dict, comparison: dict, out: Path, baseline: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(report["pipelines"])
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names)), 4.5))
+    values = [report["pipelines"][n]["ndcg@10"] for n in names]
+    ax.bar(names, values, color=["tab:red" if comparison[n]["p_value"] < ALPHA and n != baseline else "tab:blue" for n in names])
+    ax.set_ylim(min(values) - 0.05, max(values) + 0.02)
+    ax.set_ylabel("nDCG@10")
+    ax.set_title(f"{report['dataset']} {report['split']}: red = significantly different from {baseline}")
+    ax.tick_params(axis="x", rotation=60)
+    fig.tight_layout()
+    fig.savefig(out / "ndcg.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(names)), 4.5))
+    wins = np.array([comparison[n]["wins"] for n in names])
+    ties = np.array([comparison[n]["ties"] for n in names])
+    losses = np.array([comparison[n]["losses"] for n in names])
+    ax.bar(names, wins, label="wins", color="tab:green")
+    ax.bar(names, ties, bottom=wins, label="ties", color="lightgrey")
+    ax.bar(names, losses, bottom=wins + ties, label="losses", color="tab:red")
+    ax.set_ylabel("queries")
+    ax.set_title(f"Per-query nDCG@10 against {baseline}")
+    ax.tick_params(axis="x", rotation=60)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "win_loss.png", dpi=110)
+    plt.close(fig)
