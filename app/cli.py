@@ -246,7 +246,7 @@ def cmd_hubness_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from evaluation.bench import bm25_throughput, hubness_overhead, pipeline_latency
+    from evaluation.bench import ann_comparison, bm25_throughput, http_load, hubness_overhead, pipeline_latency
     from indexer.corpus import split_queries
 
     queries, _ = split_queries(args.data, args.split)
@@ -262,6 +262,11 @@ def cmd_bench(args) -> int:
     }
     if index.hubness is not None:
         report["hubness_overhead"] = hubness_overhead(index, texts)
+    report["dense_indexes"] = ann_comparison(index, texts)
+    report["http"] = http_load(args.index, texts, requests_per_level=args.http_requests)
+    build = index.manifest["build"]
+    report["build"] = {"documents_per_s": round(index.num_docs / build["total_s"], 1), "total_s": build["total_s"],
+                       "peak_rss_mib": build.get("peak_rss_mib")}
     report["peak_rss_mib"] = round(_peak_rss_mib(), 1)
     print(json.dumps(report, indent=2))
     if args.out:
@@ -382,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, required=True, help="BEIR dataset folder supplying the queries")
     p.add_argument("--split", default="test")
     p.add_argument("--out", type=Path, help="write the JSON report here")
+    p.add_argument("--http-requests", type=int, default=400, help="HTTP requests per concurrency level (loopback)")
     p.add_argument("--device", choices=devices, default="auto")
     p.set_defaults(func=cmd_bench)
 

@@ -11,6 +11,7 @@ import numpy as np
 from indexer.corpus import indexed_text
 from indexer.store import OpenIndex
 from search.bm25 import BM25Params, ReferenceBM25
+from search.dense import DenseIndex, FaissParams, build_faiss_index
 from search.fusion import RRF, ConvexCombination
 from search.pipeline import MODES, HubnessChoice, SearchPipeline
 
@@ -86,3 +87,82 @@ def pipeline_latency(index: OpenIndex, queries: list[str], k: int = 10, warmup: 
             report[name] = _latency(sequential, queries, k, "hybrid", fusion)
             report[f"{name}, concurrent legs"] = _latency(concurrent, queries, k, "hybrid", fusion)
     return report
+
+
+def ann_comparison(index: OpenIndex, queries: list[str], k: int = 10) -> dict:
+    """Flat (exact) vs IVF and HNSW built from the same stored vectors: queries/s and recall@k vs flat."""
+    vectors = np.asarray(index.embeddings)
+    query_vectors = index.embedder.encode(queries)
+    results, exact = {}, None
+    for params in (FaissParams(kind="flat"), FaissParams(kind="ivf"), FaissParams(kind="hnsw")):
+        build_start = time.perf_counter()
+        dense = DenseIndex(build_faiss_index(vectors, params, "cpu"), params, "cpu")
+        build_s = time.perf_counter() - build_start
+        start = time.perf_counter()
+        found = [dense.search(q, k).doc_idx for q in query_vectors]  # one query at a time, as served
+        qps = len(query_vectors) / (time.perf_counter() - start)
+        if exact is None:
+            exact = found
+        recall = float(np.mean([len(set(f.tolist()) & set(e.tolist())) / len(e) for f, e in zip(found, exact) if len(e)]))
+        results[params.factory(len(vectors))] = {"qps": round(qps, 1), f"recall@{k}_vs_flat": round(recall, 4), "build_s": round(build_s, 3)}
+    return results
+
+
+def http_load(index_dir, queries: list[str], concurrency_levels=(1, 4, 16), requests_per_level: int = 400,
+              time_limit_s: float = 60.0) -> dict:
+    """End-to-end HTTP latency and throughput against `hybrid serve` on 127.0.0.1 (loopback only).
+
+    Each level sends a bounded number of requests (and stops early at the time limit).
+    """
+    import os
+    import socket
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor as Pool
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
+           "HYBRID_VERIFY": "size", "HYBRID_LOG_LEVEL": "warning"}
+    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError("server did not become ready within 120 s")
+        report = {}
+        with httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=max(concurrency_levels))) as client:
+            for concurrency in concurrency_levels:
+                stop_at = time.monotonic() + time_limit_s
+                latencies, errors = [], 0
+
+                def one(i: int):
+                    if time.monotonic() > stop_at:
+                        return None
+                    start = time.perf_counter()
+                    response = client.post("/search", json={"query": queries[i % len(queries)], "k": 10})
+                    return (time.perf_counter() - start) * 1000, response.status_code
+
+                started = time.perf_counter()
+                with Pool(max_workers=concurrency) as pool:
+                    for outcome in pool.map(one, range(requests_per_level)):
+                        if outcome is None:
+                            continue
+                        latencies.append(outcome[0])
+                        errors += outcome[1] != 200
+                wall = time.perf_counter() - started
+                report[f"{concurrency} clients"] = {"requests": len(latencies), "errors": errors,
+                                                    "throughput_rps": round(len(latencies) / wall, 1), **percentiles(latencies)}
+        return report
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

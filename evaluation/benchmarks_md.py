@@ -90,6 +90,16 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
               "`concurrent legs` runs BM25 in a second thread beside query embedding + dense search; compare it with the row "
               "above it. On a 2-core CPU the embedder already uses both cores and BM25 takes well under a millisecond, so the "
               "service enables it by default only when queries are embedded on a GPU (`HYBRID_PARALLEL_LEGS`)."]
+    lines += ["", "## Dense index types (same stored vectors, one query at a time)", "",
+              "| FAISS index | queries/s | recall@10 vs flat | build s |", "|---|---:|---:|---:|"]
+    for name, v in bench["dense_indexes"].items():
+        lines.append(f"| {name} | {v['qps']:.0f} | {v['recall@10_vs_flat']:.4f} | {v['build_s']:.3f} |")
+    lines += ["", "## HTTP end to end (`hybrid serve` on 127.0.0.1, hybrid k=10, bounded request count per level)", "",
+              "| concurrent clients | requests | errors | throughput req/s | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, v in bench["http"].items():
+        lines.append(f"| {name.split()[0]} | {v['requests']} | {v['errors']} | {v['throughput_rps']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} |")
+    lines += ["", "Query embedding is CPU-bound: once the cores are busy, more concurrent clients add queueing "
+              "latency rather than throughput (compare the rows)."]
     hubness = manifest.get("hubness")
     if hubness and "hubness_overhead" in bench:
         lines += [
