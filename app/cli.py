@@ -87,70 +87,41 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _index_for_dataset(args, dataset: Path) -> Path:
-    """Reuse --index when it exists, else build it from the dataset's corpus."""
+def cmd_eval(args) -> int:
+    from evaluation.suite import EvalConfig, evaluate_dataset, summary_table
     from indexer.build import build_index
 
-    index_dir = Path(args.index or Path("indexes") / dataset.name)
-    if not (index_dir / "manifest.json").is_file():
-        build_index(dataset, index_dir, _build_options(args))
-    return index_dir
-
-
-def cmd_eval(args) -> int:
-    from evaluation.metrics import per_query_scores
-    from evaluation.report import compare_to_baseline, markdown_table, plot_charts, write_trec_run
-    from evaluation.runner import doc_ids, hubness_pipelines, parse_pipeline, run_queries, tuned_pipelines
-    from search.hubness import hubness_stats, k_occurrence
-    from indexer.corpus import split_queries
-
-    dataset = Path(args.data)
-    queries, qrels = split_queries(dataset, args.split)
-    index, pipeline = _open(_index_for_dataset(args, dataset), args.device)
-    ids = doc_ids(index)
-    specs = args.pipelines.split(",") + (tuned_pipelines(index.manifest) if args.all_fusions else [])
-    specs += hubness_pipelines() if args.all_hubness else []
-    report = {"dataset": dataset.name, "split": args.split, "queries": len(queries), "pipelines": {}}
-    per_query = {}
+    if args.index and len(args.data) > 1:
+        print("error: --index names one index; with several datasets each gets indexes/<dataset>", file=sys.stderr)
+        return 2
+    config = EvalConfig(split=args.split, pipelines=tuple(args.pipelines.split(",")), all_fusions=args.all_fusions,
+                        all_hubness=args.all_hubness, tune=not args.no_tune, progress=not args.quiet)
+    reports = []
+    for dataset in args.data:
+        index_dir = args.index or Path("indexes") / dataset.name
+        if not (index_dir / "manifest.json").is_file():
+            build_index(dataset, index_dir, _build_options(args))
+        report = evaluate_dataset(dataset, index_dir, config, args.out / dataset.name if args.out else None)
+        reports.append(report)
+        print(f"{dataset.name} / {args.split} ({report['queries']} queries; fusion tuned on {report['tuned_on'] or 'nothing: untuned'})")
+        print(f"{'pipeline':<22}" + "".join(f"{m:>14}" for m in next(iter(report['pipelines'].values()))))
+        for spec, metrics in report["pipelines"].items():
+            print(f"{spec:<22}" + "".join(f"{v:>14.4f}" if isinstance(v, float) else f"{v:>14}" for v in metrics.values()))
+    summary = summary_table(reports)
+    print(summary)
     if args.out:
-        (args.out / "runs").mkdir(parents=True, exist_ok=True)
-    for spec in dict.fromkeys(specs):
-        mode, fusion, hubness = parse_pipeline(spec)
-        run, rankings, _ = run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=100, progress=not args.quiet)
-        per_query[spec] = per_query_scores(run, qrels)
-        report["pipelines"][spec] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[spec].items()}
-        report["pipelines"][spec]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]
-        if args.out:
-            write_trec_run(run, args.out / "runs" / f"{spec.replace(':', '_').replace('+', '_')}.trec", spec)
-    baseline = "bm25" if "bm25" in per_query else next(iter(per_query))
-    comparison = compare_to_baseline(per_query, baseline)
-    for spec, c in comparison.items():
-        report["pipelines"][spec].update(p_value_vs_baseline=round(c["p_value"], 4), wins=c["wins"], ties=c["ties"], losses=c["losses"])
-    print(f"{dataset.name} / {args.split} ({len(queries)} queries)")
-    print(f"{'pipeline':<22}" + "".join(f"{m:>14}" for m in next(iter(report['pipelines'].values()))))
-    for spec, metrics in report["pipelines"].items():
-        print(f"{spec:<22}" + "".join(f"{v:>14.4f}" if isinstance(v, float) else f"{v:>14}" for v in metrics.values()))
-    if args.out:
-        report["baseline"] = baseline
-        (args.out / "report.json").write_text(json.dumps(report, indent=2))
-        metric_report = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
-        (args.out / "report.md").write_text(markdown_table(metric_report, comparison, baseline))
-        plot_charts(report, comparison, args.out, baseline)
-        print(f"report.json, report.md, charts and TREC runs in {args.out}")
+        (args.out / "summary.md").write_text(summary)
+        (args.out / "summary.json").write_text(json.dumps(reports, indent=2))
+        print(f"reports, charts, TREC runs and cached runs under {args.out}")
     return 0
 
 
 def cmd_tune(args) -> int:
-    from evaluation.runner import doc_ids
-    from evaluation.tuning import format_table, plot, tune
+    from evaluation.tuning import format_table, refuse_test_split, tune_index
     from indexer.corpus import read_qrels, read_queries
-    from indexer.store import read_manifest, write_manifest
     from search.fusion import fusion_to_dict
 
-    if args.qrels.stem == "test":
-        print(f"error: refusing to tune on {args.qrels}: test queries must never choose parameters; "
-              "pass a train or dev split", file=sys.stderr)
-        return 2
+    refuse_test_split(args.qrels)  # before reading a single query of it
     qrels = read_qrels(args.qrels)
     all_queries = read_queries(args.queries)
     missing = sorted(set(qrels) - set(all_queries))
@@ -158,26 +129,12 @@ def cmd_tune(args) -> int:
         print(f"error: {len(missing)} judged queries of {args.qrels} are not in {args.queries}, e.g. {missing[:3]}", file=sys.stderr)
         return 2
     queries = {qid: all_queries[qid] for qid in qrels}  # only the split's queries are ever read
-    index, pipeline = _open(args.index, args.device)
-    result = tune(pipeline, doc_ids(index), queries, qrels, metric=args.metric, progress=not args.quiet)
     out = args.out or args.index / "tuning"
-    out.mkdir(parents=True, exist_ok=True)
-    plot(result, out / "fusion.png")
-    (out / "fusion.json").write_text(json.dumps({"metric": result.metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
-    best = result.best_fusion()
+    result = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run, progress=not args.quiet)
     print(format_table(result))
-    print(f"best: {fusion_to_dict(best)} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} queries of {args.qrels.name}); "
-          f"table and plot in {out}")
+    print(f"best: {fusion_to_dict(result.best_fusion())} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} "
+          f"queries of {args.qrels.name}); table and plot in {out}")
     if not args.dry_run:
-        manifest = read_manifest(args.index)
-        manifest["fusion"]["default"] = fusion_to_dict(best)
-        manifest["fusion"]["tuning"] = {
-            "metric": args.metric, "value": round(result.best()[args.metric], 4), "queries": len(queries),
-            "qrels": str(args.qrels), "depth": pipeline.depth,
-            "best_per_norm": {n: result.best("cc", n)["alpha"] for n in sorted({r["norm"] for r in result.table if r["method"] == "cc"})},
-            "best_rrf_k": result.best("rrf")["rrf_k"],
-        }
-        write_manifest(args.index, manifest)
         print(f"wrote the fusion into {args.index / 'manifest.json'}: the service now uses it by default")
     return 0
 
@@ -335,9 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("eval", help="evaluate pipelines on a BEIR dataset split")
-    p.add_argument("--data", type=Path, required=True, help="BEIR dataset folder (corpus.jsonl, queries.jsonl, qrels/)")
+    p.add_argument("--data", type=Path, nargs="+", required=True, help="BEIR dataset folder(s) (corpus.jsonl, queries.jsonl, qrels/)")
     p.add_argument("--split", default="test")
     p.add_argument("--index", type=Path, help="index folder to use or build (default indexes/<dataset>)")
+    p.add_argument("--no-tune", action="store_true", help="do not tune the fusion on the train/dev split of an untuned index")
     p.add_argument("--pipelines", default="bm25,dense,hybrid",
                    help="comma-separated: bm25, dense, hybrid (the index's default fusion), rrf:RRF_K, cc:NORM:ALPHA")
     p.add_argument("--all-hubness", action="store_true", help="also dense and hybrid with every hubness variant (needs `hybrid hubness fit`)")

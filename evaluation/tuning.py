@@ -8,6 +8,7 @@ default. The queries passed in are the only ones looked at: keep test queries ou
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +103,36 @@ def format_table(result: TuningResult) -> str:
     rows += [("rrf (rrf_k 60)", rrf60[m]), (f"rrf (best rrf_k {best_rrf['rrf_k']:g})", best_rrf[m])]
     rows += [(f"{mode} alone", value) for mode, value in result.singles.items()]
     return "\n".join([f"{'configuration':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
+
+
+def refuse_test_split(qrels_path: Path) -> None:
+    if Path(qrels_path).stem == "test":
+        raise ValueError(f"refusing to tune on {qrels_path}: test queries must never choose parameters; pass a train or dev split")
+
+
+def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path, metric: str = "ndcg@10",
+               out: Path | None = None, write: bool = True, progress: bool = True) -> TuningResult:
+    """Tune the fusion of an index on a labelled split, save table + plot, and make the winner its default."""
+    from evaluation.runner import doc_ids
+    from indexer.store import open_index, read_manifest, write_manifest
+
+    refuse_test_split(qrels_path)
+    index = open_index(index_dir, verify="size")
+    pipeline = index.pipeline()
+    result = tune(pipeline, doc_ids(index), queries, qrels, metric=metric, progress=progress)
+    index.close()
+    out = out or Path(index_dir) / "tuning"
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "fusion.png")
+    (out / "fusion.json").write_text(json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
+    if write:
+        manifest = read_manifest(index_dir)
+        manifest["fusion"]["default"] = fusion_to_dict(result.best_fusion())
+        manifest["fusion"]["tuning"] = {
+            "metric": metric, "value": round(result.best()[metric], 4), "queries": len(queries),
+            "qrels": str(qrels_path), "depth": pipeline.depth,
+            "best_per_norm": {n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
+            "best_rrf_k": result.best("rrf")["rrf_k"],
+        }
+        write_manifest(index_dir, manifest)
+    return result

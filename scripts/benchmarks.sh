@@ -15,7 +15,7 @@ fi
 train=(--bank "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/train.tsv")
 beta=$(.venv/bin/hybrid hubness fit "$index" "${train[@]}" --method qbnorm --tune | sed -n 's/.*"beta": \([0-9.]*\).*/\1/p')
 .venv/bin/hybrid hubness fit "$index" "${train[@]}" --method dbnorm --beta "$beta" --tune
-.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$out" --quiet
+.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$(dirname "$out")" --quiet
 .venv/bin/hybrid hubness report "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/test.tsv" --out "$out/hubness"
 [ -f "$out/hubness_memory.json" ] || .venv/bin/python -m evaluation.hubness_memory > "$out/hubness_memory.json"
 .venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json"

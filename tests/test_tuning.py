@@ -70,3 +70,54 @@ def test_pipeline_specs():
         parse_pipeline("cc:zscore")
     with pytest.raises(ValueError, match="alpha must be between 0 and 1"):
         parse_pipeline("cc:minmax:3")
+
+
+def _slice_dataset(scifact, scifact_slice, root):
+    """The scifact slice as a BEIR folder, with train and test queries judged inside the slice only."""
+    from indexer.corpus import read_queries, read_qrels
+
+    ids = {d.doc_id for d in read_corpus(scifact_slice)}
+    folder = root / "scifact-slice"
+    (folder / "qrels").mkdir(parents=True)
+    shutil.copy(scifact_slice, folder / "corpus.jsonl")
+    queries = read_queries(scifact / "queries.jsonl")
+    kept = set()
+    for split in ("train", "test"):
+        rows = [(q, d, r) for q, rel in read_qrels(scifact / "qrels" / f"{split}.tsv").items() if set(rel) <= ids for d, r in rel.items()]
+        rows = [row for row in rows if row[0] in {q for q, _, _ in rows[:60]}]
+        kept |= {q for q, _, _ in rows}
+        (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, d, r in rows))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": queries[q]}) + "\n" for q in sorted(kept)))
+    return folder
+
+
+def test_eval_tunes_on_train_reports_and_caches(scifact, scifact_slice, scifact_slice_index, tmp_path):
+    from evaluation.suite import EvalConfig, evaluate_dataset
+
+    dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
+    index_dir = tmp_path / "index"
+    shutil.copytree(scifact_slice_index, index_dir)
+    config = EvalConfig(pipelines=("bm25", "dense", "hybrid"), progress=False)
+    report = evaluate_dataset(dataset, index_dir, config, tmp_path / "out")
+    assert report["tuned_on"] == "train"
+    assert json.loads((index_dir / "manifest.json").read_text())["fusion"]["tuning"]["qrels"].endswith("train.tsv")
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"report.json", "report.md", "ndcg.png", "win_loss.png", "runs", "cache"}
+    assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == ["bm25.trec", "dense.trec", "hybrid.trec"]
+    cached = sorted((tmp_path / "out" / "cache").iterdir())
+    assert len(cached) == 3
+    again = evaluate_dataset(dataset, index_dir, config, tmp_path / "out")  # served from the cache
+    assert again["pipelines"] == report["pipelines"] and sorted((tmp_path / "out" / "cache").iterdir()) == cached
+
+
+def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, scifact_slice_index, tmp_path):
+    ranx = pytest.importorskip("ranx")
+    from evaluation.suite import EvalConfig, evaluate_dataset
+
+    dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
+    report = evaluate_dataset(dataset, scifact_slice_index, EvalConfig(pipelines=("bm25", "hybrid"), tune=False, progress=False), tmp_path / "out")
+    qrels = ranx.Qrels(split_queries(dataset, "test")[1])
+    for name in ("bm25", "hybrid"):
+        run = ranx.Run.from_file(str(tmp_path / "out" / "runs" / f"{name}.trec"), kind="trec")
+        theirs = ranx.evaluate(qrels, run, ["ndcg@10", "recall@100", "mrr@10", "map@100"])
+        for metric, value in theirs.items():
+            assert report["pipelines"][name][metric] == pytest.approx(value, abs=1e-4)
