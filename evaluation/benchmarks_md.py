@@ -42,11 +42,15 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
         "",
         f"## Quality: {eval_report['dataset']} {eval_report['split']} ({eval_report['queries']} queries)",
         "",
-        "| pipeline | nDCG@10 | Recall@100 | MRR@10 | MAP@100 | N10 skewness |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| pipeline | nDCG@10 | Recall@100 | MRR@10 | MAP@100 | N10 skewness | vs {eval_report['baseline']}: wins/ties/losses (p) |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
     for name, m in eval_report["pipelines"].items():
-        lines.append(f"| {name} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | {m['map@100']:.4f} | {m['n10_skewness']:.3f} |")
+        mark = "†" if m["p_value_vs_baseline"] < 0.05 and name != eval_report["baseline"] else ""
+        lines.append(f"| {name}{mark} | {m['ndcg@10']:.4f} | {m['recall@100']:.4f} | {m['mrr@10']:.4f} | {m['map@100']:.4f} "
+                     f"| {m['n10_skewness']:.3f} | {m['wins']}/{m['ties']}/{m['losses']} (p={m['p_value_vs_baseline']:.3g}) |")
+    lines += ["", f"† nDCG@10 differs from {eval_report['baseline']} at p < 0.05 (paired two-sided randomisation test, "
+              "10,000 permutations). Per-dataset report, charts and TREC runs: `runs/<dataset>/` after `scripts/benchmarks.sh`."]
     tuning = manifest["fusion"].get("tuning")
     if tuning:
         lines += ["", f"`hybrid` is the index's default fusion, `{json.dumps(manifest['fusion']['default'])}`, chosen by `hybrid tune` on "
