@@ -89,8 +89,7 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
         mode, fusion, hubness = parse_pipeline(spec)
 
         def compute():
-            run, rankings, _ = run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=config.k, progress=config.progress)
-            return run, rankings
+            return run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=config.k, progress=config.progress)
 
         run, rankings = _cached_run(cache, _cache_key(index.manifest, spec, queries, config.k), compute)
         per_query[spec] = per_query_scores(run, qrels)
