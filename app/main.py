@@ -8,10 +8,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from app.limits import BodySizeLimit
 from app.routes import router
+from app.security import InFlightLimit, load_api_keys
 from app.settings import Settings
 from indexer.store import OpenIndex, open_index
 from search.pipeline import SearchError
@@ -55,7 +57,13 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
         lifespan=lifespan,
     )
     app.state.pipeline = None
+    app.state.api_keys = load_api_keys(settings)
+    app.state.in_flight = InFlightLimit(settings.max_in_flight)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "X-API-Key", "Content-Type"])
     app.include_router(router)
 
     @app.exception_handler(RequestValidationError)

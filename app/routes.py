@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
+from app.security import require_api_key
 from indexer.store import OpenIndex
 from search.fusion import fusion_to_dict
 from search.pipeline import HubnessChoice, SearchPipeline
@@ -26,11 +27,17 @@ def _index(request: Request) -> OpenIndex:
     return request.app.state.index
 
 
+def _in_flight(request: Request):
+    yield from request.app.state.in_flight.slot()
+
+
 PipelineDep = Annotated[SearchPipeline, Depends(_pipeline)]
 IndexDep = Annotated[OpenIndex, Depends(_index)]
 
 
-@router.post("/search", response_model=SearchResponse)
+@router.post("/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)],
+             responses={401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
+                        413: {"description": "body too large"}, 503: {"description": "busy or not ready; see Retry-After"}})
 def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> SearchResponse:
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
     hubness = pipeline.hubness_default

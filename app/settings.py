@@ -22,4 +22,8 @@ class Settings(BaseSettings):
         "auto", description="run the BM25 leg beside embedding + dense search; auto: only when queries are embedded on a GPU "
         "(on CPU the embedder already uses every core: the gain measured within noise, docs/BENCHMARKS.md)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
+    max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
+    api_keys: str | None = Field(None, description="comma-separated API keys; unset (and no file): no authentication")
+    api_keys_file: Path | None = Field(None, description="file with one API key per line")
+    cors_origins: str = Field("", description="comma-separated origins allowed by CORS; empty: CORS off")
     log_level: str = "info"

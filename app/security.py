@@ -1,0 +1,60 @@
+"""API keys and the in-flight request limit, as FastAPI dependencies."""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from pathlib import Path
+
+from fastapi import HTTPException, Request
+
+from app.settings import Settings
+
+
+def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
+    """Keys from HYBRID_API_KEYS (comma-separated) and HYBRID_API_KEYS_FILE (one per line); empty: auth off."""
+    keys = [k.strip() for k in (settings.api_keys or "").split(",")]
+    if settings.api_keys_file:
+        keys += [line.strip() for line in Path(settings.api_keys_file).read_text().splitlines()]
+    return tuple(k.encode() for k in keys if k)
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def require_api_key(request: Request) -> None:
+    """401 without a key, 403 with a wrong one; every configured key is compared in constant time."""
+    keys: tuple[bytes, ...] = request.app.state.api_keys
+    if not keys:
+        return
+    presented = _presented_key(request)
+    if not presented:
+        raise HTTPException(status_code=401, detail="missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key'",
+                            headers={"WWW-Authenticate": "Bearer"})
+    candidate = presented.encode()
+    matched = False
+    for key in keys:  # no early exit: timing must not reveal which key, or how much of one, matched
+        matched |= hmac.compare_digest(candidate, key)
+    if not matched:
+        raise HTTPException(status_code=403, detail="invalid API key")
+
+
+class InFlightLimit:
+    """At most `limit` searches at once; beyond that answer 503 + Retry-After instead of queueing without bound."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._slots = threading.BoundedSemaphore(limit)
+
+    def slot(self):
+        """Generator dependency body: hold a slot for the request's lifetime, or refuse at once."""
+        if not self._slots.acquire(blocking=False):
+            raise HTTPException(status_code=503, detail=f"server busy: {self.limit} searches in flight", headers={"Retry-After": "1"})
+        try:
+            yield
+        finally:
+            self._slots.release()
