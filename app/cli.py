@@ -60,7 +60,14 @@ def cmd_serve(args) -> int:
     if settings.index is None:
         print("error: no index given: pass --index DIR or set HYBRID_INDEX", file=sys.stderr)
         return 2
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    if args.log_format == "json":
+        from app.observability import JsonFormatter
+
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+    # Our middleware writes one structured access line per request: uvicorn's own access log would double it.
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=False, log_config=None)
     return 0
 
 
@@ -280,6 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (env HYBRID_PORT, default 8000)")
     p.add_argument("--device", choices=devices)
     p.add_argument("--verify", choices=("full", "size", "none"), help="index file check at startup (default full)")
+    p.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines as JSON objects (default) or text")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("search", help="query an index from the command line")

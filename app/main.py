@@ -12,6 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
 from app.limits import BodySizeLimit
+from app.observability import Metrics, RequestContext
 from app.routes import router
 from app.security import InFlightLimit, load_api_keys
 from app.settings import Settings
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
         app.state.index = opened
         app.state.pipeline = opened.pipeline(depth=settings.depth, executor=executor)
+        metrics.describe_index(opened.manifest, opened.num_docs)
         logger.info("ready: %d documents", opened.num_docs)
         yield
         app.state.pipeline = None
@@ -57,9 +59,11 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
         lifespan=lifespan,
     )
     app.state.pipeline = None
+    app.state.metrics = metrics = Metrics()
     app.state.api_keys = load_api_keys(settings)
     app.state.in_flight = InFlightLimit(settings.max_in_flight)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost, so it sees every response
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
 from app.security import require_api_key
@@ -38,13 +39,14 @@ IndexDep = Annotated[OpenIndex, Depends(_index)]
 @router.post("/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)],
              responses={401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
                         413: {"description": "body too large"}, 503: {"description": "busy or not ready; see Retry-After"}})
-def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> SearchResponse:
+def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep, request: Request) -> SearchResponse:
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
     hubness = pipeline.hubness_default
     if body.hubness is not None or body.dynamic is not None:
         hubness = HubnessChoice(method=body.hubness or hubness.method, dynamic=hubness.dynamic if body.dynamic is None else body.dynamic)
     result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth,
                              fusion=body.fusion.to_domain() if body.fusion else None, min_score=body.min_score, hubness=hubness)
+    request.app.state.metrics.observe_search(result.timings_ms)
     explain = body.explain and result.fused is not None
     hits = []
     for position, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores)):
@@ -60,6 +62,12 @@ def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep) -> Searc
         hubness={"method": hubness.method, "dynamic": hubness.dynamic} if body.mode != "bm25" else {"method": "none", "dynamic": False},
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     )
+
+
+@router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus metrics: per-stage latency histograms, requests by status, the loaded index."""
+    return PlainTextResponse(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/health", response_model=Health)
