@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -15,6 +17,7 @@ from app.limits import BodySizeLimit
 from app.observability import Metrics, RequestContext
 from app.routes import router
 from app.security import InFlightLimit, load_api_keys
+from app.serving import Reloader
 from app.settings import Settings
 from indexer.store import OpenIndex, open_index
 from search.pipeline import SearchError
@@ -26,6 +29,22 @@ def _parallel_legs(settings: Settings, index: OpenIndex) -> bool:
     if settings.parallel_legs != "auto":
         return settings.parallel_legs == "on"
     return "CUDAExecutionProvider" in getattr(index.embedder, "providers", ())
+
+
+def _reload_on_sighup(app: FastAPI) -> None:
+    """`kill -HUP <pid>` reloads the index, where the event loop runs in the main thread."""
+    loop = asyncio.get_running_loop()
+
+    def reload_logged():
+        try:
+            app.state.reloader.reload()
+        except Exception:
+            logger.exception("reload on SIGHUP failed: still serving the previous index")
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, reload_logged))
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests) or no signals
+        logger.debug("SIGHUP reload not available here")
 
 
 def create_app(settings: Settings | None = None, index: OpenIndex | None = None) -> FastAPI:
@@ -41,16 +60,13 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
             logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
             opened = open_index(settings.index, verify=settings.verify, device=settings.device)
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
-        app.state.index = opened
-        app.state.pipeline = opened.pipeline(depth=settings.depth, executor=executor)
-        metrics.describe_index(opened.manifest, opened.num_docs)
-        logger.info("ready: %d documents", opened.num_docs)
+        app.state.reloader = Reloader(app, settings, executor)
+        app.state.reloader.open(opened)
+        _reload_on_sighup(app)
         yield
-        app.state.pipeline = None
+        app.state.serving = None
         if executor is not None:
             executor.shutdown(wait=True)
-        if index is None:
-            opened.close()
 
     app = FastAPI(
         title="Hybrid retrieval",
@@ -58,7 +74,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
         summary="BM25 + dense retrieval with rank fusion",
         lifespan=lifespan,
     )
-    app.state.pipeline = None
+    app.state.serving = None
     app.state.metrics = metrics = Metrics()
     app.state.api_keys = load_api_keys(settings)
     app.state.in_flight = InFlightLimit(settings.max_in_flight)

@@ -10,36 +10,38 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
 from app.security import require_api_key
-from indexer.store import OpenIndex
+from app.serving import ReloadInProgress, Serving
 from search.fusion import fusion_to_dict
-from search.pipeline import HubnessChoice, SearchPipeline
+from search.pipeline import HubnessChoice
 
 router = APIRouter()
 
 
-def _pipeline(request: Request) -> SearchPipeline:
-    pipeline = request.app.state.pipeline
-    if pipeline is None:
+def _serving(request: Request) -> Serving:
+    serving = request.app.state.serving  # read once: the whole request uses one index
+    if serving is None:
         raise HTTPException(status_code=503, detail="index not loaded yet", headers={"Retry-After": "1"})
-    return pipeline
-
-
-def _index(request: Request) -> OpenIndex:
-    return request.app.state.index
+    return serving
 
 
 def _in_flight(request: Request):
     yield from request.app.state.in_flight.slot()
 
 
-PipelineDep = Annotated[SearchPipeline, Depends(_pipeline)]
-IndexDep = Annotated[OpenIndex, Depends(_index)]
+def _require_admin(request: Request) -> None:
+    if not request.app.state.api_keys:
+        raise HTTPException(status_code=403, detail="admin endpoints are disabled: configure HYBRID_API_KEYS to enable them")
+    require_api_key(request)
+
+
+ServingDep = Annotated[Serving, Depends(_serving)]
 
 
 @router.post("/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)],
              responses={401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
                         413: {"description": "body too large"}, 503: {"description": "busy or not ready; see Retry-After"}})
-def search(body: SearchRequest, pipeline: PipelineDep, index: IndexDep, request: Request) -> SearchResponse:
+def search(body: SearchRequest, serving: ServingDep, request: Request) -> SearchResponse:
+    pipeline, index = serving.pipeline, serving.index
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
     hubness = pipeline.hubness_default
     if body.hubness is not None or body.dynamic is not None:
@@ -77,7 +79,25 @@ def health() -> Health:
 
 @router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
 def ready(request: Request):
-    index = getattr(request.app.state, "index", None)
-    if request.app.state.pipeline is None or index is None:
+    serving = request.app.state.serving
+    if serving is None:
         return JSONResponse(status_code=503, content=Ready(ready=False).model_dump())
-    return Ready(ready=True, documents=index.num_docs, index=str(index.path))
+    return _ready(serving)
+
+
+def _ready(serving: Serving) -> Ready:
+    index = serving.index
+    return Ready(ready=True, documents=index.num_docs, index=str(index.path), created_at=index.manifest["created_at"])
+
+
+@router.post("/admin/reload", response_model=Ready, dependencies=[Depends(_require_admin)],
+             responses={401: {"description": "missing API key"}, 403: {"description": "invalid key, or no keys configured"},
+                        409: {"description": "reload failed or already running; the previous index stays in service"}})
+def reload(request: Request) -> Ready:
+    """Open the configured index folder again (e.g. after `hybrid index` rebuilt it) and swap it in."""
+    try:
+        return _ready(request.app.state.reloader.reload())
+    except ReloadInProgress as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    except Exception as exc:  # a broken new build must never take down the one being served
+        raise HTTPException(status_code=409, detail=f"reload failed, still serving the previous index: {exc}") from None

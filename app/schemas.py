@@ -104,3 +104,4 @@ class Ready(BaseModel):
     ready: bool
     documents: int | None = None
     index: str | None = None
+    created_at: str | None = Field(None, description="when the served index was built")

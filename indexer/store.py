@@ -78,7 +78,12 @@ class DocStore:
         return json.loads(os.pread(self._fd, end - start, start))  # pread: safe across threads
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):  # a reloaded-away index is released when its last request finishes
+        self.close()
 
 
 class DocStoreWriter:

@@ -1,0 +1,96 @@
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from indexer.build import BuildOptions, build_index
+from tests.conftest import TINY_CORPUS, write_jsonl
+
+KEY = "reload-test-key"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def server(tiny_index, tmp_path):
+    index_dir = tmp_path / "index"
+    shutil.copytree(tiny_index, index_dir)
+    port = _free_port()
+    env = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_API_KEYS": KEY, "HYBRID_LOG_LEVEL": "warning"}
+    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail("server not ready in 60 s")
+    yield url, index_dir, process
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def _hammer(url, stop, outcomes):
+    with httpx.Client(base_url=url, timeout=30, headers={"X-API-Key": KEY}) as client:
+        while not stop.is_set():
+            try:
+                response = client.post("/search", json={"query": "cat", "k": 3})
+                outcomes.append(response.status_code == 200 and len(response.json()["hits"]) >= 1)
+            except httpx.HTTPError:
+                outcomes.append(False)
+
+
+def test_reload_under_load_loses_no_request(server, tmp_path):
+    url, index_dir, _ = server
+    stop, outcomes = threading.Event(), []
+    clients = [threading.Thread(target=_hammer, args=(url, stop, outcomes)) for _ in range(4)]
+    for t in clients:
+        t.start()
+    try:
+        headers = {"X-API-Key": KEY}
+        for size in (3, 5):  # rebuild the folder in place with another corpus, then reload it
+            build_index(write_jsonl(tmp_path / f"c{size}.jsonl", TINY_CORPUS[:size]), index_dir, BuildOptions(progress=False))
+            response = httpx.post(f"{url}/admin/reload", headers=headers, timeout=60)
+            assert response.status_code == 200 and response.json()["documents"] == size
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(timeout=30)
+    assert len(outcomes) > 20 and all(outcomes), f"{outcomes.count(False)} failed of {len(outcomes)}"
+    assert httpx.get(f"{url}/ready").json()["documents"] == 5
+
+
+def test_reload_needs_the_key_and_survives_a_broken_index(server):
+    url, index_dir, _ = server
+    assert httpx.post(f"{url}/admin/reload").status_code == 401
+    assert httpx.post(f"{url}/admin/reload", headers={"X-API-Key": "wrong"}).status_code == 403
+    (index_dir / "dense.faiss").write_bytes(b"corrupted")
+    response = httpx.post(f"{url}/admin/reload", headers={"X-API-Key": KEY}, timeout=60)
+    assert response.status_code == 409 and "still serving the previous index" in response.json()["detail"]
+    assert httpx.post(f"{url}/search", json={"query": "cat"}, headers={"X-API-Key": KEY}).status_code == 200
+
+
+def test_sighup_reloads(server, tmp_path):
+    url, index_dir, process = server
+    build_index(write_jsonl(tmp_path / "two.jsonl", TINY_CORPUS[:2]), index_dir, BuildOptions(progress=False))
+    process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and httpx.get(f"{url}/ready").json()["documents"] != 2:
+        time.sleep(0.2)
+    assert httpx.get(f"{url}/ready").json()["documents"] == 2
