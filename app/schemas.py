@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -11,6 +12,11 @@ from search.normalize import NORMALIZERS
 from search.pipeline import MAX_DEPTH, MAX_K
 
 MAX_QUERY_CHARS = 2048
+_CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
+_CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
+# Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
+# which names the problem in plain words.
+QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^\\s{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -44,7 +50,8 @@ FusionParams = Annotated[Union[RRFParams, CCParams], Field(discriminator="method
 
 
 class SearchRequest(_Strict):
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, description="free-text query")
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": QUERY_PATTERN},
+                       description="free-text query: not blank, no control characters except tab and newline")
     k: int = Field(10, ge=1, le=MAX_K, description="number of results to return")
     mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode; hybrid fuses BM25 and dense candidates")
     depth: int | None = Field(None, ge=1, le=MAX_DEPTH, description="hybrid candidates per retriever (default from the index, 100); independent of k")
@@ -61,6 +68,8 @@ class SearchRequest(_Strict):
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("query must not be empty or whitespace")
+        if _CONTROL.search(value):
+            raise ValueError("query must not contain control characters (tab and newline are allowed)")
         return value
 
 

@@ -1,6 +1,6 @@
 """Render docs/BENCHMARKS.md from the JSON that `hybrid index`, `hybrid eval` and `hybrid bench` wrote.
 
-Usage: python -m evaluation.benchmarks_md INDEX_DIR EVAL_REPORT_JSON BENCH_JSON [HUBNESS_MEMORY_JSON] > docs/BENCHMARKS.md
+Usage: python -m evaluation.benchmarks_md INDEX_DIR EVAL_REPORT_JSON BENCH_JSON [HUBNESS_MEMORY_JSON [LOAD_TEST_JSON]] > docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None = None) -> str:
+def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None) -> str:
     manifest = json.loads((index_dir / "manifest.json").read_text())
     build = manifest["build"]
     lines = [
@@ -104,6 +104,10 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
         lines.append(f"| {name.split()[0]} | {v['requests']} | {v['errors']} | {v['throughput_rps']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} |")
     lines += ["", "Query embedding is CPU-bound: once the cores are busy, more concurrent clients add queueing "
               "latency rather than throughput (compare the rows)."]
+    if load:
+        lines += ["", f"Sustained load (`python -m evaluation.load_test`, all scifact queries): {load['clients']} clients for "
+                  f"{load['seconds']:.0f} s on loopback: {load['requests']} requests, {load['errors']} errors, "
+                  f"{load['throughput_rps']:.1f} req/s, p50 {load['p50_ms']:.0f} ms, p95 {load['p95_ms']:.0f} ms, p99 {load['p99_ms']:.0f} ms."]
     hubness = manifest.get("hubness")
     if hubness and "hubness_overhead" in bench:
         lines += [
@@ -138,5 +142,5 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
 
 if __name__ == "__main__":
     index_dir, eval_json, bench_json = map(Path, sys.argv[1:4])
-    memory = json.loads(Path(sys.argv[4]).read_text()) if len(sys.argv) > 4 else None
-    sys.stdout.write(render(index_dir, json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory))
+    memory, load = (json.loads(Path(arg).read_text()) if arg else None for arg in (sys.argv[4:6] + [None, None])[:2])
+    sys.stdout.write(render(index_dir, json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory, load))

@@ -19,5 +19,6 @@ beta=$(.venv/bin/hybrid hubness fit "$index" "${train[@]}" --method qbnorm --tun
 .venv/bin/hybrid hubness report "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/test.tsv" --out "$out/hubness"
 [ -f "$out/hubness_memory.json" ] || .venv/bin/python -m evaluation.hubness_memory > "$out/hubness_memory.json"
 .venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json"
-.venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" > docs/BENCHMARKS.md
+.venv/bin/python -m evaluation.load_test "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --clients 16 --seconds 60 > "$out/load_test.json"
+.venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" > docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md"

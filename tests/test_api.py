@@ -1,7 +1,6 @@
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from indexer.corpus import read_corpus, split_queries
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +81,23 @@ def test_unknown_words_give_empty_bm25_hits(client):
     ({"query": "ok", "mode": "magic"}, "mode"),
     ({"query": "ok", "depth": 0}, "depth"),
     ({"query": "ok", "color": "red"}, "color"),
+    ({"query": "bad\x00byte"}, "query"),
+    ({"query": "bell\x07"}, "query"),
     ({"k": 3}, "query"),
 ])
 def test_bad_input_is_422_naming_the_field(client, payload, field):
     response = client.post("/search", json=payload)
     assert response.status_code == 422
     assert any(field in err["loc"] for err in response.json()["detail"]), response.json()
+
+
+def test_non_utf8_body_is_400(client):
+    response = client.post("/search", content=b'{"query": "caf\xe9"}', headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "parsing the body" in response.json()["detail"]
+
+
+def test_tab_and_newline_are_fine_in_queries(client):
+    assert client.post("/search", json={"query": "vitamin\tD\nbone"}).status_code == 200
 
 
 def test_malformed_json_and_oversize_body(client):
@@ -103,14 +114,8 @@ def test_openapi_schema_documents_search(client):
     assert "rrf_k" in json.dumps(schema["components"]["schemas"]["SearchRequest"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_hybrid_serve_answers_over_loopback(scifact_slice_index):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "HYBRID_INDEX": str(scifact_slice_index), "HYBRID_PORT": str(port)}
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

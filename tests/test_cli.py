@@ -2,7 +2,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import TINY_CORPUS, write_jsonl
+from tests.conftest import TINY_CORPUS, free_port, write_jsonl
 
 
 def hybrid(*args):
@@ -27,3 +27,16 @@ def test_index_command_reports_bad_corpus_line(tmp_path):
 def test_serve_without_index_fails_fast():
     result = hybrid("serve")
     assert result.returncode == 2 and "no index given" in result.stderr
+
+
+def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_index, broken)
+    data = bytearray((broken / "docs.jsonl").read_bytes())
+    data[5] ^= 0x01
+    (broken / "docs.jsonl").write_bytes(bytes(data))
+    result = hybrid("serve", "--index", broken, "--port", free_port())
+    assert result.returncode != 0
+    assert "docs.jsonl does not match its checksum in the manifest (corrupted)" in result.stdout + result.stderr

@@ -1,0 +1,46 @@
+"""Schemathesis fuzzes every endpoint from the OpenAPI schema: no 5xx, no response off its schema."""
+
+import shutil
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+from fastapi.testclient import TestClient  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from app.main import create_app  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from indexer.hubness import fit_hubness  # noqa: E402
+from indexer.store import open_index  # noqa: E402
+from search.hubness import HubnessParams  # noqa: E402
+
+EXAMPLES_PER_OPERATION = 150
+
+
+def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys):
+    # A fitted hubness correction, so every schema-valid request (any hubness method) can be served.
+    index_dir = tmp_path / "index"
+    shutil.copytree(tiny_index, index_dir)
+    fit_hubness(index_dir, ["cats and dogs", "stock market news", "healthy running"], {"kind": "test queries", "size": 3}, HubnessParams())
+    app = create_app(Settings(api_keys="fuzz-key"), index=open_index(index_dir))
+    counts = {}
+    with TestClient(app):  # runs the lifespan: the index is served while the fuzzer calls the app
+        schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+        for result in schema.get_all_operations():
+            operation = result.ok()
+            label = f"{operation.method.upper()} {operation.path}"
+            counts[label] = 0
+
+            @given(case=operation.as_strategy())
+            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, derandomize=True,
+                      suppress_health_check=list(HealthCheck))
+            def fuzz(case):
+                counts[label] += 1
+                case.headers = {**(case.headers or {}), "X-API-Key": "fuzz-key"}
+                response = case.call_and_validate()
+                assert response.status_code < 500
+
+            fuzz()
+    with capsys.disabled():
+        print(f"\nschemathesis: {sum(counts.values())} generated cases: {counts}")
+    assert "POST /search" in counts and counts["POST /search"] >= 100
