@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-
-import numpy as np
 import logging
 import os
 import resource
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 logger = logging.getLogger("hybrid")
 
@@ -210,7 +210,13 @@ def cmd_hubness_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from evaluation.bench import ann_comparison, bm25_throughput, http_load, hubness_overhead, pipeline_latency
+    from evaluation.bench import (
+        ann_comparison,
+        bm25_throughput,
+        http_load,
+        hubness_overhead,
+        pipeline_latency,
+    )
     from indexer.corpus import split_queries
 
     queries, _ = split_queries(args.data, args.split)

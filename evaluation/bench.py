@@ -114,31 +114,13 @@ def http_load(index_dir, queries: list[str], concurrency_levels=(1, 4, 16), requ
 
     Each level sends a bounded number of requests (and stops early at the time limit).
     """
-    import os
-    import socket
-    import subprocess
-    import sys
     from concurrent.futures import ThreadPoolExecutor as Pool
 
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
-           "HYBRID_VERIFY": "size", "HYBRID_LOG_LEVEL": "warning"}
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        else:
-            raise RuntimeError("server did not become ready within 120 s")
+    from evaluation.server import running_server
+
+    with running_server(index_dir, {"HYBRID_VERIFY": "size"}) as (url, _):
         report = {}
         with httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=max(concurrency_levels))) as client:
             for concurrency in concurrency_levels:
@@ -166,6 +148,3 @@ def http_load(index_dir, queries: list[str], concurrency_levels=(1, 4, 16), requ
                 report[f"{concurrency} clients"] = {"requests": len(latencies), "errors": sum(errors),
                                                     "throughput_rps": round(len(latencies) / wall, 1), **percentiles(latencies)}
         return report
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

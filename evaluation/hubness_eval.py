@@ -12,7 +12,14 @@ from dataclasses import replace
 import numpy as np
 
 from evaluation.metrics import evaluate
-from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessParams, bank_statistics, hubness_stats, k_occurrence
+from search.hubness import (
+    BIAS_COLUMNS,
+    HubnessCorrection,
+    HubnessParams,
+    bank_statistics,
+    hubness_stats,
+    k_occurrence,
+)
 from search.ranking import Ranking, top_k
 
 BETAS = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)

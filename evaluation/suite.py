@@ -14,8 +14,19 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.metrics import per_query_scores
-from evaluation.report import compare_to_baseline, markdown_table, plot_charts, write_trec_run
-from evaluation.runner import doc_ids, hubness_pipelines, parse_pipeline, run_queries, tuned_pipelines
+from evaluation.report import (
+    compare_to_baseline,
+    markdown_table,
+    plot_charts,
+    write_trec_run,
+)
+from evaluation.runner import (
+    doc_ids,
+    hubness_pipelines,
+    parse_pipeline,
+    run_queries,
+    tuned_pipelines,
+)
 from evaluation.tuning import tune_index
 from indexer.corpus import split_queries
 from indexer.store import open_index
@@ -114,7 +125,7 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
 def summary_table(reports: list[dict], metric: str = "ndcg@10") -> str:
     """One column per dataset and an average over datasets, for pipelines present in all of them."""
     specs = [s for s in reports[0]["pipelines"] if all(s in r["pipelines"] for r in reports)]
-    lines = [f"| pipeline | " + " | ".join(r["dataset"] for r in reports) + " | average |", "|---|" + "---:|" * (len(reports) + 1)]
+    lines = ["| pipeline | " + " | ".join(r["dataset"] for r in reports) + " | average |", "|---|" + "---:|" * (len(reports) + 1)]
     for spec in specs:
         values = [r["pipelines"][spec][metric] for r in reports]
         lines.append(f"| {spec} | " + " | ".join(f"{v:.4f}" for v in values) + f" | {np.mean(values):.4f} |")

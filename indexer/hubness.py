@@ -8,7 +8,6 @@ Files (under `hubness/` in the index, listed with checksums in the manifest):
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -21,7 +20,14 @@ import numpy as np
 from indexer import store
 from indexer.corpus import read_qrels, read_queries
 from search.dense import DenseIndex, FaissParams, build_faiss_index
-from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessParams, HubnessSearcher, augment_documents, bank_statistics
+from search.hubness import (
+    BIAS_COLUMNS,
+    HubnessCorrection,
+    HubnessParams,
+    HubnessSearcher,
+    augment_documents,
+    bank_statistics,
+)
 
 logger = logging.getLogger(__name__)
 

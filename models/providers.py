@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+
 logger = logging.getLogger(__name__)
 
 DEVICES = ("auto", "cpu", "gpu")

@@ -3,7 +3,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,6 @@ TINY_CORPUS = [
     {"_id": "d5", "title": "Running", "text": "Running every day improves cardiovascular health.", "lang": "en"},
     {"_id": "d6", "title": "Pets", "text": "A pet cat or a pet dog needs daily care."},
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_jsonl(path: Path, records) -> Path:

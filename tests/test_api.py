@@ -1,9 +1,5 @@
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -12,8 +8,8 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from evaluation.server import running_server
 from indexer.corpus import read_corpus, split_queries
-from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -115,25 +111,9 @@ def test_openapi_schema_documents_search(client):
 
 
 def test_hybrid_serve_answers_over_loopback(scifact_slice_index):
-    port = free_port()
-    env = {**os.environ, "HYBRID_INDEX": str(scifact_slice_index), "HYBRID_PORT": str(port)}
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("server did not become ready within 60 s")
+    with running_server(scifact_slice_index) as (url, _):
         hits = httpx.post(f"{url}/search", json={"query": "vitamin D deficiency", "k": 5}, timeout=10).json()["hits"]
         assert len(hits) == 5 and all(h["id"] for h in hits)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def test_readme_quickstart_is_true(client):

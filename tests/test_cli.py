@@ -2,7 +2,8 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import TINY_CORPUS, free_port, write_jsonl
+from evaluation.server import free_port
+from tests.conftest import TINY_CORPUS, write_jsonl
 
 
 def hybrid(*args):

@@ -2,7 +2,14 @@ import json
 
 import pytest
 
-from indexer.corpus import CorpusError, corpus_file, read_corpus, read_qrels, read_queries, split_queries
+from indexer.corpus import (
+    CorpusError,
+    corpus_file,
+    read_corpus,
+    read_qrels,
+    read_queries,
+    split_queries,
+)
 from tests.conftest import write_jsonl
 
 

@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from search.fusion import RRF, Candidates, ConvexCombination, fuse, fusion_from_dict, fusion_to_dict
+from search.fusion import (
+    RRF,
+    Candidates,
+    ConvexCombination,
+    fuse,
+    fusion_from_dict,
+    fusion_to_dict,
+)
 from search.ranking import Ranking
 
 

@@ -3,7 +3,14 @@ import pytest
 
 from indexer.hubness import fit_correction
 from search.dense import DenseIndex, FaissParams, build_faiss_index
-from search.hubness import HubnessParams, HubnessSearcher, augment_documents, bank_statistics, hubness_stats, k_occurrence
+from search.hubness import (
+    HubnessParams,
+    HubnessSearcher,
+    augment_documents,
+    bank_statistics,
+    hubness_stats,
+    k_occurrence,
+)
 from search.ranking import Ranking
 
 

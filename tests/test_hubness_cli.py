@@ -8,7 +8,6 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from indexer.corpus import split_queries
 from indexer.store import open_index
 
 

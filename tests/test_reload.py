@@ -1,16 +1,14 @@
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
 
+from evaluation.server import running_server
 from indexer.build import BuildOptions, build_index
-from tests.conftest import TINY_CORPUS, free_port, write_jsonl
+from tests.conftest import TINY_CORPUS, write_jsonl
 
 KEY = "reload-test-key"
 
@@ -19,23 +17,8 @@ KEY = "reload-test-key"
 def server(tiny_index, tmp_path):
     index_dir = tmp_path / "index"
     shutil.copytree(tiny_index, index_dir)
-    port = free_port()
-    env = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_API_KEYS": KEY, "HYBRID_LOG_LEVEL": "warning"}
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail("server not ready in 60 s")
-    yield url, index_dir, process
-    process.terminate()
-    process.wait(timeout=10)
+    with running_server(index_dir, {"HYBRID_API_KEYS": KEY}) as (url, process):
+        yield url, index_dir, process
 
 
 def _hammer(url, stop, outcomes):

@@ -74,7 +74,7 @@ def test_pipeline_specs():
 
 def _slice_dataset(scifact, scifact_slice, root):
     """The scifact slice as a BEIR folder, with train and test queries judged inside the slice only."""
-    from indexer.corpus import read_queries, read_qrels
+    from indexer.corpus import read_qrels, read_queries
 
     ids = {d.doc_id for d in read_corpus(scifact_slice)}
     folder = root / "scifact-slice"
