@@ -150,7 +150,7 @@ def cmd_hubness_fit(args) -> int:
     from evaluation.hubness_eval import tune_hubness
     from evaluation.runner import doc_ids
     from indexer.corpus import read_qrels
-    from indexer.hubness import fit_hubness, load_bank, pseudo_bank
+    from indexer.hubness import fit_hubness, load_bank, pseudo_bank, sample_gallery
     from indexer.store import open_index
     from search.hubness import HubnessParams
 
@@ -160,21 +160,20 @@ def cmd_hubness_fit(args) -> int:
         texts, info = pseudo_bank(index, args.pseudo_size)
     else:
         texts, info = load_bank(args.bank, args.split_qrels)
-    tuning = None
+    tuning, bank = None, index.embedder.encode(texts)
     if args.tune:
         if info["kind"] != "queries":
             print("error: --tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv", file=sys.stderr)
             return 2
         qrels = read_qrels(args.split_qrels)
         embeddings = np.asarray(index.embeddings)
-        gallery = np.sort(np.random.default_rng(0).choice(len(embeddings), size=min(args.gallery_size, len(embeddings)), replace=False))
-        params, table = tune_hubness(index.embedder.encode(texts), list(qrels), qrels, embeddings, doc_ids(index),
-                                     args.method, args.dynamic, params, gallery)
+        params, table = tune_hubness(bank, list(qrels), qrels, embeddings, doc_ids(index), args.method, args.dynamic,
+                                     params, sample_gallery(len(embeddings), args.gallery_size))
         tuning = {"metric": "ndcg@10", "folds": 5, "table": table}
         for row in table:
             print("  ".join(f"{k}={v:.4g}" for k, v in row.items()))
+    manifest = fit_hubness(index, texts, info, params, args.method, args.dynamic, args.gallery_size, tuning=tuning, bank=bank)
     index.close()
-    manifest = fit_hubness(args.index, texts, info, params, args.method, args.dynamic, args.gallery_size, tuning=tuning)
     spec = manifest["hubness"]
     print(f"fitted {args.method}{' (dynamic)' if args.dynamic else ''} with {json.dumps(spec['params'])} on a {info['kind']} bank of {info['size']} "
           f"in {spec['fit_seconds']} s; activation sets: {spec['activation']}")

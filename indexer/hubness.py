@@ -72,12 +72,17 @@ def pseudo_bank(index: store.OpenIndex, size: int, seed: int = 0) -> tuple[list[
     return titles, {"kind": "pseudo-queries (document titles)", "size": len(titles), "seed": seed}
 
 
+def sample_gallery(num_docs: int, size: int, seed: int = 0) -> np.ndarray:
+    """Sorted corpus indices of the gallery bank: a seeded sample, so tuning and fitting agree."""
+    return np.sort(np.random.default_rng(seed).choice(num_docs, size=min(size, num_docs), replace=False))
+
+
 def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessParams,
                    gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0) -> tuple[HubnessCorrection, np.ndarray]:
     """Both methods' biases and activation sets; returns the correction and the gallery's doc indices."""
     lse_qb, activation_query = bank_statistics(bank, embeddings, params.beta, params.k)
     lse_db_query, _ = bank_statistics(bank, embeddings, params.beta1, params.k)
-    gallery = np.sort(np.random.default_rng(seed).choice(len(embeddings), size=min(gallery_size, len(embeddings)), replace=False))
+    gallery = sample_gallery(len(embeddings), gallery_size, seed)
     lse_db_gallery, activation_gallery = bank_statistics(embeddings[gallery], embeddings, params.beta2, params.k, self_idx=gallery)
     correction = HubnessCorrection(
         params,
@@ -87,14 +92,14 @@ def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessPara
     return correction, gallery
 
 
-def fit_hubness(index_dir: Path | str, bank_texts: list[str], bank_info: dict, params: HubnessParams,
+def fit_hubness(index: store.OpenIndex, bank_texts: list[str], bank_info: dict, params: HubnessParams,
                 default_method: str = "qbnorm", dynamic: bool = False, gallery_size: int = DEFAULT_GALLERY_SIZE,
-                seed: int = 0, tuning: dict | None = None) -> dict:
-    """Embed the bank, fit both corrections, write them into the index, return the manifest."""
-    index_dir = Path(index_dir)
-    index = store.open_index(index_dir, verify="size")
+                seed: int = 0, tuning: dict | None = None, bank: np.ndarray | None = None) -> dict:
+    """Fit both corrections for `bank_texts` (embedded here unless `bank` holds their vectors), write
+    them into the index folder and return the updated manifest."""
+    index_dir = index.path
     started = time.perf_counter()
-    bank = index.embedder.encode(bank_texts)
+    bank = index.embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)
     correction, gallery = fit_correction(bank, embeddings, params, gallery_size, seed)
     faiss_params = FaissParams(**index.manifest["faiss"]["params"])
@@ -125,7 +130,6 @@ def fit_hubness(index_dir: Path | str, bank_texts: list[str], bank_info: dict, p
         **({"tuning": tuning} if tuning else {}),
     }
     store.write_manifest(index_dir, manifest)
-    index.close()
     return manifest
 
 

@@ -21,7 +21,7 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
     # A fitted hubness correction, so every schema-valid request (any hubness method) can be served.
     index_dir = tmp_path / "index"
     shutil.copytree(tiny_index, index_dir)
-    fit_hubness(index_dir, ["cats and dogs", "stock market news", "healthy running"], {"kind": "test queries", "size": 3}, HubnessParams())
+    fit_hubness(open_index(index_dir), ["cats and dogs", "stock market news", "healthy running"], {"kind": "test queries", "size": 3}, HubnessParams())
     app = create_app(Settings(api_keys="fuzz-key"), index=open_index(index_dir))
     counts = {}
     with TestClient(app):  # runs the lifespan: the index is served while the fuzzer calls the app
