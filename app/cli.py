@@ -123,19 +123,25 @@ def cmd_eval(args) -> int:
     return 0
 
 
-def cmd_tune(args) -> int:
-    from evaluation.tuning import format_table, refuse_test_split, tune_index
+def _training_split(queries_path: Path, qrels_path: Path) -> tuple[dict[str, str], dict]:
+    """The judged queries of a train/dev split; test qrels are refused before a single query is read."""
+    from evaluation.tuning import refuse_test_split
     from indexer.corpus import read_qrels, read_queries
-    from search.fusion import fusion_to_dict
 
-    refuse_test_split(args.qrels)  # before reading a single query of it
-    qrels = read_qrels(args.qrels)
-    all_queries = read_queries(args.queries)
+    refuse_test_split(qrels_path)
+    qrels = read_qrels(qrels_path)
+    all_queries = read_queries(queries_path)
     missing = sorted(set(qrels) - set(all_queries))
     if missing:
-        print(f"error: {len(missing)} judged queries of {args.qrels} are not in {args.queries}, e.g. {missing[:3]}", file=sys.stderr)
-        return 2
-    queries = {qid: all_queries[qid] for qid in qrels}  # only the split's queries are ever read
+        raise SystemExit(f"error: {len(missing)} judged queries of {qrels_path} are not in {queries_path}, e.g. {missing[:3]}")
+    return {qid: all_queries[qid] for qid in qrels}, qrels
+
+
+def cmd_tune(args) -> int:
+    from evaluation.tuning import format_table, tune_index
+    from search.fusion import fusion_to_dict
+
+    queries, qrels = _training_split(args.queries, args.qrels)
     out = args.out or args.index / "tuning"
     result = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run, progress=not args.quiet)
     print(format_table(result))
@@ -143,6 +149,20 @@ def cmd_tune(args) -> int:
           f"queries of {args.qrels.name}); table and plot in {out}")
     if not args.dry_run:
         print(f"wrote the fusion into {args.index / 'manifest.json'}: the service now uses it by default")
+    return 0
+
+
+def cmd_train_reranker(args) -> int:
+    from models.reranker_training import TrainOptions, train_reranker
+
+    queries, qrels = _training_split(args.queries, args.qrels)
+    options = TrainOptions(base_model=args.base_model, max_length=args.max_length, negatives=args.negatives,
+                           mine_depth=args.mine_depth, epochs=args.epochs, groups_per_step=args.groups_per_step,
+                           learning_rate=args.lr, seed=args.seed, device=args.device)
+    index, _ = _open(args.index, args.device)
+    record = train_reranker(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet)
+    print(json.dumps(record, indent=2))
+    print(f"reranker saved to {args.out} (ONNX in {args.out / 'onnx'}); serve it with HYBRID_RERANKER={args.out}")
     return 0
 
 
@@ -328,6 +348,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=devices, default="auto")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("train-reranker", help="fine-tune a cross-encoder on a train split with hard negatives from the hybrid retriever")
+    p.add_argument("index", type=Path, help="index whose hybrid retriever mines the hard negatives")
+    p.add_argument("--queries", type=Path, required=True, help="queries.jsonl (only the queries judged in --qrels are read)")
+    p.add_argument("--qrels", type=Path, required=True, help="qrels TSV of a training or dev split (never test)")
+    p.add_argument("--out", type=Path, required=True, help="model folder to write (torch weights + onnx/)")
+    from models.reranker_training import TrainOptions
+
+    defaults = TrainOptions()
+    p.add_argument("--base-model", default=defaults.base_model, help="model name or local path to start from")
+    p.add_argument("--max-length", type=int, default=defaults.max_length, help="query + document tokens")
+    p.add_argument("--negatives", type=int, default=defaults.negatives, help="hard negatives per positive")
+    p.add_argument("--mine-depth", type=int, default=defaults.mine_depth, help="negatives are sampled from the hybrid top-N")
+    p.add_argument("--epochs", type=int, default=defaults.epochs)
+    p.add_argument("--groups-per-step", type=int, default=defaults.groups_per_step, help="(positive + negatives) groups per batch")
+    p.add_argument("--lr", type=float, default=defaults.learning_rate)
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--device", choices=devices, default="auto", help="training (and mining) device")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=cmd_train_reranker)
 
     p = sub.add_parser("hubness", help="fit or inspect hubness correction (QB-Norm, DBNorm)")
     hub = p.add_subparsers(dest="hubness_command", required=True)

@@ -17,10 +17,11 @@ from app.limits import BodySizeLimit
 from app.observability import Metrics, RequestContext
 from app.routes import router
 from app.security import InFlightLimit, load_api_keys
-from app.serving import Reloader
+from app.serving import Reloader, rerank_options
 from app.settings import Settings
 from indexer.store import OpenIndex, open_index
 from search.pipeline import SearchError
+from search.rerank import RerankOptions
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ def _reload_on_sighup(app: FastAPI) -> None:
         logger.debug("SIGHUP reload not available here")
 
 
-def create_app(settings: Settings | None = None, index: OpenIndex | None = None) -> FastAPI:
-    """Build the app; the index is opened once at startup unless one is injected (tests)."""
+def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
+               rerank: RerankOptions | None = None) -> FastAPI:
+    """Build the app; the index (and reranker) are opened once at startup unless injected (tests)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -60,7 +62,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None)
             logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
             opened = open_index(settings.index, verify=settings.verify, device=settings.device)
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
-        app.state.reloader = Reloader(app, settings, executor)
+        app.state.reloader = Reloader(app, settings, executor, rerank or rerank_options(settings))
         app.state.reloader.open(opened)
         _reload_on_sighup(app)
         yield

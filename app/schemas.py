@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from search.fusion import RRF, ConvexCombination, Fusion
 from search.normalize import NORMALIZERS
 from search.pipeline import MAX_DEPTH, MAX_K
+from search.rerank import MAX_RERANK_DEPTH
 
 MAX_QUERY_CHARS = 2048
 _CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
@@ -60,6 +61,10 @@ class SearchRequest(_Strict):
         None, description="hubness correction of dense scores (QB-Norm, DBNorm); default: what the index was fitted with")
     dynamic: bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
     min_score: FiniteFloat | None = Field(None, description="drop hits scoring below this, applied after fusion")
+    rerank: bool | None = Field(None, description="rerank the top rerank_depth candidates with the cross-encoder; "
+                                "default: the service's setting (on when a reranker is configured)")
+    rerank_depth: int | None = Field(None, ge=1, le=MAX_RERANK_DEPTH,
+                                     description="candidates reranked (>= k); default: the service's, 50, or k if larger")
     explain: bool = Field(False, description="return every component of each hit's score")
     include_text: bool = Field(False, description="return each hit's text")
 
@@ -80,10 +85,18 @@ class Component(BaseModel):
     contribution: float = Field(description="this retriever's share of the fused score")
 
 
+class RerankComponent(BaseModel):
+    score: float = Field(description="cross-encoder logit (the final score)")
+    first_stage_rank: int = Field(description="rank before reranking, from 1")
+    first_stage_score: float = Field(description="score before reranking (fused, BM25 or cosine)")
+
+
 class Explanation(BaseModel):
-    fused: float = Field(description="= bm25.contribution + dense.contribution")
-    bm25: Component
-    dense: Component
+    final: float = Field(description="the hit's score: the reranker's when reranked, else the fused score")
+    rerank: RerankComponent | None = None
+    fused: float | None = Field(None, description="hybrid: = bm25.contribution + dense.contribution")
+    bm25: Component | None = None
+    dense: Component | None = None
 
 
 class Hit(BaseModel):
@@ -101,8 +114,9 @@ class SearchResponse(BaseModel):
     k: int
     fusion: dict | None = Field(None, description="the fusion applied (hybrid mode)")
     hubness: dict = Field(description="the hubness correction applied to dense scores: method and dynamic")
+    rerank: dict | None = Field(None, description="the reranking applied: model and depth (null: not reranked)")
     hits: list[Hit]
-    timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, total")
+    timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, rerank, total")
 
 
 class Health(BaseModel):

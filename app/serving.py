@@ -7,7 +7,9 @@ import threading
 from dataclasses import dataclass
 
 from indexer.store import OpenIndex, open_index
+from models.batching import BatchingCrossEncoder, BatchingEmbedder
 from search.pipeline import SearchPipeline
+from search.rerank import RerankOptions
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +20,20 @@ class Serving:
 
     index: OpenIndex
     pipeline: SearchPipeline
+
+
+def rerank_options(settings) -> RerankOptions | None:
+    """The reranker the settings name, loaded once for the life of the service (reloads keep it)."""
+    if not settings.reranker:
+        return None
+    from models.cross_encoder import load_cross_encoder
+
+    model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision)
+    if settings.batch_queries:
+        model = BatchingCrossEncoder(model)
+    logger.info("reranking with %s (%s) on the top %d by default=%s", settings.reranker, settings.reranker_precision,
+                settings.rerank_depth, settings.rerank_by_default)
+    return RerankOptions(model, depth=settings.rerank_depth, by_default=settings.rerank_by_default, name=settings.reranker)
 
 
 class ReloadInProgress(RuntimeError):
@@ -31,12 +47,14 @@ class Reloader:
     the last of them finishes. A failed reload leaves the current index in service.
     """
 
-    def __init__(self, app, settings, executor=None):
-        self.app, self.settings, self.executor = app, settings, executor
+    def __init__(self, app, settings, executor=None, rerank: RerankOptions | None = None):
+        self.app, self.settings, self.executor, self.rerank = app, settings, executor, rerank
         self._lock = threading.Lock()
 
     def open(self, index: OpenIndex) -> Serving:
-        serving = Serving(index, index.pipeline(depth=self.settings.depth, executor=self.executor))
+        embedder = BatchingEmbedder(index.embedder) if self.settings.batch_queries else None
+        pipeline = index.pipeline(depth=self.settings.depth, executor=self.executor, rerank=self.rerank, embedder=embedder)
+        serving = Serving(index, pipeline)
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic
         self.app.state.metrics.describe_index(index.manifest, index.num_docs)
         logger.info("serving %s: %d documents, built %s", index.path, index.num_docs, index.manifest["created_at"])

@@ -27,3 +27,10 @@ class Settings(BaseSettings):
     api_keys_file: Path | None = Field(None, description="file with one API key per line")
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS; empty: CORS off")
     log_level: str = "info"
+    reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
+                                 "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
+    reranker_precision: Literal["fp32", "int8"] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
+    rerank_depth: int = Field(50, ge=1, le=200, description="candidates reranked when a request does not say")
+    rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
+    batch_queries: bool = Field(True, description="coalesce concurrent requests' query embedding and reranking into shared "
+                                "model runs (docs/BENCHMARKS.md has the trade-off)")

@@ -21,12 +21,14 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.corpus import indexed_text
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index
 from search.dense import DenseIndex, FaissParams
 from search.fusion import fusion_from_dict
 from search.hubness import HubnessSearcher
 from search.pipeline import HubnessChoice, SearchPipeline
+from search.rerank import Reranker, RerankOptions
 
 logger = logging.getLogger(__name__)
 
@@ -173,13 +175,22 @@ class OpenIndex:
     def num_docs(self) -> int:
         return len(self.docs)
 
-    def pipeline(self, depth: int | None = None, executor=None) -> SearchPipeline:
-        """A search pipeline over this index with the fusion the manifest names as default."""
+    def doc_text(self, doc_idx: int) -> str:
+        """The text both retrievers indexed (title and body), which a reranker reads too."""
+        doc = self.docs.get(doc_idx)
+        return indexed_text(doc["title"], doc["text"])
+
+    def pipeline(self, depth: int | None = None, executor=None, rerank: RerankOptions | None = None,
+                 embedder=None) -> SearchPipeline:
+        """A search pipeline over this index with the fusion the manifest names as default.
+
+        `embedder` replaces the index's own (e.g. a batching wrapper around it)."""
         fusion = self.manifest["fusion"]
         hubness_default = HubnessChoice(**self.manifest["hubness"]["default"]) if self.hubness else HubnessChoice()
-        return SearchPipeline(self.bm25, self.dense, self.embedder, self.embeddings, depth=depth or fusion["depth"],
-                              fusion=fusion_from_dict(fusion["default"]), executor=executor,
-                              hubness=self.hubness, hubness_default=hubness_default)
+        return SearchPipeline(self.bm25, self.dense, embedder or self.embedder, self.embeddings,
+                              depth=depth or fusion["depth"], fusion=fusion_from_dict(fusion["default"]),
+                              executor=executor, hubness=self.hubness, hubness_default=hubness_default,
+                              reranker=Reranker(rerank, self.doc_text) if rerank else None)
 
     def close(self) -> None:
         self.docs.close()

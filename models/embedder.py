@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
-from models.onnx_export import CONFIG_FILE, ONNX_FILE, TOKENIZER_FILE
-from models.providers import DEVICES, onnx_providers
+from models.batching import length_sorted
+from models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file
+from models.providers import DEVICES, encoding_feeds, load_tokenizer, onnx_session
 
 logger = logging.getLogger(__name__)
 
@@ -30,35 +32,22 @@ class Embedder(Protocol):
 class OnnxEmbedder:
     """Embeds with an exported ONNX graph (pooling and normalisation inside the graph)."""
 
-    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None):
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
-
+    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32"):
         folder = Path(folder)
         self.config = json.loads((folder / CONFIG_FILE).read_text())
         self.dimension = int(self.config["dimension"])
         self._inputs = list(self.config["inputs"])
-        self._tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
-        self._tokenizer.enable_truncation(max_length=int(self.config["max_seq_length"]))
-        self._tokenizer.enable_padding(pad_id=int(self.config["pad_token_id"]), pad_token=self.config["pad_token"])
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        self.providers = onnx_providers(device)
-        self._session = ort.InferenceSession(str(folder / ONNX_FILE), options, providers=self.providers)
+        self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, int(self.config["max_seq_length"]),
+                                         int(self.config["pad_token_id"]), self.config["pad_token"])
+        self._session = onnx_session(model_file(folder, precision), device, threads)
+        self.providers = self._session.get_providers()
 
     def _encode_batch(self, texts: Sequence[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(list(texts))
-        feeds = {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
-        }
-        return self._session.run(None, {name: feeds[name] for name in self._inputs})[0]
+        feeds = encoding_feeds(self._tokenizer.encode_batch(list(texts)), self._inputs)
+        return self._session.run(None, feeds)[0]
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
-        return _encode_length_sorted(self._encode_batch, texts, batch_size, self.dimension)
+        return length_sorted(self._encode_batch, texts, batch_size, np.empty((len(texts), self.dimension), np.float32))
 
 
 class TorchEmbedder:
@@ -82,13 +71,3 @@ def st_dimension(st_model) -> int:
     """Embedding size of a SentenceTransformer (the method was renamed in sentence-transformers 6)."""
     getter = getattr(st_model, "get_embedding_dimension", None) or st_model.get_sentence_embedding_dimension
     return int(getter())
-
-
-def _encode_length_sorted(encode_batch, texts: Sequence[str], batch_size: int, dimension: int) -> np.ndarray:
-    """Batch texts of similar length together (less padding), return in input order."""
-    out = np.empty((len(texts), dimension), dtype=np.float32)
-    order = np.argsort([len(t) for t in texts], kind="stable")
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        out[idx] = encode_batch([texts[i] for i in idx])
-    return out

@@ -1,8 +1,13 @@
-"""Export a sentence-transformers embedding model to a self-contained ONNX folder.
+"""Export transformer models to self-contained ONNX folders served by ONNX Runtime without torch.
 
-The graph includes pooling and L2 normalisation, so ONNX Runtime returns the final sentence
-embedding and serving needs neither torch nor sentence-transformers. Exports are cached, keyed
-by model name and weights checksum, and written to a temporary folder renamed into place.
+Two kinds share one recipe (export, graph optimisation, int8 quantisation, atomic publish):
+- embedders (sentence-transformers): pooling and L2 normalisation are inside the graph, so
+  ONNX Runtime returns the final sentence embedding;
+- cross-encoders (sequence classification, one logit per query/document pair).
+
+Each folder holds `model.onnx` (fp32, attention/LayerNorm/GELU fused by ONNX Runtime's transformer
+optimizer), `model.int8.onnx` (dynamic per-channel int8 weights, for CPU), `tokenizer.json` and a
+JSON config. Exports are cached, keyed by model name, weights checksum and export format.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from models.registry import ResolvedModel
@@ -20,10 +26,14 @@ from models.registry import ResolvedModel
 logger = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"
+INT8_FILE = "model.int8.onnx"
+PRECISIONS = {"fp32": ONNX_FILE, "int8": INT8_FILE}
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "embedder.json"
+CROSS_ENCODER_CONFIG = "cross_encoder.json"
 POOLING_MODES = ("mean", "cls")
 OPSET = 17
+EXPORT_FORMAT = 2  # bump when the folder layout changes, so cached exports are redone
 
 
 def default_cache_dir() -> Path:
@@ -31,9 +41,19 @@ def default_cache_dir() -> Path:
     return Path(root) / "onnx"
 
 
-def export_dir_for(model: ResolvedModel, cache_dir: Path) -> Path:
+def export_dir_for(model: ResolvedModel, cache_dir: Path, kind: str = "embedder") -> Path:
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.name).strip("_")[-60:]
-    return cache_dir / f"{slug}-{model.checksum[:16]}"
+    return cache_dir / f"{kind}-{slug}-{model.checksum[:16]}-v{EXPORT_FORMAT}"
+
+
+def model_file(folder: Path, precision: str) -> Path:
+    """The ONNX graph of `precision` in an export folder, with an error naming the valid choices."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+    path = Path(folder) / PRECISIONS[precision]
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: this export predates {precision} models; export it again")
+    return path
 
 
 def _pooling_mode(st_model) -> str:
@@ -50,7 +70,48 @@ def _pooling_mode(st_model) -> str:
     return mode
 
 
-def _export(model: ResolvedModel, out: Path) -> None:
+def _input_names(tokenizer) -> list[str]:
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("the model has no fast tokenizer (tokenizer.json); ONNX serving needs one")
+    return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
+
+
+def _export_graph(module, tokenizer, sample, out: Path, output_name: str, input_names: list[str]) -> None:
+    import torch
+
+    encoded = tokenizer(*sample, return_tensors="pt", padding=True, truncation=True)
+    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
+    dynamic_axes[output_name] = {0: "batch"}
+    with torch.no_grad():
+        torch.onnx.export(
+            module.eval(), tuple(encoded[n] for n in input_names), str(out / ONNX_FILE), input_names=input_names,
+            output_names=[output_name], dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
+        )
+    tokenizer.backend_tokenizer.save(str(out / TOKENIZER_FILE))
+
+
+def _optimize_and_quantize(out: Path, hf_config) -> None:
+    """Fuse the transformer subgraphs (portable: no hardware-specific rewrites), then write int8 weights."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    for name in ("onnx_model", "fusion_base", "fusion_utils", "onnx_model_bert", "root"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # they log every fusion at INFO
+
+    heads = getattr(hf_config, "num_attention_heads", 0)
+    hidden = getattr(hf_config, "hidden_size", 0)
+    if getattr(hf_config, "model_type", "") in ("bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "electra"):
+        optimized = optimize_model(str(out / ONNX_FILE), model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
+        optimized.save_model_to_file(str(out / ONNX_FILE))
+    else:
+        logger.info("no transformer fusions for model type %r; exporting the plain graph", getattr(hf_config, "model_type", "?"))
+    # fused contrib ops (BiasGelu, SkipLayerNormalization) defeat shape inference: their outputs are float
+    quantize_dynamic(str(out / ONNX_FILE), str(out / INT8_FILE), per_channel=True, weight_type=QuantType.QInt8,
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+
+def _export_embedder(model: ResolvedModel, out: Path) -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -59,10 +120,8 @@ def _export(model: ResolvedModel, out: Path) -> None:
     st_model = SentenceTransformer(str(model.path), device="cpu")
     transformer = st_model[0]
     tokenizer = transformer.tokenizer
-    if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(f"model {model.name!r} has no fast tokenizer (tokenizer.json); ONNX serving needs one")
+    input_names = _input_names(tokenizer)
     pooling = _pooling_mode(st_model)
-    input_names = [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
 
     class PooledEncoder(torch.nn.Module):
         def __init__(self, auto_model):
@@ -81,17 +140,9 @@ def _export(model: ResolvedModel, out: Path) -> None:
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
             return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
-    encoder = PooledEncoder(transformer.auto_model).eval()
-    sample = tokenizer(["an example sentence", "another one"], return_tensors="pt", padding=True)
-    args = tuple(sample[n] for n in input_names)
-    dynamic_axes = {n: {0: "batch", 1: "sequence"} for n in input_names}
-    dynamic_axes["embedding"] = {0: "batch"}
-    with torch.no_grad():
-        torch.onnx.export(
-            encoder, args, str(out / ONNX_FILE), input_names=input_names, output_names=["embedding"],
-            dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
-        )
-    tokenizer.backend_tokenizer.save(str(out / TOKENIZER_FILE))
+    _export_graph(PooledEncoder(transformer.auto_model), tokenizer, (["an example sentence", "another one"],),
+                  out, "embedding", input_names)
+    _optimize_and_quantize(out, transformer.auto_model.config)
     config = {
         "model": model.name,
         "model_checksum": model.checksum,
@@ -106,21 +157,80 @@ def _export(model: ResolvedModel, out: Path) -> None:
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
 
 
-def export_onnx(model: ResolvedModel, cache_dir: Path | None = None) -> Path:
-    """Return the folder holding the ONNX export of `model`, exporting it on first use."""
-    target = export_dir_for(model, cache_dir or default_cache_dir())
-    if (target / CONFIG_FILE).is_file():
+def _export_cross_encoder(model: ResolvedModel, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model.path))
+    classifier = AutoModelForSequenceClassification.from_pretrained(str(model.path))
+    input_names = _input_names(tokenizer)
+    max_length = trained_max_length(model.path) or _positions_max_length(tokenizer, classifier.config)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if token_type_ids is not None:
+                kwargs["token_type_ids"] = token_type_ids
+            return self.inner(**kwargs).logits
+
+    _export_graph(Logits(classifier), tokenizer, (["a query", "another query"], ["a passage", "a longer passage here"]),
+                  out, "logits", input_names)
+    _optimize_and_quantize(out, classifier.config)
+    config = {
+        "model": model.name,
+        "model_checksum": model.checksum,
+        "max_length": max_length,
+        "num_labels": int(classifier.config.num_labels),
+        "inputs": input_names,
+        "pad_token": tokenizer.pad_token,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    (out / CROSS_ENCODER_CONFIG).write_text(json.dumps(config, indent=2))
+
+
+def trained_max_length(path: Path | str) -> int | None:
+    """The pair length a `hybrid train-reranker` folder was trained with (None for other models)."""
+    record = Path(path) / "training.json"
+    return int(json.loads(record.read_text())["options"]["max_length"]) if record.is_file() else None
+
+
+def _positions_max_length(tokenizer, hf_config) -> int:
+    positions = int(getattr(hf_config, "max_position_embeddings", 512))
+    declared = getattr(tokenizer, "model_max_length", positions) or positions
+    return int(min(declared, positions))
+
+
+def _cached_export(target: Path, marker: str, export: Callable[[Path], None]) -> Path:
+    """Export into a temporary sibling and rename it into place (concurrent exporters are fine)."""
+    if (target / marker).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    logger.info("exporting %s to ONNX (cached at %s)", model.name, target)
+    logger.info("exporting to ONNX at %s", target)
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the service may run as another user
     try:
-        _export(model, tmp)
+        export(tmp)
         try:
             tmp.rename(target)
         except OSError:  # another process published the same export first
-            if not (target / CONFIG_FILE).is_file():
+            if not (target / marker).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def export_onnx(model: ResolvedModel, cache_dir: Path | None = None) -> Path:
+    """The folder holding the ONNX export of embedding model `model`, exporting it on first use."""
+    target = export_dir_for(model, cache_dir or default_cache_dir(), "embedder")
+    return _cached_export(target, CONFIG_FILE, lambda out: _export_embedder(model, out))
+
+
+def export_cross_encoder(model: ResolvedModel, target: Path | None = None, cache_dir: Path | None = None) -> Path:
+    """The folder holding the ONNX export of cross-encoder `model` (at `target`, or in the cache)."""
+    target = target or export_dir_for(model, cache_dir or default_cache_dir(), "cross-encoder")
+    return _cached_export(Path(target), CROSS_ENCODER_CONFIG, lambda out: _export_cross_encoder(model, out))

@@ -13,6 +13,7 @@ from search.dense import DenseIndex
 from search.fusion import RRF, Candidates, Fused, Fusion, fuse
 from search.hubness import HUBNESS_METHODS, HubnessSearcher
 from search.ranking import Ranking
+from search.rerank import MAX_RERANK_DEPTH, Reranked, Reranker
 
 MODES = ("bm25", "dense", "hybrid")
 MAX_K = 1000
@@ -39,9 +40,24 @@ class SearchResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     fusion: Fusion | None = None
     fused: Fused | None = None  # hybrid only: candidates with every component, for `explain`
+    reranked: Reranked | None = None
+
+    @property
+    def explainable(self) -> bool:
+        return self.fused is not None or self.reranked is not None
 
     def explain(self, position: int) -> dict:
-        """Every component of the score of the hit at `position` (hybrid mode)."""
+        """Every component of the score of the hit at `position` (hybrid or reranked)."""
+        parts: dict = {"final": float(self.ranking.scores[position])}
+        if self.reranked is not None:  # the final ranking is a prefix of the reranked one
+            parts["rerank"] = {"score": float(self.reranked.ranking.scores[position]),
+                               "first_stage_rank": int(self.reranked.first_stage_rank[position]),
+                               "first_stage_score": float(self.reranked.first_stage_score[position])}
+        if self.fused is not None:
+            parts.update(self._fused_parts(position))
+        return parts
+
+    def _fused_parts(self, position: int) -> dict:
         fused = self.fused
         at = int(np.searchsorted(fused.candidates.doc_idx, self.ranking.doc_idx[position]))
         parts = {}
@@ -77,10 +93,12 @@ class SearchPipeline:
 
     def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
                  depth: int = 100, fusion: Fusion = RRF(), executor: ThreadPoolExecutor | None = None,
-                 hubness: HubnessSearcher | None = None, hubness_default: HubnessChoice = HubnessChoice()):
+                 hubness: HubnessSearcher | None = None, hubness_default: HubnessChoice = HubnessChoice(),
+                 reranker: Reranker | None = None):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.depth, self.fusion, self.executor = depth, fusion, executor
         self.hubness, self.hubness_default = hubness, hubness_default
+        self.reranker = reranker
 
     def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch):
         scores = clock.time("bm25", self.bm25.scores, query)
@@ -125,21 +143,29 @@ class SearchPipeline:
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid", depth: int | None = None,
                fusion: Fusion | None = None, min_score: float | None = None,
-               hubness: HubnessChoice | None = None) -> SearchResult:
+               hubness: HubnessChoice | None = None, rerank: bool | None = None,
+               rerank_depth: int | None = None) -> SearchResult:
+        """`min_score` applies to the final score: the fused (or single-retriever) score, or the
+        reranker's logit when reranking."""
         self._validate(query, k, mode, depth)
         hubness = self._hubness_choice(hubness)
+        rerank_depth = self._rerank_depth(k, rerank, rerank_depth)
         started = time.perf_counter()
         clock = _Stopwatch()
         result = SearchResult(Ranking.empty())
+        first_stage_k = max(k, rerank_depth or 0)
         if mode == "bm25":
-            result.ranking = self._bm25_leg(query, k, clock)[1]
+            result.ranking = self._bm25_leg(query, first_stage_k, clock)[1]
         elif mode == "dense":
-            result.ranking = self._dense_leg(query, k, clock, hubness)[1]
+            result.ranking = self._dense_leg(query, first_stage_k, clock, hubness)[1]
         else:
             candidates = self.candidates(query, self.depth if depth is None else depth, clock, hubness)
             result.fusion = fusion or self.fusion
             result.fused = clock.time("fusion", fuse, candidates, result.fusion)
             result.ranking = result.fused.ranking()
+        if rerank_depth:
+            result.reranked = clock.time("rerank", self.reranker.rerank, query, result.ranking.head(rerank_depth))
+            result.ranking = result.reranked.ranking
         ranking = result.ranking
         if min_score is not None:
             ranking = ranking.head(int(np.count_nonzero(ranking.scores >= min_score)))  # scores descend
@@ -147,6 +173,20 @@ class SearchPipeline:
         clock.timings["total"] = (time.perf_counter() - started) * 1000
         result.timings_ms = clock.timings
         return result
+
+    def _rerank_depth(self, k: int, rerank: bool | None, depth: int | None) -> int | None:
+        """How many first-stage candidates to rerank (None: no reranking)."""
+        if rerank is None:
+            rerank = self.reranker is not None and self.reranker.options.by_default
+        if not rerank:
+            return None
+        if self.reranker is None:
+            raise SearchError("rerank", "no reranker is configured (set HYBRID_RERANKER); use false")
+        if depth is None:
+            return max(k, self.reranker.options.depth)
+        if not k <= depth <= MAX_RERANK_DEPTH:
+            raise SearchError("rerank_depth", f"must be between k ({k}) and {MAX_RERANK_DEPTH}, got {depth}")
+        return depth
 
     @staticmethod
     def _validate(query, k, mode, depth) -> None:

@@ -53,3 +53,14 @@ def test_bundled_model_resolves_offline(model):
 def test_unknown_model_fails_with_a_clear_message():
     with pytest.raises(ModelNotFoundError, match="cannot resolve model 'no-such/model-xyz'"):
         resolve_model("no-such/model-xyz")
+
+
+def test_int8_embedder_stays_close_to_fp32(model, onnx_embedder, scifact):
+    texts = scifact_texts(scifact, 24) + ["vitamin D deficiency"]
+    int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8").encode(texts)
+    assert (int8 * onnx_embedder.encode(texts)).sum(axis=1).min() >= 0.97
+
+
+def test_unknown_precision_lists_the_valid_ones(model):
+    with pytest.raises(ValueError, match="valid: fp32, int8"):
+        OnnxEmbedder(export_onnx(model), device="cpu", precision="fp16")

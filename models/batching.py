@@ -1,0 +1,100 @@
+"""Batching helpers: length-sorted batches within one call, micro-batches across concurrent calls."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def length_sorted(run_batch: Callable[[list], np.ndarray], texts: Sequence, batch_size: int,
+                  out: np.ndarray) -> np.ndarray:
+    """Fill `out` (one row per text, or per (query, text) pair) batch by batch, batching inputs of
+    similar length together (less padding)."""
+    order = np.argsort([len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts], kind="stable")
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        out[idx] = run_batch([texts[i] for i in idx])
+    return out
+
+
+class _Request:
+    __slots__ = ("items", "done", "result", "error")
+
+    def __init__(self, items: list):
+        self.items, self.done, self.result, self.error = items, threading.Event(), None, None
+
+
+class MicroBatcher:
+    """Coalesces concurrent calls into one model run, without a background thread or a fixed wait.
+
+    Runs are serialised; calls that arrive while a run is in progress queue up, and the first of
+    them (the leader) runs the whole queue as one batch when the model is free. An idle service
+    answers a lone call at once; under load, batches grow with the queue. `run` maps a list of
+    items to an array with one row per item.
+    """
+
+    def __init__(self, run: Callable[[list], np.ndarray]):
+        self._run = run
+        self._queue: list[_Request] = []
+        self._queue_lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self.batches = 0  # runs and items so far: how much coalescing happened
+        self.items = 0
+
+    def __call__(self, items: list) -> np.ndarray:
+        request = _Request(items)
+        with self._queue_lock:
+            self._queue.append(request)
+            leader = len(self._queue) == 1
+        if not leader:
+            request.done.wait()
+        else:
+            with self._run_lock:
+                with self._queue_lock:
+                    batch, self._queue = self._queue, []
+                self._run_batch(batch)
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def _run_batch(self, batch: list[_Request]) -> None:
+        try:
+            rows = self._run([item for r in batch for item in r.items])
+            start = 0
+            for r in batch:
+                r.result, start = rows[start : start + len(r.items)], start + len(r.items)
+        except Exception as exc:  # every caller in the batch gets the error, not just the leader
+            for r in batch:
+                r.error = exc
+        finally:
+            self.batches += 1
+            self.items += sum(len(r.items) for r in batch)
+            for r in batch:
+                r.done.set()
+
+
+class BatchingEmbedder:
+    """An embedder whose concurrent `encode` calls share model runs (see `MicroBatcher`)."""
+
+    def __init__(self, embedder, batch_size: int = 32):
+        self.embedder, self.dimension = embedder, embedder.dimension
+        self.batcher = MicroBatcher(lambda texts: embedder.encode(texts, batch_size=batch_size))
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        return self.batcher(list(texts))
+
+
+class BatchingCrossEncoder:
+    """A cross-encoder whose concurrent `score` calls (different queries) share model runs."""
+
+    def __init__(self, model, batch_size: int = 32):
+        self.model, self.max_length = model, model.max_length
+        self.batcher = MicroBatcher(lambda pairs: model.score_pairs(pairs, batch_size=batch_size))
+
+    def score(self, query: str, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        return self.batcher([(query, t) for t in texts])
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        return self.batcher(list(pairs))

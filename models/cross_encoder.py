@@ -1,0 +1,111 @@
+"""Cross-encoders: score (query, document) pairs jointly, for reranking.
+
+`OnnxCrossEncoder` (the serving path, no torch) runs an export made by
+`models.onnx_export.export_cross_encoder`; `TorchCrossEncoder` runs any sentence-transformers
+`CrossEncoder` name or path and is the reference the ONNX path is tested against. Both return the
+raw logit of each pair (no sigmoid), so scores from either backend are directly comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from models.batching import length_sorted
+from models.onnx_export import (
+    CROSS_ENCODER_CONFIG,
+    TOKENIZER_FILE,
+    export_cross_encoder,
+    model_file,
+    trained_max_length,
+)
+from models.providers import DEVICES, encoding_feeds, load_tokenizer, onnx_session
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("onnx", "torch")
+ONNX_SUBDIR = "onnx"  # where `hybrid train-reranker` puts the export beside the torch weights
+
+
+class CrossEncoder(Protocol):
+    max_length: int
+
+    def score(self, query: str, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        """One float32 relevance logit per text, higher is more relevant."""
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        """One logit per (query, text) pair."""
+
+
+class _PairScorer:
+    def score(self, query: str, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        return self.score_pairs([(query, t) for t in texts], batch_size)
+
+
+class OnnxCrossEncoder(_PairScorer):
+    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32"):
+        folder = Path(folder)
+        self.config = json.loads((folder / CROSS_ENCODER_CONFIG).read_text())
+        if int(self.config["num_labels"]) != 1:
+            raise ValueError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")
+        self.max_length = int(self.config["max_length"])
+        self.precision = precision
+        self._inputs = list(self.config["inputs"])
+        self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
+                                         int(self.config["pad_token_id"]), self.config["pad_token"])
+        self._session = onnx_session(model_file(folder, precision), device, threads)
+        self.providers = self._session.get_providers()
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        def batch_scores(batch: list[tuple[str, str]]) -> np.ndarray:
+            feeds = encoding_feeds(self._tokenizer.encode_batch(batch), self._inputs)
+            return self._session.run(None, feeds)[0][:, 0]
+
+        return length_sorted(batch_scores, pairs, batch_size, np.empty(len(pairs), np.float32))
+
+
+class TorchCrossEncoder(_PairScorer):
+    def __init__(self, name_or_path: str | Path, device: str = "auto", max_length: int | None = None):
+        import torch
+        from sentence_transformers import CrossEncoder as STCrossEncoder
+
+        if device not in DEVICES:
+            raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+        torch_device = {"auto": None, "cpu": "cpu", "gpu": "cuda"}[device]
+        if max_length is None and Path(name_or_path).is_dir():
+            max_length = trained_max_length(name_or_path)
+        self._model = STCrossEncoder(str(name_or_path), device=torch_device, max_length=max_length)
+        self.max_length = getattr(self._model, "max_seq_length", None) or self._model.max_length
+        self._identity = torch.nn.Identity()
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
+        if not pairs:
+            return np.empty(0, dtype=np.float32)
+        scores = self._model.predict(list(pairs), batch_size=batch_size, activation_fn=self._identity,
+                                     convert_to_numpy=True, show_progress_bar=False)
+        return np.asarray(scores, dtype=np.float32).reshape(len(pairs))
+
+
+def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: str = "auto",
+                       precision: str = "fp32") -> CrossEncoder:
+    """A cross-encoder from an ONNX export folder, a `hybrid train-reranker` folder, or any
+    sentence-transformers CrossEncoder name or path (exported to the ONNX cache on first use)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown reranker backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    if backend == "torch":
+        if precision != "fp32":
+            raise ValueError("the torch reranker runs in fp32; int8 is an ONNX precision")
+        return TorchCrossEncoder(name_or_path, device)
+    path = Path(name_or_path).expanduser()
+    for folder in (path, path / ONNX_SUBDIR):
+        if (folder / CROSS_ENCODER_CONFIG).is_file():
+            return OnnxCrossEncoder(folder, device, precision=precision)
+    from models.registry import resolve_model
+
+    logger.info("no ONNX export at %s: exporting (needs torch)", name_or_path)
+    return OnnxCrossEncoder(export_cross_encoder(resolve_model(str(name_or_path))), device, precision=precision)

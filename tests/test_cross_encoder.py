@@ -1,0 +1,70 @@
+"""ONNX cross-encoder against the sentence-transformers reference, on real scifact text."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from models.cross_encoder import OnnxCrossEncoder, TorchCrossEncoder, load_cross_encoder
+from models.onnx_export import export_cross_encoder
+from models.registry import resolve_model
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir(tmp_path_factory):
+    """A cross-encoder as `hybrid train-reranker` starts it: the bundled MiniLM with a seeded, untrained head."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    base = resolve_model()
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("cross-encoder") / "model"
+    AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1).save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(base.path)).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def export(cross_encoder_dir, tmp_path_factory):
+    return export_cross_encoder(resolve_model(str(cross_encoder_dir)), cache_dir=tmp_path_factory.mktemp("onnx-cache"))
+
+
+@pytest.fixture(scope="module")
+def pairs(scifact):
+    with (scifact / "corpus.jsonl").open() as fh:
+        docs = [json.loads(line) for line in itertools.islice(fh, 40)]
+    return "Vitamin D deficiency is linked to bone loss", [f"{d['title']} {d['text']}" for d in docs]
+
+
+def test_onnx_fp32_ranks_like_torch(cross_encoder_dir, export, pairs):
+    query, texts = pairs
+    torch_scores = TorchCrossEncoder(cross_encoder_dir, device="cpu", max_length=512).score(query, texts)
+    onnx_scores = OnnxCrossEncoder(export, device="cpu").score(query, texts)
+    assert spearmanr(torch_scores, onnx_scores)[0] >= 0.99
+    np.testing.assert_allclose(onnx_scores, torch_scores, atol=2e-3)
+
+
+def test_int8_keeps_the_ranking_roughly(export, pairs):
+    query, texts = pairs
+    fp32 = OnnxCrossEncoder(export, device="cpu").score(query, texts)
+    int8 = OnnxCrossEncoder(export, device="cpu", precision="int8").score(query, texts)
+    assert spearmanr(fp32, int8)[0] >= 0.8
+
+
+def test_scores_do_not_depend_on_batching(export, pairs):
+    query, texts = pairs
+    model = OnnxCrossEncoder(export, device="cpu")
+    batched = model.score(query, texts[:6], batch_size=4)
+    single = np.array([model.score(query, [t])[0] for t in texts[:6]])
+    np.testing.assert_allclose(batched, single, atol=1e-4)
+    assert model.score(query, []).shape == (0,)
+
+
+def test_loader_finds_the_export_and_rejects_bad_options(cross_encoder_dir, export):
+    assert isinstance(load_cross_encoder(export, device="cpu"), OnnxCrossEncoder)
+    with pytest.raises(ValueError, match="valid: onnx, torch"):
+        load_cross_encoder(export, backend="tensorrt")
+    with pytest.raises(ValueError, match="int8 is an ONNX precision"):
+        load_cross_encoder(cross_encoder_dir, backend="torch", precision="int8")

@@ -1,0 +1,151 @@
+"""Reranking stage (with a transparent stand-in cross-encoder) and micro-batching."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from indexer.store import open_index
+from models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
+from search.pipeline import SearchError
+from search.rerank import RerankOptions
+
+
+class LengthScorer:
+    """Scores a pair by the document's length: a reranking anyone can recompute by hand."""
+
+    max_length = 512
+
+    def score(self, query, texts, batch_size=32):
+        return self.score_pairs([(query, t) for t in texts])
+
+    def score_pairs(self, pairs, batch_size=32):
+        return np.array([len(t) / 100.0 for _, t in pairs], dtype=np.float32)
+
+
+@pytest.fixture(scope="module")
+def index(scifact_slice_index):
+    opened = open_index(scifact_slice_index, verify="size", device="cpu")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture(scope="module")
+def pipeline(index):
+    return index.pipeline(rerank=RerankOptions(LengthScorer(), depth=20, name="length"))
+
+
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+def test_rerank_reorders_the_first_stage_top_by_the_cross_encoder(index, pipeline, mode):
+    query = "vitamin D deficiency and bone density"
+    first = pipeline.search(query, k=20, mode=mode, rerank=False).ranking
+    result = pipeline.search(query, k=5, mode=mode)  # reranked by default, top 20
+    lengths = {int(d): len(index.doc_text(int(d))) / 100.0 for d in first.doc_idx}
+    expected = sorted(first.doc_idx.tolist(), key=lambda d: -lengths[d])[:5]
+    assert result.ranking.doc_idx.tolist() == expected
+    np.testing.assert_allclose(result.ranking.scores, [lengths[d] for d in expected], rtol=1e-6)
+    for position, doc in enumerate(expected):
+        explained = result.explain(position)
+        stage = first.doc_idx.tolist().index(doc)
+        assert explained["final"] == explained["rerank"]["score"] == pytest.approx(lengths[doc])
+        assert explained["rerank"]["first_stage_rank"] == stage + 1
+        assert explained["rerank"]["first_stage_score"] == pytest.approx(float(first.scores[stage]))
+        assert ("fused" in explained) == (mode == "hybrid")
+    assert "rerank" in result.timings_ms
+
+
+def test_rerank_depth_limits_what_the_cross_encoder_sees(pipeline):
+    query = "smoking and lung cancer"
+    first = pipeline.search(query, k=3, mode="bm25", rerank=False).ranking
+    result = pipeline.search(query, k=3, mode="bm25", rerank_depth=3)
+    assert set(result.ranking.doc_idx.tolist()) == set(first.doc_idx.tolist())
+    assert pipeline.search(query, k=60, mode="bm25").reranked.ranking.doc_idx.size == 60  # depth grows to k
+
+
+def test_min_score_applies_to_the_reranker_score(pipeline):
+    result = pipeline.search("protein folding", k=20, mode="hybrid", min_score=12.0)
+    assert len(result.ranking) and (result.ranking.scores >= 12.0).all()
+
+
+def test_bad_rerank_requests_name_the_field(index, pipeline):
+    with pytest.raises(SearchError, match="rerank_depth: must be between k"):
+        pipeline.search("cells", k=10, rerank_depth=5)
+    with pytest.raises(SearchError, match="rerank: no reranker is configured"):
+        index.pipeline().search("cells", rerank=True)
+    assert index.pipeline().search("cells").reranked is None  # no reranker: nothing to do by default
+    with pytest.raises(ValueError, match="between 1 and 200"):
+        RerankOptions(LengthScorer(), depth=500)
+
+
+def test_http_rerank_and_explain(scifact_slice_index):
+    app = create_app(Settings(index=scifact_slice_index, device="cpu"),
+                     rerank=RerankOptions(LengthScorer(), depth=10, by_default=False, name="length"))
+    with TestClient(app) as client:
+        plain = client.post("/search", json={"query": "vitamin D", "k": 5}).json()
+        assert plain["rerank"] is None and "rerank" not in plain["timings_ms"]
+        body = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "explain": True}).json()
+        assert body["rerank"] == {"model": "length", "depth": 10}
+        scores = [h["score"] for h in body["hits"]]
+        assert scores == sorted(scores, reverse=True)
+        for hit in body["hits"]:
+            assert hit["explain"]["final"] == hit["explain"]["rerank"]["score"] == hit["score"]
+            assert hit["explain"]["fused"] is not None
+        bad = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "rerank_depth": 3})
+        assert bad.status_code == 422 and "rerank_depth" in bad.text
+
+
+def test_micro_batcher_returns_each_caller_its_own_rows_and_coalesces():
+    calls = []
+
+    def run(items):
+        calls.append(len(items))
+        time.sleep(0.02)  # a model run: callers arriving meanwhile queue for the next batch
+        return np.array([[x, 2 * x] for x in items], dtype=np.float32)
+
+    batcher = MicroBatcher(run)
+    results = {}
+
+    def caller(i):
+        results[i] = batcher([i, i + 1000])
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(16):
+        np.testing.assert_array_equal(results[i], [[i, 2 * i], [i + 1000, 2 * (i + 1000)]])
+    assert sum(calls) == 32 and len(calls) < 16 and batcher.batches == len(calls)
+
+
+def test_micro_batcher_gives_every_caller_the_error():
+    def run(items):
+        time.sleep(0.01)
+        raise RuntimeError("model failed")
+
+    batcher = MicroBatcher(run)
+    errors = []
+
+    def caller():
+        try:
+            batcher(["x"])
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=caller) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == ["model failed"] * 6
+
+
+def test_batching_wrappers_match_the_models(index):
+    texts = ["vitamin D", "lung cancer and smoking", "protein"]
+    np.testing.assert_allclose(BatchingEmbedder(index.embedder).encode(texts), index.embedder.encode(texts), atol=1e-5)
+    scorer = BatchingCrossEncoder(LengthScorer())
+    np.testing.assert_array_equal(scorer.score("q", texts), LengthScorer().score("q", texts))
