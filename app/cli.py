@@ -102,7 +102,8 @@ def cmd_eval(args) -> int:
         print("error: --index names one index; with several datasets each gets indexes/<dataset>", file=sys.stderr)
         return 2
     config = EvalConfig(split=args.split, pipelines=tuple(args.pipelines.split(",")), all_fusions=args.all_fusions,
-                        all_hubness=args.all_hubness, tune=not args.no_tune, progress=not args.quiet)
+                        all_hubness=args.all_hubness, tune=not args.no_tune, progress=not args.quiet,
+                        reranker=args.reranker, rerank_depth=args.rerank_depth)
     reports = []
     for dataset in args.data:
         index_dir = args.index or Path("indexes") / dataset.name
@@ -330,8 +331,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", type=Path, help="index folder to use or build (default indexes/<dataset>)")
     p.add_argument("--no-tune", action="store_true", help="do not tune the fusion on the train/dev split of an untuned index")
     p.add_argument("--pipelines", default="bm25,dense,hybrid",
-                   help="comma-separated: bm25, dense, hybrid (the index's default fusion), rrf:RRF_K, cc:NORM:ALPHA")
+                   help="comma-separated: bm25, dense, hybrid (the index's default fusion), rrf:RRF_K, cc:NORM:ALPHA; append +qbnorm, +dbnorm[:dis] for hubness and +rerank[:int8] for the cross-encoder (--reranker)")
     p.add_argument("--all-hubness", action="store_true", help="also dense and hybrid with every hubness variant (needs `hybrid hubness fit`)")
+    p.add_argument("--reranker", help="cross-encoder for `+rerank` pipelines (e.g. a `hybrid train-reranker` folder)")
+    p.add_argument("--rerank-depth", type=int, default=50, help="first-stage candidates the reranker reorders")
     p.add_argument("--all-fusions", action="store_true", help="also every fusion the tuning record names (rrf 60, tuned rrf, each norm at its tuned alpha)")
     p.add_argument("--out", type=Path)
     p.add_argument("--device", choices=devices, default="auto")

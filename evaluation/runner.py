@@ -2,29 +2,36 @@
 
 from __future__ import annotations
 
+import numpy as np
 from tqdm import tqdm
 
 from indexer.store import OpenIndex
 from search.fusion import RRF, ConvexCombination, Fusion
 from search.pipeline import MODES, HubnessChoice, SearchPipeline
+from search.ranking import Ranking
+from search.rerank import Reranker
 
 
 def doc_ids(index: OpenIndex) -> list[str]:
     return [index.docs.get(i)["id"] for i in range(index.num_docs)]
 
 
-def parse_pipeline(spec: str) -> tuple[str, Fusion | None, HubnessChoice]:
+def parse_pipeline(spec: str) -> tuple[str, Fusion | None, HubnessChoice, str | None]:
     """`bm25`, `dense`, `hybrid` (index default), `rrf[:RRF_K]` or `cc:NORM:ALPHA`, optionally followed by
-    `+qbnorm`, `+dbnorm`, `+qbnorm:dis`, `+dbnorm:dis` (hubness correction) -> (mode, fusion, hubness)."""
-    spec, _, hub = spec.partition("+")
-    hubness = HubnessChoice()
-    if hub:
-        method, _, variant = hub.partition(":")
-        if method not in ("qbnorm", "dbnorm") or variant not in ("", "dis"):
-            raise ValueError(f"unknown hubness {hub!r} in pipeline; valid: qbnorm, dbnorm, qbnorm:dis, dbnorm:dis")
-        hubness = HubnessChoice(method, variant == "dis")
+    `+qbnorm`, `+dbnorm`, `+qbnorm:dis`, `+dbnorm:dis` (hubness correction) and `+rerank[:fp32|int8]`
+    (cross-encoder) -> (mode, fusion, hubness, reranker precision or None)."""
+    spec, *extras = spec.split("+")
+    hubness, rerank = HubnessChoice(), None
+    for extra in extras:
+        method, _, variant = extra.partition(":")
+        if method == "rerank" and variant in ("", "fp32", "int8"):
+            rerank = variant or "fp32"
+        elif method in ("qbnorm", "dbnorm") and variant in ("", "dis"):
+            hubness = HubnessChoice(method, variant == "dis")
+        else:
+            raise ValueError(f"unknown {extra!r} in pipeline; valid: qbnorm, dbnorm, qbnorm:dis, dbnorm:dis, rerank, rerank:int8")
     mode, fusion = _parse_retrieval(spec)
-    return mode, fusion, hubness
+    return mode, fusion, hubness, rerank
 
 
 def hubness_pipelines() -> list[str]:
@@ -56,12 +63,42 @@ def tuned_pipelines(manifest: dict) -> list[str]:
     return specs + [f"cc:{norm}:{alpha:g}" for norm, alpha in tuning["best_per_norm"].items()]
 
 
+class CachedScorer:
+    """Remembers cross-encoder scores by (query, text): pipelines evaluated side by side share most pairs."""
+
+    def __init__(self, model):
+        self.model, self.max_length = model, model.max_length
+        self._scores: dict[tuple[str, str], float] = {}
+
+    def score(self, query: str, texts, batch_size: int = 32):
+        missing = list(dict.fromkeys(t for t in texts if (query, t) not in self._scores))
+        if missing:
+            self._scores.update(zip(((query, t) for t in missing), self.model.score(query, missing, batch_size).tolist()))
+        return np.array([self._scores[(query, t)] for t in texts], dtype=np.float32)
+
+
 def run_queries(pipeline: SearchPipeline, ids: list[str], queries: dict[str, str], mode: str,
-                fusion: Fusion | None = None, hubness: HubnessChoice | None = None, k: int = 100, progress: bool = False):
-    """{query_id: {doc_id: score}} and the rankings (internal indices), in query order."""
+                fusion: Fusion | None = None, hubness: HubnessChoice | None = None, k: int = 100, progress: bool = False,
+                reranker: Reranker | None = None):
+    """{query_id: {doc_id: score}} and the rankings (internal indices), in query order.
+
+    With a reranker, its top `depth` replace the head of the first-stage top-k and the rest keep
+    their order below (scores shifted under the lowest reranker score), so recall@k stays comparable."""
     run, rankings = {}, []
     for qid, text in tqdm(queries.items(), desc=mode, unit=" q", disable=not progress):
-        result = pipeline.search(text, k=k, mode=mode, fusion=fusion, hubness=hubness or HubnessChoice())
-        run[qid] = {ids[int(i)]: float(s) for i, s in zip(result.ranking.doc_idx, result.ranking.scores)}
-        rankings.append(result.ranking)
+        ranking = pipeline.search(text, k=k, mode=mode, fusion=fusion, hubness=hubness or HubnessChoice(), rerank=False).ranking
+        if reranker is not None:
+            ranking = _rerank_head(reranker, text, ranking)
+        run[qid] = {ids[int(i)]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+        rankings.append(ranking)
     return run, rankings
+
+
+def _rerank_head(reranker: Reranker, query: str, ranking: Ranking) -> Ranking:
+    depth = reranker.options.depth
+    head = reranker.rerank(query, ranking.head(depth)).ranking
+    tail = ranking.scores[depth:]
+    if not len(tail):
+        return head
+    shifted = tail - tail.max() + float(head.scores.min()) - 1.0
+    return Ranking(np.concatenate([head.doc_idx, ranking.doc_idx[depth:]]), np.concatenate([head.scores, shifted]))

@@ -21,6 +21,7 @@ from evaluation.report import (
     write_trec_run,
 )
 from evaluation.runner import (
+    CachedScorer,
     doc_ids,
     hubness_pipelines,
     parse_pipeline,
@@ -30,8 +31,10 @@ from evaluation.runner import (
 from evaluation.tuning import tune_index
 from indexer.corpus import split_queries
 from indexer.store import open_index
+from models.cross_encoder import load_cross_encoder
 from search.hubness import hubness_stats, k_occurrence
 from search.ranking import Ranking
+from search.rerank import DEFAULT_RERANK_DEPTH, Reranker, RerankOptions
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,8 @@ class EvalConfig:
     tune: bool = True
     k: int = 100
     progress: bool = True
+    reranker: str | None = None  # for `+rerank` pipelines: a cross-encoder folder or name
+    rerank_depth: int = DEFAULT_RERANK_DEPTH
 
 
 def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool) -> str | None:
@@ -61,10 +66,11 @@ def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, prog
     return None
 
 
-def _cache_key(manifest: dict, spec: str, queries: dict, k: int) -> str:
-    """Everything a run depends on: index files, its default fusion and hubness, pipeline, queries, depth."""
+def _cache_key(manifest: dict, spec: str, queries: dict, k: int, reranker: dict | None = None) -> str:
+    """Everything a run depends on: index files, its default fusion and hubness, pipeline, queries, depth, reranker."""
     signature = {"files": {f: v["sha256"] for f, v in manifest["files"].items()}, "fusion": manifest["fusion"].get("default"),
-                 "hubness": manifest.get("hubness", {}).get("params"), "spec": spec, "queries": sorted(queries.items()), "k": k}
+                 "hubness": manifest.get("hubness", {}).get("params"), "spec": spec, "queries": sorted(queries.items()), "k": k,
+                 "reranker": reranker}
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -79,6 +85,29 @@ def _cached_run(cache: Path | None, key: str, compute):
         tmp.write_text(json.dumps({"run": run, "rankings": [r.doc_idx.tolist() for r in rankings]}))
         tmp.replace(path)
     return run, rankings
+
+
+class _Rerankers:
+    """One cross-encoder per precision, loaded on first use and sharing scores across pipelines."""
+
+    def __init__(self, config: EvalConfig, index):
+        self.config, self.index, self._loaded = config, index, {}
+
+    def identity(self, precision: str | None) -> dict | None:
+        if precision is None:
+            return None
+        model = self.get(precision).options.model.model
+        return {"config": getattr(model, "config", None), "precision": precision, "depth": self.config.rerank_depth}
+
+    def get(self, precision: str | None) -> Reranker | None:
+        if precision is None:
+            return None
+        if not self.config.reranker:
+            raise ValueError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
+        if precision not in self._loaded:
+            model = CachedScorer(load_cross_encoder(self.config.reranker, precision=precision))
+            self._loaded[precision] = Reranker(RerankOptions(model, depth=self.config.rerank_depth), self.index.doc_text)
+        return self._loaded[precision]
 
 
 def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Path | None = None) -> dict:
@@ -96,13 +125,16 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     report = {"dataset": dataset.name, "split": config.split, "queries": len(queries), "index": str(index_dir),
               "tuned_on": tuned_on or index.manifest["fusion"].get("tuning", {}).get("qrels"), "pipelines": {}}
     per_query = {}
+    rerankers = _Rerankers(config, index)
     for spec in dict.fromkeys(specs):
-        mode, fusion, hubness = parse_pipeline(spec)
+        mode, fusion, hubness, precision = parse_pipeline(spec)
 
         def compute():
-            return run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=config.k, progress=config.progress)
+            return run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=config.k, progress=config.progress,
+                               reranker=rerankers.get(precision))
 
-        run, rankings = _cached_run(cache, _cache_key(index.manifest, spec, queries, config.k), compute)
+        key = _cache_key(index.manifest, spec, queries, config.k, rerankers.identity(precision))
+        run, rankings = _cached_run(cache, key, compute)
         per_query[spec] = per_query_scores(run, qrels)
         report["pipelines"][spec] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[spec].items()}
         report["pipelines"][spec]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]

@@ -12,7 +12,7 @@ from app.settings import Settings
 from indexer.store import open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
 from search.pipeline import SearchError
-from search.rerank import RerankOptions
+from search.rerank import Reranker, RerankOptions
 
 
 class LengthScorer:
@@ -149,3 +149,28 @@ def test_batching_wrappers_match_the_models(index):
     np.testing.assert_allclose(BatchingEmbedder(index.embedder).encode(texts), index.embedder.encode(texts), atol=1e-5)
     scorer = BatchingCrossEncoder(LengthScorer())
     np.testing.assert_array_equal(scorer.score("q", texts), LengthScorer().score("q", texts))
+
+
+def test_evaluation_reranks_the_head_and_keeps_the_tail(index, pipeline):
+    from evaluation.runner import CachedScorer, doc_ids, run_queries
+
+    class Counting(LengthScorer):
+        pairs = 0
+
+        def score(self, query, texts, batch_size=32):
+            Counting.pairs += len(texts)
+            return super().score(query, texts)
+
+    scorer = CachedScorer(Counting())
+    reranker = Reranker(RerankOptions(scorer, depth=10), index.doc_text)
+    queries = {"q1": "vitamin D deficiency", "q2": "smoking"}
+    ids = doc_ids(index)
+    run, rankings = run_queries(pipeline, ids, queries, "bm25", k=30, reranker=reranker)
+    for qid, ranking in zip(queries, rankings):
+        first = pipeline.search(queries[qid], k=30, mode="bm25", rerank=False).ranking
+        assert sorted(ranking.doc_idx[:10].tolist()) == sorted(first.doc_idx[:10].tolist())
+        assert ranking.doc_idx[10:].tolist() == first.doc_idx[10:].tolist()
+        assert (np.diff(ranking.scores) <= 0).all() and len(run[qid]) == len(first)
+    assert Counting.pairs == 10 + min(10, len(rankings[1]))
+    run_queries(pipeline, ids, queries, "bm25", k=30, reranker=reranker)
+    assert Counting.pairs == 10 + min(10, len(rankings[1]))  # every pair came from the cache

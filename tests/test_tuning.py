@@ -60,10 +60,12 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
 
 def test_pipeline_specs():
     none = HubnessChoice()
-    assert parse_pipeline("bm25") == ("bm25", None, none)
-    assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0), none)
-    assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"), none)
-    assert parse_pipeline("dense+qbnorm:dis") == ("dense", None, HubnessChoice("qbnorm", True))
+    assert parse_pipeline("bm25") == ("bm25", None, none, None)
+    assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0), none, None)
+    assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"), none, None)
+    assert parse_pipeline("dense+qbnorm:dis") == ("dense", None, HubnessChoice("qbnorm", True), None)
+    assert parse_pipeline("hybrid+rerank") == ("hybrid", None, none, "fp32")
+    assert parse_pipeline("bm25+rerank:int8") == ("bm25", None, none, "int8")
     with pytest.raises(ValueError, match="valid: qbnorm, dbnorm"):
         parse_pipeline("dense+csls")
     with pytest.raises(ValueError, match="valid: bm25, dense, hybrid"):
