@@ -230,6 +230,13 @@ def cmd_hubness_report(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from evaluation.accel_bench import (
+        batching_tradeoff,
+        embedding_throughput,
+        faiss_cpu_vs_gpu,
+        query_embedding_latency,
+        rerank_latency,
+    )
     from evaluation.bench import (
         ann_comparison,
         bm25_throughput,
@@ -253,6 +260,14 @@ def cmd_bench(args) -> int:
     if index.hubness is not None:
         report["hubness_overhead"] = hubness_overhead(index, texts)
     report["dense_indexes"] = ann_comparison(index, texts)
+    report["query_embedding"] = query_embedding_latency(index, texts)
+    report["embedding_throughput"] = embedding_throughput(index)
+    if args.batching_seconds > 0:
+        report["batching"] = batching_tradeoff(index, texts, seconds=args.batching_seconds)
+    if args.reranker:
+        report["rerank_latency"] = rerank_latency(index, args.reranker, texts, device="cpu")
+    if args.faiss_vectors:
+        report["faiss_cpu_vs_gpu"] = faiss_cpu_vs_gpu(args.faiss_vectors)
     report["http"] = http_load(args.index, texts, requests_per_level=args.http_requests)
     build = index.manifest["build"]
     report["build"] = {"documents_per_s": round(index.num_docs / build["total_s"], 1), "total_s": build["total_s"],
@@ -402,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test")
     p.add_argument("--out", type=Path, help="write the JSON report here")
     p.add_argument("--http-requests", type=int, default=400, help="HTTP requests per concurrency level (loopback)")
+    p.add_argument("--reranker", help="also time reranking the top 50: torch vs ONNX fp32 vs ONNX int8")
+    p.add_argument("--batching-seconds", type=float, default=10.0, help="per load level of the batching trade-off (0: skip)")
+    p.add_argument("--faiss-vectors", type=int, default=0, help="also FAISS flat/IVF search on N random vectors, CPU vs GPU (0: skip)")
     p.add_argument("--device", choices=devices, default="auto")
     p.set_defaults(func=cmd_bench)
 
