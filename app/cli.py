@@ -80,6 +80,12 @@ def _open(path, device="auto", verify="size"):
 
 def cmd_search(args) -> int:
     index, pipeline = _open(args.index, args.device)
+    if args.reranker:
+        from models.cross_encoder import load_cross_encoder
+        from search.rerank import RerankOptions
+
+        model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
+        pipeline = index.pipeline(rerank=RerankOptions(model, name=args.reranker))
     result = pipeline.search(args.query, k=args.k, mode=args.mode)
     hits = []
     for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
@@ -266,6 +272,8 @@ def cmd_bench(args) -> int:
         report["batching"] = batching_tradeoff(index, texts, seconds=args.batching_seconds)
     if args.reranker:
         report["rerank_latency"] = rerank_latency(index, args.reranker, texts, device="cpu")
+        record = Path(args.reranker) / "training.json"
+        report["reranker_training"] = json.loads(record.read_text()) if record.is_file() else None
     if args.faiss_vectors:
         report["faiss_cpu_vs_gpu"] = faiss_cpu_vs_gpu(args.faiss_vectors)
     report["http"] = http_load(args.index, texts, requests_per_level=args.http_requests)
@@ -337,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("bm25", "dense", "hybrid"), default="hybrid")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--reranker", help="rerank the top 50 with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
+    p.add_argument("--reranker-precision", choices=("fp32", "int8"), default="fp32")
     p.add_argument("--device", choices=devices, default="auto")
     p.set_defaults(func=cmd_search)
 

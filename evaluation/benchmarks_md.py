@@ -135,9 +135,62 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
                   f"{memory['dim']} (and a {memory['gallery']:,}-document gallery) peaked at {memory['peak_rss_mib']:.0f} MiB "
                   f"resident, inputs {memory['inputs_mib']:.0f} MiB, in {memory['fit_seconds']:.0f} s "
                   "(`python -m evaluation.hubness_memory`)."]
+    lines += _inference_sections(bench)
     lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval` and "
               "`hybrid bench` on scifact and regenerates this file.", ""]
     return "\n".join(lines)
+
+
+def _inference_sections(bench: dict) -> list[str]:
+    """Reranker training and latency, ONNX vs torch, batching, FAISS CPU vs GPU (issue: accelerated inference)."""
+    lines = []
+    training = bench.get("reranker_training")
+    if training:
+        data, seconds, loss = training["data"], training["seconds"], training["loss"]
+        lines += ["", "## Reranker (`hybrid train-reranker`)", "",
+                  f"Trained from `{training['base_model']['name']}` on {data['queries']} queries of the `{data['split']}` split "
+                  f"({data['groups']} groups of 1 positive + {training['options']['negatives']} hard negatives from the hybrid "
+                  f"top-{training['options']['mine_depth']}, {data['pairs']} pairs, max length {training['options']['max_length']} tokens, "
+                  f"{training['options']['epochs']} epoch, {training['steps']} steps) on {training['device']}: mining {seconds['mining']:.0f} s, "
+                  f"training {seconds['training']:.0f} s, ONNX export + int8 {seconds['export']:.0f} s. Listwise loss "
+                  f"{loss['first_10pct']:.3f} (first 10% of steps) -> {loss['last_10pct']:.3f} (last 10%); chance {loss['chance']:.3f}. "
+                  "Quality: the `+rerank` rows of the quality table (`:int8` = int8 ONNX weights)."]
+    rerank = bench.get("rerank_latency")
+    if rerank:
+        lines += ["", f"Reranking the hybrid top {rerank['depth']} of a query ({rerank['queries']} test queries, same candidates for "
+                  f"every backend, interleaved, {rerank['max_length']} tokens per pair, providers {rerank['providers']}):", "",
+                  "| backend | p50 ms | p95 ms | pairs/s at p50 |", "|---|---:|---:|---:|"]
+        for name in ("torch", "onnx_fp32", "onnx_int8"):
+            v = rerank[name]
+            lines.append(f"| {name} | {v['p50_ms']:.0f} | {v['p95_ms']:.0f} | {v['pairs_per_s']:.0f} |")
+    embedding = bench.get("query_embedding")
+    if embedding:
+        lines += ["", f"## Query embedding, one query at a time ({embedding['queries']} test queries, interleaved)", "",
+                  "| backend | p50 ms | p95 ms |", "|---|---:|---:|",
+                  f"| ONNX Runtime (served) | {embedding['onnx']['p50_ms']:.2f} | {embedding['onnx']['p95_ms']:.2f} |",
+                  f"| sentence-transformers (torch) | {embedding['torch']['p50_ms']:.2f} | {embedding['torch']['p95_ms']:.2f} |",
+                  "", f"torch / ONNX p50: {embedding['torch_over_onnx_p50']:.2f}x. Passage embedding throughput (indexing, "
+                  f"batch 32): {bench['embedding_throughput']['passages_per_s']:.1f} passages/s on {bench['embedding_throughput']['providers']}."]
+    batching = bench.get("batching")
+    if batching:
+        lines += ["", "## Micro-batching of concurrent queries (in-process hybrid search, k=10, closed loop)", "",
+                  "| variant | queries/s | p50 ms | p99 ms | mean batch |", "|---|---:|---:|---:|---:|"]
+        for name, v in batching.items():
+            lines.append(f"| {name} | {v['qps']:.1f} | {v['p50_ms']:.1f} | {v['p99_ms']:.1f} | {v.get('mean_batch', '')} |")
+        lines += ["", "Batched: concurrent requests' query embeddings share one model run (`HYBRID_BATCH_QUERIES`, on by default); "
+                  "a lone request runs at once, so batching adds no wait when the service is idle."]
+    faiss = bench.get("faiss_cpu_vs_gpu")
+    if faiss:
+        lines += ["", f"## FAISS search, {faiss['vectors']:,} random unit vectors of dimension {faiss['dimension']}, "
+                  f"{faiss['queries']} queries batched", "", "| index, device | queries/s | recall@10 vs flat | build s |",
+                  "|---|---:|---:|---:|"]
+        for name, v in faiss["results"].items():
+            if isinstance(v, dict):
+                lines.append(f"| {name} | {v['qps']:.0f} | {v['recall@10_vs_flat']:.4f} | {v['build_s']:.1f} |")
+        if not faiss["gpus"]:
+            lines += ["", "No GPU was visible to FAISS on this machine: GPU rows appear when `hybrid bench --faiss-vectors N` "
+                      "runs where one is (the same command)."]
+    return lines
 
 
 if __name__ == "__main__":

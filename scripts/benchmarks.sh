@@ -15,10 +15,16 @@ fi
 train=(--bank "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/train.tsv")
 beta=$(.venv/bin/hybrid hubness fit "$index" "${train[@]}" --method qbnorm --tune | sed -n 's/.*"beta": \([0-9.]*\).*/\1/p')
 .venv/bin/hybrid hubness fit "$index" "${train[@]}" --method dbnorm --beta "$beta" --tune
-.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$(dirname "$out")" --quiet
+# Cross-encoder reranker, fine-tuned on the train split with hard negatives from the hybrid retriever.
+reranker="${RERANKER:-models_out/scifact-reranker}"
+[ -f "$reranker/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" \
+  --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$reranker" --quiet
+.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$(dirname "$out")" --quiet \
+  --reranker "$reranker" --pipelines bm25,dense,hybrid,bm25+rerank,hybrid+rerank,hybrid+rerank:int8
 .venv/bin/hybrid hubness report "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/test.tsv" --out "$out/hubness"
 [ -f "$out/hubness_memory.json" ] || .venv/bin/python -m evaluation.hubness_memory > "$out/hubness_memory.json"
-.venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json"
+.venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json" \
+  --reranker "$reranker" --faiss-vectors "${FAISS_VECTORS:-1000000}"
 .venv/bin/python -m evaluation.load_test "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --clients 16 --seconds 60 > "$out/load_test.json"
 .venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" > docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md"

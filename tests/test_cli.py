@@ -41,3 +41,34 @@ def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_pa
     result = hybrid("serve", "--index", broken, "--port", free_port())
     assert result.returncode != 0
     assert "docs.jsonl does not match its checksum in the manifest (corrupted)" in result.stdout + result.stderr
+
+
+def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_index, tmp_path):
+    queries = write_jsonl(tmp_path / "queries.jsonl", [
+        {"_id": "q1", "text": "cat on a mat"}, {"_id": "q2", "text": "stock markets"}, {"_id": "q3", "text": "pet dog"}])
+    (tmp_path / "qrels").mkdir()
+    for split in ("train", "test"):
+        (tmp_path / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\nq3\td6\t1\n")
+    refused = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "test.tsv",
+                     "--out", tmp_path / "rr")
+    assert refused.returncode != 0 and "refusing to tune on" in refused.stderr and not (tmp_path / "rr").exists()
+
+    out = tmp_path / "rr"
+    result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
+                    "--out", out, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    record = json.loads((out / "training.json").read_text())
+    assert record["data"]["groups"] == 3 and record["data"]["pairs"] == 9 and record["steps"] == 1
+    assert {"model.onnx", "model.int8.onnx", "cross_encoder.json", "tokenizer.json"} <= {p.name for p in (out / "onnx").iterdir()}
+
+    from models.cross_encoder import OnnxCrossEncoder, load_cross_encoder
+
+    onnx = load_cross_encoder(out, device="cpu")
+    assert isinstance(onnx, OnnxCrossEncoder) and onnx.max_length == 32
+    texts = [d["title"] + " " + d["text"] for d in TINY_CORPUS]
+    torch_scores = load_cross_encoder(out, backend="torch", device="cpu").score("cat on a mat", texts)
+    assert abs(onnx.score("cat on a mat", texts) - torch_scores).max() < 2e-3
+
+    searched = hybrid("search", tiny_index, "cat on a mat", "--reranker", out, "--k", "3", "--json", "--device", "cpu")
+    assert searched.returncode == 0, searched.stderr
+    assert "rerank" in json.loads(searched.stdout)["timings_ms"]
