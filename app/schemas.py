@@ -64,7 +64,7 @@ class SearchRequest(_Strict):
     rerank: bool | None = Field(None, description="rerank the top rerank_depth candidates with the cross-encoder; "
                                 "default: the service's setting (on when a reranker is configured)")
     rerank_depth: int | None = Field(None, ge=1, le=MAX_RERANK_DEPTH,
-                                     description="candidates reranked (>= k); default: the service's, 50, or k if larger")
+                                     description="candidates reranked, raised to k if smaller (every returned hit is reranked); default: the service's, 50")
     explain: bool = Field(False, description="return every component of each hit's score")
     include_text: bool = Field(False, description="return each hit's text")
 

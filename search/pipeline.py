@@ -182,11 +182,9 @@ class SearchPipeline:
             return None
         if self.reranker is None:
             raise SearchError("rerank", "no reranker is configured (set HYBRID_RERANKER); use false")
-        if depth is None:
-            return max(k, self.reranker.options.depth)
-        if not k <= depth <= MAX_RERANK_DEPTH:
-            raise SearchError("rerank_depth", f"must be between k ({k}) and {MAX_RERANK_DEPTH}, got {depth}")
-        return depth
+        if depth is not None and not 1 <= depth <= MAX_RERANK_DEPTH:
+            raise SearchError("rerank_depth", f"must be between 1 and {MAX_RERANK_DEPTH}, got {depth}")
+        return max(k, self.reranker.options.depth if depth is None else depth)  # every returned hit is reranked
 
     @staticmethod
     def _validate(query, k, mode, depth) -> None:

@@ -13,18 +13,7 @@ from indexer.store import open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
 from search.pipeline import SearchError
 from search.rerank import Reranker, RerankOptions
-
-
-class LengthScorer:
-    """Scores a pair by the document's length: a reranking anyone can recompute by hand."""
-
-    max_length = 512
-
-    def score(self, query, texts, batch_size=32):
-        return self.score_pairs([(query, t) for t in texts])
-
-    def score_pairs(self, pairs, batch_size=32):
-        return np.array([len(t) / 100.0 for _, t in pairs], dtype=np.float32)
+from tests.conftest import LengthScorer
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +61,9 @@ def test_min_score_applies_to_the_reranker_score(pipeline):
 
 
 def test_bad_rerank_requests_name_the_field(index, pipeline):
-    with pytest.raises(SearchError, match="rerank_depth: must be between k"):
-        pipeline.search("cells", k=10, rerank_depth=5)
+    assert len(pipeline.search("cells", k=10, rerank_depth=5).reranked.ranking) == 10  # raised to k
+    with pytest.raises(SearchError, match="rerank_depth: must be between 1 and 200"):
+        pipeline.search("cells", k=10, rerank_depth=500)
     with pytest.raises(SearchError, match="rerank: no reranker is configured"):
         index.pipeline().search("cells", rerank=True)
     assert index.pipeline().search("cells").reranked is None  # no reranker: nothing to do by default
@@ -94,7 +84,9 @@ def test_http_rerank_and_explain(scifact_slice_index):
         for hit in body["hits"]:
             assert hit["explain"]["final"] == hit["explain"]["rerank"]["score"] == hit["score"]
             assert hit["explain"]["fused"] is not None
-        bad = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "rerank_depth": 3})
+        raised = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "rerank_depth": 3}).json()
+        assert raised["rerank"]["depth"] == 5
+        bad = client.post("/search", json={"query": "vitamin D", "rerank": True, "rerank_depth": 201})
         assert bad.status_code == 422 and "rerank_depth" in bad.text
 
 
