@@ -76,6 +76,24 @@ def _input_names(tokenizer) -> list[str]:
     return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
 
 
+def _with_head(model, head):
+    """`model` called with the tokenizer's inputs, its outputs turned into one tensor by `head(outputs, attention_mask)`."""
+    import torch
+
+    class Exported(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if token_type_ids is not None:
+                kwargs["token_type_ids"] = token_type_ids
+            return head(self.model(**kwargs), attention_mask)
+
+    return Exported()
+
+
 def _export_graph(module, tokenizer, sample, out: Path, output_name: str, input_names: list[str]) -> None:
     import torch
 
@@ -123,24 +141,16 @@ def _export_embedder(model: ResolvedModel, out: Path) -> None:
     input_names = _input_names(tokenizer)
     pooling = _pooling_mode(st_model)
 
-    class PooledEncoder(torch.nn.Module):
-        def __init__(self, auto_model):
-            super().__init__()
-            self.auto_model = auto_model
+    def pool(outputs, attention_mask):
+        hidden = outputs[0]
+        if pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
-        def forward(self, input_ids, attention_mask, token_type_ids=None):
-            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if token_type_ids is not None:
-                kwargs["token_type_ids"] = token_type_ids
-            hidden = self.auto_model(**kwargs)[0]
-            if pooling == "cls":
-                pooled = hidden[:, 0]
-            else:
-                mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-            return torch.nn.functional.normalize(pooled, p=2, dim=1)
-
-    _export_graph(PooledEncoder(transformer.auto_model), tokenizer, (["an example sentence", "another one"],),
+    _export_graph(_with_head(transformer.auto_model, pool), tokenizer, (["an example sentence", "another one"],),
                   out, "embedding", input_names)
     _optimize_and_quantize(out, transformer.auto_model.config)
     config = {
@@ -158,7 +168,6 @@ def _export_embedder(model: ResolvedModel, out: Path) -> None:
 
 
 def _export_cross_encoder(model: ResolvedModel, out: Path) -> None:
-    import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model.path))
@@ -166,18 +175,7 @@ def _export_cross_encoder(model: ResolvedModel, out: Path) -> None:
     input_names = _input_names(tokenizer)
     max_length = trained_max_length(model.path) or _positions_max_length(tokenizer, classifier.config)
 
-    class Logits(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner = inner
-
-        def forward(self, input_ids, attention_mask, token_type_ids=None):
-            kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if token_type_ids is not None:
-                kwargs["token_type_ids"] = token_type_ids
-            return self.inner(**kwargs).logits
-
-    _export_graph(Logits(classifier), tokenizer, (["a query", "another query"], ["a passage", "a longer passage here"]),
+    _export_graph(_with_head(classifier, lambda outputs, _: outputs.logits), tokenizer, (["a query", "another query"], ["a passage", "a longer passage here"]),
                   out, "logits", input_names)
     _optimize_and_quantize(out, classifier.config)
     config = {
