@@ -41,3 +41,17 @@ def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_pa
     result = hybrid("serve", "--index", broken, "--port", free_port())
     assert result.returncode != 0
     assert "docs.jsonl does not match its checksum in the manifest (corrupted)" in result.stdout + result.stderr
+
+
+def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, capsys):
+    from app.cli import main
+
+    corpus, out = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS), tmp_path / "index"
+    index = ["index", str(corpus), "--out", str(out), "--skip-if-current", "--quiet"]
+    assert main(index) == 0 and "indexed 6 documents" in capsys.readouterr().out
+    built = (out / "manifest.json").stat()
+    assert main(index) == 0 and "build skipped" in capsys.readouterr().out
+    assert (out / "manifest.json").stat().st_ino == built.st_ino
+
+    write_jsonl(corpus, TINY_CORPUS[:3])
+    assert main(index) == 0 and "indexed 3 documents" in capsys.readouterr().out
