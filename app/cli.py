@@ -38,9 +38,25 @@ def _build_options(args):
     )
 
 
+def _index_is_current(corpus: Path, out: Path) -> bool:
+    """`out` is an intact index built from a corpus with the checksum `corpus` has now."""
+    from indexer.corpus import corpus_file
+    from indexer.store import IndexOpenError, read_manifest, sha256_file, verify_files
+
+    try:
+        manifest = read_manifest(out)
+        verify_files(out, manifest, "size")
+    except IndexOpenError:
+        return False
+    return manifest["corpus"].get("sha256") == sha256_file(corpus_file(corpus))
+
+
 def cmd_index(args) -> int:
     from indexer.build import build_index
 
+    if args.skip_if_current and _index_is_current(args.corpus, args.out):
+        print(f"{args.out} is current (same corpus checksum): build skipped")
+        return 0
     started = time.perf_counter()
     manifest = build_index(args.corpus, args.out, _build_options(args))
     wall = time.perf_counter() - started
@@ -327,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("corpus", type=Path)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--device", choices=devices, default="auto", help="FAISS / ONNX device")
+    p.add_argument("--skip-if-current", action="store_true",
+                   help="do nothing when --out already holds an index of this corpus (same sha256; build options are not compared)")
     _add_build_flags(p)
     p.set_defaults(func=cmd_index)
 

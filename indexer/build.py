@@ -151,7 +151,7 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
             "builder_version": BUILDER_VERSION,
             "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "versions": _versions(),
-            "corpus": {"source": str(source), "bytes": source.stat().st_size},
+            "corpus": {"source": str(source), "bytes": source.stat().st_size, "sha256": store.sha256_file(source)},
             "counts": {"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
             "analyzer": options.analyzer.to_dict(),
             "bm25": {"engine": "bm25s", **options.bm25.to_dict()},

@@ -72,3 +72,17 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
     searched = hybrid("search", tiny_index, "cat on a mat", "--reranker", out, "--k", "3", "--json", "--device", "cpu")
     assert searched.returncode == 0, searched.stderr
     assert "rerank" in json.loads(searched.stdout)["timings_ms"]
+
+
+def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, capsys):
+    from app.cli import main
+
+    corpus, out = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS), tmp_path / "index"
+    index = ["index", str(corpus), "--out", str(out), "--skip-if-current", "--quiet"]
+    assert main(index) == 0 and "indexed 6 documents" in capsys.readouterr().out
+    built = (out / "manifest.json").stat()
+    assert main(index) == 0 and "build skipped" in capsys.readouterr().out
+    assert (out / "manifest.json").stat().st_ino == built.st_ino
+
+    write_jsonl(corpus, TINY_CORPUS[:3])
+    assert main(index) == 0 and "indexed 3 documents" in capsys.readouterr().out
