@@ -26,10 +26,20 @@ from search.rerank import RerankOptions
 logger = logging.getLogger(__name__)
 
 
+def _on_gpu(model) -> bool:
+    return "CUDAExecutionProvider" in getattr(model, "providers", ())
+
+
 def _parallel_legs(settings: Settings, index: OpenIndex) -> bool:
     if settings.parallel_legs != "auto":
         return settings.parallel_legs == "on"
-    return "CUDAExecutionProvider" in getattr(index.embedder, "providers", ())
+    return _on_gpu(index.embedder)
+
+
+def _batch_queries(settings: Settings, index: OpenIndex) -> bool:
+    if settings.batch_queries != "auto":
+        return settings.batch_queries == "on"
+    return _on_gpu(index.embedder)
 
 
 def _reload_on_sighup(app: FastAPI) -> None:
@@ -62,7 +72,8 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
             opened = open_index(settings.index, verify=settings.verify, device=settings.device)
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
-        app.state.reloader = Reloader(app, settings, executor, rerank or rerank_options(settings))
+        batch = _batch_queries(settings, opened)
+        app.state.reloader = Reloader(app, settings, executor, rerank or rerank_options(settings, batch), batch)
         app.state.reloader.open(opened)
         _reload_on_sighup(app)
         yield

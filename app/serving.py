@@ -22,14 +22,14 @@ class Serving:
     pipeline: SearchPipeline
 
 
-def rerank_options(settings) -> RerankOptions | None:
+def rerank_options(settings, batch: bool = False) -> RerankOptions | None:
     """The reranker the settings name, loaded once for the life of the service (reloads keep it)."""
     if not settings.reranker:
         return None
     from models.cross_encoder import load_cross_encoder
 
     model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision)
-    if settings.batch_queries:
+    if batch:
         model = BatchingCrossEncoder(model)
     logger.info("reranking with %s (%s) on the top %d by default=%s", settings.reranker, settings.reranker_precision,
                 settings.rerank_depth, settings.rerank_by_default)
@@ -47,12 +47,12 @@ class Reloader:
     the last of them finishes. A failed reload leaves the current index in service.
     """
 
-    def __init__(self, app, settings, executor=None, rerank: RerankOptions | None = None):
-        self.app, self.settings, self.executor, self.rerank = app, settings, executor, rerank
+    def __init__(self, app, settings, executor=None, rerank: RerankOptions | None = None, batch: bool = False):
+        self.app, self.settings, self.executor, self.rerank, self.batch = app, settings, executor, rerank, batch
         self._lock = threading.Lock()
 
     def open(self, index: OpenIndex) -> Serving:
-        embedder = BatchingEmbedder(index.embedder) if self.settings.batch_queries else None
+        embedder = BatchingEmbedder(index.embedder) if self.batch else None
         pipeline = index.pipeline(depth=self.settings.depth, executor=self.executor, rerank=self.rerank, embedder=embedder)
         serving = Serving(index, pipeline)
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic

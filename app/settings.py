@@ -32,5 +32,6 @@ class Settings(BaseSettings):
     reranker_precision: Literal["fp32", "int8"] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
     rerank_depth: int = Field(50, ge=1, le=200, description="candidates reranked when a request does not say")
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
-    batch_queries: bool = Field(True, description="coalesce concurrent requests' query embedding and reranking into shared "
-                                "model runs (docs/BENCHMARKS.md has the trade-off)")
+    batch_queries: Literal["auto", "on", "off"] = Field(
+        "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
+        "when the models run on a GPU (on a 2-core CPU it halved throughput: docs/BENCHMARKS.md)")

@@ -177,8 +177,10 @@ def _inference_sections(bench: dict) -> list[str]:
                   "| variant | queries/s | p50 ms | p99 ms | mean batch |", "|---|---:|---:|---:|---:|"]
         for name, v in batching.items():
             lines.append(f"| {name} | {v['qps']:.1f} | {v['p50_ms']:.1f} | {v['p99_ms']:.1f} | {v.get('mean_batch', '')} |")
-        lines += ["", "Batched: concurrent requests' query embeddings share one model run (`HYBRID_BATCH_QUERIES`, on by default); "
-                  "a lone request runs at once, so batching adds no wait when the service is idle."]
+        lines += ["", "Batched: concurrent requests' query embeddings share one model run, one run at a time; a lone request "
+                  "runs at once. On a CPU whose cores ONNX Runtime already fills, serialising the runs costs more than "
+                  "batching saves (compare the rows), so `HYBRID_BATCH_QUERIES=auto` batches only when the models run on a GPU, "
+                  "where one batched run replaces many small kernel launches."]
     faiss = bench.get("faiss_cpu_vs_gpu")
     if faiss:
         lines += ["", f"## FAISS search, {faiss['vectors']:,} random unit vectors of dimension {faiss['dimension']}, "

@@ -166,3 +166,13 @@ def test_evaluation_reranks_the_head_and_keeps_the_tail(index, pipeline):
     assert Counting.pairs == 10 + min(10, len(rankings[1]))
     run_queries(pipeline, ids, queries, "bm25", k=30, reranker=reranker)
     assert Counting.pairs == 10 + min(10, len(rankings[1]))  # every pair came from the cache
+
+
+def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
+    for setting, batched in (("auto", False), ("on", True), ("off", False)):
+        app = create_app(Settings(index=scifact_slice_index, device="cpu", batch_queries=setting),
+                         rerank=RerankOptions(LengthScorer(), depth=10, name="length"))
+        with TestClient(app) as client:
+            assert isinstance(app.state.serving.pipeline.embedder, BatchingEmbedder) == batched
+            body = client.post("/search", json={"query": "vitamin D", "k": 3}).json()
+            assert body["rerank"]["depth"] == 10 and len(body["hits"]) == 3
