@@ -34,4 +34,4 @@ class Settings(BaseSettings):
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
     batch_queries: Literal["auto", "on", "off"] = Field(
         "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
-        "when the models run on a GPU (on a 2-core CPU it halved throughput: docs/BENCHMARKS.md)")
+        "when the models run on a GPU (on 2 CPU cores it cost 7-18% of throughput: docs/BENCHMARKS.md)")

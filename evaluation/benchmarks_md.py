@@ -183,7 +183,7 @@ def _inference_sections(bench: dict) -> list[str]:
                   "where one batched run replaces many small kernel launches."]
     faiss = bench.get("faiss_cpu_vs_gpu")
     if faiss:
-        lines += ["", f"## FAISS search, {faiss['vectors']:,} random unit vectors of dimension {faiss['dimension']}, "
+        lines += ["", f"## FAISS search, {faiss['vectors']:,} clustered synthetic unit vectors of dimension {faiss['dimension']}, "
                   f"{faiss['queries']} queries batched", "", "| index, device | queries/s | recall@10 vs flat | build s |",
                   "|---|---:|---:|---:|"]
         for name, v in faiss["results"].items():
