@@ -334,6 +334,8 @@ def _add_build_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from search.rerank import DEFAULT_RERANK_DEPTH
+
     parser = argparse.ArgumentParser(prog="hybrid", description="Hybrid BM25 + dense retrieval")
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -363,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("bm25", "dense", "hybrid"), default="hybrid")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--reranker", help="rerank the top 50 with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
+    p.add_argument("--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
     p.add_argument("--reranker-precision", choices=("fp32", "int8"), default="fp32")
     p.add_argument("--device", choices=devices, default="auto")
     p.set_defaults(func=cmd_search)
@@ -377,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: bm25, dense, hybrid (the index's default fusion), rrf:RRF_K, cc:NORM:ALPHA; append +qbnorm, +dbnorm[:dis] for hubness and +rerank[:int8] for the cross-encoder (--reranker)")
     p.add_argument("--all-hubness", action="store_true", help="also dense and hybrid with every hubness variant (needs `hybrid hubness fit`)")
     p.add_argument("--reranker", help="cross-encoder for `+rerank` pipelines (e.g. a `hybrid train-reranker` folder)")
-    p.add_argument("--rerank-depth", type=int, default=50, help="first-stage candidates the reranker reorders")
+    p.add_argument("--rerank-depth", type=int, default=DEFAULT_RERANK_DEPTH, help="first-stage candidates the reranker reorders")
     p.add_argument("--all-fusions", action="store_true", help="also every fusion the tuning record names (rrf 60, tuned rrf, each norm at its tuned alpha)")
     p.add_argument("--out", type=Path)
     p.add_argument("--device", choices=devices, default="auto")
@@ -445,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test")
     p.add_argument("--out", type=Path, help="write the JSON report here")
     p.add_argument("--http-requests", type=int, default=400, help="HTTP requests per concurrency level (loopback)")
-    p.add_argument("--reranker", help="also time reranking the top 50: torch vs ONNX fp32 vs ONNX int8")
+    p.add_argument("--reranker", help=f"also time reranking the top {DEFAULT_RERANK_DEPTH}: torch vs ONNX fp32 vs ONNX int8")
     p.add_argument("--batching-seconds", type=float, default=10.0, help="per load level of the batching trade-off (0: skip)")
     p.add_argument("--faiss-vectors", type=int, default=0, help="also FAISS flat/IVF search on N random vectors, CPU vs GPU (0: skip)")
     p.add_argument("--device", choices=devices, default="auto")

@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HYBRID_", extra="ignore")
@@ -30,7 +32,7 @@ class Settings(BaseSettings):
     reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
                                  "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
     reranker_precision: Literal["fp32", "int8"] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
-    rerank_depth: int = Field(50, ge=1, le=200, description="candidates reranked when a request does not say")
+    rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, ge=1, le=MAX_RERANK_DEPTH, description="candidates reranked when a request does not say")
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
     batch_queries: Literal["auto", "on", "off"] = Field(
         "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "

@@ -13,6 +13,7 @@ from evaluation.bench import percentiles
 from indexer.store import OpenIndex, torch_embedder_for_index
 from models.batching import BatchingEmbedder
 from search.dense import DenseIndex, FaissParams, build_faiss_index, gpu_count
+from search.rerank import DEFAULT_RERANK_DEPTH
 
 
 def _interleaved_ms(calls: dict, inputs: list, warmup: int = 3) -> dict[str, list[float]]:
@@ -51,7 +52,7 @@ def embedding_throughput(index: OpenIndex, n: int = 256, batch_size: int = 32) -
             "providers": getattr(index.embedder, "providers", None)}
 
 
-def rerank_latency(index: OpenIndex, reranker: str, queries: list[str], depth: int = 50, n: int = 20,
+def rerank_latency(index: OpenIndex, reranker: str, queries: list[str], depth: int = DEFAULT_RERANK_DEPTH, n: int = 20,
                    device: str = "cpu") -> dict:
     """Time to score the hybrid top-`depth` of a query: torch vs ONNX fp32 vs ONNX int8, same candidates."""
     from models.cross_encoder import load_cross_encoder

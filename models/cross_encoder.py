@@ -54,7 +54,6 @@ class OnnxCrossEncoder(_PairScorer):
         if int(self.config["num_labels"]) != 1:
             raise ValueError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")
         self.max_length = int(self.config["max_length"])
-        self.precision = precision
         self._inputs = list(self.config["inputs"])
         self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
                                          int(self.config["pad_token_id"]), self.config["pad_token"])

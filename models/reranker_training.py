@@ -12,6 +12,7 @@ time).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -21,8 +22,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-from indexer.corpus import indexed_text
 
 logger = logging.getLogger(__name__)
 
@@ -128,13 +127,7 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
     optimizer = torch.optim.AdamW(trainable, lr=options.learning_rate, weight_decay=options.weight_decay)
     steps = options.epochs * math.ceil(len(groups) / options.groups_per_step)
     scheduler = get_linear_schedule_with_warmup(optimizer, int(options.warmup * steps), steps)
-    text = {}
-
-    def doc_text(doc_idx: int) -> str:
-        if doc_idx not in text:
-            doc = index.docs.get(doc_idx)
-            text[doc_idx] = indexed_text(doc["title"], doc["text"])
-        return text[doc_idx]
+    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
 
     rng = random.Random(options.seed)
     group_size = 1 + options.negatives
