@@ -97,11 +97,11 @@ def _open(path, device="auto", verify="size"):
 def cmd_search(args) -> int:
     index, pipeline = _open(args.index, args.device)
     if args.reranker:
-        from models.cross_encoder import load_cross_encoder
+        from models.cross_encoder import load_cross_encoder, rerank_weight
         from search.rerank import RerankOptions
 
         model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
-        pipeline = index.pipeline(rerank=RerankOptions(model, name=args.reranker))
+        pipeline = index.pipeline(rerank=RerankOptions(model, name=args.reranker, weight=rerank_weight(args.reranker, args.rerank_weight)))
     result = pipeline.search(args.query, k=args.k, mode=args.mode)
     hits = []
     for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
@@ -181,7 +181,7 @@ def cmd_train_reranker(args) -> int:
     queries, qrels = _training_split(args.queries, args.qrels)
     options = TrainOptions(base_model=args.base_model, max_length=args.max_length, negatives=args.negatives,
                            mine_depth=args.mine_depth, epochs=args.epochs, groups_per_step=args.groups_per_step,
-                           learning_rate=args.lr, seed=args.seed, device=args.device)
+                           learning_rate=args.lr, dev_fraction=args.dev_fraction, seed=args.seed, device=args.device)
     index, _ = _open(args.index, args.device)
     record = train_reranker(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet)
     print(json.dumps(record, indent=2))
@@ -367,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
     p.add_argument("--reranker-precision", choices=("fp32", "int8"), default="fp32")
+    p.add_argument("--rerank-weight", type=float, help="interpolation weight of the cross-encoder (default: its tuned weight, else 1)")
     p.add_argument("--device", choices=devices, default="auto")
     p.set_defaults(func=cmd_search)
 
@@ -412,6 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--groups-per-step", type=int, default=defaults.groups_per_step, help="(positive + negatives) groups per batch")
     p.add_argument("--lr", type=float, default=defaults.learning_rate)
+    p.add_argument("--dev-fraction", type=float, default=defaults.dev_fraction,
+                   help="judged queries held out to tune the interpolation weight with the fused score (0: plain reranking)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--device", choices=devices, default="auto", help="training (and mining) device")
     p.add_argument("--quiet", action="store_true")

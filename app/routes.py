@@ -48,7 +48,7 @@ def search(body: SearchRequest, serving: ServingDep, request: Request) -> Search
         hubness = HubnessChoice(method=body.hubness or hubness.method, dynamic=hubness.dynamic if body.dynamic is None else body.dynamic)
     result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth,
                              fusion=body.fusion.to_domain() if body.fusion else None, min_score=body.min_score, hubness=hubness,
-                             rerank=body.rerank, rerank_depth=body.rerank_depth)
+                             rerank=body.rerank, rerank_depth=body.rerank_depth, rerank_weight=body.rerank_weight)
     request.app.state.metrics.observe_search(result.timings_ms)
     explain = body.explain and result.explainable
     hits = []
@@ -63,7 +63,8 @@ def search(body: SearchRequest, serving: ServingDep, request: Request) -> Search
         query=body.query, mode=body.mode, k=body.k, hits=hits,
         fusion=fusion_to_dict(result.fusion) if result.fusion else None,
         hubness={"method": hubness.method, "dynamic": hubness.dynamic} if body.mode != "bm25" else {"method": "none", "dynamic": False},
-        rerank={"model": pipeline.reranker.options.name, "depth": len(result.reranked.ranking)} if result.reranked else None,
+        rerank={"model": pipeline.reranker.options.name, "depth": len(result.reranked.ranking),
+                "weight": result.reranked.weight} if result.reranked else None,
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     )
 

@@ -65,6 +65,10 @@ class SearchRequest(_Strict):
                                 "default: the service's setting (on when a reranker is configured)")
     rerank_depth: int | None = Field(None, ge=1, le=MAX_RERANK_DEPTH,
                                      description="candidates reranked, raised to k if smaller (every returned hit is reranked); default: the service's, 50")
+    rerank_weight: FiniteFloat | None = Field(None, ge=0.0, le=1.0,
+                                        description="trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
+                                        "z-scored logit with the z-scored first-stage score; default: the service's (the weight "
+                                        "`hybrid train-reranker` tuned on held-out queries, else 1)")
     explain: bool = Field(False, description="return every component of each hit's score")
     include_text: bool = Field(False, description="return each hit's text")
 
@@ -86,13 +90,15 @@ class Component(BaseModel):
 
 
 class RerankComponent(BaseModel):
-    score: float = Field(description="cross-encoder logit (the final score)")
+    score: float = Field(description="cross-encoder logit")
+    weight: float = Field(description="interpolation weight: final = the logit when 1, else "
+                          "weight * zscore(logit) + (1 - weight) * zscore(first_stage_score) over the reranked candidates")
     first_stage_rank: int = Field(description="rank before reranking, from 1")
     first_stage_score: float = Field(description="score before reranking (fused, BM25 or cosine)")
 
 
 class Explanation(BaseModel):
-    final: float = Field(description="the hit's score: the reranker's when reranked, else the fused score")
+    final: float = Field(description="the hit's score: the reranking's (see rerank.weight) when reranked, else the fused score")
     rerank: RerankComponent | None = None
     fused: float | None = Field(None, description="hybrid: = bm25.contribution + dense.contribution")
     bm25: Component | None = None
@@ -114,7 +120,7 @@ class SearchResponse(BaseModel):
     k: int
     fusion: dict | None = Field(None, description="the fusion applied (hybrid mode)")
     hubness: dict = Field(description="the hubness correction applied to dense scores: method and dynamic")
-    rerank: dict | None = Field(None, description="the reranking applied: model and depth (null: not reranked)")
+    rerank: dict | None = Field(None, description="the reranking applied: model, depth and weight (null: not reranked)")
     hits: list[Hit]
     timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, rerank, total")
 

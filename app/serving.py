@@ -26,14 +26,16 @@ def rerank_options(settings, batch: bool = False) -> RerankOptions | None:
     """The reranker the settings name, loaded once for the life of the service (reloads keep it)."""
     if not settings.reranker:
         return None
-    from models.cross_encoder import load_cross_encoder
+    from models.cross_encoder import load_cross_encoder, rerank_weight
 
     model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision)
     if batch:
         model = BatchingCrossEncoder(model)
-    logger.info("reranking with %s (%s) on the top %d by default=%s", settings.reranker, settings.reranker_precision,
-                settings.rerank_depth, settings.rerank_by_default)
-    return RerankOptions(model, depth=settings.rerank_depth, by_default=settings.rerank_by_default, name=settings.reranker)
+    weight = rerank_weight(settings.reranker, settings.rerank_weight)
+    logger.info("reranking with %s (%s) on the top %d, weight %g, by default=%s", settings.reranker,
+                settings.reranker_precision, settings.rerank_depth, weight, settings.rerank_by_default)
+    return RerankOptions(model, depth=settings.rerank_depth, by_default=settings.rerank_by_default, name=settings.reranker,
+                         weight=weight)
 
 
 class ReloadInProgress(RuntimeError):

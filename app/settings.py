@@ -33,6 +33,9 @@ class Settings(BaseSettings):
                                  "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
     reranker_precision: Literal["fp32", "int8"] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
     rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, ge=1, le=MAX_RERANK_DEPTH, description="candidates reranked when a request does not say")
+    rerank_weight: float | None = Field(None, ge=0.0, le=1.0, description="interpolation weight of the cross-encoder when a "
+                                        "request does not say (1: its logit alone); default: the weight `hybrid train-reranker` "
+                                        "tuned on held-out queries, else 1")
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
     batch_queries: Literal["auto", "on", "off"] = Field(
         "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from tqdm import tqdm
 
@@ -16,22 +18,47 @@ def doc_ids(index: OpenIndex) -> list[str]:
     return [index.docs.get(i)["id"] for i in range(index.num_docs)]
 
 
-def parse_pipeline(spec: str) -> tuple[str, Fusion | None, HubnessChoice, str | None]:
+@dataclass(frozen=True)
+class RerankChoice:
+    precision: str = "fp32"  # fp32 | int8 (ONNX weights)
+    weight: float | None = None  # interpolation weight; None: the model's tuned weight, else 1
+
+
+def parse_pipeline(spec: str) -> tuple[str, Fusion | None, HubnessChoice, RerankChoice | None]:
     """`bm25`, `dense`, `hybrid` (index default), `rrf[:RRF_K]` or `cc:NORM:ALPHA`, optionally followed by
-    `+qbnorm`, `+dbnorm`, `+qbnorm:dis`, `+dbnorm:dis` (hubness correction) and `+rerank[:fp32|int8]`
-    (cross-encoder) -> (mode, fusion, hubness, reranker precision or None)."""
+    `+qbnorm`, `+dbnorm`, `+qbnorm:dis`, `+dbnorm:dis` (hubness correction) and
+    `+rerank[:int8][:w=WEIGHT]` (cross-encoder) -> (mode, fusion, hubness, rerank or None)."""
     spec, *extras = spec.split("+")
     hubness, rerank = HubnessChoice(), None
     for extra in extras:
         method, _, variant = extra.partition(":")
-        if method == "rerank" and variant in ("", "fp32", "int8"):
-            rerank = variant or "fp32"
+        if method == "rerank":
+            rerank = _parse_rerank(variant, extra)
         elif method in ("qbnorm", "dbnorm") and variant in ("", "dis"):
             hubness = HubnessChoice(method, variant == "dis")
         else:
-            raise ValueError(f"unknown {extra!r} in pipeline; valid: qbnorm, dbnorm, qbnorm:dis, dbnorm:dis, rerank, rerank:int8")
+            raise ValueError(f"unknown {extra!r} in pipeline; valid: qbnorm, dbnorm, qbnorm:dis, dbnorm:dis, rerank[:int8][:w=WEIGHT]")
     mode, fusion = _parse_retrieval(spec)
     return mode, fusion, hubness, rerank
+
+
+def _parse_rerank(variant: str, extra: str) -> RerankChoice:
+    precision, weight = "fp32", None
+    for part in filter(None, variant.split(":")):
+        if part in ("fp32", "int8"):
+            precision = part
+        elif part.startswith("w=") and _is_unit_float(part[2:]):
+            weight = float(part[2:])
+        else:
+            raise ValueError(f"unknown {part!r} in {extra!r}; valid: rerank, rerank:int8, rerank:w=WEIGHT (0 to 1), rerank:int8:w=WEIGHT")
+    return RerankChoice(precision, weight)
+
+
+def _is_unit_float(text: str) -> bool:
+    try:
+        return 0.0 <= float(text) <= 1.0
+    except ValueError:
+        return False
 
 
 def hubness_pipelines() -> list[str]:
@@ -79,7 +106,7 @@ class CachedScorer:
 
 def run_queries(pipeline: SearchPipeline, ids: list[str], queries: dict[str, str], mode: str,
                 fusion: Fusion | None = None, hubness: HubnessChoice | None = None, k: int = 100, progress: bool = False,
-                reranker: Reranker | None = None):
+                reranker: Reranker | None = None, rerank_weight: float | None = None):
     """{query_id: {doc_id: score}} and the rankings (internal indices), in query order.
 
     With a reranker, its top `depth` replace the head of the first-stage top-k and the rest keep
@@ -88,15 +115,15 @@ def run_queries(pipeline: SearchPipeline, ids: list[str], queries: dict[str, str
     for qid, text in tqdm(queries.items(), desc=mode, unit=" q", disable=not progress):
         ranking = pipeline.search(text, k=k, mode=mode, fusion=fusion, hubness=hubness or HubnessChoice(), rerank=False).ranking
         if reranker is not None:
-            ranking = _rerank_head(reranker, text, ranking)
+            ranking = _rerank_head(reranker, text, ranking, rerank_weight)
         run[qid] = {ids[int(i)]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
         rankings.append(ranking)
     return run, rankings
 
 
-def _rerank_head(reranker: Reranker, query: str, ranking: Ranking) -> Ranking:
+def _rerank_head(reranker: Reranker, query: str, ranking: Ranking, weight: float | None) -> Ranking:
     depth = reranker.options.depth
-    head = reranker.rerank(query, ranking.head(depth)).ranking
+    head = reranker.rerank(query, ranking.head(depth), weight).ranking
     tail = ranking.scores[depth:]
     if not len(tail):
         return head

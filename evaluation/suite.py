@@ -22,6 +22,7 @@ from evaluation.report import (
 )
 from evaluation.runner import (
     CachedScorer,
+    RerankChoice,
     doc_ids,
     hubness_pipelines,
     parse_pipeline,
@@ -31,7 +32,7 @@ from evaluation.runner import (
 from evaluation.tuning import tune_index
 from indexer.corpus import split_queries
 from indexer.store import open_index
-from models.cross_encoder import load_cross_encoder
+from models.cross_encoder import load_cross_encoder, rerank_weight
 from search.hubness import hubness_stats, k_occurrence
 from search.ranking import Ranking
 from search.rerank import DEFAULT_RERANK_DEPTH, Reranker, RerankOptions
@@ -93,21 +94,25 @@ class _Rerankers:
     def __init__(self, config: EvalConfig, index):
         self.config, self.index, self._loaded = config, index, {}
 
-    def identity(self, precision: str | None) -> dict | None:
-        if precision is None:
+    def identity(self, choice: RerankChoice | None) -> dict | None:
+        if choice is None:
             return None
-        model = self.get(precision).options.model.model
-        return {"config": getattr(model, "config", None), "precision": precision, "depth": self.config.rerank_depth}
+        model = self.get(choice).options.model.model
+        return {"config": getattr(model, "config", None), "precision": choice.precision, "depth": self.config.rerank_depth,
+                "weight": self.weight(choice)}
 
-    def get(self, precision: str | None) -> Reranker | None:
-        if precision is None:
+    def weight(self, choice: RerankChoice) -> float:
+        return rerank_weight(self.config.reranker, choice.weight)
+
+    def get(self, choice: RerankChoice | None) -> Reranker | None:
+        if choice is None:
             return None
         if not self.config.reranker:
             raise ValueError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
-        if precision not in self._loaded:
-            model = CachedScorer(load_cross_encoder(self.config.reranker, precision=precision))
-            self._loaded[precision] = Reranker(RerankOptions(model, depth=self.config.rerank_depth), self.index.doc_text)
-        return self._loaded[precision]
+        if choice.precision not in self._loaded:
+            model = CachedScorer(load_cross_encoder(self.config.reranker, precision=choice.precision))
+            self._loaded[choice.precision] = Reranker(RerankOptions(model, depth=self.config.rerank_depth), self.index.doc_text)
+        return self._loaded[choice.precision]
 
 
 def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Path | None = None) -> dict:
@@ -127,13 +132,13 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     per_query = {}
     rerankers = _Rerankers(config, index)
     for spec in dict.fromkeys(specs):
-        mode, fusion, hubness, precision = parse_pipeline(spec)
+        mode, fusion, hubness, rerank = parse_pipeline(spec)
 
         def compute():
             return run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=config.k, progress=config.progress,
-                               reranker=rerankers.get(precision))
+                               reranker=rerankers.get(rerank), rerank_weight=rerankers.weight(rerank) if rerank else None)
 
-        key = _cache_key(index.manifest, spec, queries, config.k, rerankers.identity(precision))
+        key = _cache_key(index.manifest, spec, queries, config.k, rerankers.identity(rerank))
         run, rankings = _cached_run(cache, key, compute)
         per_query[spec] = per_query_scores(run, qrels)
         report["pipelines"][spec] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[spec].items()}

@@ -20,6 +20,7 @@ from models.batching import length_sorted
 from models.onnx_export import (
     CROSS_ENCODER_CONFIG,
     TOKENIZER_FILE,
+    TRAINING_RECORD,
     export_cross_encoder,
     model_file,
     trained_max_length,
@@ -108,3 +109,22 @@ def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: 
 
     logger.info("no ONNX export at %s: exporting (needs torch)", name_or_path)
     return OnnxCrossEncoder(export_cross_encoder(resolve_model(str(name_or_path))), device, precision=precision)
+
+
+def rerank_weight(name_or_path: str | Path, override: float | None = None) -> float:
+    """The interpolation weight to serve with: `override`, else the tuned one, else 1 (plain reranking)."""
+    if override is not None:
+        return override
+    tuned = tuned_weight(name_or_path)
+    return 1.0 if tuned is None else tuned
+
+
+def tuned_weight(name_or_path: str | Path) -> float | None:
+    """The interpolation weight `hybrid train-reranker` tuned on held-out queries (None: not ours or untuned)."""
+    path = Path(name_or_path).expanduser()
+    for folder in (path, path.parent) if path.name == ONNX_SUBDIR else (path,):  # the training folder or its onnx/ export
+        record = folder / TRAINING_RECORD
+        if record.is_file():
+            interpolation = json.loads(record.read_text()).get("interpolation") or {}
+            return interpolation.get("weight")
+    return None

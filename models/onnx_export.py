@@ -34,6 +34,7 @@ CROSS_ENCODER_CONFIG = "cross_encoder.json"
 POOLING_MODES = ("mean", "cls")
 OPSET = 17
 EXPORT_FORMAT = 2  # bump when the folder layout changes, so cached exports are redone
+TRAINING_RECORD = "training.json"  # written by `hybrid train-reranker`: recipe, losses, tuned interpolation
 
 
 def default_cache_dir() -> Path:
@@ -192,7 +193,7 @@ def _export_cross_encoder(model: ResolvedModel, out: Path) -> None:
 
 def trained_max_length(path: Path | str) -> int | None:
     """The pair length a `hybrid train-reranker` folder was trained with (None for other models)."""
-    record = Path(path) / "training.json"
+    record = Path(path) / TRAINING_RECORD
     return int(json.loads(record.read_text())["options"]["max_length"]) if record.is_file() else None
 
 

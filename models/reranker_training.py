@@ -1,13 +1,18 @@
 """`hybrid train-reranker`: fine-tune a cross-encoder on a labelled split, with hard negatives mined by
-our own hybrid retriever, and save a folder the service loads (torch weights + ONNX export).
+our own hybrid retriever, tune how much to trust it on held-out queries, and save a folder the
+service loads (torch weights + ONNX export + training.json).
 
-Recipe: for every judged (query, relevant document) pair, a group of that positive and
-`negatives` documents sampled from the hybrid top-`mine_depth` that the qrels do not mark relevant.
-The loss is listwise softmax cross-entropy over each group (the positive must outscore its own hard
-negatives), which suits small training sets better than pointwise BCE. The classifier head starts
-from scratch on top of the base model's encoder; the word embeddings are frozen (most of the
-parameters, little to gain from a few thousand pairs, and the optimiser step on them dominates CPU
-time).
+Recipe: the judged queries are split into train and dev (`dev_fraction`, by query). For every train
+(query, relevant document) pair, a group of that positive and `negatives` documents sampled from the
+hybrid top-`mine_depth` that the qrels do not mark relevant, sampled afresh every epoch. The loss is
+listwise softmax cross-entropy over each group (the positive must outscore its own hard negatives),
+which suits small training sets better than pointwise BCE. The classifier head starts from scratch
+on top of the base model's encoder; the word embeddings are frozen (most of the parameters, little to
+gain from a few thousand pairs, and the optimiser step on them dominates CPU time).
+
+Then the dev queries' hybrid top-`DEFAULT_RERANK_DEPTH` are scored by the exported model and the
+interpolation weight (search.rerank.interpolate) that maximises their nDCG@10 is recorded: a small
+domain reranker is rarely better than a tuned hybrid retriever on its own, but it can correct it.
 """
 
 from __future__ import annotations
@@ -23,23 +28,28 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from models.cross_encoder import ONNX_SUBDIR
+from models.onnx_export import TRAINING_RECORD
+from search.rerank import DEFAULT_RERANK_DEPTH
+
 logger = logging.getLogger(__name__)
 
-TRAINING_RECORD = "training.json"
+WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # interpolation weights tried on the dev queries
 
 
 @dataclass(frozen=True)
 class TrainOptions:
     base_model: str = "all-MiniLM-L6-v2"
     max_length: int = 128  # query + document tokens: title and the start of the abstract; CPU time grows ~linearly
-    negatives: int = 3  # hard negatives per positive
+    negatives: int = 7  # hard negatives per positive
     mine_depth: int = 30
-    epochs: int = 1
+    epochs: int = 2
     groups_per_step: int = 4
     learning_rate: float = 5e-5
     warmup: float = 0.1
     weight_decay: float = 0.01
     freeze_embeddings: bool = True
+    dev_fraction: float = 0.2  # judged queries held out to tune the interpolation weight (0: plain reranking)
     seed: int = 13
     device: str = "auto"
 
@@ -48,6 +58,8 @@ class TrainOptions:
             raise ValueError("need negatives >= 1 and mine_depth > negatives")
         if self.max_length < 16 or self.epochs < 1 or self.groups_per_step < 1:
             raise ValueError("max_length >= 16, epochs >= 1 and groups_per_step >= 1 are required")
+        if not 0.0 <= self.dev_fraction < 1.0:
+            raise ValueError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
 
 
 @dataclass(frozen=True)
@@ -57,29 +69,73 @@ class Group:
     negatives: tuple[int, ...]
 
 
-def mine_groups(index, queries: dict[str, str], qrels: dict[str, dict[str, int]], options: TrainOptions,
-                progress: bool = False) -> list[Group]:
-    """One group per judged positive: the positive and hard negatives from the hybrid top-`mine_depth`."""
+@dataclass(frozen=True)
+class MinedQuery:
+    query_id: str
+    positives: tuple[int, ...]  # document indices
+    pool: tuple[int, ...]  # hard-negative candidates: hybrid top-`mine_depth` minus every judged document
+
+
+def split_dev(queries: dict[str, str], qrels: dict[str, dict[str, int]], fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Judged queries with a relevant document, shuffled and split into (train, dev) by query."""
+    judged = sorted(q for q, rels in qrels.items() if q in queries and any(r > 0 for r in rels.values()))
+    random.Random(seed).shuffle(judged)
+    dev = max(1, round(fraction * len(judged))) if fraction > 0 and len(judged) > 1 else 0
+    return sorted(judged[dev:]), sorted(judged[:dev])
+
+
+def mine(index, queries: dict[str, str], qrels: dict[str, dict[str, int]], query_ids: list[str], mine_depth: int,
+         progress: bool = False) -> list[MinedQuery]:
+    """Each query's judged positives and its hard-negative pool from the hybrid top-`mine_depth`."""
     from tqdm import tqdm
 
     from evaluation.runner import doc_ids
 
     position = {doc_id: i for i, doc_id in enumerate(doc_ids(index))}
     pipeline = index.pipeline()
-    rng = random.Random(options.seed)
-    groups = []
-    for qid in tqdm(sorted(qrels), desc="mining negatives", disable=not progress):
-        positives = [position[d] for d, rel in sorted(qrels[qid].items()) if rel > 0 and d in position]
-        if qid not in queries or not positives:
+    mined = []
+    for qid in tqdm(query_ids, desc="mining negatives", disable=not progress):
+        positives = tuple(position[d] for d, rel in sorted(qrels[qid].items()) if rel > 0 and d in position)
+        if not positives:
             continue
         judged = {position[d] for d in qrels[qid] if d in position}
-        hits = pipeline.search(queries[qid], k=options.mine_depth).ranking.doc_idx.tolist()
-        pool = [d for d in hits if d not in judged]
-        if len(pool) < options.negatives:
-            continue
-        for positive in positives:
-            groups.append(Group(qid, positive, tuple(rng.sample(pool, options.negatives))))
-    return groups
+        hits = pipeline.search(queries[qid], k=mine_depth, rerank=False).ranking.doc_idx.tolist()
+        mined.append(MinedQuery(qid, positives, tuple(d for d in hits if d not in judged)))
+    return mined
+
+
+def sample_groups(mined: list[MinedQuery], negatives: int, rng: random.Random) -> list[Group]:
+    """One group per positive with `negatives` fresh samples from its query's pool (too small a pool: skipped)."""
+    return [Group(m.query_id, positive, tuple(rng.sample(m.pool, negatives)))
+            for m in mined if len(m.pool) >= negatives for positive in m.positives]
+
+
+def tune_interpolation(index, model, queries: dict[str, str], qrels: dict[str, dict[str, int]],
+                       depth: int = DEFAULT_RERANK_DEPTH) -> dict:
+    """nDCG@10 of the dev queries' hybrid top-`depth` reranked at every weight of WEIGHT_GRID, and the best.
+
+    Weight 0 orders like the first stage and weight 1 like the cross-encoder alone, so the record
+    shows what the reranker adds; ties go to the smaller weight (the first stage is the known quantity)."""
+    from evaluation.metrics import evaluate
+    from evaluation.runner import doc_ids
+    from search.rerank import interpolate
+
+    ids, pipeline = doc_ids(index), index.pipeline()
+    heads = []
+    for qid, text in queries.items():
+        head = pipeline.search(text, k=depth, rerank=False).ranking
+        heads.append((qid, head, model.score(text, [index.doc_text(int(i)) for i in head.doc_idx])))
+
+    def ndcg(weight: float) -> float:
+        run = {qid: {ids[int(i)]: float(s) for i, s in zip(head.doc_idx, interpolate(logits, head.scores, weight))}
+               for qid, head, logits in heads}
+        return evaluate(run, {q: qrels[q] for q in queries}, ("ndcg@10",))["ndcg@10"]
+
+    grid = {w: ndcg(w) for w in WEIGHT_GRID}
+    best = max(WEIGHT_GRID, key=lambda w: (grid[w], -w))
+    return {"weight": best, "normalisation": "zscore", "depth": depth,
+            "dev": {"queries": len(queries), "ndcg@10": {"first_stage": grid[0.0], "reranker_only": grid[1.0], "interpolated": grid[best]},
+                    "grid": {f"{w:g}": v for w, v in grid.items()}}}
 
 
 def _torch_device(device: str) -> str:
@@ -96,7 +152,8 @@ def _torch_device(device: str) -> str:
 
 def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
                    options: TrainOptions = TrainOptions(), split: str = "train", progress: bool = True) -> dict:
-    """Train, save to `out` (published atomically), export ONNX into `out/onnx`; return the training record."""
+    """Train, export ONNX into `out/onnx`, tune the interpolation weight on the dev queries, and
+    publish `out` atomically; return the training record."""
     import torch
     from tqdm import tqdm
     from transformers import (
@@ -105,17 +162,20 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
         get_linear_schedule_with_warmup,
     )
 
-    from models.cross_encoder import ONNX_SUBDIR
+    from models.cross_encoder import load_cross_encoder
     from models.onnx_export import export_cross_encoder
     from models.registry import ResolvedModel, resolve_model, weights_checksum
 
     started = time.perf_counter()
     out = Path(out)
     base = resolve_model(options.base_model)
-    groups = mine_groups(index, queries, qrels, options, progress)
+    train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
+    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
+    rng = random.Random(options.seed)
+    groups = sample_groups(mined, options.negatives, rng)
     if not groups:
-        raise ValueError("no training groups: no judged query has a relevant document in this index")
-    mined = time.perf_counter()
+        raise ValueError("no training groups: no judged query has a relevant document and enough negatives in this index")
+    mined_at = time.perf_counter()
 
     torch.manual_seed(options.seed)
     device = _torch_device(options.device)
@@ -125,17 +185,16 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=options.learning_rate, weight_decay=options.weight_decay)
-    steps = options.epochs * math.ceil(len(groups) / options.groups_per_step)
+    steps = options.epochs * math.ceil(len(groups) / options.groups_per_step)  # every epoch has as many groups
     scheduler = get_linear_schedule_with_warmup(optimizer, int(options.warmup * steps), steps)
     doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
 
-    rng = random.Random(options.seed)
     group_size = 1 + options.negatives
     losses = []
     model.train()
     bar = tqdm(total=steps, desc="training", disable=not progress)
-    for _ in range(options.epochs):
-        order = groups[:]
+    for epoch in range(options.epochs):
+        order = groups if epoch == 0 else sample_groups(mined, options.negatives, rng)  # fresh negatives
         rng.shuffle(order)
         for start in range(0, len(order), options.groups_per_step):
             batch = order[start : start + options.groups_per_step]
@@ -150,7 +209,7 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            losses.append(float(loss))
+            losses.append(loss.item())
             bar.update()
             bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}")
     bar.close()
@@ -167,19 +226,24 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
         record = {
             "base_model": {"name": base.name, "checksum": base.checksum},
             "options": asdict(options),
-            "data": {"split": split, "queries": len({g.query_id for g in groups}), "groups": len(groups),
-                     "pairs": len(groups) * group_size, "index": str(index.path),
-                     "fusion": index.manifest["fusion"]["default"]},
+            "data": {"split": split, "queries": len({g.query_id for g in groups}), "dev_queries": len(dev_ids),
+                     "groups_per_epoch": len(groups), "pairs": options.epochs * len(groups) * group_size,
+                     "index": str(index.path), "fusion": index.manifest["fusion"]["default"]},
             "device": device,
             "steps": len(losses),
             "loss": {"first_10pct": sum(losses[:window]) / window, "last_10pct": sum(losses[-window:]) / window,
                      "chance": math.log(group_size)},
-            "seconds": {"mining": round(mined - started, 1), "training": round(trained - mined, 1)},
+            "seconds": {"mining": round(mined_at - started, 1), "training": round(trained - mined_at, 1)},
         }
-        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
+        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))  # the export reads max_length from it
         resolved = ResolvedModel(name=str(out), path=tmp, checksum=weights_checksum(tmp))
         export_cross_encoder(resolved, target=tmp / ONNX_SUBDIR)
-        record["seconds"]["export"] = round(time.perf_counter() - trained, 1)
+        exported = time.perf_counter()
+        record["seconds"]["export"] = round(exported - trained, 1)
+        if dev_ids:
+            scorer = load_cross_encoder(tmp / ONNX_SUBDIR, device=options.device)  # the model the service will run
+            record["interpolation"] = tune_interpolation(index, scorer, {q: queries[q] for q in dev_ids}, qrels)
+            record["seconds"]["tuning"] = round(time.perf_counter() - exported, 1)
         record["seconds"]["total"] = round(time.perf_counter() - started, 1)
         (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
         if out.exists():

@@ -50,7 +50,7 @@ class SearchResult:
         """Every component of the score of the hit at `position` (hybrid or reranked)."""
         parts: dict = {"final": float(self.ranking.scores[position])}
         if self.reranked is not None:  # the final ranking is a prefix of the reranked one
-            parts["rerank"] = {"score": float(self.reranked.ranking.scores[position]),
+            parts["rerank"] = {"score": float(self.reranked.rerank_score[position]), "weight": self.reranked.weight,
                                "first_stage_rank": int(self.reranked.first_stage_rank[position]),
                                "first_stage_score": float(self.reranked.first_stage_score[position])}
         if self.fused is not None:
@@ -144,12 +144,14 @@ class SearchPipeline:
     def search(self, query: str, k: int = 10, mode: str = "hybrid", depth: int | None = None,
                fusion: Fusion | None = None, min_score: float | None = None,
                hubness: HubnessChoice | None = None, rerank: bool | None = None,
-               rerank_depth: int | None = None) -> SearchResult:
+               rerank_depth: int | None = None, rerank_weight: float | None = None) -> SearchResult:
         """`min_score` applies to the final score: the fused (or single-retriever) score, or the
-        reranker's logit when reranking."""
+        reranker's (see search.rerank.interpolate) when reranking."""
         self._validate(query, k, mode, depth)
         hubness = self._hubness_choice(hubness)
         rerank_depth = self._rerank_depth(k, rerank, rerank_depth)
+        if rerank_weight is not None and not 0.0 <= rerank_weight <= 1.0:
+            raise SearchError("rerank_weight", f"must be between 0 and 1, got {rerank_weight}")
         started = time.perf_counter()
         clock = _Stopwatch()
         result = SearchResult(Ranking.empty())
@@ -164,7 +166,8 @@ class SearchPipeline:
             result.fused = clock.time("fusion", fuse, candidates, result.fusion)
             result.ranking = result.fused.ranking()
         if rerank_depth:
-            result.reranked = clock.time("rerank", self.reranker.rerank, query, result.ranking.head(rerank_depth))
+            result.reranked = clock.time("rerank", self.reranker.rerank, query, result.ranking.head(rerank_depth),
+                                         rerank_weight)
             result.ranking = result.reranked.ranking
         ranking = result.ranking
         if min_score is not None:

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 from evaluation.server import free_port
+from models.reranker_training import WEIGHT_GRID
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 
@@ -58,10 +59,15 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
                     "--out", out, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "training.json").read_text())
-    assert record["data"]["groups"] == 3 and record["data"]["pairs"] == 9 and record["steps"] == 1
+    # 3 judged queries: 1 held out for tuning, 2 groups of 1 + 2 negatives per epoch, 2 epochs of one step
+    assert record["data"]["dev_queries"] == 1 and record["data"]["groups_per_epoch"] == 2
+    assert record["data"]["pairs"] == 2 * 2 * 3 and record["steps"] == 2
+    assert record["interpolation"]["weight"] in WEIGHT_GRID and record["interpolation"]["dev"]["queries"] == 1
     assert {"model.onnx", "model.int8.onnx", "cross_encoder.json", "tokenizer.json"} <= {p.name for p in (out / "onnx").iterdir()}
 
-    from models.cross_encoder import OnnxCrossEncoder, load_cross_encoder
+    from models.cross_encoder import OnnxCrossEncoder, load_cross_encoder, tuned_weight
+
+    assert tuned_weight(out) == tuned_weight(out / "onnx") == record["interpolation"]["weight"]
 
     onnx = load_cross_encoder(out, device="cpu")
     assert isinstance(onnx, OnnxCrossEncoder) and onnx.max_length == 32

@@ -12,7 +12,7 @@ from app.settings import Settings
 from indexer.store import open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
 from search.pipeline import SearchError
-from search.rerank import Reranker, RerankOptions
+from search.rerank import Reranker, RerankOptions, interpolate
 from tests.conftest import LengthScorer
 
 
@@ -78,7 +78,7 @@ def test_http_rerank_and_explain(scifact_slice_index):
         plain = client.post("/search", json={"query": "vitamin D", "k": 5}).json()
         assert plain["rerank"] is None and "rerank" not in plain["timings_ms"]
         body = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "explain": True}).json()
-        assert body["rerank"] == {"model": "length", "depth": 10}
+        assert body["rerank"] == {"model": "length", "depth": 10, "weight": 1.0}
         scores = [h["score"] for h in body["hits"]]
         assert scores == sorted(scores, reverse=True)
         for hit in body["hits"]:
@@ -88,6 +88,82 @@ def test_http_rerank_and_explain(scifact_slice_index):
         assert raised["rerank"]["depth"] == 5
         bad = client.post("/search", json={"query": "vitamin D", "rerank": True, "rerank_depth": 201})
         assert bad.status_code == 422 and "rerank_depth" in bad.text
+        blended = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "rerank_weight": 0.5, "explain": True}).json()
+        assert blended["rerank"]["weight"] == 0.5
+        for hit in blended["hits"]:
+            assert hit["explain"]["rerank"]["weight"] == 0.5 and hit["explain"]["final"] == hit["score"]
+        for weight in (1.5, -0.1, "NaN"):
+            bad = client.post("/search", json={"query": "vitamin D", "rerank": True, "rerank_weight": weight})
+            assert bad.status_code == 422 and "rerank_weight" in bad.text
+
+
+def test_interpolate_blends_z_scores():
+    logits, first = np.array([3.0, 1.0, 2.0]), np.array([0.9, 0.5, 0.1])
+    np.testing.assert_array_equal(interpolate(logits, first, 1.0), logits)  # plain reranking keeps the logits
+    # z(logits) = [1, -1, 0] * sqrt(3/2); z(first) = [1, 0, -1] * sqrt(3/2)
+    z = np.sqrt(1.5)
+    np.testing.assert_allclose(interpolate(logits, first, 0.5), [z, -z / 2, -z / 2], rtol=1e-6)
+    np.testing.assert_allclose(interpolate(logits, first, 0.0), [z, 0, -z], rtol=1e-6)
+    np.testing.assert_allclose(interpolate(logits, first, 0.25), [z, -0.25 * z, -0.75 * z], rtol=1e-6)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        interpolate(logits, first, 1.2)
+
+
+def test_rerank_weight_blends_the_first_stage_back_in(index, pipeline):
+    query = "vitamin D deficiency and bone density"
+    first = pipeline.search(query, k=20, mode="hybrid", rerank=False).ranking
+    lengths = np.array([len(index.doc_text(int(d))) / 100.0 for d in first.doc_idx])
+
+    def z(x):
+        return (x - x.mean()) / x.std()
+
+    expected = 0.3 * z(lengths) + 0.7 * z(first.scores.astype(np.float64))  # brute force over the reranked top 20
+    result = pipeline.search(query, k=20, mode="hybrid", rerank_weight=0.3)
+    order = np.argsort(-expected, kind="stable")
+    assert result.ranking.doc_idx.tolist() == first.doc_idx[order].tolist()
+    np.testing.assert_allclose(result.ranking.scores, expected[order], rtol=1e-5, atol=1e-6)
+    explained = result.explain(0)
+    assert explained["rerank"] == {"score": pytest.approx(lengths[order[0]]), "weight": 0.3, "first_stage_rank": int(order[0]) + 1,
+                                   "first_stage_score": pytest.approx(float(first.scores[order[0]]))}
+    # weight 0: the first stage's order, whatever the cross-encoder says
+    assert pipeline.search(query, k=20, mode="hybrid", rerank_weight=0.0).ranking.doc_idx.tolist() == first.doc_idx.tolist()
+    with pytest.raises(SearchError, match="rerank_weight: must be between 0 and 1"):
+        pipeline.search(query, rerank_weight=2.0)
+
+
+def test_tuned_weight_is_served_unless_overridden(tmp_path):
+    from models.cross_encoder import rerank_weight, tuned_weight
+
+    (tmp_path / "onnx").mkdir()
+    assert tuned_weight(tmp_path) is None and rerank_weight(tmp_path) == 1.0  # not tuned: plain reranking
+    (tmp_path / "training.json").write_text('{"interpolation": {"weight": 0.35}}')
+    assert tuned_weight(tmp_path) == tuned_weight(tmp_path / "onnx") == 0.35
+    assert rerank_weight(tmp_path) == 0.35 and rerank_weight(tmp_path, 0.8) == 0.8
+
+
+def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scifact):
+    from evaluation.metrics import evaluate
+    from evaluation.runner import doc_ids
+    from indexer.corpus import split_queries
+    from models.reranker_training import WEIGHT_GRID, tune_interpolation
+
+    queries, qrels = split_queries(scifact, "train")
+    ids, in_slice = doc_ids(index), set(doc_ids(index))
+    dev = sorted(q for q, rels in qrels.items() if set(rels) & in_slice)[:8]
+    dev_queries, dev_qrels = {q: queries[q] for q in dev}, {q: qrels[q] for q in dev}
+    tuned = tune_interpolation(index, LengthScorer(), dev_queries, dev_qrels, depth=20)
+
+    plain = index.pipeline()
+    first_stage = {q: {ids[int(i)]: float(s) for i, s in zip(r.doc_idx, r.scores)}
+                   for q in dev for r in [plain.search(dev_queries[q], k=20, rerank=False).ranking]}
+    by_length = {q: {d: len(index.doc_text(ids.index(d))) / 100.0 for d in docs} for q, docs in first_stage.items()}
+    ndcg = tuned["dev"]["ndcg@10"]
+    assert ndcg["first_stage"] == pytest.approx(evaluate(first_stage, dev_qrels, ("ndcg@10",))["ndcg@10"])
+    assert ndcg["reranker_only"] == pytest.approx(evaluate(by_length, dev_qrels, ("ndcg@10",))["ndcg@10"])
+    grid = {float(w): v for w, v in tuned["dev"]["grid"].items()}
+    assert set(grid) == set(WEIGHT_GRID) and tuned["weight"] in WEIGHT_GRID
+    assert ndcg["interpolated"] == pytest.approx(max(grid.values()), abs=1e-4) == pytest.approx(grid[tuned["weight"]], abs=1e-4)
+    assert tuned["weight"] == min(w for w, v in grid.items() if v == grid[tuned["weight"]])  # ties: the smaller weight
 
 
 def test_micro_batcher_returns_each_caller_its_own_rows_and_coalesces():

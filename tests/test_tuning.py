@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from evaluation.runner import doc_ids, parse_pipeline
+from evaluation.runner import RerankChoice, doc_ids, parse_pipeline
 from evaluation.tuning import ALPHAS, RRF_KS, tune
 from indexer.corpus import read_corpus, split_queries
 from indexer.store import open_index
@@ -64,8 +64,13 @@ def test_pipeline_specs():
     assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0), none, None)
     assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"), none, None)
     assert parse_pipeline("dense+qbnorm:dis") == ("dense", None, HubnessChoice("qbnorm", True), None)
-    assert parse_pipeline("hybrid+rerank") == ("hybrid", None, none, "fp32")
-    assert parse_pipeline("bm25+rerank:int8") == ("bm25", None, none, "int8")
+    assert parse_pipeline("hybrid+rerank") == ("hybrid", None, none, RerankChoice("fp32", None))
+    assert parse_pipeline("bm25+rerank:int8") == ("bm25", None, none, RerankChoice("int8", None))
+    assert parse_pipeline("hybrid+rerank:int8:w=0.35")[3] == RerankChoice("int8", 0.35)
+    assert parse_pipeline("hybrid+rerank:w=1")[3] == RerankChoice("fp32", 1.0)
+    for bad in ("hybrid+rerank:w=1.5", "hybrid+rerank:w=x", "hybrid+rerank:fp16"):
+        with pytest.raises(ValueError, match="valid: rerank, rerank:int8, rerank:w=WEIGHT"):
+            parse_pipeline(bad)
     with pytest.raises(ValueError, match="valid: qbnorm, dbnorm"):
         parse_pipeline("dense+csls")
     with pytest.raises(ValueError, match="valid: bm25, dense, hybrid"):
