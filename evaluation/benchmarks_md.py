@@ -10,6 +10,8 @@ import platform
 import sys
 from pathlib import Path
 
+from evaluation.report import first_stage_table
+
 # Published scifact test-split numbers (../shared/data/beir/README.md lists their sources).
 REFERENCES = [
     ("BM25, bm25s Lucene k1=1.5 b=0.75, Snowball + English stopwords", 0.687, None),
@@ -51,6 +53,7 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
                      f"| {m['n10_skewness']:.3f} | {m['wins']}/{m['ties']}/{m['losses']} (p={m['p_value_vs_baseline']:.3g}) |")
     lines += ["", f"† nDCG@10 differs from {eval_report['baseline']} at p < 0.05 (paired two-sided randomisation test, "
               "10,000 permutations). Per-dataset report, charts and TREC runs: `runs/<dataset>/` after `scripts/benchmarks.sh`."]
+    lines += first_stage_table(eval_report["pipelines"])
     tuning = manifest["fusion"].get("tuning")
     if tuning:
         lines += ["", f"`hybrid` is the index's default fusion, `{json.dumps(manifest['fusion']['default'])}`, chosen by `hybrid tune` on "
@@ -146,15 +149,25 @@ def _inference_sections(bench: dict) -> list[str]:
     lines = []
     training = bench.get("reranker_training")
     if training:
-        data, seconds, loss = training["data"], training["seconds"], training["loss"]
+        data, seconds, loss, options = training["data"], training["seconds"], training["loss"], training["options"]
         lines += ["", "## Reranker (`hybrid train-reranker`)", "",
                   f"Trained from `{training['base_model']['name']}` on {data['queries']} queries of the `{data['split']}` split "
-                  f"({data['groups']} groups of 1 positive + {training['options']['negatives']} hard negatives from the hybrid "
-                  f"top-{training['options']['mine_depth']}, {data['pairs']} pairs, max length {training['options']['max_length']} tokens, "
-                  f"{training['options']['epochs']} epoch, {training['steps']} steps) on {training['device']}: mining {seconds['mining']:.0f} s, "
-                  f"training {seconds['training']:.0f} s, ONNX export + int8 {seconds['export']:.0f} s. Listwise loss "
-                  f"{loss['first_10pct']:.3f} (first 10% of steps) -> {loss['last_10pct']:.3f} (last 10%); chance {loss['chance']:.3f}. "
-                  "Quality: the `+rerank` rows of the quality table (`:int8` = int8 ONNX weights)."]
+                  f"({data['dev_queries']} more held out), {data['groups_per_epoch']} groups per epoch of 1 positive + "
+                  f"{options['negatives']} hard negatives resampled each epoch from the hybrid top-{options['mine_depth']}, "
+                  f"{options['epochs']} epochs, {training['steps']} steps, {data['pairs']} pairs of at most {options['max_length']} tokens, "
+                  f"on {training['device']}: mining {seconds['mining']:.0f} s, training {seconds['training']:.0f} s, ONNX export + int8 "
+                  f"{seconds['export']:.0f} s, tuning {seconds.get('tuning', 0):.0f} s. Listwise loss {loss['first_10pct']:.3f} "
+                  f"(first 10% of steps) -> {loss['last_10pct']:.3f} (last 10%); chance {loss['chance']:.3f}."]
+        tuned = training.get("interpolation")
+        if tuned:
+            dev = tuned["dev"]
+            grid = {w: v for w, v in dev["grid"].items() if round(float(w) * 20) % 2 == 0}  # every 0.1
+            lines += ["", f"Interpolation weight tuned on the {dev['queries']} held-out queries (hybrid top {tuned['depth']}, "
+                      f"final = w * z(logit) + (1 - w) * z(fused)): w = {tuned['weight']:g}. Their nDCG@10 by weight:", "",
+                      "| w | " + " | ".join(grid) + " |", "|---|" + "---:|" * len(grid),
+                      "| nDCG@10 | " + " | ".join(f"{v:.4f}" for v in grid.values()) + " |"]
+        lines += ["", "Test-split quality: the `+rerank` rows of the quality table (`:w=1` = the cross-encoder's order alone, "
+                  "no suffix = the tuned weight, `:int8` = int8 ONNX weights)."]
     rerank = bench.get("rerank_latency")
     if rerank:
         lines += ["", f"Reranking the hybrid top {rerank['depth']} of a query ({rerank['queries']} test queries, same candidates for "

@@ -48,6 +48,17 @@ def markdown_table(report: dict, comparison: dict, baseline: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def first_stage_table(pipelines: dict) -> list[str]:
+    """Markdown lines comparing each reranked pipeline with its own first stage (empty when there is none)."""
+    rows = [(name, r["vs_first_stage"]) for name, r in pipelines.items() if "vs_first_stage" in r]
+    if not rows:
+        return []
+    return ["", "Reranking against its own first stage (per-query nDCG@10, paired randomisation test):", "",
+            "| pipeline | first stage | nDCG@10 change | wins/ties/losses | p |", "|---|---|---:|---|---:|",
+            *(f"| {name} | {v['first_stage']} | {v['ndcg@10_delta']:+.4f} | {v['wins']}/{v['ties']}/{v['losses']} | {v['p_value']:.3g} |"
+              for name, v in rows)]
+
+
 def plot_charts(report: dict, comparison: dict, out: Path, baseline: str) -> None:
     import matplotlib
 

@@ -16,6 +16,7 @@ import numpy as np
 from evaluation.metrics import per_query_scores
 from evaluation.report import (
     compare_to_baseline,
+    first_stage_table,
     markdown_table,
     plot_charts,
     write_trec_run,
@@ -151,12 +152,24 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     for spec, c in comparison.items():
         report["pipelines"][spec].update(p_value_vs_baseline=round(c["p_value"], 4), wins=c["wins"], ties=c["ties"], losses=c["losses"])
     report["baseline"] = baseline
+    for spec, stage in _first_stages(per_query).items():
+        c = compare_to_baseline({stage: per_query[stage], spec: per_query[spec]}, stage)[spec]
+        delta = report["pipelines"][spec]["ndcg@10"] - report["pipelines"][stage]["ndcg@10"]
+        report["pipelines"][spec]["vs_first_stage"] = {"first_stage": stage, "ndcg@10_delta": round(delta, 4),
+                                                      "p_value": round(c["p_value"], 4), **{k: c[k] for k in ("wins", "ties", "losses")}}
     if out:
         (out / "report.json").write_text(json.dumps(report, indent=2))
         metrics_only = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
-        (out / "report.md").write_text(markdown_table(metrics_only, comparison, baseline))
+        (out / "report.md").write_text(markdown_table(metrics_only, comparison, baseline)
+                                       + "".join(line + "\n" for line in first_stage_table(report["pipelines"])))
         plot_charts(report, comparison, out, baseline)
     return report
+
+
+def _first_stages(per_query: dict) -> dict[str, str]:
+    """Each evaluated `X+rerank...` pipeline -> `X`, when `X` was evaluated too: what reranking added."""
+    stages = {spec: spec.split("+rerank")[0] for spec in per_query if "+rerank" in spec}
+    return {spec: stage for spec, stage in stages.items() if stage in per_query}
 
 
 def summary_table(reports: list[dict], metric: str = "ndcg@10") -> str:

@@ -38,3 +38,16 @@ def test_comparison_and_markdown_marks():
     report = {"dataset": "d", "split": "test", "queries": 50, "pipelines": {"bm25": {"ndcg@10": 0.5}, "better": {"ndcg@10": 0.9}}}
     table = markdown_table(report, comparison, "bm25")
     assert "| better† | 0.9000 |" in table and "| bm25 | 0.5000 |" in table
+
+
+def test_reranked_pipelines_are_compared_with_their_own_first_stage():
+    from evaluation.report import first_stage_table
+    from evaluation.suite import _first_stages
+
+    per_query = dict.fromkeys(["bm25", "hybrid", "hybrid+rerank", "hybrid+rerank:w=1", "hybrid+qbnorm+rerank", "dense+rerank"], {})
+    assert _first_stages(per_query) == {"hybrid+rerank": "hybrid", "hybrid+rerank:w=1": "hybrid"}  # first stage must be evaluated
+    pipelines = {"hybrid": {"ndcg@10": 0.7},
+                 "hybrid+rerank": {"ndcg@10": 0.72, "vs_first_stage": {"first_stage": "hybrid", "ndcg@10_delta": 0.02,
+                                                                       "p_value": 0.37, "wins": 48, "ties": 206, "losses": 46}}}
+    assert first_stage_table(pipelines)[-1] == "| hybrid+rerank | hybrid | +0.0200 | 48/206/46 | 0.37 |"
+    assert first_stage_table({"hybrid": {"ndcg@10": 0.7}}) == []
