@@ -117,6 +117,7 @@ def cmd_search(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    from evaluation.report import first_stage_table
     from evaluation.suite import EvalConfig, evaluate_dataset, summary_table
     from indexer.build import build_index
 
@@ -134,9 +135,13 @@ def cmd_eval(args) -> int:
         report = evaluate_dataset(dataset, index_dir, config, args.out / dataset.name if args.out else None)
         reports.append(report)
         print(f"{dataset.name} / {args.split} ({report['queries']} queries; fusion tuned on {report['tuned_on'] or 'nothing: untuned'})")
-        print(f"{'pipeline':<22}" + "".join(f"{m:>14}" for m in next(iter(report['pipelines'].values()))))
+        columns = [c for c, v in next(iter(report["pipelines"].values())).items() if not isinstance(v, dict)]
+        widths = [max(10, len(c) + 2) for c in columns]
+        print(f"{'pipeline':<22}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths)))
         for spec, metrics in report["pipelines"].items():
-            print(f"{spec:<22}" + "".join(f"{v:>14.4f}" if isinstance(v, float) else f"{v:>14}" for v in metrics.values()))
+            print(f"{spec:<22}" + "".join(f"{metrics[c]:>{w}.4f}" if isinstance(metrics[c], float) else f"{metrics[c]:>{w}}"
+                                          for c, w in zip(columns, widths)))
+        print("\n".join(first_stage_table(report["pipelines"])))
     summary = summary_table(reports)
     print(summary)
     if args.out:
