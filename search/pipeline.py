@@ -171,7 +171,8 @@ class SearchPipeline:
             result.ranking = result.reranked.ranking
         ranking = result.ranking
         if min_score is not None:
-            ranking = ranking.head(int(np.count_nonzero(ranking.scores >= min_score)))  # scores descend
+            # float64: a huge min_score must not overflow a float32 cast; scores descend
+            ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= min_score)))
         result.ranking = ranking.head(k)
         clock.timings["total"] = (time.perf_counter() - started) * 1000
         result.timings_ms = clock.timings

@@ -60,6 +60,11 @@ def test_min_score_applies_to_the_reranker_score(pipeline):
     assert len(result.ranking) and (result.ranking.scores >= 12.0).all()
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_a_huge_min_score_empties_the_ranking_without_overflow(pipeline):
+    assert len(pipeline.search("protein folding", k=5, mode="bm25", min_score=1e308, rerank=False).ranking) == 0
+
+
 def test_bad_rerank_requests_name_the_field(index, pipeline):
     assert len(pipeline.search("cells", k=10, rerank_depth=5).reranked.ranking) == 10  # raised to k
     with pytest.raises(SearchError, match="rerank_depth: must be between 1 and 200"):
