@@ -95,6 +95,8 @@ def _open(path, device="auto", verify="size"):
 
 
 def cmd_search(args) -> int:
+    if args.rerank_weight is not None and not args.reranker:
+        raise ValueError("--rerank-weight needs --reranker")
     index, pipeline = _open(args.index, args.device)
     if args.reranker:
         from models.cross_encoder import load_cross_encoder, rerank_weight
@@ -372,7 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
     p.add_argument("--reranker-precision", choices=("fp32", "int8"), default="fp32")
-    p.add_argument("--rerank-weight", type=float, help="interpolation weight of the cross-encoder (default: its tuned weight, else 1)")
+    p.add_argument("--rerank-weight", type=_unit_interval, help="interpolation weight of the cross-encoder, 0..1 (default: its tuned weight, else 1)")
     p.add_argument("--device", choices=devices, default="auto")
     p.set_defaults(func=cmd_search)
 
@@ -418,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--groups-per-step", type=int, default=defaults.groups_per_step, help="(positive + negatives) groups per batch")
     p.add_argument("--lr", type=float, default=defaults.learning_rate)
-    p.add_argument("--dev-fraction", type=float, default=defaults.dev_fraction,
+    p.add_argument("--dev-fraction", type=_unit_interval, default=defaults.dev_fraction,
                    help="judged queries held out to tune the interpolation weight with the fused score (0: plain reranking)")
     p.add_argument("--seed", type=int, default=defaults.seed)
     p.add_argument("--device", choices=devices, default="auto", help="training (and mining) device")
@@ -468,12 +470,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unit_interval(text: str) -> float:
+    """argparse type: a number from 0 to 1 (argparse names the flag in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, RuntimeError, FileExistsError) as exc:
+    except (ValueError, RuntimeError, OSError) as exc:
         logger.debug("command failed", exc_info=True)
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -60,7 +60,8 @@ class SearchRequest(_Strict):
     hubness: Literal["none", "qbnorm", "dbnorm"] | None = Field(
         None, description="hubness correction of dense scores (QB-Norm, DBNorm); default: what the index was fitted with")
     dynamic: bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
-    min_score: FiniteFloat | None = Field(None, description="drop hits scoring below this, applied after fusion")
+    min_score: FiniteFloat | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
+                                           "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
     rerank: bool | None = Field(None, description="rerank the top rerank_depth candidates with the cross-encoder; "
                                 "default: the service's setting (on when a reranker is configured)")
     rerank_depth: int | None = Field(None, ge=1, le=MAX_RERANK_DEPTH,

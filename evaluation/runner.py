@@ -11,7 +11,7 @@ from indexer.store import OpenIndex
 from search.fusion import RRF, ConvexCombination, Fusion
 from search.pipeline import MODES, HubnessChoice, SearchPipeline
 from search.ranking import Ranking
-from search.rerank import Reranker
+from search.rerank import Reranker, check_weight
 
 
 def doc_ids(index: OpenIndex) -> list[str]:
@@ -47,18 +47,18 @@ def _parse_rerank(variant: str, extra: str) -> RerankChoice:
     for part in filter(None, variant.split(":")):
         if part in ("fp32", "int8"):
             precision = part
-        elif part.startswith("w=") and _is_unit_float(part[2:]):
-            weight = float(part[2:])
+        elif part.startswith("w=") and weight is None and _unit_float(part[2:]) is not None:
+            weight = _unit_float(part[2:])
         else:
-            raise ValueError(f"unknown {part!r} in {extra!r}; valid: rerank, rerank:int8, rerank:w=WEIGHT (0 to 1), rerank:int8:w=WEIGHT")
+            raise ValueError(f"unknown {part!r} in {extra!r}; valid: rerank[:fp32|int8][:w=WEIGHT], WEIGHT from 0 to 1, once")
     return RerankChoice(precision, weight)
 
 
-def _is_unit_float(text: str) -> bool:
+def _unit_float(text: str) -> float | None:
     try:
-        return 0.0 <= float(text) <= 1.0
+        return check_weight(float(text))
     except ValueError:
-        return False
+        return None
 
 
 def hubness_pipelines() -> list[str]:

@@ -33,7 +33,7 @@ from evaluation.runner import (
 from evaluation.tuning import tune_index
 from indexer.corpus import split_queries
 from indexer.store import open_index
-from models.cross_encoder import load_cross_encoder, rerank_weight
+from models.cross_encoder import load_cross_encoder, rerank_weight, training_record
 from search.hubness import hubness_stats, k_occurrence
 from search.ranking import Ranking
 from search.rerank import DEFAULT_RERANK_DEPTH, Reranker, RerankOptions
@@ -110,6 +110,10 @@ class _Rerankers:
             return None
         if not self.config.reranker:
             raise ValueError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
+        trained_on = (training_record(self.config.reranker) or {}).get("data", {}).get("split")
+        if trained_on == self.config.split:
+            raise ValueError(f"the reranker {self.config.reranker} was trained and tuned on the {trained_on!r} split: "
+                             "evaluate it on another split")
         if choice.precision not in self._loaded:
             model = CachedScorer(load_cross_encoder(self.config.reranker, precision=choice.precision))
             self._loaded[choice.precision] = Reranker(RerankOptions(model, depth=self.config.rerank_depth), self.index.doc_text)
@@ -152,11 +156,8 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     for spec, c in comparison.items():
         report["pipelines"][spec].update(p_value_vs_baseline=round(c["p_value"], 4), wins=c["wins"], ties=c["ties"], losses=c["losses"])
     report["baseline"] = baseline
-    for spec, stage in _first_stages(per_query).items():
-        c = compare_to_baseline({stage: per_query[stage], spec: per_query[spec]}, stage)[spec]
-        delta = report["pipelines"][spec]["ndcg@10"] - report["pipelines"][stage]["ndcg@10"]
-        report["pipelines"][spec]["vs_first_stage"] = {"first_stage": stage, "ndcg@10_delta": round(delta, 4),
-                                                      "p_value": round(c["p_value"], 4), **{k: c[k] for k in ("wins", "ties", "losses")}}
+    for spec, vs in first_stage_comparisons(per_query).items():
+        report["pipelines"][spec]["vs_first_stage"] = vs
     if out:
         (out / "report.json").write_text(json.dumps(report, indent=2))
         metrics_only = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
@@ -166,10 +167,23 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     return report
 
 
-def _first_stages(per_query: dict) -> dict[str, str]:
-    """Each evaluated `X+rerank...` pipeline -> `X`, when `X` was evaluated too: what reranking added."""
-    stages = {spec: spec.split("+rerank")[0] for spec in per_query if "+rerank" in spec}
-    return {spec: stage for spec, stage in stages.items() if stage in per_query}
+def first_stage(spec: str) -> str:
+    """`X+rerank...` -> `X` (the other `+` extras kept, in their order)."""
+    return "+".join(part for part in spec.split("+") if part.partition(":")[0] != "rerank")
+
+
+def first_stage_comparisons(per_query: dict[str, dict[str, dict[str, float]]], metric: str = "ndcg@10") -> dict[str, dict]:
+    """What reranking added: each evaluated reranked pipeline against its own first stage, when that was evaluated too."""
+    out = {}
+    for spec in per_query:
+        stage = first_stage(spec)
+        if stage == spec or stage not in per_query:
+            continue
+        c = compare_to_baseline({stage: per_query[stage], spec: per_query[spec]}, stage, metric)[spec]
+        delta = np.mean(list(per_query[spec][metric].values())) - np.mean(list(per_query[stage][metric].values()))
+        out[spec] = {"first_stage": stage, f"{metric}_delta": round(float(delta), 4), "p_value": round(c["p_value"], 4),
+                     **{k: c[k] for k in ("wins", "ties", "losses")}}
+    return out
 
 
 def summary_table(reports: list[dict], metric: str = "ndcg@10") -> str:

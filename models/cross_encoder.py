@@ -19,18 +19,19 @@ import numpy as np
 from models.batching import length_sorted
 from models.onnx_export import (
     CROSS_ENCODER_CONFIG,
+    ONNX_SUBDIR,
     TOKENIZER_FILE,
     TRAINING_RECORD,
     export_cross_encoder,
     model_file,
     trained_max_length,
+    training_record,
 )
 from models.providers import DEVICES, encoding_feeds, load_tokenizer, onnx_session
 
 logger = logging.getLogger(__name__)
 
 BACKENDS = ("onnx", "torch")
-ONNX_SUBDIR = "onnx"  # where `hybrid train-reranker` puts the export beside the torch weights
 
 
 class CrossEncoder(Protocol):
@@ -121,10 +122,7 @@ def rerank_weight(name_or_path: str | Path, override: float | None = None) -> fl
 
 def tuned_weight(name_or_path: str | Path) -> float | None:
     """The interpolation weight `hybrid train-reranker` tuned on held-out queries (None: not ours or untuned)."""
-    path = Path(name_or_path).expanduser()
-    for folder in (path, path.parent) if path.name == ONNX_SUBDIR else (path,):  # the training folder or its onnx/ export
-        record = folder / TRAINING_RECORD
-        if record.is_file():
-            interpolation = json.loads(record.read_text()).get("interpolation") or {}
-            return interpolation.get("weight")
-    return None
+    weight = ((training_record(name_or_path) or {}).get("interpolation") or {}).get("weight")
+    if weight is not None and not (isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0):
+        raise ValueError(f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, got {weight!r}")
+    return weight

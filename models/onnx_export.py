@@ -34,6 +34,7 @@ CROSS_ENCODER_CONFIG = "cross_encoder.json"
 POOLING_MODES = ("mean", "cls")
 OPSET = 17
 EXPORT_FORMAT = 2  # bump when the folder layout changes, so cached exports are redone
+ONNX_SUBDIR = "onnx"  # where `hybrid train-reranker` puts the export beside the torch weights
 TRAINING_RECORD = "training.json"  # written by `hybrid train-reranker`: recipe, losses, tuned interpolation
 
 
@@ -193,8 +194,18 @@ def _export_cross_encoder(model: ResolvedModel, out: Path) -> None:
 
 def trained_max_length(path: Path | str) -> int | None:
     """The pair length a `hybrid train-reranker` folder was trained with (None for other models)."""
-    record = Path(path) / TRAINING_RECORD
-    return int(json.loads(record.read_text())["options"]["max_length"]) if record.is_file() else None
+    record = training_record(path)
+    return int(record["options"]["max_length"]) if record else None
+
+
+def training_record(name_or_path: str | Path) -> dict | None:
+    """The training.json of a `hybrid train-reranker` folder, or of the folder its onnx/ export sits in."""
+    path = Path(name_or_path).expanduser()
+    for folder in (path, path.parent) if path.name == ONNX_SUBDIR else (path,):
+        record = folder / TRAINING_RECORD
+        if record.is_file():
+            return json.loads(record.read_text())
+    return None
 
 
 def _positions_max_length(tokenizer, hf_config) -> int:

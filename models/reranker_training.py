@@ -28,8 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from models.cross_encoder import ONNX_SUBDIR
-from models.onnx_export import TRAINING_RECORD
+from models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD
 from search.rerank import DEFAULT_RERANK_DEPTH
 
 logger = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ class TrainOptions:
         if self.max_length < 16 or self.epochs < 1 or self.groups_per_step < 1:
             raise ValueError("max_length >= 16, epochs >= 1 and groups_per_step >= 1 are required")
         if not 0.0 <= self.dev_fraction < 1.0:
-            raise ValueError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
+            raise ValueError(f"dev_fraction (--dev-fraction) must be in [0, 1), got {self.dev_fraction}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def split_dev(queries: dict[str, str], qrels: dict[str, dict[str, int]], fractio
     """Judged queries with a relevant document, shuffled and split into (train, dev) by query."""
     judged = sorted(q for q, rels in qrels.items() if q in queries and any(r > 0 for r in rels.values()))
     random.Random(seed).shuffle(judged)
-    dev = max(1, round(fraction * len(judged))) if fraction > 0 and len(judged) > 1 else 0
+    dev = min(len(judged) - 1, max(1, round(fraction * len(judged)))) if fraction > 0 and len(judged) > 1 else 0  # keep one to train
     return sorted(judged[dev:]), sorted(judged[:dev])
 
 
@@ -133,6 +132,9 @@ def tune_interpolation(index, model, queries: dict[str, str], qrels: dict[str, d
 
     grid = {w: ndcg(w) for w in WEIGHT_GRID}
     best = max(WEIGHT_GRID, key=lambda w: (grid[w], -w))
+    if best == 0.0:
+        logger.warning("the reranker did not improve nDCG@10 on the %d held-out queries at any weight: weight 0 "
+                       "(first-stage order) recorded; serving it would only add latency", len(queries))
     return {"weight": best, "normalisation": "zscore", "depth": depth,
             "dev": {"queries": len(queries), "ndcg@10": {"first_stage": grid[0.0], "reranker_only": grid[1.0], "interpolated": grid[best]},
                     "grid": {f"{w:g}": v for w, v in grid.items()}}}
@@ -194,7 +196,7 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
     model.train()
     bar = tqdm(total=steps, desc="training", disable=not progress)
     for epoch in range(options.epochs):
-        order = groups if epoch == 0 else sample_groups(mined, options.negatives, rng)  # fresh negatives
+        order = groups[:] if epoch == 0 else sample_groups(mined, options.negatives, rng)  # fresh negatives
         rng.shuffle(order)
         for start in range(0, len(order), options.groups_per_step):
             batch = order[start : start + options.groups_per_step]

@@ -17,7 +17,8 @@ beta=$(.venv/bin/hybrid hubness fit "$index" "${train[@]}" --method qbnorm --tun
 .venv/bin/hybrid hubness fit "$index" "${train[@]}" --method dbnorm --beta "$beta" --tune
 # Cross-encoder reranker, fine-tuned on the train split with hard negatives from the hybrid retriever.
 reranker="${RERANKER:-models_out/scifact-reranker}"
-[ -f "$reranker/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" \
+# (re)trained when missing, asked for, or made before the interpolation weight was tuned
+grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" \
   --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$reranker" --quiet
 .venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$(dirname "$out")" --quiet \
   --reranker "$reranker" --pipelines bm25,dense,hybrid,bm25+rerank:w=1,bm25+rerank,hybrid+rerank:w=1,hybrid+rerank,hybrid+rerank:int8

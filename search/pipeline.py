@@ -13,7 +13,7 @@ from search.dense import DenseIndex
 from search.fusion import RRF, Candidates, Fused, Fusion, fuse
 from search.hubness import HUBNESS_METHODS, HubnessSearcher
 from search.ranking import Ranking
-from search.rerank import MAX_RERANK_DEPTH, Reranked, Reranker
+from search.rerank import MAX_RERANK_DEPTH, Reranked, Reranker, check_weight
 
 MODES = ("bm25", "dense", "hybrid")
 MAX_K = 1000
@@ -150,8 +150,11 @@ class SearchPipeline:
         self._validate(query, k, mode, depth)
         hubness = self._hubness_choice(hubness)
         rerank_depth = self._rerank_depth(k, rerank, rerank_depth)
-        if rerank_weight is not None and not 0.0 <= rerank_weight <= 1.0:
-            raise SearchError("rerank_weight", f"must be between 0 and 1, got {rerank_weight}")
+        if rerank_weight is not None:
+            try:
+                check_weight(rerank_weight)
+            except ValueError as exc:
+                raise SearchError("rerank_weight", str(exc)) from None
         started = time.perf_counter()
         clock = _Stopwatch()
         result = SearchResult(Ranking.empty())

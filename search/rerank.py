@@ -15,6 +15,13 @@ DEFAULT_RERANK_DEPTH = 50
 MAX_RERANK_DEPTH = 200
 
 
+def check_weight(weight: float) -> float:
+    """The interpolation weight, or ValueError: it must be a number in [0, 1] (NaN is not)."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"must be between 0 and 1, got {weight}")
+    return weight
+
+
 def interpolate(rerank_scores: np.ndarray, first_stage_scores: np.ndarray, weight: float) -> np.ndarray:
     """Final scores of one query's reranked candidates.
 
@@ -24,10 +31,10 @@ def interpolate(rerank_scores: np.ndarray, first_stage_scores: np.ndarray, weigh
     stage on some queries then corrects it instead of replacing it (Wang et al., "BERT-based Dense
     Retrievers Require Interpolation with BM25", ICTIR 2021); the weight is tuned on held-out queries.
     """
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"rerank weight must be between 0 and 1, got {weight}")
-    if weight == 1.0:
+    if check_weight(weight) == 1.0:
         return np.asarray(rerank_scores, dtype=np.float32)
+    if weight == 0.0:  # the first stage alone: a NaN logit must not leak in through 0 * NaN
+        return zscore(np.asarray(first_stage_scores, np.float64)).astype(np.float32)
     mixed = weight * zscore(np.asarray(rerank_scores, np.float64)) + (1 - weight) * zscore(np.asarray(first_stage_scores, np.float64))
     return mixed.astype(np.float32)
 
@@ -56,8 +63,10 @@ class RerankOptions:
     def __post_init__(self):
         if not 1 <= self.depth <= MAX_RERANK_DEPTH:
             raise ValueError(f"rerank depth must be between 1 and {MAX_RERANK_DEPTH}, got {self.depth}")
-        if not 0.0 <= self.weight <= 1.0:
-            raise ValueError(f"rerank weight must be between 0 and 1, got {self.weight}")
+        try:
+            check_weight(self.weight)
+        except ValueError as exc:
+            raise ValueError(f"rerank weight {exc}") from None
 
 
 class Reranker:

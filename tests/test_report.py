@@ -42,12 +42,20 @@ def test_comparison_and_markdown_marks():
 
 def test_reranked_pipelines_are_compared_with_their_own_first_stage():
     from evaluation.report import first_stage_table
-    from evaluation.suite import _first_stages
+    from evaluation.suite import first_stage, first_stage_comparisons
 
-    per_query = dict.fromkeys(["bm25", "hybrid", "hybrid+rerank", "hybrid+rerank:w=1", "hybrid+qbnorm+rerank", "dense+rerank"], {})
-    assert _first_stages(per_query) == {"hybrid+rerank": "hybrid", "hybrid+rerank:w=1": "hybrid"}  # first stage must be evaluated
-    pipelines = {"hybrid": {"ndcg@10": 0.7},
-                 "hybrid+rerank": {"ndcg@10": 0.72, "vs_first_stage": {"first_stage": "hybrid", "ndcg@10_delta": 0.02,
-                                                                       "p_value": 0.37, "wins": 48, "ties": 206, "losses": 46}}}
-    assert first_stage_table(pipelines)[-1] == "| hybrid+rerank | hybrid | +0.0200 | 48/206/46 | 0.37 |"
+    assert first_stage("hybrid+rerank:int8:w=0.5") == "hybrid"
+    assert first_stage("dense+rerank+qbnorm") == first_stage("dense+qbnorm+rerank") == "dense+qbnorm"
+    qids = [f"q{i}" for i in range(10)]
+    base = {q: 0.5 for q in qids}
+    per_query = {"hybrid": {"ndcg@10": base},
+                 "hybrid+rerank": {"ndcg@10": {**base, "q0": 0.9, "q1": 0.9, "q2": 0.3}},  # +0.4 +0.4 -0.2 over 10 queries
+                 "dense+rerank": {"ndcg@10": base}}  # no `dense` evaluated: nothing to compare with
+    compared = first_stage_comparisons(per_query)
+    assert set(compared) == {"hybrid+rerank"}
+    vs = compared["hybrid+rerank"]
+    assert vs["first_stage"] == "hybrid" and vs["ndcg@10_delta"] == pytest.approx((0.4 + 0.4 - 0.2) / 10)
+    assert (vs["wins"], vs["ties"], vs["losses"]) == (2, 7, 1) and 0 < vs["p_value"] <= 1
+    assert first_stage_table({"hybrid": {}, "hybrid+rerank": {"vs_first_stage": {**vs, "p_value": 0.37}}})[-1] == \
+        "| hybrid+rerank | hybrid | +0.0600 | 2/7/1 | 0.37 |"
     assert first_stage_table({"hybrid": {"ndcg@10": 0.7}}) == []

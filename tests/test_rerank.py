@@ -144,6 +144,31 @@ def test_tuned_weight_is_served_unless_overridden(tmp_path):
     (tmp_path / "training.json").write_text('{"interpolation": {"weight": 0.35}}')
     assert tuned_weight(tmp_path) == tuned_weight(tmp_path / "onnx") == 0.35
     assert rerank_weight(tmp_path) == 0.35 and rerank_weight(tmp_path, 0.8) == 0.8
+    (tmp_path / "training.json").write_text('{"interpolation": {"weight": "high"}}')
+    with pytest.raises(ValueError, match="training.json of .*: interpolation weight must be a number between 0 and 1, got 'high'"):
+        rerank_weight(tmp_path)
+
+
+def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
+    from models.reranker_training import split_dev
+
+    queries = {f"q{i}": "text" for i in range(10)}
+    qrels = {**{f"q{i}": {"d": 1} for i in range(9)}, "q9": {"d": 0}, "unknown": {"d": 1}}  # q9: no relevant doc
+    train, dev = split_dev(queries, qrels, 0.25, seed=1)
+    assert len(dev) == 2 and len(train) == 7 and not set(train) & set(dev) and set(train) | set(dev) == {f"q{i}" for i in range(9)}
+    assert split_dev(queries, qrels, 0.25, seed=1) == (train, dev)  # seeded
+    assert len(split_dev(queries, qrels, 0.99, seed=1)[0]) == 1
+    assert split_dev(queries, qrels, 0.0, seed=1) == (sorted(train + dev), [])
+    assert split_dev({"q0": "t"}, {"q0": {"d": 1}}, 0.5, seed=1) == (["q0"], [])
+
+
+def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(tmp_path):
+    from evaluation.runner import RerankChoice
+    from evaluation.suite import EvalConfig, _Rerankers
+
+    (tmp_path / "training.json").write_text('{"data": {"split": "test"}}')
+    with pytest.raises(ValueError, match="trained and tuned on the 'test' split"):
+        _Rerankers(EvalConfig(split="test", reranker=str(tmp_path)), index=None).get(RerankChoice())
 
 
 def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scifact):

@@ -68,8 +68,8 @@ def test_pipeline_specs():
     assert parse_pipeline("bm25+rerank:int8") == ("bm25", None, none, RerankChoice("int8", None))
     assert parse_pipeline("hybrid+rerank:int8:w=0.35")[3] == RerankChoice("int8", 0.35)
     assert parse_pipeline("hybrid+rerank:w=1")[3] == RerankChoice("fp32", 1.0)
-    for bad in ("hybrid+rerank:w=1.5", "hybrid+rerank:w=x", "hybrid+rerank:fp16"):
-        with pytest.raises(ValueError, match="valid: rerank, rerank:int8, rerank:w=WEIGHT"):
+    for bad in ("hybrid+rerank:w=1.5", "hybrid+rerank:w=x", "hybrid+rerank:fp16", "hybrid+rerank:w=0.2:w=0.3", "hybrid+rerank:w=nan"):
+        with pytest.raises(ValueError, match=r"valid: rerank\[:fp32\|int8\]\[:w=WEIGHT\]"):
             parse_pipeline(bad)
     with pytest.raises(ValueError, match="valid: qbnorm, dbnorm"):
         parse_pipeline("dense+csls")
