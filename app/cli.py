@@ -294,9 +294,10 @@ def cmd_bench(args) -> int:
     if args.batching_seconds > 0:
         report["batching"] = batching_tradeoff(index, texts, seconds=args.batching_seconds)
     if args.reranker:
+        from models.onnx_export import training_record
+
         report["rerank_latency"] = rerank_latency(index, args.reranker, texts, device="cpu")
-        record = Path(args.reranker) / "training.json"
-        report["reranker_training"] = json.loads(record.read_text()) if record.is_file() else None
+        report["reranker_training"] = training_record(args.reranker)
     if args.faiss_vectors:
         report["faiss_cpu_vs_gpu"] = faiss_cpu_vs_gpu(args.faiss_vectors)
     report["http"] = http_load(args.index, texts, requests_per_level=args.http_requests)

@@ -120,7 +120,7 @@ def faiss_cpu_vs_gpu(num_vectors: int = 1_000_000, dimension: int = 384, num_que
     report = {"vectors": num_vectors, "dimension": dimension, "queries": num_queries, "gpus": gpu_count(), "results": {}}
     exact = None
     for params in (FaissParams(kind="flat"), FaissParams(kind="ivf", nlist=1024, nprobe=16)):
-        cpu_index = None
+        cpu_qps = None
         for device in devices:
             start = time.perf_counter()
             built = build_faiss_index(vectors, params, device)
@@ -134,7 +134,7 @@ def faiss_cpu_vs_gpu(num_vectors: int = 1_000_000, dimension: int = 384, num_que
             recall = float(np.mean([len(set(f.doc_idx.tolist()) & set(e.doc_idx.tolist())) / k for f, e in zip(found, exact, strict=True)]))
             report["results"][f"{params.factory(num_vectors)} {device}"] = {
                 "qps": round(qps, 1), f"recall@{k}_vs_flat": round(recall, 4), "build_s": round(build_s, 1), "on_gpu": dense.on_gpu}
-            cpu_index = cpu_index or qps
+            cpu_qps = cpu_qps or qps
         if len(devices) > 1:
-            report["results"][f"{params.factory(num_vectors)} gpu_over_cpu"] = round(qps / cpu_index, 1)
+            report["results"][f"{params.factory(num_vectors)} gpu_over_cpu"] = round(qps / cpu_qps, 1)
     return report

@@ -94,6 +94,10 @@ class _Rerankers:
 
     def __init__(self, config: EvalConfig, index):
         self.config, self.index, self._loaded = config, index, {}
+        # read once: what the model was trained on and the weight it was tuned to (1 when untuned)
+        record = training_record(config.reranker) if config.reranker else None
+        self.trained_on = (record or {}).get("data", {}).get("split")
+        self.default_weight = rerank_weight(config.reranker) if config.reranker else 1.0
 
     def identity(self, choice: RerankChoice | None) -> dict | None:
         if choice is None:
@@ -103,16 +107,15 @@ class _Rerankers:
                 "weight": self.weight(choice)}
 
     def weight(self, choice: RerankChoice) -> float:
-        return rerank_weight(self.config.reranker, choice.weight)
+        return self.default_weight if choice.weight is None else choice.weight
 
     def get(self, choice: RerankChoice | None) -> Reranker | None:
         if choice is None:
             return None
         if not self.config.reranker:
             raise ValueError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
-        trained_on = (training_record(self.config.reranker) or {}).get("data", {}).get("split")
-        if trained_on == self.config.split:
-            raise ValueError(f"the reranker {self.config.reranker} was trained and tuned on the {trained_on!r} split: "
+        if self.trained_on == self.config.split:
+            raise ValueError(f"the reranker {self.config.reranker} was trained and tuned on the {self.trained_on!r} split: "
                              "evaluate it on another split")
         if choice.precision not in self._loaded:
             model = CachedScorer(load_cross_encoder(self.config.reranker, precision=choice.precision))

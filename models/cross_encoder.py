@@ -28,6 +28,7 @@ from models.onnx_export import (
     training_record,
 )
 from models.providers import DEVICES, encoding_feeds, load_tokenizer, onnx_session
+from search.rerank import check_weight
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,8 @@ def rerank_weight(name_or_path: str | Path, override: float | None = None) -> fl
 def tuned_weight(name_or_path: str | Path) -> float | None:
     """The interpolation weight `hybrid train-reranker` tuned on held-out queries (None: not ours or untuned)."""
     weight = ((training_record(name_or_path) or {}).get("interpolation") or {}).get("weight")
-    if weight is not None and not (isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0):
-        raise ValueError(f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, got {weight!r}")
-    return weight
+    try:
+        return None if weight is None else check_weight(float(weight))
+    except (TypeError, ValueError):
+        raise ValueError(f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, "
+                         f"got {weight!r}") from None

@@ -143,8 +143,10 @@ def tune_interpolation(index, model, queries: dict[str, str], qrels: dict[str, d
 def _torch_device(device: str) -> str:
     import torch
 
-    if device not in ("auto", "cpu", "gpu"):
-        raise ValueError(f"unknown device {device!r}; valid: auto, cpu, gpu")
+    from models.providers import DEVICES
+
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     if device != "cpu" and torch.cuda.is_available():
         return "cuda"
     if device == "gpu":
