@@ -17,11 +17,10 @@ from app.limits import BodySizeLimit
 from app.observability import Metrics, RequestContext
 from app.routes import router
 from app.security import InFlightLimit, load_api_keys
-from app.serving import Reloader, rerank_options
+from app.serving import Reloader, load_reranker
 from app.settings import Settings
 from indexer.store import OpenIndex, open_index
-from search.pipeline import SearchError
-from search.rerank import RerankOptions
+from search.errors import SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +57,8 @@ def _reload_on_sighup(app: FastAPI) -> None:
         logger.debug("SIGHUP reload not available here")
 
 
-def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
-               rerank: RerankOptions | None = None) -> FastAPI:
-    """Build the app; the index (and reranker) are opened once at startup unless injected (tests)."""
+def create_app(settings: Settings | None = None, index: OpenIndex | None = None, cross_encoder=None) -> FastAPI:
+    """Build the app; the index (and the reranker's cross-encoder) are opened once at startup unless injected (tests)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -73,7 +71,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             opened = open_index(settings.index, verify=settings.verify, device=settings.device)
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
         batch = _batch_queries(settings, opened)
-        app.state.reloader = Reloader(app, settings, executor, rerank or rerank_options(settings, batch), batch)
+        app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
         app.state.reloader.open(opened)
         _reload_on_sighup(app)
         yield
@@ -105,9 +103,11 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
         return JSONResponse(status_code=422, content={"detail": detail})
 
-    @app.exception_handler(SearchError)
-    async def _search_error(request: Request, exc: SearchError):
-        return JSONResponse(status_code=422, content={"detail": [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]})
+    @app.exception_handler(SpecError)
+    async def _spec_error(request: Request, exc: SpecError):
+        # the same shape as request validation errors: where (the field's path in the body) and what
+        loc = ["body", *exc.field.split(".")]
+        return JSONResponse(status_code=422, content={"detail": [{"loc": loc, "msg": str(exc), "type": "value_error"}]})
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

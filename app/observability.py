@@ -11,6 +11,8 @@ import uuid
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from indexer.manifest import FORMAT_VERSION, Manifest
+
 logger = logging.getLogger("app.access")
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -33,11 +35,11 @@ class Metrics:
         for stage, ms in timings_ms.items():
             self.stage_seconds.labels(stage).observe(ms / 1000)
 
-    def describe_index(self, manifest: dict, documents: int) -> None:
+    def describe_index(self, manifest: Manifest, documents: int) -> None:
         self.documents.set(documents)
         self.build_info.clear()
-        self.build_info.labels(str(manifest["format_version"]), manifest["builder_version"], manifest["embedder"]["model"],
-                               manifest["faiss"]["factory"], manifest["created_at"]).set(1)
+        self.build_info.labels(str(FORMAT_VERSION), manifest.builder_version, manifest.embedder.model,
+                               manifest.faiss.factory, manifest.created_at).set(1)
 
 
 class RequestContext:

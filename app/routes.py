@@ -11,8 +11,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
 from app.security import require_api_key
 from app.serving import ReloadInProgress, Serving
-from search.fusion import fusion_to_dict
-from search.pipeline import HubnessChoice
 
 router = APIRouter()
 
@@ -41,14 +39,9 @@ ServingDep = Annotated[Serving, Depends(_serving)]
              responses={401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
                         413: {"description": "body too large"}, 503: {"description": "busy or not ready; see Retry-After"}})
 def search(body: SearchRequest, serving: ServingDep, request: Request) -> SearchResponse:
-    pipeline, index = serving.pipeline, serving.index
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
-    hubness = pipeline.hubness_default
-    if body.hubness is not None or body.dynamic is not None:
-        hubness = HubnessChoice(method=body.hubness or hubness.method, dynamic=hubness.dynamic if body.dynamic is None else body.dynamic)
-    result = pipeline.search(body.query, k=body.k, mode=body.mode, depth=body.depth,
-                             fusion=body.fusion.to_domain() if body.fusion else None, min_score=body.min_score, hubness=hubness,
-                             rerank=body.rerank, rerank_depth=body.rerank_depth, rerank_weight=body.rerank_weight)
+    pipeline, index = serving.pipeline, serving.index
+    result = pipeline.search(body.query, k=body.k, spec=body.spec())
     request.app.state.metrics.observe_search(result.timings_ms)
     explain = body.explain and result.explainable
     hits = []
@@ -60,11 +53,8 @@ def search(body: SearchRequest, serving: ServingDep, request: Request) -> Search
             explain=result.explain(position) if explain else None,
         ))
     return SearchResponse(
-        query=body.query, mode=body.mode, k=body.k, hits=hits,
-        fusion=fusion_to_dict(result.fusion) if result.fusion else None,
-        hubness={"method": hubness.method, "dynamic": hubness.dynamic} if body.mode != "bm25" else {"method": "none", "dynamic": False},
-        rerank={"model": pipeline.reranker.options.name, "depth": len(result.reranked.ranking),
-                "weight": result.reranked.weight} if result.reranked else None,
+        query=body.query, k=body.k, spec=result.spec.to_dict(), hits=hits,
+        reranker=pipeline.reranker.name if result.reranked else None,
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     )
 
@@ -90,7 +80,8 @@ def ready(request: Request):
 
 def _ready(serving: Serving) -> Ready:
     index = serving.index
-    return Ready(ready=True, documents=index.num_docs, index=str(index.path), created_at=index.manifest["created_at"])
+    return Ready(ready=True, documents=index.num_docs, index=str(index.path), created_at=index.manifest.created_at,
+                 defaults=serving.pipeline.defaults.to_dict())
 
 
 @router.post("/admin/reload", response_model=Ready, dependencies=[Depends(_require_admin)],

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from search.fusion import RRF, ConvexCombination, Fusion
+from search.fusion import FUSIONS, MAX_RRF_K
+from search.hubness import HUBNESS_METHODS
 from search.normalize import NORMALIZERS
-from search.pipeline import MAX_DEPTH, MAX_K
 from search.rerank import MAX_RERANK_DEPTH
+from search.spec import MAX_DEPTH, MAX_K, MODES
 
 MAX_QUERY_CHARS = 2048
 _CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
@@ -18,58 +19,61 @@ _CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
 # Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
 # which names the problem in plain words.
 QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^\\s{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# The search spec's fields are typed here and validated by search.spec alone (one set of rules for the API,
+# the manifest and the CLI); the ranges and choices below only document them, from the same constants.
+SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score")
+
+
+def _documented(description: str, **schema) -> dict:
+    return {"default": None, "description": description, "json_schema_extra": schema}
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RRFParams(_Strict):
-    """score(d) = sum over retrievers o of w_o / (rrf_k + rank_o(d)); ranks from 1; weights = [bm25, dense]."""
+class FusionBody(_Strict):
+    """rrf: score(d) = sum over retrievers o of w_o / (rrf_k + rank_o(d)), ranks from 1, weights [bm25, dense].
+    cc: score(d) = alpha * norm(cosine(d)) + (1 - alpha) * norm(bm25(d)), normalised over the candidates.
+    Fields not given come from the index's default fusion when it has the same method, else the method's defaults."""
 
-    method: Literal["rrf"]
-    rrf_k: FiniteFloat = Field(60.0, ge=0, le=1e6, description="RRF constant (not the number of results)")
-    weights: tuple[Annotated[FiniteFloat, Field(ge=0)], Annotated[FiniteFloat, Field(ge=0)]] = Field((1.0, 1.0), description="[bm25, dense]")
-
-    def to_domain(self) -> Fusion:
-        return RRF(rrf_k=self.rrf_k, weights=tuple(self.weights))
-
-
-class CCParams(_Strict):
-    """score(d) = alpha * norm(cosine(d)) + (1 - alpha) * norm(bm25(d)), normalised over the candidates."""
-
-    method: Literal["cc"]
-    alpha: FiniteFloat = Field(0.5, ge=0, le=1, description="weight of the dense retriever")
-    norm: Literal[tuple(NORMALIZERS)] = Field("minmax", description="minmax | zscore | tmm (theoretical min-max) | dbsf | none")
-
-    def to_domain(self) -> Fusion:
-        return ConvexCombination(alpha=self.alpha, norm=self.norm)
+    method: str | None = Field(**_documented("fusion method (default: the index's)", enum=list(FUSIONS)))
+    rrf_k: float | None = Field(**_documented("rrf: the RRF constant (not the number of results)", minimum=0, maximum=MAX_RRF_K))
+    weights: list[float] | None = Field(**_documented("rrf: [bm25, dense], each >= 0", minItems=2, maxItems=2))
+    alpha: float | None = Field(**_documented("cc: weight of the dense retriever", minimum=0, maximum=1))
+    norm: str | None = Field(**_documented("cc: per-query normalisation", enum=list(NORMALIZERS)))
 
 
-FusionParams = Annotated[Union[RRFParams, CCParams], Field(discriminator="method")]
+class HubnessBody(_Strict):
+    method: str | None = Field(**_documented("hubness correction of dense scores (QB-Norm, DBNorm); default: the index's",
+                                              enum=list(HUBNESS_METHODS)))
+    dynamic: bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
+
+
+class RerankBody(_Strict):
+    enabled: bool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
+                                 "(on when a reranker is configured)")
+    depth: int | None = Field(**_documented("first-stage hits reranked; hits below it follow in first-stage order, "
+                                             "scores shifted under the reranked ones; default: the service's, 50",
+                                             minimum=1, maximum=MAX_RERANK_DEPTH))
+    weight: float | None = Field(**_documented("trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
+                                              "z-scored logit with the z-scored first-stage score; default: the service's (the "
+                                              "weight `hybrid train-reranker` tuned on held-out queries, else 1)", minimum=0, maximum=1))
 
 
 class SearchRequest(_Strict):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": QUERY_PATTERN},
                        description="free-text query: not blank, no control characters except tab and newline")
-    k: int = Field(10, ge=1, le=MAX_K, description="number of results to return")
-    mode: Literal["bm25", "dense", "hybrid"] = Field("hybrid", description="retrieval mode; hybrid fuses BM25 and dense candidates")
-    depth: int | None = Field(None, ge=1, le=MAX_DEPTH, description="hybrid candidates per retriever (default from the index, 100); independent of k")
-    fusion: FusionParams | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
-    hubness: Literal["none", "qbnorm", "dbnorm"] | None = Field(
-        None, description="hubness correction of dense scores (QB-Norm, DBNorm); default: what the index was fitted with")
-    dynamic: bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
-    min_score: FiniteFloat | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
-                                           "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
-    rerank: bool | None = Field(None, description="rerank the top rerank_depth candidates with the cross-encoder; "
-                                "default: the service's setting (on when a reranker is configured)")
-    rerank_depth: int | None = Field(None, ge=1, le=MAX_RERANK_DEPTH,
-                                     description="candidates reranked, raised to k if smaller (every returned hit is reranked); default: the service's, 50")
-    rerank_weight: FiniteFloat | None = Field(None, ge=0.0, le=1.0,
-                                        description="trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
-                                        "z-scored logit with the z-scored first-stage score; default: the service's (the weight "
-                                        "`hybrid train-reranker` tuned on held-out queries, else 1)")
+    k: int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
+    mode: str | None = Field(**_documented("retrieval mode; hybrid fuses BM25 and dense candidates; default: the index's (hybrid)",
+                                          enum=list(MODES)))
+    depth: int | None = Field(**_documented("hybrid candidates per retriever (default from the index, 100); independent of k",
+                                           minimum=1, maximum=MAX_DEPTH))
+    fusion: FusionBody | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
+    hubness: HubnessBody | None = Field(None, description="hubness correction of dense scores; default: what the index was fitted with")
+    rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
+    min_score: float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
+                                    "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
     explain: bool = Field(False, description="return every component of each hit's score")
     include_text: bool = Field(False, description="return each hit's text")
 
@@ -82,6 +86,10 @@ class SearchRequest(_Strict):
             raise ValueError("query must not contain control characters (tab and newline are allowed)")
         return value
 
+    def spec(self) -> dict:
+        """The partial search spec this request asks for (the fields it sets), in the spec's dict form."""
+        return self.model_dump(include=set(SPEC_FIELDS), exclude_unset=True, exclude_none=True)
+
 
 class Component(BaseModel):
     score: float = Field(description="raw retriever score (BM25 score or cosine)")
@@ -91,7 +99,7 @@ class Component(BaseModel):
 
 
 class RerankComponent(BaseModel):
-    score: float = Field(description="cross-encoder logit")
+    score: float | None = Field(description="cross-encoder logit; null for a hit below the rerank depth")
     weight: float = Field(description="interpolation weight: final = the logit when 1, else "
                           "weight * zscore(logit) + (1 - weight) * zscore(first_stage_score) over the reranked candidates")
     first_stage_rank: int = Field(description="rank before reranking, from 1")
@@ -117,11 +125,10 @@ class Hit(BaseModel):
 
 class SearchResponse(BaseModel):
     query: str
-    mode: str
     k: int
-    fusion: dict | None = Field(None, description="the fusion applied (hybrid mode)")
-    hubness: dict = Field(description="the hubness correction applied to dense scores: method and dynamic")
-    rerank: dict | None = Field(None, description="the reranking applied: model, depth and weight (null: not reranked)")
+    spec: dict = Field(description="the search spec applied, in full: the index's defaults, the service's settings and "
+                       "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score)")
+    reranker: str | None = Field(None, description="the cross-encoder, when the spec reranks")
     hits: list[Hit]
     timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, rerank, total")
 
@@ -135,3 +142,5 @@ class Ready(BaseModel):
     documents: int | None = None
     index: str | None = None
     created_at: str | None = Field(None, description="when the served index was built")
+    defaults: dict | None = Field(None, description="the search spec a request that sets nothing gets: the index's "
+                                  "defaults with the service's settings merged on")

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from indexer.store import OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
+from models.cross_encoder import load_cross_encoder, rerank_weight
 from search.pipeline import SearchPipeline
-from search.rerank import RerankOptions
 
 logger = logging.getLogger(__name__)
 
@@ -22,20 +22,12 @@ class Serving:
     pipeline: SearchPipeline
 
 
-def rerank_options(settings, batch: bool = False) -> RerankOptions | None:
-    """The reranker the settings name, loaded once for the life of the service (reloads keep it)."""
+def load_reranker(settings, batch: bool = False):
+    """The cross-encoder the settings name, loaded once for the life of the service (reloads keep it)."""
     if not settings.reranker:
         return None
-    from models.cross_encoder import load_cross_encoder, rerank_weight
-
     model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision)
-    if batch:
-        model = BatchingCrossEncoder(model)
-    weight = rerank_weight(settings.reranker, settings.rerank_weight)
-    logger.info("reranking with %s (%s) on the top %d, weight %g, by default=%s", settings.reranker,
-                settings.reranker_precision, settings.rerank_depth, weight, settings.rerank_by_default)
-    return RerankOptions(model, depth=settings.rerank_depth, by_default=settings.rerank_by_default, name=settings.reranker,
-                         weight=weight)
+    return BatchingCrossEncoder(model) if batch else model
 
 
 class ReloadInProgress(RuntimeError):
@@ -49,17 +41,26 @@ class Reloader:
     the last of them finishes. A failed reload leaves the current index in service.
     """
 
-    def __init__(self, app, settings, executor=None, rerank: RerankOptions | None = None, batch: bool = False):
-        self.app, self.settings, self.executor, self.rerank, self.batch = app, settings, executor, rerank, batch
-        self._lock = threading.Lock()
+    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False):
+        self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
+        self.cross_encoder, self._lock = cross_encoder, threading.Lock()
+        self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
+        tuned = rerank_weight(settings.reranker) if settings.reranker else None
+        self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned)
+        if cross_encoder is not None:
+            rerank = self.spec["rerank"]
+            logger.info("reranking with %s (%s) on the top %d, weight %g, by default=%s", self.reranker_name,
+                        settings.reranker_precision, rerank["depth"], rerank["weight"], rerank["enabled"])
 
     def open(self, index: OpenIndex) -> Serving:
         embedder = BatchingEmbedder(index.embedder) if self.batch else None
-        pipeline = index.pipeline(depth=self.settings.depth, executor=self.executor, rerank=self.rerank, embedder=embedder)
+        pipeline = index.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
+                                  cross_encoder_name=self.reranker_name, embedder=embedder)
         serving = Serving(index, pipeline)
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic
         self.app.state.metrics.describe_index(index.manifest, index.num_docs)
-        logger.info("serving %s: %d documents, built %s", index.path, index.num_docs, index.manifest["created_at"])
+        logger.info("serving %s: %d documents, built %s, defaults %s", index.path, index.num_docs, index.manifest.created_at,
+                    pipeline.defaults.to_string())
         return serving
 
     def reload(self) -> Serving:

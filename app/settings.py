@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH
+from indexer.store import VERIFY_MODES
+from models.onnx_export import PRECISIONS
+from search.devices import DEVICES
+from search.rerank import DEFAULT_RERANK_DEPTH
+from search.spec import SearchSpec
 
 
 class Settings(BaseSettings):
@@ -17,12 +21,12 @@ class Settings(BaseSettings):
     index: Path | None = Field(None, description="index folder built by `hybrid index`")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    device: Literal["auto", "cpu", "gpu"] = "auto"
-    verify: Literal["full", "size", "none"] = Field("full", description="index file check at startup")
-    depth: int | None = Field(None, ge=1, le=1000, description="hybrid candidates per retriever (default: the index's)")
+    device: Literal[DEVICES] = "auto"
+    verify: Literal[VERIFY_MODES] = Field("full", description="index file check at startup")
+    depth: int | None = Field(None, description="hybrid candidates per retriever (default: the index's)")
     parallel_legs: Literal["auto", "on", "off"] = Field(
         "auto", description="run the BM25 leg beside embedding + dense search; auto: only when queries are embedded on a GPU "
-        "(on CPU the embedder already uses every core: the gain measured within noise, docs/BENCHMARKS.md)")
+        "(measure with `hybrid bench`: docs/BENCHMARKS.md compares both on the machine it ran on)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
     api_keys: str | None = Field(None, description="comma-separated API keys; unset (and no file): no authentication")
@@ -31,12 +35,25 @@ class Settings(BaseSettings):
     log_level: str = "info"
     reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
                                  "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
-    reranker_precision: Literal["fp32", "int8"] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
-    rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, ge=1, le=MAX_RERANK_DEPTH, description="candidates reranked when a request does not say")
-    rerank_weight: float | None = Field(None, ge=0.0, le=1.0, description="interpolation weight of the cross-encoder when a "
-                                        "request does not say (1: its logit alone); default: the weight `hybrid train-reranker` "
-                                        "tuned on held-out queries, else 1")
+    reranker_precision: Literal[tuple(PRECISIONS)] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
+    rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, description="first-stage hits reranked when a request does not say")
+    rerank_weight: float | None = Field(None, description="interpolation weight of the cross-encoder when a request does not "
+                                        "say (1: its logit alone); default: the weight `hybrid train-reranker` tuned on "
+                                        "held-out queries, else 1")
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
     batch_queries: Literal["auto", "on", "off"] = Field(
         "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
-        "when the models run on a GPU (on 2 CPU cores it cost 7-18% of throughput: docs/BENCHMARKS.md)")
+        "when the models run on a GPU (measure with `hybrid bench`: docs/BENCHMARKS.md compares both)")
+
+    def spec_overrides(self, reranking: bool, tuned_weight: float | None = None) -> dict:
+        """The partial search spec these settings put over the index's defaults."""
+        spec: dict = {} if self.depth is None else {"depth": self.depth}
+        if reranking:
+            weight = self.rerank_weight if self.rerank_weight is not None else (1.0 if tuned_weight is None else tuned_weight)
+            spec["rerank"] = {"enabled": self.rerank_by_default, "depth": self.rerank_depth, "weight": weight}
+        return spec
+
+    @model_validator(mode="after")
+    def _valid_spec(self):
+        SearchSpec().merge(self.spec_overrides(reranking=True))  # the spec's own checks, naming the field
+        return self

@@ -12,6 +12,7 @@ import numpy as np
 from evaluation.bench import percentiles
 from indexer.store import OpenIndex, torch_embedder_for_index
 from models.batching import BatchingEmbedder
+from models.cross_encoder import load_cross_encoder
 from search.dense import DenseIndex, FaissParams, build_faiss_index, gpu_count
 from search.rerank import DEFAULT_RERANK_DEPTH
 
@@ -55,8 +56,6 @@ def embedding_throughput(index: OpenIndex, n: int = 256, batch_size: int = 32) -
 def rerank_latency(index: OpenIndex, reranker: str, queries: list[str], depth: int = DEFAULT_RERANK_DEPTH, n: int = 20,
                    device: str = "cpu") -> dict:
     """Time to score the hybrid top-`depth` of a query: torch vs ONNX fp32 vs ONNX int8, same candidates."""
-    from models.cross_encoder import load_cross_encoder
-
     models = {"torch": load_cross_encoder(reranker, backend="torch", device=device),
               "onnx_fp32": load_cross_encoder(reranker, device=device),
               "onnx_int8": load_cross_encoder(reranker, device=device, precision="int8")}

@@ -8,12 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from evaluation.server import running_server
 from indexer.corpus import indexed_text
 from indexer.store import OpenIndex
 from search.bm25 import BM25Params, ReferenceBM25
 from search.dense import DenseIndex, FaissParams, build_faiss_index
-from search.fusion import RRF, ConvexCombination
-from search.pipeline import MODES, HubnessChoice, SearchPipeline
+from search.fusion import RRF, ConvexCombination, fusion_to_dict
+from search.pipeline import SearchPipeline
+from search.spec import MODES
 
 
 def percentiles(values_ms: list[float]) -> dict[str, float]:
@@ -30,9 +32,9 @@ def _queries_per_second(search, queries: list[str], depth: int) -> float:
 
 def bm25_throughput(index: OpenIndex, queries: list[str], depth: int = 100, rounds: int = 3) -> dict:
     """Our BM25 engine vs rank-bm25 on the same corpus, analyzer and k1/b, interleaved rounds."""
-    spec = index.manifest["bm25"]
+    params = index.manifest.bm25
     tokens = (index.analyzer.analyze(indexed_text(doc["title"], doc["text"])) for doc in map(index.docs.get, range(index.num_docs)))
-    reference = ReferenceBM25(tokens, index.analyzer, BM25Params(k1=spec["k1"], b=spec["b"]))
+    reference = ReferenceBM25(tokens, index.analyzer, BM25Params(k1=params.k1, b=params.b))
     ours, theirs = [], []
     for _ in range(rounds):  # interleaved so machine noise hits both alike
         ours.append(_queries_per_second(index.bm25.search, queries, depth))
@@ -41,10 +43,11 @@ def bm25_throughput(index: OpenIndex, queries: list[str], depth: int = 100, roun
     return {"engine_qps": round(ours_qps, 1), "rank_bm25_qps": round(ref_qps, 1), "ratio": round(ours_qps / ref_qps, 1), "queries": len(queries), "rounds": rounds}
 
 
-def _latency(pipeline: SearchPipeline, queries: list[str], k: int, mode: str, fusion=None) -> dict:
+def _latency(pipeline: SearchPipeline, queries: list[str], k: int, spec: dict) -> dict:
     totals, stages = [], {}
+    resolved = pipeline.resolve(spec)
     for q in queries:
-        result = pipeline.search(q, k=k, mode=mode, fusion=fusion)
+        result = pipeline.search(q, k=k, spec=resolved)
         totals.append(result.timings_ms["total"])
         for stage, ms in result.timings_ms.items():
             stages.setdefault(stage, []).append(ms)
@@ -58,13 +61,14 @@ def _latency(pipeline: SearchPipeline, queries: list[str], k: int, mode: str, fu
 def hubness_overhead(index: OpenIndex, queries: list[str], k: int = 10, rounds: int = 3) -> dict:
     """Dense-leg time with each correction vs uncorrected, interleaved query by query in one run."""
     pipeline = index.pipeline()
-    variants = {"none": HubnessChoice(), "qbnorm IS": HubnessChoice("qbnorm"), "qbnorm DIS": HubnessChoice("qbnorm", True),
-                "dbnorm IS": HubnessChoice("dbnorm"), "dbnorm DIS": HubnessChoice("dbnorm", True)}
+    variants = {name: pipeline.resolve({"mode": "dense", "hubness": {"method": method, "dynamic": dynamic}})
+                for name, method, dynamic in (("none", "none", False), ("qbnorm IS", "qbnorm", False), ("qbnorm DIS", "qbnorm", True),
+                                              ("dbnorm IS", "dbnorm", False), ("dbnorm DIS", "dbnorm", True))}
     leg, search = {name: [] for name in variants}, {name: [] for name in variants}
     for _ in range(rounds):
         for q in queries:
-            for name, choice in variants.items():
-                timings = pipeline.search(q, k=k, mode="dense", hubness=choice).timings_ms
+            for name, spec in variants.items():
+                timings = pipeline.search(q, k=k, spec=spec).timings_ms
                 leg[name].append(timings["total"])
                 search[name].append(timings["dense"])
     base_leg, base_search = statistics.median(leg["none"]), statistics.median(search["none"])
@@ -82,10 +86,11 @@ def pipeline_latency(index: OpenIndex, queries: list[str], k: int = 10, warmup: 
         for q in queries[:warmup]:
             sequential.search(q, k=k)
             concurrent.search(q, k=k)
-        report = {mode: _latency(sequential, queries, k, mode) for mode in MODES}
+        report = {mode: _latency(sequential, queries, k, {"mode": mode}) for mode in MODES}
         for name, fusion in (("hybrid rrf", RRF()), ("hybrid cc", ConvexCombination())):
-            report[name] = _latency(sequential, queries, k, "hybrid", fusion)
-            report[f"{name}, concurrent legs"] = _latency(concurrent, queries, k, "hybrid", fusion)
+            spec = {"mode": "hybrid", "fusion": fusion_to_dict(fusion)}  # the method's defaults, whatever the index was tuned to
+            report[name] = _latency(sequential, queries, k, spec)
+            report[f"{name}, concurrent legs"] = _latency(concurrent, queries, k, spec)
     return report
 
 
@@ -118,8 +123,6 @@ def http_load(index_dir, queries: list[str], concurrency_levels=(1, 4, 16), requ
 
     import httpx
 
-    from evaluation.server import running_server
-
     with running_server(index_dir, {"HYBRID_VERIFY": "size"}) as (url, _):
         report = {}
         with httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=max(concurrency_levels))) as client:
@@ -148,3 +151,4 @@ def http_load(index_dir, queries: list[str], concurrency_levels=(1, 4, 16), requ
                 report[f"{concurrency} clients"] = {"requests": len(latencies), "errors": sum(errors),
                                                     "throughput_rps": round(len(latencies) / wall, 1), **percentiles(latencies)}
         return report
+

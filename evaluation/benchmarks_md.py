@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
+from collections import Counter
 from pathlib import Path
 
+from evaluation.machine import cpu_model as _cpu_model
 from evaluation.report import first_stage_table
 
 # Published scifact test-split numbers (../shared/data/beir/README.md lists their sources).
@@ -21,14 +24,169 @@ REFERENCES = [
 ]
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+# Two measurements closer than this (relative) are reported as "within noise", not as a win for either side.
+NOISE = 0.03
+
+
+def _change(new: float, old: float) -> float:
+    """Relative change from `old` to `new` (0.2 = 20% more)."""
+    if old == 0:
+        return 0.0 if new == 0 else float("inf")
+    return new / old - 1
+
+
+def _verdict(change: float, up: str, down: str, same: str = "within noise") -> str:
+    """"<up> by 20%", "<down> by 17%" or "<same> at +1.2%", from a relative change."""
+    if abs(change) <= NOISE:
+        return f"{same} at {change:+.1%}"
+    return f"{up if change > 0 else down} by {abs(change):.0%}"
+
+
+def _tally(changes: list[float]) -> str:
+    """How many of the changes went each way: "2 up, 1 down, 0 within noise"."""
+    up, down = sum(c > NOISE for c in changes), sum(c < -NOISE for c in changes)
+    return f"{up} up, {down} down, {len(changes) - up - down} within noise"
+
+
+def _gpu_phrase(machine: dict) -> str:
+    """The GPUs a bench run saw, from evaluation.machine.describe_machine()'s record."""
+    names = Counter(machine.get("gpus") or [])
+    faiss_gpus = machine.get("faiss_gpus") or 0
+    if not names:
+        return f"{faiss_gpus} GPU(s) visible to FAISS (no names from nvidia-smi)" if faiss_gpus else "no GPU seen"
+    listed = ", ".join(name if n == 1 else f"{n}x {name}" for name, n in names.items())
+    seen_by = [f"FAISS saw {faiss_gpus}"]
+    if machine.get("onnx_providers"):
+        seen_by.append(f"ONNX Runtime providers {', '.join(machine['onnx_providers'])}")
+    return f"GPU {listed} ({'; '.join(seen_by)})"
+
+
+def machine_line(bench: dict, versions: dict) -> str:
+    """The Machine line: the device the bench run recorded, or, for JSON without a record, what can be read now."""
+    machine = bench.get("machine")
+    if machine:
+        cores = machine.get("cpu_count") or bench.get("cpu_count")
+        cpu = machine.get("cpu_model") or machine.get("cpu") or "unknown CPU"
+        device, python = _gpu_phrase(machine), machine.get("python") or platform.python_version()
+    else:  # older bench JSON: the CPU is read at render time and the GPU is unknown, so nothing is claimed about it
+        cores, cpu, device, python = bench.get("cpu_count"), _cpu_model(), "GPU not recorded", platform.python_version()
+    libraries = ", ".join(f"{name} {versions.get(name, 'unknown')}" for name in ("faiss", "onnxruntime", "bm25s"))
+    return f"Machine: {cores if cores is not None else 'unknown'} cores, {cpu}, {device}; Python {python}; {libraries}."
+
+
+def build_sentence(build: dict, documents: int) -> str:
+    """Build throughput and which stage took most of the build time."""
+    stages = {s.removesuffix("_s"): build[s] for s in ("documents_s", "bm25_s", "embeddings_s", "faiss_s") if s in build}
+    sentence = f"Throughput: {documents / build['total_s']:.1f} docs/s"
+    if stages and build["total_s"] > 0:
+        top = max(stages, key=stages.get)
+        sentence += f"; the {top} stage took {stages[top] / build['total_s']:.0%} of the build time"
+    return sentence + "."
+
+
+def parallel_legs_sentence(latency: dict) -> str:
+    """Each fusion's p50 with the legs run concurrently vs one after the other (pipeline_latency rows)."""
+    parts = []
+    for name, row in latency.items():
+        concurrent = latency.get(f"{name}, concurrent legs")
+        if concurrent is None or name.endswith(", concurrent legs"):
+            continue
+        change = _change(concurrent["p50_ms"], row["p50_ms"])
+        verdict = _verdict(change, "raised p50 latency", "lowered p50 latency", "left p50 latency within noise")
+        part = (f"for {name} they {verdict} "
+                f"({concurrent['p50_ms']:.2f} vs {row['p50_ms']:.2f} ms")
+        bm25 = row.get("stage_p50_ms", {}).get("bm25")
+        if bm25 is not None:
+            part += f"; the BM25 stage it overlaps had a median of {bm25:.2f} ms"
+        parts.append(part + ")")
+    if not parts:
+        return ""
+    return f"Measured here, concurrent legs: {'; '.join(parts)}."
+
+
+def http_scaling_sentence(http: dict) -> str:
+    """Throughput and latency at the highest concurrency vs the lowest (http_load rows "N clients")."""
+    rows = sorted((int(name.split()[0]), row) for name, row in http.items())
+    if len(rows) < 2:
+        return ""
+    (low, first), (high, last) = rows[0], rows[-1]
+    change = _change(last["throughput_rps"], first["throughput_rps"])
+    peak_clients, peak = max(rows, key=lambda r: r[1]["throughput_rps"])
+    throughput = _verdict(change, "rose", "fell", "stayed within noise")
+    sentence = (f"From {low} to {high} concurrent clients ({high / max(low, 1):g}x the clients), throughput {throughput} "
+                f"({first['throughput_rps']:.1f} -> {last['throughput_rps']:.1f} req/s, {1 + change:.2f}x) and p50 latency "
+                f"went from {first['p50_ms']:.1f} to {last['p50_ms']:.1f} ms "
+                f"({1 + _change(last['p50_ms'], first['p50_ms']):.1f}x). "
+                f"Peak throughput: {peak['throughput_rps']:.1f} req/s at {peak_clients} clients.")
+    failed = [f"{row['errors']} at {n} clients" for n, row in rows if row.get("errors")]
+    sentence += f" Failed requests: {', '.join(failed)}." if failed else " No request failed."
+    return sentence
+
+
+def hubness_overhead_sentence(overhead: dict) -> str:
+    """Each hubness correction's dense-leg and search-only p50 vs no correction (hubness_overhead rows)."""
+    rows = {name: v for name, v in overhead.items() if name != "none"}
+    if not rows:
+        return ""
+    base = overhead.get("none", {})
+
+    def compare(ratio_key: str, ms_key: str, fmt: str) -> str:
+        parts = []
+        for name, v in rows.items():
+            numbers = f"{v[ms_key]:{fmt}} vs {base[ms_key]:{fmt}} ms" if ms_key in base else f"ratio {v[ratio_key]:.3f}"
+            parts.append(f"{name} {_verdict(v[ratio_key] - 1, 'slower', 'faster')} ({numbers})")
+        return "; ".join(parts)
+
+    costliest = max(rows, key=lambda name: rows[name]["leg_ratio"])
+    leg_change = rows[costliest]["leg_ratio"] - 1
+    summary = (f"The costliest on the dense leg was {costliest}, {leg_change:+.1%}." if leg_change > NOISE else
+               "Every correction's dense-leg time was within noise of no correction or below it.")
+    return (f"Against no correction, the dense leg (embed + search) was: {compare('leg_ratio', 'dense_leg_p50_ms', '.2f')}. "
+            f"The search alone was: {compare('search_ratio', 'search_p50_ms', '.3f')}. {summary}")
+
+
+def batching_sentence(batching: dict) -> str:
+    """Batched vs unbatched queries/s and p50 at each load level (batching_tradeoff rows "[un]batched, N clients")."""
+    levels = sorted({int(m.group(1)) for key in batching if (m := re.fullmatch(r"(?:un)?batched, (\d+) clients?", key))})
+    parts, changes = [], []
+    for n in levels:
+        unbatched, batched = batching.get(f"unbatched, {n} clients"), batching.get(f"batched, {n} clients")
+        if not (unbatched and batched):
+            continue
+        change = _change(batched["qps"], unbatched["qps"])
+        changes.append(change)
+        verdict = _verdict(change, "raised throughput", "lowered throughput", "left throughput within noise")
+        parts.append(f"at {n} client{'s' if n != 1 else ''} batching {verdict} "
+                     f"({batched['qps']:.1f} vs {unbatched['qps']:.1f} queries/s, p50 {batched['p50_ms']:.1f} vs "
+                     f"{unbatched['p50_ms']:.1f} ms)")
+    if not parts:
+        return ""
+    return f"Measured here, {'; '.join(parts)}. Batched throughput by load level: {_tally(changes)}."
+
+
+def faiss_device_sentence(faiss: dict) -> str:
+    """FAISS GPU vs CPU batched search at each index type, or that no GPU was visible to FAISS."""
+    results = faiss.get("results", {})
+    parts = []
+    for name, cpu in results.items():
+        gpu = results.get(name.removesuffix(" cpu") + " gpu")
+        if not (name.endswith(" cpu") and isinstance(cpu, dict) and isinstance(gpu, dict)):
+            continue
+        change = _change(gpu["qps"], cpu["qps"])
+        verdict = ("GPU and CPU were within noise" if abs(change) <= NOISE else
+                   f"the GPU was {'faster' if change > 0 else 'slower'}")
+        part = (f"for {name.removesuffix(' cpu')} {verdict}: {1 + change:.2f}x the CPU's queries/s "
+                f"({gpu['qps']:.0f} vs {cpu['qps']:.0f})")
+        recall = next((k for k in cpu if k.startswith("recall@")), None)
+        if recall and recall in gpu and abs(gpu[recall] - cpu[recall]) > 1e-3:
+            part += f", {recall} {gpu[recall]:.4f} vs {cpu[recall]:.4f}"
+        parts.append(part)
+    if parts:
+        return f"FAISS saw {faiss.get('gpus', 0)} GPU(s); batched search on the GPU vs the CPU: {'; '.join(parts)}."
+    if not faiss.get("gpus"):
+        return ("No GPU was visible to FAISS on this machine (faiss.get_num_gpus() = 0): GPU rows appear when "
+                "`hybrid bench --faiss-vectors N` runs where one is (the same command).")
+    return f"FAISS saw {faiss['gpus']} GPU(s), but this run recorded no GPU rows."
 
 
 def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None) -> str:
@@ -39,8 +197,7 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
         "",
         "Generated by `bash scripts/benchmarks.sh` (do not edit by hand).",
         "",
-        f"Machine: {bench['cpu_count']} cores, {_cpu_model()}, no GPU; Python {platform.python_version()}; "
-        f"faiss {manifest['versions']['faiss']}, onnxruntime {manifest['versions']['onnxruntime']}, bm25s {manifest['versions']['bm25s']}.",
+        f"{machine_line(bench, manifest['versions'])} Below, a difference of {NOISE:.0%} or less is called within noise.",
         "",
         f"## Quality: {eval_report['dataset']} {eval_report['split']} ({eval_report['queries']} queries)",
         "",
@@ -73,8 +230,7 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
         "|---|---:|",
         *(f"| {stage.removesuffix('_s')} | {build[stage]:.1f} |" for stage in ("documents_s", "bm25_s", "embeddings_s", "faiss_s", "total_s")),
         "",
-        f"Peak memory of the build: {build['peak_rss_mib']:.0f} MiB. "
-        f"Throughput: {manifest['counts']['documents'] / build['total_s']:.1f} docs/s (embedding dominates).",
+        f"Peak memory of the build: {build['peak_rss_mib']:.0f} MiB. {build_sentence(build, manifest['counts']['documents'])}",
         "",
         "## BM25 engine vs rank-bm25 (same corpus, analyzer, k1, b; interleaved rounds in one process)",
         "",
@@ -93,10 +249,12 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
         stages = ", ".join(f"{s} {v:.2f}" for s, v in m["stage_p50_ms"].items() if s != "total")
         share = f"{m['fusion_share']:.1%}" if "fusion_share" in m else ""
         lines.append(f"| {mode} | {m['p50_ms']:.2f} | {m['p95_ms']:.2f} | {m['p99_ms']:.2f} | {share} | {stages} |")
-    lines += ["", "Fusion share: median over queries of (gathering the missing scores + fusing) / total. "
-              "`concurrent legs` runs BM25 in a second thread beside query embedding + dense search; compare it with the row "
-              "above it. On a 2-core CPU the embedder already uses both cores and BM25 takes well under a millisecond, so the "
-              "service enables it by default only when queries are embedded on a GPU (`HYBRID_PARALLEL_LEGS`)."]
+    lines += ["", " ".join(filter(None, [
+        "Fusion share: median over queries of (gathering the missing scores + fusing) / total. "
+        "`concurrent legs` runs BM25 in a second thread beside query embedding + dense search; compare it with the row above it.",
+        parallel_legs_sentence(bench["latency"]),
+        "The service runs the legs concurrently when `HYBRID_PARALLEL_LEGS=on`; `auto` (the default) does so only when "
+        "queries are embedded on a GPU."]))]
     lines += ["", "## Dense index types (same stored vectors, one query at a time)", "",
               "| FAISS index | queries/s | recall@10 vs flat | build s |", "|---|---:|---:|---:|"]
     for name, v in bench["dense_indexes"].items():
@@ -105,8 +263,9 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
               "| concurrent clients | requests | errors | throughput req/s | p50 ms | p95 ms | p99 ms |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, v in bench["http"].items():
         lines.append(f"| {name.split()[0]} | {v['requests']} | {v['errors']} | {v['throughput_rps']:.1f} | {v['p50_ms']:.1f} | {v['p95_ms']:.1f} | {v['p99_ms']:.1f} |")
-    lines += ["", "Query embedding is CPU-bound: once the cores are busy, more concurrent clients add queueing "
-              "latency rather than throughput (compare the rows)."]
+    scaling = http_scaling_sentence(bench["http"])
+    if scaling:
+        lines += ["", scaling]
     if load:
         lines += ["", f"Sustained load (`python -m evaluation.load_test`, all scifact queries): {load['clients']} clients for "
                   f"{load['seconds']:.0f} s on loopback: {load['requests']} requests, {load['errors']} errors, "
@@ -129,9 +288,11 @@ def render(index_dir: Path, eval_report: dict, bench: dict, memory: dict | None 
             *(f"| {name} | {v['dense_leg_p50_ms']:.2f} | {v['leg_ratio']:.3f} | {v['search_p50_ms']:.3f} | {v['search_ratio']:.3f} |"
               for name, v in bench["hubness_overhead"].items()),
             "",
-            "Inverted softmax costs one search of the augmented index (one more dimension per bias column). "
-            "The dynamic variants search the raw scores first and search again, corrected, only when the raw top-1 "
-            "is in a bank's activation set.",
+            " ".join(filter(None, [
+                hubness_overhead_sentence(bench["hubness_overhead"]),
+                "Inverted softmax searches the augmented index once (one more dimension per bias column); the dynamic "
+                "variants search the raw scores first and search again, corrected, only when the raw top-1 is in a bank's "
+                "activation set."])),
         ]
     if memory:
         lines += ["", f"Fitting memory: a {memory['bank']:,}-query bank against {memory['docs']:,} documents of dimension "
@@ -194,10 +355,10 @@ def _inference_sections(bench: dict) -> list[str]:
                   "| variant | queries/s | p50 ms | p99 ms | mean batch |", "|---|---:|---:|---:|---:|"]
         for name, v in batching.items():
             lines.append(f"| {name} | {v['qps']:.1f} | {v['p50_ms']:.1f} | {v['p99_ms']:.1f} | {v.get('mean_batch', '')} |")
-        lines += ["", "Batched: concurrent requests' query embeddings share one model run, one run at a time; a lone request "
-                  "runs at once. On a CPU whose cores ONNX Runtime already fills, serialising the runs costs more than "
-                  "batching saves (compare the rows), so `HYBRID_BATCH_QUERIES=auto` batches only when the models run on a GPU, "
-                  "where one batched run replaces many small kernel launches."]
+        lines += ["", " ".join(filter(None, [
+            "Batched: concurrent requests' query embeddings share one model run, one run at a time; a lone request runs at once.",
+            batching_sentence(batching),
+            "The service batches when `HYBRID_BATCH_QUERIES=on`; `auto` (the default) does so only when the models run on a GPU."]))]
     faiss = bench.get("faiss_cpu_vs_gpu")
     if faiss:
         lines += ["", f"## FAISS search, {faiss['vectors']:,} clustered synthetic unit vectors of dimension {faiss['dimension']}, "
@@ -206,9 +367,7 @@ def _inference_sections(bench: dict) -> list[str]:
         for name, v in faiss["results"].items():
             if isinstance(v, dict):
                 lines.append(f"| {name} | {v['qps']:.0f} | {v['recall@10_vs_flat']:.4f} | {v['build_s']:.1f} |")
-        if not faiss["gpus"]:
-            lines += ["", "No GPU was visible to FAISS on this machine: GPU rows appear when `hybrid bench --faiss-vectors N` "
-                      "runs where one is (the same command)."]
+        lines += ["", faiss_device_sentence(faiss)]
     return lines
 
 

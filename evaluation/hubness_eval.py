@@ -1,74 +1,20 @@
-"""Choose hubness betas on labelled bank queries (cross-fitted), and report hubness diagnostics.
-
-Tuning never scores a query with a bank that contains it: the bank's queries are split into folds and
-each fold is evaluated with biases fitted on the other folds (5-fold cross-fitting).
-"""
+"""Hubness diagnostics: k-occurrence skewness, never-retrieved share and top hubs, before and after
+each correction (`hybrid hubness report`)."""
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import replace
+import json
+from pathlib import Path
 
 import numpy as np
 
-from evaluation.metrics import evaluate
-from search.hubness import (
-    BIAS_COLUMNS,
-    HubnessCorrection,
-    HubnessParams,
-    bank_statistics,
-    hubness_stats,
-    k_occurrence,
-)
-from search.ranking import Ranking, top_k
+from indexer.corpus import read_qrels, read_queries
+from indexer.store import open_index
+from search.errors import ConfigError
+from search.hubness import HubnessCorrection, hubness_stats, k_occurrence
+from training.hubness import corrected_rankings
 
-BETAS = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)
-DB_BETA1 = (1 / 1.99, 5.0, 20.0)
-DB_BETA2 = (1.0, 3.0, 10.0, 20.0)
 VARIANTS = (("none", False), ("qbnorm", False), ("qbnorm", True), ("dbnorm", False), ("dbnorm", True))
-
-
-def corrected_rankings(queries: np.ndarray, embeddings: np.ndarray, correction: HubnessCorrection | None,
-                       method: str, dynamic: bool, k: int) -> list[Ranking]:
-    """Exact corrected top-k by brute force (tuning and diagnostics: many queries, no index needed)."""
-    sims = queries @ embeddings.T
-    out = []
-    for row in sims:
-        if correction is None or method == "none":
-            out.append(top_k(row, k))
-            continue
-        coef = correction.coefficients(method, dynamic, int(np.argmax(row)))
-        out.append(top_k(correction.corrected(row, np.arange(len(row)), coef), k))
-    return out
-
-
-def tune_hubness(bank: np.ndarray, bank_qids: list[str], qrels: dict, embeddings: np.ndarray, doc_ids: list[str],
-                 method: str, dynamic: bool, base: HubnessParams, gallery: np.ndarray, folds: int = 5,
-                 metric: str = "ndcg@10", seed: int = 0) -> tuple[HubnessParams, list[dict]]:
-    """Grid-search beta (qbnorm) or (beta1, beta2) (dbnorm) by cross-fitting over the bank queries."""
-    fold_of = np.random.default_rng(seed).permutation(len(bank)) % folds
-    grid = [{"beta": b} for b in BETAS] if method == "qbnorm" else [{"beta1": b1, "beta2": b2} for b1, b2 in itertools.product(DB_BETA1, DB_BETA2)]
-    gallery_lse = {}  # the gallery holds documents, not queries: shared by every fold
-    table = []
-    for point in grid:
-        params = replace(base, **point)
-        if method == "dbnorm" and params.beta2 not in gallery_lse:
-            gallery_lse[params.beta2] = bank_statistics(embeddings[gallery], embeddings, params.beta2, params.k, self_idx=gallery)
-        run = {}
-        for f in range(folds):
-            train, held = bank[fold_of != f], np.flatnonzero(fold_of == f)
-            beta = params.beta if method == "qbnorm" else params.beta1
-            lse_b, act_b = bank_statistics(train, embeddings, beta, params.k)
-            lse = {BIAS_COLUMNS[0]: lse_b, BIAS_COLUMNS[1]: lse_b, BIAS_COLUMNS[2]: np.zeros(len(embeddings))}
-            activation = {"query": act_b, "gallery": np.zeros(len(embeddings), dtype=bool)}
-            if method == "dbnorm":
-                lse[BIAS_COLUMNS[2]], activation["gallery"] = gallery_lse[params.beta2]
-            correction = HubnessCorrection(params, lse, activation)
-            for i, ranking in zip(held, corrected_rankings(bank[held], embeddings, correction, method, dynamic, 100)):
-                run[bank_qids[i]] = {doc_ids[d]: float(s) for d, s in zip(ranking.doc_idx, ranking.scores)}
-        table.append({**point, metric: evaluate(run, qrels, (metric,))[metric]})
-    best = max(table, key=lambda row: row[metric])
-    return replace(base, **{k: v for k, v in best.items() if k != metric}), table
 
 
 def hubness_report(queries: np.ndarray, embeddings: np.ndarray, correction: HubnessCorrection, doc_ids: list[str], k: int = 10) -> dict:
@@ -100,3 +46,26 @@ def plot_histograms(report: dict, path, k: int = 10) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def write_report(index_dir: Path, queries_path: Path, split_qrels: Path | None = None, k: int = 10,
+                 out: Path | None = None) -> tuple[int, Path, dict]:
+    """Report every variant for the queries (of one split), write report.json and the histogram into
+    `out` (default INDEX/hubness_report); returns (queries, out, rows)."""
+    index = open_index(index_dir, verify="size", device="cpu")
+    try:
+        if index.hubness is None:
+            raise ConfigError("this index has no fitted hubness correction: run `hybrid hubness fit` first")
+        queries = read_queries(queries_path)
+        if split_qrels:
+            queries = {q: queries[q] for q in read_qrels(split_qrels) if q in queries}
+        report = hubness_report(index.embedder.encode(list(queries.values())), np.asarray(index.embeddings),
+                                index.hubness.correction, index.doc_ids, k=k)
+    finally:
+        index.close()
+    out = out or Path(index_dir) / "hubness_report"
+    out.mkdir(parents=True, exist_ok=True)
+    plot_histograms(report, out / "k_occurrence.png", k)
+    rows = {name: {key: v for key, v in values.items() if key != "counts"} for name, values in report.items()}
+    (out / "report.json").write_text(json.dumps({"queries": len(queries), "k": k, "variants": rows}, indent=2))
+    return len(queries), out, rows

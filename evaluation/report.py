@@ -91,3 +91,17 @@ def plot_charts(report: dict, comparison: dict, out: Path, baseline: str) -> Non
     fig.tight_layout()
     fig.savefig(out / "win_loss.png", dpi=110)
     plt.close(fig)
+
+
+def console_table(report: dict) -> str:
+    """One dataset's report as aligned text: a row per pipeline, then what each reranker added."""
+    lines = [f"{report['dataset']} / {report['split']} ({report['queries']} queries; fusion tuned on "
+             f"{report['tuned_on'] or 'nothing: untuned'})"]
+    columns = [c for c, v in next(iter(report["pipelines"].values())).items() if not isinstance(v, dict)]
+    widths = [max(10, len(c) + 2) for c in columns]
+    name_width = max(22, *(len(name) + 2 for name in report["pipelines"]))
+    lines.append(f"{'pipeline':<{name_width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths)))
+    for name, metrics in report["pipelines"].items():
+        lines.append(f"{name:<{name_width}}" + "".join(f"{metrics[c]:>{w}.4f}" if isinstance(metrics[c], float) else f"{metrics[c]:>{w}}"
+                                                       for c, w in zip(columns, widths)))
+    return "\n".join(lines + first_stage_table(report["pipelines"]))

@@ -10,7 +10,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 
 
 def free_port() -> int:
@@ -22,10 +21,12 @@ def free_port() -> int:
 @contextmanager
 def running_server(index_dir: Path | str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0):
     """Yield (base url, process) once /ready answers 200; terminate the server on exit."""
+    import httpx  # a dev dependency: only benchmarks and tests start servers
+
     port = free_port()
     environment = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
                    "HYBRID_LOG_LEVEL": "warning", **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", "app.cli", "serve"], env=environment,
+    process = subprocess.Popen([sys.executable, "-m", "app"], env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -8,12 +8,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from evaluation.metrics import per_query_scores
 from evaluation.report import (
     compare_to_baseline,
     first_stage_table,
@@ -21,22 +20,19 @@ from evaluation.report import (
     plot_charts,
     write_trec_run,
 )
-from evaluation.runner import (
-    CachedScorer,
-    RerankChoice,
-    doc_ids,
-    hubness_pipelines,
-    parse_pipeline,
-    run_queries,
-    tuned_pipelines,
-)
-from evaluation.tuning import tune_index
+from evaluation.runner import Pipeline, hubness_pipelines, parse_pipeline, run_queries, tuned_pipelines
+from indexer.build import BuildOptions, build_index
 from indexer.corpus import split_queries
-from indexer.store import open_index
-from models.cross_encoder import load_cross_encoder, rerank_weight, training_record
+from indexer.manifest import MANIFEST, Manifest, read_manifest
+from indexer.store import OpenIndex, open_index
+from models.cross_encoder import CachingCrossEncoder, load_cross_encoder, rerank_weight, training_record
+from search.errors import ConfigError
 from search.hubness import hubness_stats, k_occurrence
+from search.pipeline import SearchPipeline
 from search.ranking import Ranking
-from search.rerank import DEFAULT_RERANK_DEPTH, Reranker, RerankOptions
+from search.rerank import DEFAULT_RERANK_DEPTH
+from training.fusion import tune_index
+from training.metrics import per_query_scores
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +54,7 @@ class EvalConfig:
 
 def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool) -> str | None:
     """Tune the fusion on the dataset's train (else dev) split unless already tuned; never on `eval_split`."""
-    if open_index(index_dir, verify="none").manifest["fusion"].get("tuning"):
+    if read_manifest(index_dir).fusion_tuning:
         return None
     for split in TUNING_SPLITS:
         if split != eval_split and (dataset / "qrels" / f"{split}.tsv").is_file():
@@ -68,11 +64,11 @@ def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, prog
     return None
 
 
-def _cache_key(manifest: dict, spec: str, queries: dict, k: int, reranker: dict | None = None) -> str:
-    """Everything a run depends on: index files, its default fusion and hubness, pipeline, queries, depth, reranker."""
-    signature = {"files": {f: v["sha256"] for f, v in manifest["files"].items()}, "fusion": manifest["fusion"].get("default"),
-                 "hubness": manifest.get("hubness", {}).get("params"), "spec": spec, "queries": sorted(queries.items()), "k": k,
-                 "reranker": reranker}
+def _cache_key(manifest: Manifest, spec: dict, queries: dict, k: int, reranker: dict | None = None) -> str:
+    """Everything a run depends on: index files, hubness fit, the resolved spec, queries, depth, reranker."""
+    signature = {"files": {f: v["sha256"] for f, v in manifest.files.items()},
+                 "hubness": asdict(manifest.hubness.params) if manifest.hubness else None, "spec": spec,
+                 "queries": sorted(queries.items()), "k": k, "reranker": reranker}
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -89,78 +85,75 @@ def _cached_run(cache: Path | None, key: str, compute):
     return run, rankings
 
 
-class _Rerankers:
-    """One cross-encoder per precision, loaded on first use and sharing scores across pipelines."""
+class _Pipelines:
+    """The index's search pipeline, and one per reranker precision (loaded on first use), whose cross-encoder
+    scores are shared across evaluated pipelines; the reranker's defaults are its tuned weight and
+    `rerank_depth`, as the service would serve it."""
 
-    def __init__(self, config: EvalConfig, index):
-        self.config, self.index, self._loaded = config, index, {}
-        # read once: what the model was trained on and the weight it was tuned to (1 when untuned)
+    def __init__(self, config: EvalConfig, index: OpenIndex):
+        self.config, self.index, self.plain = config, index, index.pipeline()
+        self._reranking: dict[str, SearchPipeline] = {}
         record = training_record(config.reranker) if config.reranker else None
-        self.trained_on = (record or {}).get("data", {}).get("split")
-        self.default_weight = rerank_weight(config.reranker) if config.reranker else 1.0
+        self.trained_on = (record or {}).get("data", {}).get("split")  # what the model was trained and tuned on
 
-    def identity(self, choice: RerankChoice | None) -> dict | None:
-        if choice is None:
-            return None
-        model = self.get(choice).options.model.model
-        return {"config": getattr(model, "config", None), "precision": choice.precision, "depth": self.config.rerank_depth,
-                "weight": self.weight(choice)}
-
-    def weight(self, choice: RerankChoice) -> float:
-        return self.default_weight if choice.weight is None else choice.weight
-
-    def get(self, choice: RerankChoice | None) -> Reranker | None:
-        if choice is None:
-            return None
+    def get(self, pipeline: Pipeline) -> SearchPipeline:
+        if not pipeline.reranks:
+            return self.plain
         if not self.config.reranker:
-            raise ValueError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
+            raise ConfigError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
         if self.trained_on == self.config.split:
-            raise ValueError(f"the reranker {self.config.reranker} was trained and tuned on the {self.trained_on!r} split: "
-                             "evaluate it on another split")
-        if choice.precision not in self._loaded:
-            model = CachedScorer(load_cross_encoder(self.config.reranker, precision=choice.precision))
-            self._loaded[choice.precision] = Reranker(RerankOptions(model, depth=self.config.rerank_depth), self.index.doc_text)
-        return self._loaded[choice.precision]
+            raise ConfigError(f"the reranker {self.config.reranker} was trained and tuned on the {self.trained_on!r} split: "
+                              "evaluate it on another split")
+        if pipeline.precision not in self._reranking:
+            model = CachingCrossEncoder(load_cross_encoder(self.config.reranker, precision=pipeline.precision))
+            defaults = {"rerank": {"depth": self.config.rerank_depth, "weight": rerank_weight(self.config.reranker)}}
+            self._reranking[pipeline.precision] = self.index.pipeline(defaults, cross_encoder=model)
+        return self._reranking[pipeline.precision]
+
+    def identity(self, pipeline: Pipeline) -> dict | None:
+        if not pipeline.reranks:
+            return None
+        return {"config": getattr(self.get(pipeline).reranker.model.model, "config", None), "precision": pipeline.precision}
 
 
 def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Path | None = None) -> dict:
     queries, qrels = split_queries(dataset, config.split)
     tuned_on = tune_on_labelled_split(index_dir, dataset, config.split, config.progress) if config.tune else None
     index = open_index(index_dir, verify="size")
-    pipeline, ids = index.pipeline(), doc_ids(index)
-    specs = list(config.pipelines) + (tuned_pipelines(index.manifest) if config.all_fusions else [])
-    specs += hubness_pipelines() if config.all_hubness else []
+    names = list(config.pipelines) + (tuned_pipelines(index.manifest) if config.all_fusions else [])
+    names += hubness_pipelines() if config.all_hubness else []
     cache = None
     if out:
         (out / "runs").mkdir(parents=True, exist_ok=True)
         cache = out / "cache"
         cache.mkdir(exist_ok=True)
+    tuning = index.manifest.fusion_tuning
     report = {"dataset": dataset.name, "split": config.split, "queries": len(queries), "index": str(index_dir),
-              "tuned_on": tuned_on or index.manifest["fusion"].get("tuning", {}).get("qrels"), "pipelines": {}}
+              "tuned_on": tuned_on or (tuning.qrels if tuning else None), "defaults": index.manifest.defaults.to_dict(),
+              "pipelines": {}, "specs": {}}
     per_query = {}
-    rerankers = _Rerankers(config, index)
-    for spec in dict.fromkeys(specs):
-        mode, fusion, hubness, rerank = parse_pipeline(spec)
-
-        def compute():
-            return run_queries(pipeline, ids, queries, mode, fusion=fusion, hubness=hubness, k=config.k, progress=config.progress,
-                               reranker=rerankers.get(rerank), rerank_weight=rerankers.weight(rerank) if rerank else None)
-
-        key = _cache_key(index.manifest, spec, queries, config.k, rerankers.identity(rerank))
-        run, rankings = _cached_run(cache, key, compute)
-        per_query[spec] = per_query_scores(run, qrels)
-        report["pipelines"][spec] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[spec].items()}
-        report["pipelines"][spec]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]
+    pipelines = _Pipelines(config, index)
+    for name in dict.fromkeys(names):
+        pipeline = parse_pipeline(name)
+        search = pipelines.get(pipeline)
+        spec = search.resolve(pipeline.spec)
+        report["specs"][name] = spec.to_dict()
+        key = _cache_key(index.manifest, spec.to_dict(), queries, config.k, pipelines.identity(pipeline))
+        run, rankings = _cached_run(cache, key, lambda: run_queries(search, index.doc_ids, queries, pipeline.spec, config.k,
+                                                                    config.progress, name))
+        per_query[name] = per_query_scores(run, qrels)
+        report["pipelines"][name] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[name].items()}
+        report["pipelines"][name]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]
         if out:
-            write_trec_run(run, out / "runs" / f"{spec.replace(':', '_').replace('+', '_')}.trec", spec)
+            write_trec_run(run, out / "runs" / f"{name.replace(':', '_').replace('+', '_').replace('@', '_')}.trec", name)
     index.close()
     baseline = "bm25" if "bm25" in per_query else next(iter(per_query))
     comparison = compare_to_baseline(per_query, baseline)
     for spec, c in comparison.items():
         report["pipelines"][spec].update(p_value_vs_baseline=round(c["p_value"], 4), wins=c["wins"], ties=c["ties"], losses=c["losses"])
     report["baseline"] = baseline
-    for spec, vs in first_stage_comparisons(per_query).items():
-        report["pipelines"][spec]["vs_first_stage"] = vs
+    for name, vs in first_stage_comparisons(per_query).items():
+        report["pipelines"][name]["vs_first_stage"] = vs
     if out:
         (out / "report.json").write_text(json.dumps(report, indent=2))
         metrics_only = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
@@ -170,17 +163,12 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     return report
 
 
-def first_stage(spec: str) -> str:
-    """`X+rerank...` -> `X` (the other `+` extras kept, in their order)."""
-    return "+".join(part for part in spec.split("+") if part.partition(":")[0] != "rerank")
-
-
 def first_stage_comparisons(per_query: dict[str, dict[str, dict[str, float]]], metric: str = "ndcg@10") -> dict[str, dict]:
     """What reranking added: each evaluated reranked pipeline against its own first stage, when that was evaluated too."""
     out = {}
     for spec in per_query:
-        stage = first_stage(spec)
-        if stage == spec or stage not in per_query:
+        stage = parse_pipeline(spec).first_stage
+        if stage is None or stage not in per_query:
             continue
         c = compare_to_baseline({stage: per_query[stage], spec: per_query[spec]}, stage, metric)[spec]
         delta = np.mean(list(per_query[spec][metric].values())) - np.mean(list(per_query[stage][metric].values()))
@@ -197,3 +185,21 @@ def summary_table(reports: list[dict], metric: str = "ndcg@10") -> str:
         values = [r["pipelines"][spec][metric] for r in reports]
         lines.append(f"| {spec} | " + " | ".join(f"{v:.4f}" for v in values) + f" | {np.mean(values):.4f} |")
     return f"{metric} on the {reports[0]['split']} split\n\n" + "\n".join(lines) + "\n"
+
+
+def evaluate_datasets(datasets: list[Path], config: EvalConfig, index_dir: Path | None = None, out: Path | None = None,
+                      build: BuildOptions = BuildOptions()) -> list[dict]:
+    """Evaluate each dataset on its index (`index_dir`, or indexes/<dataset>, built with `build` when
+    missing); with `out`, write each dataset's artefacts under out/<dataset> and the summary beside them."""
+    if index_dir and len(datasets) > 1:
+        raise ConfigError("--index names one index; with several datasets each gets indexes/<dataset>")
+    reports = []
+    for dataset in datasets:
+        folder = index_dir or Path("indexes") / dataset.name
+        if not (folder / MANIFEST).is_file():
+            build_index(dataset, folder, build)
+        reports.append(evaluate_dataset(dataset, folder, config, out / dataset.name if out else None))
+    if out:
+        (out / "summary.md").write_text(summary_table(reports))
+        (out / "summary.json").write_text(json.dumps(reports, indent=2))
+    return reports

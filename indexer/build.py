@@ -1,8 +1,8 @@
 """Build an index folder from a corpus: documents, BM25, embeddings, FAISS, manifest.
 
-The build goes into a hidden temporary folder next to the target and is renamed into place
-only when complete, so a failed or interrupted build never leaves a half-written index and
-never damages the index it replaces.
+The build goes into a hidden temporary folder next to the target and is published atomically
+(common.publish) only when complete, so a failed or interrupted build never leaves a half-written
+index and never damages the index it replaces.
 """
 
 from __future__ import annotations
@@ -13,32 +13,40 @@ import os
 import platform
 import resource
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib.metadata import version
 from pathlib import Path
 
+import faiss
 import numpy as np
+import onnxruntime
 from tqdm import tqdm
 
+from common.publish import publish_dir
 from indexer import store
 from indexer.corpus import corpus_file, indexed_text, read_corpus
-from models.embedder import BACKENDS
+from indexer.manifest import MANIFEST, CorpusInfo, EmbedderInfo, FaissInfo, IndexOpenError, Manifest, read_manifest, write_manifest
+from models.embedder import OnnxEmbedder, TorchEmbedder
+from models.onnx_export import export_onnx
+from models.providers import BACKENDS
+from models.registry import DEFAULT_MODEL, resolve_model
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index, BM25Params
 from search.dense import FaissParams, build_faiss_index, use_gpu
-from search.fusion import RRF, fusion_to_dict
+from search.devices import check_device
+from search.errors import ConfigError, HybridError
+from search.spec import SearchSpec
 
 logger = logging.getLogger(__name__)
 
-BUILDER_VERSION = "0.1.0"
-DEFAULT_DEPTH = 100
+BUILDER_VERSION = "0.2.0"
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    model: str = "sentence-transformers/all-MiniLM-L6-v2"
+    model: str = DEFAULT_MODEL
     backend: str = "onnx"  # how documents are embedded; queries always use the exported ONNX model
     analyzer: Analyzer = field(default_factory=Analyzer)
     bm25: BM25Params = field(default_factory=BM25Params)
@@ -50,23 +58,20 @@ class BuildOptions:
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
-            raise ValueError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+            raise ConfigError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        check_device(self.device)
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
 
 
 def _versions() -> dict:
-    from importlib.metadata import version
-
-    import faiss
-    import onnxruntime  # module versions: the CPU and GPU wheels have different distribution names
-
+    # faiss and onnxruntime by module version: their CPU and GPU wheels have different distribution names
     packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy")}
     return {"python": platform.python_version(), **packages, "faiss": faiss.__version__,
             "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
 
 
 def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
-    from models.embedder import OnnxEmbedder, TorchEmbedder
-
     if options.backend == "torch":
         return TorchEmbedder(model_path, device=options.device)
     return OnnxEmbedder(onnx_folder, device=options.device)
@@ -83,7 +88,7 @@ def _write_documents(source: Path, folder: Path, analyzer: Analyzer, progress: b
     finally:
         writer.close()
     if not tokens:
-        raise ValueError(f"{source}: corpus has no documents")
+        raise HybridError(f"{source}: corpus has no documents")
     return tokens
 
 
@@ -105,22 +110,20 @@ def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) ->
     return np.load(folder / store.EMBEDDINGS)
 
 
-def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions()) -> dict:
+def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions()) -> Manifest:
     """Build the index for `corpus` at `out` (replacing any index there) and return its manifest."""
-    from models.onnx_export import export_onnx
-    from models.registry import resolve_model
-
     started = time.perf_counter()
     source = corpus_file(corpus)
     out = Path(out).resolve()
+    if out.exists() and not (out / MANIFEST).is_file():
+        raise HybridError(f"{out} exists and is not an index: refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     model = resolve_model(options.model)
     onnx_folder = export_onnx(model, options.onnx_cache)
     embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
     embedder = _make_embedder(options, onnx_folder, model.path)
 
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
-    try:
+    with publish_dir(out) as tmp:
         timings = {}
         t = time.perf_counter()
         tokens = _write_documents(source, tmp, options.analyzer, options.progress)
@@ -137,58 +140,43 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
         timings["embeddings_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        import faiss
-
-        faiss_index = build_faiss_index(vectors, options.faiss, options.device)
-        faiss.write_index(faiss_index, str(tmp / store.FAISS_FILE))
+        faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
         timings["faiss_s"] = time.perf_counter() - t
 
         shutil.copytree(onnx_folder, tmp / store.MODEL_DIR)
         num_docs = len(vectors)
-        manifest = {
-            "format": store.FORMAT,
-            "format_version": store.FORMAT_VERSION,
-            "builder_version": BUILDER_VERSION,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "versions": _versions(),
-            "corpus": {"source": str(source), "bytes": source.stat().st_size, "sha256": store.sha256_file(source)},
-            "counts": {"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
-            "analyzer": options.analyzer.to_dict(),
-            "bm25": {"engine": "bm25s", **options.bm25.to_dict()},
-            "embedder": {**embedder_spec, "document_backend": options.backend},
-            "faiss": {
-                "factory": options.faiss.factory(num_docs),
-                "metric": "inner_product",
-                "built_on_gpu": use_gpu(options.device, options.faiss.kind),
-                "params": options.faiss.to_dict(),
-            },
-            # Untuned default: RRF. `hybrid tune` replaces it with what won on labelled queries.
-            "fusion": {"depth": DEFAULT_DEPTH, "default": fusion_to_dict(RRF())},
-            "files": store.file_inventory(tmp),
-        }
-        manifest["build"] = {
+        manifest = Manifest(
+            builder_version=BUILDER_VERSION,
+            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            versions=_versions(),
+            corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
+            counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
+            analyzer=options.analyzer,
+            bm25_engine="bm25s",
+            bm25=options.bm25,
+            embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend),
+            faiss=FaissInfo(factory=options.faiss.factory(num_docs), metric="inner_product",
+                            built_on_gpu=use_gpu(options.device, options.faiss.kind), params=options.faiss),
+            # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
+            defaults=SearchSpec(),
+            files=store.file_inventory(tmp),
+        )
+        manifest.build = {
             **{k: round(v, 3) for k, v in timings.items()},
             "total_s": round(time.perf_counter() - started, 3),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
             "cpu_count": os.cpu_count(),
         }
-        store.write_manifest(tmp, manifest)
-        _publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_manifest(tmp, manifest)
     logger.info("index of %d documents published at %s", num_docs, out)
     return manifest
 
 
-def _publish(tmp: Path, out: Path) -> None:
-    """Move the finished build into place; an existing index is swapped out, then removed."""
-    if not out.exists():
-        tmp.rename(out)
-        return
-    if not (out / store.MANIFEST).is_file():
-        raise FileExistsError(f"{out} exists and is not an index: refusing to replace it")
-    retired = out.with_name(f".{out.name}.retired-{int(time.time())}")
-    out.rename(retired)
-    tmp.rename(out)
-    shutil.rmtree(retired, ignore_errors=True)
+def index_is_current(corpus: Path | str, out: Path | str) -> bool:
+    """`out` is an intact index built from a corpus with the checksum `corpus` has now."""
+    try:
+        manifest = read_manifest(out)
+        store.verify_files(Path(out), manifest, "size")
+    except IndexOpenError:
+        return False
+    return manifest.corpus.sha256 == store.sha256_file(corpus_file(corpus))

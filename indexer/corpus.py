@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from search.errors import HybridError
 
-class CorpusError(ValueError):
+
+class CorpusError(HybridError, ValueError):
     """A corpus, queries or qrels file is malformed; the message names the file and line."""
 
     def __init__(self, path: Path | str, line: int | None, message: str):

@@ -12,29 +12,32 @@ Layout (all paths relative to the index folder, all listed with size and sha256 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
+import faiss
 import numpy as np
 
 from indexer.corpus import indexed_text
+from indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
+from models.embedder import OnnxEmbedder, TorchEmbedder
+from models.registry import resolve_model
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index
-from search.dense import DenseIndex, FaissParams
-from search.fusion import fusion_from_dict
-from search.hubness import HubnessSearcher
-from search.pipeline import HubnessChoice, SearchPipeline
-from search.rerank import Reranker, RerankOptions
+from search.dense import DenseIndex
+from search.errors import ConfigError
+from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessSearcher
+from search.pipeline import SearchPipeline
+from search.rerank import Reranker
 
 logger = logging.getLogger(__name__)
 
-FORMAT = "hybrid-retrieval-index"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 DOCS = "docs.jsonl"
 DOC_OFFSETS = "docs.offsets.npy"
 BM25_DIR = "bm25"
@@ -42,10 +45,10 @@ EMBEDDINGS = "embeddings.npy"
 FAISS_FILE = "dense.faiss"
 MODEL_DIR = "model"
 VERIFY_MODES = ("full", "size", "none")
-
-
-class IndexOpenError(RuntimeError):
-    """The index folder is missing, incomplete, corrupted or from an incompatible builder."""
+# A fitted hubness correction (indexer.hubness writes it): <bias column>.npy, activation_<bank>.npy, and
+# dense.faiss over the augmented vectors [d, -bias columns].
+ACTIVATION_BANKS = ("query", "gallery")
+AUGMENTED_FAISS = "dense.faiss"
 
 
 def sha256_file(path: Path) -> str:
@@ -56,10 +59,10 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_inventory(root: Path) -> dict[str, dict]:
-    """{relative path: {bytes, sha256}} for every file under root except the manifest."""
+def file_inventory(root: Path, prefix: str = "") -> dict[str, dict]:
+    """{prefix + relative path: {bytes, sha256}} for every file under root except the manifest."""
     return {
-        path.relative_to(root).as_posix(): {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        prefix + path.relative_to(root).as_posix(): {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
         for path in sorted(root.rglob("*"))
         if path.is_file() and path.name != MANIFEST
     }
@@ -105,38 +108,13 @@ class DocStoreWriter:
         np.save(self._folder / DOC_OFFSETS, np.asarray(self._offsets, dtype=np.int64))
 
 
-def write_manifest(folder: Path, manifest: dict) -> None:
-    """Replace manifest.json atomically (write a sibling, then rename over it)."""
-    tmp = Path(folder) / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, Path(folder) / MANIFEST)
-
-
-def read_manifest(folder: Path) -> dict:
-    path = Path(folder) / MANIFEST
-    if not path.is_file():
-        raise IndexOpenError(f"{folder} is not an index: no {MANIFEST} (build one with `hybrid index`)")
-    try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise IndexOpenError(f"{path} is not valid JSON: {exc}") from None
-    if manifest.get("format") != FORMAT:
-        raise IndexOpenError(f"{path}: format is {manifest.get('format')!r}, expected {FORMAT!r}")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise IndexOpenError(
-            f"{path}: format version {manifest.get('format_version')} is not supported by this build "
-            f"(supports {FORMAT_VERSION}); rebuild the index with `hybrid index`"
-        )
-    return manifest
-
-
-def verify_files(folder: Path, manifest: dict, mode: str = "full") -> None:
+def verify_files(folder: Path, manifest: Manifest, mode: str = "full") -> None:
     """Check that every file of the manifest exists with its size (and checksum, in `full` mode)."""
     if mode not in VERIFY_MODES:
-        raise ValueError(f"unknown verify mode {mode!r}; valid: {', '.join(VERIFY_MODES)}")
+        raise ConfigError(f"unknown verify mode {mode!r}; valid: {', '.join(VERIFY_MODES)}")
     if mode == "none":
         return
-    for rel, expected in manifest["files"].items():
+    for rel, expected in manifest.files.items():
         path = folder / rel
         if not path.is_file():
             raise IndexOpenError(f"index file missing: {path}")
@@ -147,13 +125,11 @@ def verify_files(folder: Path, manifest: dict, mode: str = "full") -> None:
             raise IndexOpenError(f"index file {path} does not match its checksum in the manifest (corrupted)")
 
 
-def _warn_on_stemmer_change(manifest: dict) -> None:
+def _warn_on_stemmer_change(manifest: Manifest) -> None:
     """Stemmer releases rarely change outputs, but when they do, query terms stop matching."""
-    from importlib.metadata import version
-
-    built_with = manifest.get("versions", {}).get("PyStemmer")
+    built_with = manifest.versions.get("PyStemmer")
     installed = version("PyStemmer")
-    if manifest["analyzer"]["stemmer"] != "none" and built_with and built_with != installed:
+    if manifest.analyzer.stemmer != "none" and built_with and built_with != installed:
         logger.warning("index was built with PyStemmer %s, queries use %s: rebuild if BM25 results look off", built_with, installed)
 
 
@@ -162,7 +138,7 @@ class OpenIndex:
     """Everything a search needs, loaded once: share it across requests."""
 
     path: Path
-    manifest: dict
+    manifest: Manifest
     analyzer: Analyzer
     bm25: BM25Index
     dense: DenseIndex
@@ -180,17 +156,20 @@ class OpenIndex:
         doc = self.docs.get(doc_idx)
         return indexed_text(doc["title"], doc["text"])
 
-    def pipeline(self, depth: int | None = None, executor=None, rerank: RerankOptions | None = None,
-                 embedder=None) -> SearchPipeline:
-        """A search pipeline over this index with the fusion the manifest names as default.
+    @functools.cached_property
+    def doc_ids(self) -> list[str]:
+        """External document ids by internal index (read once, on first use)."""
+        return [self.docs.get(i)["id"] for i in range(self.num_docs)]
 
-        `embedder` replaces the index's own (e.g. a batching wrapper around it)."""
-        fusion = self.manifest["fusion"]
-        hubness_default = HubnessChoice(**self.manifest["hubness"]["default"]) if self.hubness else HubnessChoice()
+    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
+                 embedder=None) -> SearchPipeline:
+        """A search pipeline over this index whose defaults are the manifest's, with `overrides` (a partial
+        spec: the service's settings) merged on. `cross_encoder` enables the rerank stage; `embedder`
+        replaces the index's own (e.g. a batching wrapper around it)."""
+        reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
         return SearchPipeline(self.bm25, self.dense, embedder or self.embedder, self.embeddings,
-                              depth=depth or fusion["depth"], fusion=fusion_from_dict(fusion["default"]),
-                              executor=executor, hubness=self.hubness, hubness_default=hubness_default,
-                              reranker=Reranker(rerank, self.doc_text) if rerank else None)
+                              defaults=self.manifest.defaults.merge(overrides), executor=executor, hubness=self.hubness,
+                              reranker=reranker)
 
     def close(self) -> None:
         self.docs.close()
@@ -200,44 +179,48 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     """Open and verify an index; queries will use the analyzer and embedder it was built with.
 
     `embedder` overrides the bundled ONNX embedder (e.g. the torch backend); its model checksum
-    must have been checked against the manifest by the caller (see `embedder_for_index`).
+    must have been checked against the manifest by the caller (see `torch_embedder_for_index`).
     """
-    import faiss
-
     folder = Path(folder)
     manifest = read_manifest(folder)
     verify_files(folder, manifest, verify)
-    analyzer = Analyzer.from_dict(manifest["analyzer"])
     _warn_on_stemmer_change(manifest)
-    bm25 = BM25Index.load(folder / BM25_DIR, analyzer)
-    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), FaissParams(**manifest["faiss"]["params"]), device)
+    bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
+    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device)
     docs = DocStore(folder)
     embeddings = np.load(folder / EMBEDDINGS, mmap_mode="r")
-    counts = {"documents": manifest["counts"]["documents"], "bm25": bm25.num_docs, "dense": dense.num_docs,
+    counts = {"documents": manifest.documents, "bm25": bm25.num_docs, "dense": dense.num_docs,
               "docs": len(docs), "embeddings": len(embeddings)}
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
-    if embedder is None:
-        from models.embedder import OnnxEmbedder
-
-        embedder = OnnxEmbedder(folder / MODEL_DIR, device=device)
+    embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device)
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
-    from indexer.hubness import load_hubness
+    return OpenIndex(folder, manifest, manifest.analyzer, bm25, dense, docs, embeddings, embedder,
+                     _load_hubness(folder, manifest, device))
 
-    return OpenIndex(folder, manifest, analyzer, bm25, dense, docs, embeddings, embedder, load_hubness(folder, manifest, device))
+
+def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:
+    """The fitted hubness correction of an index, or None when it has none."""
+    if manifest.hubness is None:
+        return None
+    where = folder / manifest.hubness.folder
+    correction = HubnessCorrection(
+        manifest.hubness.params,
+        lse={name: np.load(where / f"{name}.npy") for name in BIAS_COLUMNS},
+        activation={bank: np.load(where / f"activation_{bank}.npy") for bank in ACTIVATION_BANKS},
+    )
+    augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params, device)
+    return HubnessSearcher(correction, augmented)
 
 
-def torch_embedder_for_index(folder: Path | str, device: str = "auto"):
+def torch_embedder_for_index(folder: Path | str, device: str = "auto") -> TorchEmbedder:
     """The sentence-transformers embedder of the index's model, after checking its checksum."""
-    from models.embedder import TorchEmbedder
-    from models.registry import resolve_model
-
-    spec = read_manifest(Path(folder))["embedder"]
-    model = resolve_model(spec["model"])
-    if model.checksum != spec["model_checksum"]:
+    spec = read_manifest(Path(folder)).embedder
+    model = resolve_model(spec.model)
+    if model.checksum != spec.model_checksum:
         raise IndexOpenError(
-            f"model {spec['model']!r} resolves to weights with checksum {model.checksum[:12]}, "
-            f"but the index was built with {spec['model_checksum'][:12]}: queries would not match documents"
+            f"model {spec.model!r} resolves to weights with checksum {model.checksum[:12]}, "
+            f"but the index was built with {spec.model_checksum[:12]}: queries would not match documents"
         )
     return TorchEmbedder(model.path, device=device)

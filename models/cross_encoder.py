@@ -27,12 +27,12 @@ from models.onnx_export import (
     trained_max_length,
     training_record,
 )
-from models.providers import DEVICES, encoding_feeds, load_tokenizer, onnx_session
+from models.providers import BACKENDS, encoding_feeds, load_tokenizer, onnx_session, torch_device
+from models.registry import resolve_model
+from search.errors import ConfigError, SpecError
 from search.rerank import check_weight
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("onnx", "torch")
 
 
 class CrossEncoder(Protocol):
@@ -55,7 +55,7 @@ class OnnxCrossEncoder(_PairScorer):
         folder = Path(folder)
         self.config = json.loads((folder / CROSS_ENCODER_CONFIG).read_text())
         if int(self.config["num_labels"]) != 1:
-            raise ValueError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")
+            raise ConfigError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")
         self.max_length = int(self.config["max_length"])
         self._inputs = list(self.config["inputs"])
         self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
@@ -76,12 +76,9 @@ class TorchCrossEncoder(_PairScorer):
         import torch
         from sentence_transformers import CrossEncoder as STCrossEncoder
 
-        if device not in DEVICES:
-            raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
-        torch_device = {"auto": None, "cpu": "cpu", "gpu": "cuda"}[device]
         if max_length is None and Path(name_or_path).is_dir():
             max_length = trained_max_length(name_or_path)
-        self._model = STCrossEncoder(str(name_or_path), device=torch_device, max_length=max_length)
+        self._model = STCrossEncoder(str(name_or_path), device=torch_device(device), max_length=max_length)
         self.max_length = getattr(self._model, "max_seq_length", None) or self._model.max_length
         self._identity = torch.nn.Identity()
 
@@ -98,17 +95,15 @@ def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: 
     """A cross-encoder from an ONNX export folder, a `hybrid train-reranker` folder, or any
     sentence-transformers CrossEncoder name or path (exported to the ONNX cache on first use)."""
     if backend not in BACKENDS:
-        raise ValueError(f"unknown reranker backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        raise ConfigError(f"unknown reranker backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "torch":
         if precision != "fp32":
-            raise ValueError("the torch reranker runs in fp32; int8 is an ONNX precision")
+            raise ConfigError("the torch reranker runs in fp32; int8 is an ONNX precision")
         return TorchCrossEncoder(name_or_path, device)
     path = Path(name_or_path).expanduser()
     for folder in (path, path / ONNX_SUBDIR):
         if (folder / CROSS_ENCODER_CONFIG).is_file():
             return OnnxCrossEncoder(folder, device, precision=precision)
-    from models.registry import resolve_model
-
     logger.info("no ONNX export at %s: exporting (needs torch)", name_or_path)
     return OnnxCrossEncoder(export_cross_encoder(resolve_model(str(name_or_path))), device, precision=precision)
 
@@ -125,7 +120,22 @@ def tuned_weight(name_or_path: str | Path) -> float | None:
     """The interpolation weight `hybrid train-reranker` tuned on held-out queries (None: not ours or untuned)."""
     weight = ((training_record(name_or_path) or {}).get("interpolation") or {}).get("weight")
     try:
-        return None if weight is None else check_weight(float(weight))
-    except (TypeError, ValueError):
-        raise ValueError(f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, "
+        return None if weight is None else check_weight(weight)
+    except SpecError:
+        raise ConfigError(f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, "
                          f"got {weight!r}") from None
+
+
+class CachingCrossEncoder:
+    """Remembers scores by (query, text): pipelines evaluated side by side, or one query reranked at
+    several weights, score each pair once."""
+
+    def __init__(self, model: CrossEncoder):
+        self.model, self.max_length = model, model.max_length
+        self._scores: dict[tuple[str, str], float] = {}
+
+    def score(self, query: str, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        missing = list(dict.fromkeys(t for t in texts if (query, t) not in self._scores))
+        if missing:
+            self._scores.update(zip(((query, t) for t in missing), self.model.score(query, missing, batch_size).tolist()))
+        return np.array([self._scores[(query, t)] for t in texts], dtype=np.float32)

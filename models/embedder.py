@@ -14,12 +14,10 @@ from typing import Protocol
 import numpy as np
 
 from models.batching import length_sorted
-from models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file
-from models.providers import DEVICES, encoding_feeds, load_tokenizer, onnx_session
+from models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file, st_dimension
+from models.providers import encoding_feeds, load_tokenizer, onnx_session, torch_device
 
 logger = logging.getLogger(__name__)
-
-BACKENDS = ("onnx", "torch")
 
 
 class Embedder(Protocol):
@@ -56,18 +54,10 @@ class TorchEmbedder:
     def __init__(self, model_path: Path | str, device: str = "auto"):
         from sentence_transformers import SentenceTransformer
 
-        if device not in DEVICES:
-            raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
-        torch_device = {"auto": None, "cpu": "cpu", "gpu": "cuda"}[device]
-        self._model = SentenceTransformer(str(model_path), device=torch_device)
+        self._model = SentenceTransformer(str(model_path), device=torch_device(device))
         self.dimension = st_dimension(self._model)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         vectors = self._model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimension)
 
-
-def st_dimension(st_model) -> int:
-    """Embedding size of a SentenceTransformer (the method was renamed in sentence-transformers 6)."""
-    getter = getattr(st_model, "get_embedding_dimension", None) or st_model.get_sentence_embedding_dimension
-    return int(getter())

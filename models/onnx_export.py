@@ -16,12 +16,12 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from common.publish import publish_dir
 from models.registry import ResolvedModel
+from search.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def export_dir_for(model: ResolvedModel, cache_dir: Path, kind: str = "embedder"
 def model_file(folder: Path, precision: str) -> Path:
     """The ONNX graph of `precision` in an export folder, with an error naming the valid choices."""
     if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+        raise ConfigError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     path = Path(folder) / PRECISIONS[precision]
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: this export predates {precision} models; export it again")
@@ -68,13 +68,13 @@ def _pooling_mode(st_model) -> str:
     else:
         mode = pooling.pooling_mode
     if mode not in POOLING_MODES:
-        raise ValueError(f"pooling mode {mode!r} is not supported for ONNX export; supported: {', '.join(POOLING_MODES)}")
+        raise ConfigError(f"pooling mode {mode!r} is not supported for ONNX export; supported: {', '.join(POOLING_MODES)}")
     return mode
 
 
 def _input_names(tokenizer) -> list[str]:
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("the model has no fast tokenizer (tokenizer.json); ONNX serving needs one")
+        raise ConfigError("the model has no fast tokenizer (tokenizer.json); ONNX serving needs one")
     return [n for n in ("input_ids", "attention_mask", "token_type_ids") if n in tokenizer.model_input_names]
 
 
@@ -134,8 +134,6 @@ def _optimize_and_quantize(out: Path, hf_config) -> None:
 def _export_embedder(model: ResolvedModel, out: Path) -> None:
     import torch
     from sentence_transformers import SentenceTransformer
-
-    from models.embedder import st_dimension
 
     st_model = SentenceTransformer(str(model.path), device="cpu")
     transformer = st_model[0]
@@ -215,23 +213,21 @@ def _positions_max_length(tokenizer, hf_config) -> int:
 
 
 def _cached_export(target: Path, marker: str, export: Callable[[Path], None]) -> Path:
-    """Export into a temporary sibling and rename it into place (concurrent exporters are fine)."""
+    """Export into a temporary sibling published atomically; a concurrent exporter's identical result,
+    published first, is kept."""
     if (target / marker).is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("exporting to ONNX at %s", target)
-    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the service may run as another user
-    try:
+    with publish_dir(target, keep_existing=True) as tmp:
         export(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process published the same export first
-            if not (target / marker).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def st_dimension(st_model) -> int:
+    """Embedding size of a SentenceTransformer (the method was renamed in sentence-transformers 6)."""
+    getter = getattr(st_model, "get_embedding_dimension", None) or st_model.get_sentence_embedding_dimension
+    return int(getter())
 
 
 def export_onnx(model: ResolvedModel, cache_dir: Path | None = None) -> Path:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 
+from search.devices import check_device
+
 logger = logging.getLogger(__name__)
 
-DEVICES = ("auto", "cpu", "gpu")
+BACKENDS = ("onnx", "torch")  # how embedders and cross-encoders run: ONNX Runtime (served) or torch
 
 
 def onnx_providers(device: str = "auto") -> list[str]:
@@ -14,8 +16,7 @@ def onnx_providers(device: str = "auto") -> list[str]:
 
     Warns when CUDA was explicitly requested but this onnxruntime build cannot use it.
     """
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
+    check_device(device)
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -57,3 +58,8 @@ def encoding_feeds(encodings, inputs: list[str]) -> dict:
         "token_type_ids": lambda e: e.type_ids,
     }
     return {name: np.array([columns[name](e) for e in encodings], dtype=np.int64) for name in inputs}
+
+
+def torch_device(device: str) -> str | None:
+    """The torch device string for `device` (None: let sentence-transformers pick, CUDA when present)."""
+    return {"auto": None, "cpu": "cpu", "gpu": "cuda"}[check_device(device)]

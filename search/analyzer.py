@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
+from search.errors import ConfigError
+
 STOPWORD_LISTS = ("en", "none")
 STEMMERS = ("english", "none")
 # The English stopword list used by Lucene and bm25s (the published scifact baselines).
@@ -21,7 +23,7 @@ _STOPWORDS_EN = (
 )
 
 
-class AnalyzerError(ValueError):
+class AnalyzerError(ConfigError):
     """Invalid analyzer specification."""
 
 

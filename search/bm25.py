@@ -15,6 +15,7 @@ from typing import Iterable
 import numpy as np
 
 from search.analyzer import Analyzer
+from search.errors import ConfigError
 from search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
@@ -31,9 +32,9 @@ class BM25Params:
 
     def __post_init__(self):
         if self.method not in BM25_METHODS:
-            raise ValueError(f"unknown BM25 method {self.method!r}; valid: {', '.join(BM25_METHODS)}")
+            raise ConfigError(f"unknown BM25 method {self.method!r}; valid: {', '.join(BM25_METHODS)}")
         if self.k1 < 0 or not 0 <= self.b <= 1:
-            raise ValueError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+            raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
     def to_dict(self) -> dict:
         return asdict(self)

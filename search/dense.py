@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from search.devices import check_device
+from search.errors import ConfigError
 from search.ranking import Ranking
 
 logger = logging.getLogger(__name__)
 
 FAISS_KINDS = ("flat", "ivf", "hnsw")
-FAISS_DEVICES = ("auto", "cpu", "gpu")
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class FaissParams:
 
     def __post_init__(self):
         if self.kind not in FAISS_KINDS:
-            raise ValueError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
+            raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
 
     def factory(self, num_vectors: int) -> str:
         if self.kind == "ivf":
@@ -53,9 +54,7 @@ def gpu_count() -> int:
 
 def use_gpu(device: str, kind: str) -> bool:
     """Whether to run FAISS on GPU: `auto` uses one when the installed faiss sees it."""
-    if device not in FAISS_DEVICES:
-        raise ValueError(f"unknown FAISS device {device!r}; valid: {', '.join(FAISS_DEVICES)}")
-    if device == "cpu":
+    if check_device(device) == "cpu":
         return False
     available = gpu_count() > 0
     if kind == "hnsw" or not available:

@@ -13,17 +13,19 @@ BM25 index, the cosine of a BM25-only document from its stored vector): nothing 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Union
 
 import numpy as np
 
+from search import checks
+from search.errors import SpecError
 from search.normalize import NORMALIZERS, THEORETICAL_MIN, normalize
 from search.ranking import Ranking, top_k
 
 DEFAULT_RRF_K = 60.0
+MAX_RRF_K = 1e6
 RETRIEVERS = ("bm25", "dense")
-FUSION_METHODS = ("rrf", "cc")
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,10 @@ class RRF:
     method: str = "rrf"
 
     def __post_init__(self):
-        if not np.isfinite(self.rrf_k) or self.rrf_k < 0:
-            raise ValueError(f"rrf_k must be a finite number >= 0, got {self.rrf_k}")
-        if len(self.weights) != 2 or not all(np.isfinite(w) and w >= 0 for w in self.weights):
-            raise ValueError(f"weights must be two finite numbers >= 0 (bm25, dense), got {self.weights}")
+        object.__setattr__(self, "rrf_k", checks.number("rrf_k", self.rrf_k, 0, MAX_RRF_K))
+        if isinstance(self.weights, (str, bytes)) or not hasattr(self.weights, "__len__") or len(self.weights) != 2:
+            raise SpecError("weights", f"must be two numbers >= 0 [bm25, dense], got {self.weights!r}")
+        object.__setattr__(self, "weights", tuple(checks.number("weights", w, 0) for w in self.weights))
 
 
 @dataclass(frozen=True)
@@ -46,32 +48,69 @@ class ConvexCombination:
     method: str = "cc"
 
     def __post_init__(self):
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must be between 0 and 1, got {self.alpha}")
-        if self.norm not in NORMALIZERS:
-            raise ValueError(f"unknown normalisation {self.norm!r}; valid: {', '.join(NORMALIZERS)}")
+        object.__setattr__(self, "alpha", checks.number("alpha", self.alpha, 0, 1))
+        checks.choice("norm", self.norm, tuple(NORMALIZERS))
 
 
 Fusion = Union[RRF, ConvexCombination]
+FUSIONS: dict[str, type] = {"rrf": RRF, "cc": ConvexCombination}
 
 
-def fusion_from_dict(spec: dict) -> Fusion:
-    """Build a fusion config from its manifest / API form; errors list the valid methods."""
-    spec = dict(spec)
-    method = spec.pop("method", None)
-    if method == "rrf":
-        if "weights" in spec:
-            spec["weights"] = tuple(spec["weights"])
-        return RRF(**spec)
-    if method == "cc":
-        return ConvexCombination(**spec)
-    raise ValueError(f"unknown fusion method {method!r}; valid: {', '.join(FUSION_METHODS)}")
-
+# The one place where fusions turn into and out of their dict form (manifest, API, reports) and their
+# string form (`hybrid eval --pipelines`, tuning tables).
 
 def fusion_to_dict(fusion: Fusion) -> dict:
+    values = asdict(fusion)
+    if "weights" in values:
+        values["weights"] = list(values["weights"])
+    return {"method": values.pop("method"), **values}
+
+
+def fusion_from_dict(spec: dict, base: Fusion | None = None) -> Fusion:
+    """A fusion from its (possibly partial) dict form. Fields not given come from `base` when it is the
+    same method (a missing `method` means base's), else from that method's defaults. Errors name the field."""
+    if not isinstance(spec, dict):
+        raise SpecError("method", f"a fusion is an object with a method ({', '.join(FUSIONS)}), got {spec!r}")
+    values = dict(spec)
+    method = values.pop("method", base.method if base is not None else None)
+    cls = FUSIONS.get(method) if isinstance(method, str) else None
+    if cls is None:
+        raise SpecError("method", f"unknown fusion method {method!r}; valid: {', '.join(FUSIONS)}")
+    known = [f.name for f in fields(cls) if f.name != "method"]
+    for name in values:
+        if name not in known:
+            raise SpecError(name, f"not a field of {method} fusion; valid: {', '.join(known)}")
+    inherited = {k: v for k, v in asdict(base).items() if k != "method"} if isinstance(base, cls) else {}
+    return cls(**{**inherited, **values})
+
+
+def fusion_to_string(fusion: Fusion) -> str:
     if isinstance(fusion, RRF):
-        return {"method": "rrf", "rrf_k": fusion.rrf_k, "weights": list(fusion.weights)}
-    return {"method": "cc", "alpha": fusion.alpha, "norm": fusion.norm}
+        weights = "" if fusion.weights == (1.0, 1.0) else ":w=" + ",".join(map(checks.compact, fusion.weights))
+        return f"rrf:{checks.compact(fusion.rrf_k)}{weights}"
+    return f"cc:{fusion.norm}:{checks.compact(fusion.alpha)}"
+
+
+def fusion_from_string(text: str) -> dict:
+    """`rrf[:RRF_K[:w=BM25,DENSE]]` or `cc[:NORM[:ALPHA]]` -> the partial dict form (checked when built)."""
+    method, *params = text.split(":")
+    if method == "rrf" and len(params) <= 2:
+        spec: dict = {"method": "rrf"}
+        if params:
+            spec["rrf_k"] = checks.parse_number("rrf_k", params[0])
+        if len(params) == 2:
+            if not params[1].startswith("w="):
+                raise SpecError("weights", f"expected w=BM25,DENSE, got {params[1]!r}")
+            spec["weights"] = [checks.parse_number("weights", w) for w in params[1][2:].split(",")]
+        return spec
+    if method == "cc" and len(params) <= 2:
+        spec = {"method": "cc"}
+        if params:
+            spec["norm"] = params[0]
+        if len(params) == 2:
+            spec["alpha"] = checks.parse_number("alpha", params[1])
+        return spec
+    raise SpecError("method", f"unknown fusion {text!r}; valid: rrf[:RRF_K[:w=BM25,DENSE]], cc[:NORM[:ALPHA]]")
 
 
 @dataclass(frozen=True)

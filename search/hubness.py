@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from search import checks
+from search.errors import ConfigError
 from search.ranking import Ranking
 
 HUBNESS_METHODS = ("none", "qbnorm", "dbnorm")
@@ -90,11 +92,8 @@ class HubnessParams:
 
     def __post_init__(self):
         for name in ("beta", "beta1", "beta2"):
-            value = getattr(self, name)
-            if not (np.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, got {value}")
-        if self.k < 1:
-            raise ValueError(f"k must be >= 1, got {self.k}")
+            object.__setattr__(self, name, checks.number(name, getattr(self, name), 0, above=True))
+        object.__setattr__(self, "k", checks.number("k", self.k, 1, integer=True))
 
 
 @dataclass
@@ -127,7 +126,7 @@ class HubnessCorrection:
             if use_gallery:
                 coef[2] = 1.0 / total_beta
         elif method != "none":
-            raise ValueError(f"unknown hubness method {method!r}; valid: {', '.join(HUBNESS_METHODS)}")
+            raise ConfigError(f"unknown hubness method {method!r}; valid: {', '.join(HUBNESS_METHODS)}")
         return coef
 
     def bias_matrix(self) -> np.ndarray:

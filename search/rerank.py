@@ -1,5 +1,9 @@
 """Reranking stage: reorder the first stage's top candidates by cross-encoder score, optionally
-interpolated with the first-stage score."""
+interpolated with the first-stage score.
+
+The one implementation every caller uses: the service (through the pipeline), `hybrid eval`
+(`+rerank` pipelines) and `hybrid train-reranker` (tuning the interpolation weight).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from search import checks
 from search.normalize import zscore
 from search.ranking import Ranking
 
@@ -15,11 +20,9 @@ DEFAULT_RERANK_DEPTH = 50
 MAX_RERANK_DEPTH = 200
 
 
-def check_weight(weight: float) -> float:
-    """The interpolation weight, or ValueError: it must be a number in [0, 1] (NaN is not)."""
-    if not 0.0 <= weight <= 1.0:
-        raise ValueError(f"must be between 0 and 1, got {weight}")
-    return weight
+def check_weight(weight) -> float:
+    """The interpolation weight, or SpecError(`weight`): a number from 0 to 1 (NaN is not)."""
+    return checks.number("weight", weight, 0, 1)
 
 
 def interpolate(rerank_scores: np.ndarray, first_stage_scores: np.ndarray, weight: float) -> np.ndarray:
@@ -41,44 +44,35 @@ def interpolate(rerank_scores: np.ndarray, first_stage_scores: np.ndarray, weigh
 
 @dataclass(frozen=True)
 class Reranked:
-    """The reranked candidates (scores = final scores) with the cross-encoder logit and where each stood before."""
+    """A first-stage ranking whose top `depth` were reordered by final score (see `interpolate`); the
+    rest follow in first-stage order, their scores shifted below the lowest reranked one so the list
+    stays sorted (Elasticsearch's rescore window works the same way). Arrays align with `ranking`."""
 
     ranking: Ranking
-    rerank_score: np.ndarray  # cross-encoder logit, aligned with `ranking`
+    depth: int  # how many hits were reranked (the head of `ranking`)
+    rerank_score: np.ndarray  # cross-encoder logit of the head (length `depth`)
     first_stage_rank: np.ndarray  # 1-based rank in the first-stage ranking
     first_stage_score: np.ndarray
     weight: float
 
 
-@dataclass(frozen=True)
-class RerankOptions:
-    """A cross-encoder (models.cross_encoder.CrossEncoder) and how requests use it."""
-
-    model: object
-    depth: int = DEFAULT_RERANK_DEPTH  # candidates reranked when a request does not say
-    by_default: bool = True  # rerank requests that do not say `rerank`
-    name: str = ""
-    weight: float = 1.0  # interpolation weight of the cross-encoder (see `interpolate`) when a request does not say
-
-    def __post_init__(self):
-        if not 1 <= self.depth <= MAX_RERANK_DEPTH:
-            raise ValueError(f"rerank depth must be between 1 and {MAX_RERANK_DEPTH}, got {self.depth}")
-        try:
-            check_weight(self.weight)
-        except ValueError as exc:
-            raise ValueError(f"rerank weight {exc}") from None
-
-
 class Reranker:
-    def __init__(self, options: RerankOptions, text_of: Callable[[int], str]):
-        self.options, self.text_of = options, text_of
+    """A cross-encoder (models.cross_encoder.CrossEncoder) over the index's document texts."""
 
-    def rerank(self, query: str, candidates: Ranking, weight: float | None = None) -> Reranked:
-        """All of `candidates` ordered by final score; ties keep the first-stage order."""
-        weight = self.options.weight if weight is None else weight
-        texts = [self.text_of(int(i)) for i in candidates.doc_idx]
-        logits = np.asarray(self.options.model.score(query, texts), dtype=np.float32)
-        final = interpolate(logits, candidates.scores, weight)
+    def __init__(self, model, text_of: Callable[[int], str], name: str = ""):
+        self.model, self.text_of, self.name = model, text_of, name
+
+    def rerank(self, query: str, candidates: Ranking, depth: int, weight: float) -> Reranked:
+        """Rerank the top `depth` of `candidates` (ties keep the first-stage order); keep the rest below."""
+        head = candidates.head(depth)
+        texts = [self.text_of(int(i)) for i in head.doc_idx]
+        logits = np.asarray(self.model.score(query, texts), dtype=np.float32)
+        final = interpolate(logits, head.scores, weight)
         order = np.argsort(-final, kind="stable")
-        return Reranked(Ranking(candidates.doc_idx[order], final[order]), logits[order], order + 1,
-                        candidates.scores[order], weight)
+        doc_idx, scores = head.doc_idx[order], final[order]
+        tail = candidates.scores[len(head):]
+        if len(tail):  # below the reranked head, in first-stage order
+            shifted = (tail - tail.max() + float(scores.min()) - 1.0).astype(np.float32)
+            doc_idx, scores = np.concatenate([doc_idx, candidates.doc_idx[len(head):]]), np.concatenate([scores, shifted])
+        first_rank = np.concatenate([order + 1, np.arange(len(head) + 1, len(candidates) + 1)])
+        return Reranked(Ranking(doc_idx, scores), len(head), logits[order], first_rank, candidates.scores[first_rank - 1], weight)

@@ -3,12 +3,12 @@ import subprocess
 import sys
 
 from evaluation.server import free_port
-from models.reranker_training import WEIGHT_GRID
+from training.reranker import WEIGHT_GRID
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 
 def hybrid(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
 def test_search_command_prints_json(tiny_index):
@@ -52,7 +52,8 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
         (tmp_path / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\nq3\td6\t1\n")
     refused = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "test.tsv",
                      "--out", tmp_path / "rr")
-    assert refused.returncode != 0 and "refusing to tune on" in refused.stderr and not (tmp_path / "rr").exists()
+    assert refused.returncode == 2 and "refusing" in refused.stderr and "test queries must never" in refused.stderr
+    assert not (tmp_path / "rr").exists()
 
     out = tmp_path / "rr"
     result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
@@ -77,11 +78,13 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
 
     searched = hybrid("search", tiny_index, "cat on a mat", "--reranker", out, "--k", "3", "--json", "--device", "cpu")
     assert searched.returncode == 0, searched.stderr
-    assert "rerank" in json.loads(searched.stdout)["timings_ms"]
+    body = json.loads(searched.stdout)
+    assert "rerank" in body["timings_ms"]
+    assert body["spec"]["rerank"] == {"enabled": True, "depth": 50, "weight": record["interpolation"]["weight"]}
 
 
 def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, capsys):
-    from app.cli import main
+    from cli import main
 
     corpus, out = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS), tmp_path / "index"
     index = ["index", str(corpus), "--out", str(out), "--skip-if-current", "--quiet"]
@@ -92,3 +95,28 @@ def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, c
 
     write_jsonl(corpus, TINY_CORPUS[:3])
     assert main(index) == 0 and "indexed 3 documents" in capsys.readouterr().out
+
+
+def test_search_command_takes_a_spec_string(tiny_index):
+    result = hybrid("search", tiny_index, "cat on a mat", "--spec", "hybrid+cc:zscore:0.3+depth:4", "--k", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    spec = json.loads(result.stdout)["spec"]
+    assert spec["fusion"] == {"method": "cc", "alpha": 0.3, "norm": "zscore"} and spec["depth"] == 4
+
+
+def test_command_errors_are_one_line_with_exit_code_2(tiny_index, tmp_path):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
+    (tmp_path / "photos").mkdir()
+    (tmp_path / "photos" / "cat.jpg").write_bytes(b"not an index")
+    for args, message in [
+        (("search", tiny_index, "cat", "--spec", "hybrid+rerank:w=2"), "error: rerank.weight: must be between 0 and 1, got 2"),
+        (("search", tiny_index, "cat", "--spec", "hybrid+qbnorm"), "error: hubness.method: this index has no fitted hubness correction"),
+        (("search", tiny_index, "cat", "--rerank-weight", "0.5"), "error: --rerank-weight needs --reranker"),
+        (("search", tiny_index / "missing", "cat"), "is not an index: no manifest.json"),
+        (("index", corpus, "--out", tmp_path / "photos", "--quiet"), "photos exists and is not an index: refusing to replace it"),
+    ]:
+        result = hybrid(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"not an index"

@@ -7,8 +7,11 @@ from search.fusion import (
     ConvexCombination,
     fuse,
     fusion_from_dict,
+    fusion_from_string,
     fusion_to_dict,
+    fusion_to_string,
 )
+from search.errors import SpecError
 from search.ranking import Ranking
 
 
@@ -47,8 +50,10 @@ def test_rrf_of_empty_lists_is_empty():
 
 
 def test_rrf_rejects_bad_weights():
-    with pytest.raises(ValueError, match="weights must be two finite numbers"):
+    with pytest.raises(SpecError, match=r"weights: must be two numbers >= 0 \[bm25, dense\]"):
         RRF(weights=(1.0,))
+    with pytest.raises(SpecError, match="weights: must be >= 0, got -1"):
+        RRF(weights=(1.0, -1.0))
 
 
 def test_rrf_matches_ranx_on_random_runs():
@@ -119,10 +124,25 @@ def test_fusion_configs_validate_and_round_trip():
         assert fusion_from_dict(fusion_to_dict(fusion)) == fusion
     with pytest.raises(ValueError, match="valid: rrf, cc"):
         fusion_from_dict({"method": "borda"})
-    with pytest.raises(ValueError, match="alpha must be between 0 and 1"):
+    with pytest.raises(SpecError, match="alpha: must be between 0 and 1, got 1.5"):
         ConvexCombination(alpha=1.5)
-    with pytest.raises(ValueError, match="rrf_k must be a finite number"):
+    with pytest.raises(SpecError, match="rrf_k: must be a finite number"):
         RRF(rrf_k=float("nan"))
+
+
+def test_partial_fusion_merges_onto_the_same_method_only():
+    base = ConvexCombination(alpha=0.45, norm="zscore")
+    assert fusion_from_dict({"alpha": 0.3}, base) == ConvexCombination(alpha=0.3, norm="zscore")
+    assert fusion_from_dict({"method": "cc"}, base) == base
+    assert fusion_from_dict({"method": "rrf"}, base) == RRF()
+    with pytest.raises(SpecError, match="alpha: not a field of rrf fusion; valid: rrf_k, weights") as err:
+        fusion_from_dict({"alpha": 0.3}, RRF())
+    assert err.value.field == "alpha"
+
+
+@pytest.mark.parametrize("fusion", [RRF(), RRF(rrf_k=2.5, weights=(0.25, 1.0)), ConvexCombination(alpha=0.05, norm="dbsf")])
+def test_fusion_string_form_round_trips(fusion):
+    assert fusion_from_dict(fusion_from_string(fusion_to_string(fusion))) == fusion
 
 
 def _random_runs_over_same_docs(seed):

@@ -172,7 +172,7 @@ def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(tmp_path):
 
 
 def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scifact):
-    from evaluation.metrics import evaluate
+    from training.metrics import evaluate
     from evaluation.runner import doc_ids
     from indexer.corpus import split_queries
     from models.reranker_training import WEIGHT_GRID, tune_interpolation

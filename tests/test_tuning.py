@@ -5,13 +5,15 @@ import sys
 
 import pytest
 
-from evaluation.runner import RerankChoice, doc_ids, parse_pipeline
-from evaluation.tuning import ALPHAS, RRF_KS, tune
+from evaluation.runner import Pipeline, parse_pipeline
 from indexer.corpus import read_corpus, split_queries
+from indexer.manifest import read_manifest
 from indexer.store import open_index
-from search.fusion import RRF, ConvexCombination
+from search.errors import SpecError
+from search.fusion import RRF, ConvexCombination, fusion_from_dict
 from search.normalize import NORMALIZERS
-from search.pipeline import HubnessChoice
+from search.spec import SearchSpec
+from training.fusion import ALPHAS, RRF_KS, tune
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +28,7 @@ def train_split(scifact, scifact_slice):
 def test_tune_sweeps_every_configuration_and_picks_the_best(scifact_slice_index, train_split):
     queries, qrels = train_split
     index = open_index(scifact_slice_index)
-    result = tune(index.pipeline(), doc_ids(index), queries, qrels, progress=False)
+    result = tune(index.pipeline(), index.doc_ids, queries, qrels, progress=False)
     assert len(result.table) == len(ALPHAS) * len(NORMALIZERS) + len(RRF_KS)
     best = max(row["ndcg@10"] for row in result.table)
     assert result.best()["ndcg@10"] == best
@@ -40,43 +42,46 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
     queries, qrels = train_split
     (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items()))
     (tmp_path / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, rel in qrels.items() for d, r in rel.items()))
-    cmd = [sys.executable, "-m", "app.cli", "tune", str(index_dir), "--queries", str(tmp_path / "queries.jsonl"), "--quiet"]
+    cmd = [sys.executable, "-m", "cli", "tune", str(index_dir), "--queries", str(tmp_path / "queries.jsonl"), "--quiet"]
 
     refused = subprocess.run(cmd + ["--qrels", str(scifact / "qrels" / "test.tsv")], capture_output=True, text=True)
-    assert refused.returncode == 2 and "refusing to tune" in refused.stderr
+    assert refused.returncode == 2 and "test queries must never choose parameters" in refused.stderr
 
     done = subprocess.run(cmd + ["--qrels", str(tmp_path / "train.tsv")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    manifest = json.loads((index_dir / "manifest.json").read_text())
+    manifest = read_manifest(index_dir)
     table = json.loads((index_dir / "tuning" / "fusion.json").read_text())["table"]
     best = max(table, key=lambda row: row["ndcg@10"])
-    assert manifest["fusion"]["tuning"]["value"] == round(best["ndcg@10"], 4)
-    assert manifest["fusion"]["default"]["method"] == best["method"]
+    assert manifest.fusion_tuning.value == round(best["ndcg@10"], 4)
+    assert manifest.defaults.fusion == fusion_from_dict({k: v for k, v in best.items() if k != "ndcg@10"})
     assert (index_dir / "tuning" / "fusion.png").read_bytes()[:4] == b"\x89PNG"
     # The service and CLI now fuse with the tuned default.
-    assert open_index(index_dir).pipeline().fusion == parse_pipeline(
-        "rrf:%g" % best["rrf_k"] if best["method"] == "rrf" else f"cc:{best['norm']}:{best['alpha']}")[1]
+    assert open_index(index_dir).pipeline().defaults.fusion == manifest.defaults.fusion
 
 
 def test_pipeline_specs():
-    none = HubnessChoice()
-    assert parse_pipeline("bm25") == ("bm25", None, none, None)
-    assert parse_pipeline("rrf:10") == ("hybrid", RRF(rrf_k=10.0), none, None)
-    assert parse_pipeline("cc:zscore:0.4") == ("hybrid", ConvexCombination(alpha=0.4, norm="zscore"), none, None)
-    assert parse_pipeline("dense+qbnorm:dis") == ("dense", None, HubnessChoice("qbnorm", True), None)
-    assert parse_pipeline("hybrid+rerank") == ("hybrid", None, none, RerankChoice("fp32", None))
-    assert parse_pipeline("bm25+rerank:int8") == ("bm25", None, none, RerankChoice("int8", None))
-    assert parse_pipeline("hybrid+rerank:int8:w=0.35")[3] == RerankChoice("int8", 0.35)
-    assert parse_pipeline("hybrid+rerank:w=1")[3] == RerankChoice("fp32", 1.0)
-    for bad in ("hybrid+rerank:w=1.5", "hybrid+rerank:w=x", "hybrid+rerank:fp16", "hybrid+rerank:w=0.2:w=0.3", "hybrid+rerank:w=nan"):
-        with pytest.raises(ValueError, match=r"valid: rerank\[:fp32\|int8\]\[:w=WEIGHT\]"):
+    assert parse_pipeline("bm25") == Pipeline("bm25", {"mode": "bm25"})
+    assert parse_pipeline("rrf:10").spec == {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 10.0}}
+    assert parse_pipeline("cc:zscore:0.4").spec == {"mode": "hybrid", "fusion": {"method": "cc", "norm": "zscore", "alpha": 0.4}}
+    assert parse_pipeline("dense+qbnorm:dis").spec == {"mode": "dense", "hubness": {"method": "qbnorm", "dynamic": True}}
+    hybrid_rerank = parse_pipeline("hybrid+rerank")
+    assert hybrid_rerank.spec == {"mode": "hybrid", "rerank": {"enabled": True}} and hybrid_rerank.first_stage == "hybrid"
+    assert parse_pipeline("bm25+rerank@int8") == Pipeline("bm25+rerank@int8", {"mode": "bm25", "rerank": {"enabled": True}}, "int8")
+    assert parse_pipeline("hybrid+qbnorm+rerank:w=0.35@int8").first_stage == "hybrid+qbnorm"
+    assert parse_pipeline("hybrid+rerank:w=1").spec["rerank"] == {"enabled": True, "weight": 1.0}
+    assert parse_pipeline("hybrid").first_stage is None
+    for bad, field in [("hybrid+rerank:w=x", "rerank.weight"), ("hybrid+rerank:fp16", "rerank"), ("dense+csls", "spec"),
+                       ("cx:zscore", "mode"), ("hybrid+rerank@fp16", "precision"), ("hybrid@int8", "precision"),
+                       ("hybrid+depth:1.5x", "depth")]:
+        with pytest.raises(SpecError) as err:
             parse_pipeline(bad)
-    with pytest.raises(ValueError, match="valid: qbnorm, dbnorm"):
-        parse_pipeline("dense+csls")
-    with pytest.raises(ValueError, match="valid: bm25, dense, hybrid"):
-        parse_pipeline("cc:zscore")
-    with pytest.raises(ValueError, match="alpha must be between 0 and 1"):
-        parse_pipeline("cc:minmax:3")
+        assert err.value.field == field, bad
+    # values are checked where the spec is built: the error names the field
+    for bad, field in [("hybrid+rerank:w=1.5", "rerank.weight"), ("cc:minmax:3", "fusion.alpha"), ("hybrid+rerank:w=nan", "rerank.weight"),
+                       ("hybrid+depth:0", "depth"), ("rrf:-1", "fusion.rrf_k")]:
+        with pytest.raises(SpecError) as err:
+            SearchSpec.from_dict(parse_pipeline(bad).spec)
+        assert err.value.field == field, bad
 
 
 def _slice_dataset(scifact, scifact_slice, root):
@@ -107,7 +112,7 @@ def test_eval_tunes_on_train_reports_and_caches(scifact, scifact_slice, scifact_
     config = EvalConfig(pipelines=("bm25", "dense", "hybrid"), progress=False)
     report = evaluate_dataset(dataset, index_dir, config, tmp_path / "out")
     assert report["tuned_on"] == "train"
-    assert json.loads((index_dir / "manifest.json").read_text())["fusion"]["tuning"]["qrels"].endswith("train.tsv")
+    assert read_manifest(index_dir).fusion_tuning.qrels.endswith("train.tsv")
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"report.json", "report.md", "ndcg.png", "win_loss.png", "runs", "cache"}
     assert sorted(p.name for p in (tmp_path / "out" / "runs").iterdir()) == ["bm25.trec", "dense.trec", "hybrid.trec"]
     cached = sorted((tmp_path / "out" / "cache").iterdir())

@@ -22,14 +22,21 @@ import json
 import logging
 import math
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD
+from tqdm import tqdm
+
+from common.publish import publish_dir
+from indexer.store import OpenIndex
+from models.cross_encoder import CachingCrossEncoder, load_cross_encoder
+from models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD, export_cross_encoder
+from models.registry import ResolvedModel, resolve_model, weights_checksum
+from search.devices import check_device
+from search.errors import ConfigError
 from search.rerank import DEFAULT_RERANK_DEPTH
+from training.metrics import evaluate
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +61,12 @@ class TrainOptions:
 
     def __post_init__(self):
         if self.negatives < 1 or self.mine_depth <= self.negatives:
-            raise ValueError("need negatives >= 1 and mine_depth > negatives")
+            raise ConfigError("need negatives >= 1 and mine_depth > negatives")
         if self.max_length < 16 or self.epochs < 1 or self.groups_per_step < 1:
-            raise ValueError("max_length >= 16, epochs >= 1 and groups_per_step >= 1 are required")
+            raise ConfigError("max_length >= 16, epochs >= 1 and groups_per_step >= 1 are required")
         if not 0.0 <= self.dev_fraction < 1.0:
-            raise ValueError(f"dev_fraction (--dev-fraction) must be in [0, 1), got {self.dev_fraction}")
+            raise ConfigError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
+        check_device(self.device)
 
 
 @dataclass(frozen=True)
@@ -83,14 +91,10 @@ def split_dev(queries: dict[str, str], qrels: dict[str, dict[str, int]], fractio
     return sorted(judged[dev:]), sorted(judged[:dev])
 
 
-def mine(index, queries: dict[str, str], qrels: dict[str, dict[str, int]], query_ids: list[str], mine_depth: int,
+def mine(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], query_ids: list[str], mine_depth: int,
          progress: bool = False) -> list[MinedQuery]:
     """Each query's judged positives and its hard-negative pool from the hybrid top-`mine_depth`."""
-    from tqdm import tqdm
-
-    from evaluation.runner import doc_ids
-
-    position = {doc_id: i for i, doc_id in enumerate(doc_ids(index))}
+    position = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
     pipeline = index.pipeline()
     mined = []
     for qid in tqdm(query_ids, desc="mining negatives", disable=not progress):
@@ -98,7 +102,7 @@ def mine(index, queries: dict[str, str], qrels: dict[str, dict[str, int]], query
         if not positives:
             continue
         judged = {position[d] for d in qrels[qid] if d in position}
-        hits = pipeline.search(queries[qid], k=mine_depth, rerank=False).ranking.doc_idx.tolist()
+        hits = pipeline.search(queries[qid], k=mine_depth).ranking.doc_idx.tolist()
         mined.append(MinedQuery(qid, positives, tuple(d for d in hits if d not in judged)))
     return mined
 
@@ -109,25 +113,21 @@ def sample_groups(mined: list[MinedQuery], negatives: int, rng: random.Random) -
             for m in mined if len(m.pool) >= negatives for positive in m.positives]
 
 
-def tune_interpolation(index, model, queries: dict[str, str], qrels: dict[str, dict[str, int]],
+def tune_interpolation(index: OpenIndex, model, queries: dict[str, str], qrels: dict[str, dict[str, int]],
                        depth: int = DEFAULT_RERANK_DEPTH) -> dict:
-    """nDCG@10 of the dev queries' hybrid top-`depth` reranked at every weight of WEIGHT_GRID, and the best.
+    """nDCG@10 of the dev queries' first stage (the index's default spec) reranked to `depth` at every weight
+    of WEIGHT_GRID by the pipeline's rerank stage, and the best weight.
 
     Weight 0 orders like the first stage and weight 1 like the cross-encoder alone, so the record
     shows what the reranker adds; ties go to the smaller weight (the first stage is the known quantity)."""
-    from evaluation.metrics import evaluate
-    from evaluation.runner import doc_ids
-    from search.rerank import interpolate
-
-    ids, pipeline = doc_ids(index), index.pipeline()
-    heads = []
-    for qid, text in queries.items():
-        head = pipeline.search(text, k=depth, rerank=False).ranking
-        heads.append((qid, head, model.score(text, [index.doc_text(int(i)) for i in head.doc_idx])))
+    pipeline = index.pipeline(cross_encoder=CachingCrossEncoder(model))  # each pair is scored once, not once per weight
+    heads = {qid: pipeline.search(text, k=depth, spec={"rerank": {"enabled": False}}).ranking for qid, text in queries.items()}
 
     def ndcg(weight: float) -> float:
-        run = {qid: {ids[int(i)]: float(s) for i, s in zip(head.doc_idx, interpolate(logits, head.scores, weight))}
-               for qid, head, logits in heads}
+        run = {}
+        for qid, head in heads.items():
+            ranking = pipeline.reranker.rerank(queries[qid], head, depth, weight).ranking
+            run[qid] = {index.doc_ids[int(i)]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
         return evaluate(run, {q: qrels[q] for q in queries}, ("ndcg@10",))["ndcg@10"]
 
     grid = {w: ndcg(w) for w in WEIGHT_GRID}
@@ -143,32 +143,23 @@ def tune_interpolation(index, model, queries: dict[str, str], qrels: dict[str, d
 def _torch_device(device: str) -> str:
     import torch
 
-    from models.providers import DEVICES
-
-    if device not in DEVICES:
-        raise ValueError(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
-    if device != "cpu" and torch.cuda.is_available():
+    if check_device(device) != "cpu" and torch.cuda.is_available():
         return "cuda"
     if device == "gpu":
         logger.warning("GPU requested but torch sees no CUDA device: training on CPU")
     return "cpu"
 
 
-def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
+def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
                    options: TrainOptions = TrainOptions(), split: str = "train", progress: bool = True) -> dict:
     """Train, export ONNX into `out/onnx`, tune the interpolation weight on the dev queries, and
     publish `out` atomically; return the training record."""
     import torch
-    from tqdm import tqdm
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
         get_linear_schedule_with_warmup,
     )
-
-    from models.cross_encoder import load_cross_encoder
-    from models.onnx_export import export_cross_encoder
-    from models.registry import ResolvedModel, resolve_model, weights_checksum
 
     started = time.perf_counter()
     out = Path(out)
@@ -178,7 +169,7 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
     rng = random.Random(options.seed)
     groups = sample_groups(mined, options.negatives, rng)
     if not groups:
-        raise ValueError("no training groups: no judged query has a relevant document and enough negatives in this index")
+        raise ConfigError("no training groups: no judged query has a relevant document and enough negatives in this index")
     mined_at = time.perf_counter()
 
     torch.manual_seed(options.seed)
@@ -220,9 +211,7 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
     trained = time.perf_counter()
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the service may run as another user
-    try:
+    with publish_dir(out) as tmp:
         model.eval().to("cpu")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -232,7 +221,7 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
             "options": asdict(options),
             "data": {"split": split, "queries": len({g.query_id for g in groups}), "dev_queries": len(dev_ids),
                      "groups_per_epoch": len(groups), "pairs": options.epochs * len(groups) * group_size,
-                     "index": str(index.path), "fusion": index.manifest["fusion"]["default"]},
+                     "index": str(index.path), "defaults": index.manifest.defaults.to_dict()},
             "device": device,
             "steps": len(losses),
             "loss": {"first_10pct": sum(losses[:window]) / window, "last_10pct": sum(losses[-window:]) / window,
@@ -250,10 +239,4 @@ def train_reranker(index, queries: dict[str, str], qrels: dict[str, dict[str, in
             record["seconds"]["tuning"] = round(time.perf_counter() - exported, 1)
         record["seconds"]["total"] = round(time.perf_counter() - started, 1)
         (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return record

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from evaluation.metrics import evaluate
-from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_to_dict
+from indexer.manifest import FusionTuning, Manifest, update_manifest
+from indexer.store import open_index
+from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict, fusion_to_dict
 from search.normalize import NORMALIZERS
-from search.pipeline import HubnessChoice, SearchPipeline
+from search.pipeline import SearchPipeline
+from training.metrics import evaluate
+from training.splits import refuse_test_split
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +42,7 @@ class TuningResult:
         return max(rows, key=lambda r: r[self.metric])  # first of equals: the grid order is deterministic
 
     def best_fusion(self) -> Fusion:
-        row = self.best()
-        if row["method"] == "rrf":
-            return RRF(rrf_k=row["rrf_k"])
-        return ConvexCombination(alpha=row["alpha"], norm=row["norm"])
+        return fusion_from_dict({k: v for k, v in self.best().items() if k != self.metric})
 
 
 def grid() -> list[Fusion]:
@@ -52,8 +52,9 @@ def grid() -> list[Fusion]:
 
 def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], qrels: dict[str, dict[str, int]],
          metric: str = "ndcg@10", k: int = 100, progress: bool = True) -> TuningResult:
-    raw = HubnessChoice()  # fusion is tuned on uncorrected dense scores, whatever hubness the index has
-    candidates = {qid: pipeline.candidates(text, pipeline.depth, hubness=raw) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
+    # fusion is tuned on uncorrected dense scores, whatever hubness the index has
+    depth = pipeline.defaults.depth
+    candidates = {qid: pipeline.candidates(text, depth) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
     table = []
     for fusion in tqdm(grid(), desc="configurations", disable=not progress):
         run = {}
@@ -65,7 +66,7 @@ def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], 
     for mode in ("bm25", "dense"):
         run = {}
         for qid, text in queries.items():
-            ranking = pipeline.search(text, k=k, mode=mode, hubness=raw).ranking
+            ranking = pipeline.search(text, k=k, spec={"mode": mode, "hubness": {"method": "none"}, "rerank": {"enabled": False}}).ranking
             run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
         singles[mode] = evaluate(run, qrels, (metric,))[metric]
     return TuningResult(metric, len(queries), table, singles)
@@ -105,34 +106,25 @@ def format_table(result: TuningResult) -> str:
     return "\n".join([f"{'configuration':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
 
 
-def refuse_test_split(qrels_path: Path) -> None:
-    if Path(qrels_path).stem == "test":
-        raise ValueError(f"refusing to tune on {qrels_path}: test queries must never choose parameters; pass a train or dev split")
-
-
 def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path, metric: str = "ndcg@10",
                out: Path | None = None, write: bool = True, progress: bool = True) -> TuningResult:
     """Tune the fusion of an index on a labelled split, save table + plot, and make the winner its default."""
-    from evaluation.runner import doc_ids
-    from indexer.store import open_index, read_manifest, write_manifest
-
     refuse_test_split(qrels_path)
     index = open_index(index_dir, verify="size")
     pipeline = index.pipeline()
-    result = tune(pipeline, doc_ids(index), queries, qrels, metric=metric, progress=progress)
+    result = tune(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
     index.close()
     out = out or Path(index_dir) / "tuning"
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "fusion.png")
     (out / "fusion.json").write_text(json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
     if write:
-        manifest = read_manifest(index_dir)
-        manifest["fusion"]["default"] = fusion_to_dict(result.best_fusion())
-        manifest["fusion"]["tuning"] = {
-            "metric": metric, "value": round(result.best()[metric], 4), "queries": len(queries),
-            "qrels": str(qrels_path), "depth": pipeline.depth,
-            "best_per_norm": {n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
-            "best_rrf_k": result.best("rrf")["rrf_k"],
-        }
-        write_manifest(index_dir, manifest)
+        def record(manifest: Manifest) -> None:
+            manifest.defaults = replace(manifest.defaults, fusion=result.best_fusion())
+            manifest.fusion_tuning = FusionTuning(
+                metric=metric, value=round(result.best()[metric], 4), queries=len(queries), qrels=str(qrels_path),
+                depth=pipeline.defaults.depth, best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
+                best_rrf_k=result.best("rrf")["rrf_k"])
+
+        update_manifest(index_dir, record)
     return result

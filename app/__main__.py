@@ -1,0 +1,49 @@
+"""`python -m app` (what `hybrid serve` runs): the HTTP service, configured by flags over HYBRID_* variables."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+from pydantic import ValidationError
+
+from app.main import create_app
+from app.observability import JsonFormatter
+from app.settings import Settings
+from indexer.store import VERIFY_MODES
+from search.devices import DEVICES
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hybrid serve", description="serve POST /search over HTTP")
+    parser.add_argument("--index", type=Path, help="index folder (env HYBRID_INDEX)")
+    parser.add_argument("--host", help="bind address (env HYBRID_HOST, default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port (env HYBRID_PORT, default 8000)")
+    parser.add_argument("--device", choices=DEVICES)
+    parser.add_argument("--verify", choices=VERIFY_MODES, help="index file check at startup (default full)")
+    parser.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines as JSON objects (default) or text")
+    args = parser.parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k != "log_format" and v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        print(f"error: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    if settings.index is None:
+        print("error: no index given: pass --index DIR or set HYBRID_INDEX", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
+    # Our middleware writes one structured access line per request: uvicorn's own access log would double it.
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+                access_log=False, log_config=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""`hybrid hubness fit` and `hybrid hubness report`: QB-Norm / DBNorm corrections of dense scores."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli.args import default
+from evaluation.hubness_eval import write_report
+from indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE
+from search.hubness import HubnessParams
+from search.spec import HubnessSpec
+from training.hubness import fit_from_bank
+
+
+def register(commands) -> None:
+    p = commands.add_parser("hubness", help="fit or inspect hubness correction (QB-Norm, DBNorm)")
+    hubness = p.add_subparsers(dest="hubness_command", required=True)
+    p = hubness.add_parser("fit", help="fit both corrections from a query bank; the chosen method becomes the default")
+    p.add_argument("index", type=Path)
+    p.add_argument("--bank", required=True, help="queries.jsonl (with --split-qrels), a text file with one query per line, or 'pseudo' (document titles)")
+    p.add_argument("--split-qrels", type=Path, help="qrels of the split whose queries form the bank (never test)")
+    p.add_argument("--method", choices=("qbnorm", "dbnorm"), default="qbnorm", help="the default applied to queries")
+    p.add_argument("--dynamic", action="store_true", help="dynamic inverted softmax (DIS) by default")
+    for name in ("beta", "beta1", "beta2"):
+        p.add_argument(f"--{name}", type=float, default=default(HubnessParams, name))
+    p.add_argument("--k", type=int, default=default(HubnessParams, "k"), help="activation set: each bank member's top-k documents")
+    p.add_argument("--gallery-size", type=int, default=DEFAULT_GALLERY_SIZE)
+    p.add_argument("--pseudo-size", type=int, default=DEFAULT_PSEUDO_SIZE)
+    p.add_argument("--tune", action="store_true", help="choose the method's betas by 5-fold cross-fitting on the labelled bank")
+    p.set_defaults(run=run_fit)
+
+    p = hubness.add_parser("report", help="k-occurrence skewness, never-retrieved share and top hubs, before and after")
+    p.add_argument("index", type=Path)
+    p.add_argument("--queries", type=Path, required=True)
+    p.add_argument("--split-qrels", type=Path, help="restrict to the queries of this split")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--out", type=Path)
+    p.set_defaults(run=run_report)
+
+
+def run_fit(args) -> None:
+    params = HubnessParams(beta=args.beta, beta1=args.beta1, beta2=args.beta2, k=args.k)
+    manifest = fit_from_bank(args.index, args.bank, HubnessSpec(args.method, args.dynamic), params, args.split_qrels,
+                             args.tune, args.gallery_size, args.pseudo_size)
+    fitted = manifest.hubness
+    for row in (fitted.tuning or {}).get("table", ()):
+        print("  ".join(f"{k}={v:.4g}" for k, v in row.items()))
+    print(f"fitted {args.method}{' (dynamic)' if args.dynamic else ''} with {json.dumps(fitted.params.__dict__)} on a "
+          f"{fitted.bank['kind']} bank of {fitted.bank['size']} in {fitted.fit_seconds} s; activation sets: {fitted.activation}")
+
+
+def run_report(args) -> None:
+    queries, out, rows = write_report(args.index, args.queries, args.split_qrels, args.k, args.out)
+    print(f"{queries} queries, dense top-{args.k}")
+    print(f"{'variant':<14}{'skewness':>10}{'never':>8}{'max N':>7}  top hubs (doc id: N_k)")
+    for name, r in rows.items():
+        hubs = ", ".join(f"{d}: {n}" for d, n in r["top_hubs"][:3])
+        print(f"{name:<14}{r['skewness']:>10.3f}{r['never_retrieved']:>8.1%}{r['max_occurrence']:>7}  {hubs}")
+    print(f"histogram and JSON in {out}")

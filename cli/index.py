@@ -1,0 +1,71 @@
+"""`hybrid index` and `hybrid download-beir`: corpora in, index folders out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+from cli.args import add_device, add_quiet, default
+from evaluation.beir import ensure_dataset
+from indexer.build import BuildOptions, build_index, index_is_current
+from models.providers import BACKENDS
+from search.analyzer import STEMMERS, STOPWORD_LISTS, Analyzer
+from search.bm25 import BM25_METHODS, BM25Params
+from search.dense import FAISS_KINDS, FaissParams
+
+
+def register(commands) -> None:
+    p = commands.add_parser("index", help="build an index from a BEIR folder or a JSONL corpus")
+    p.add_argument("corpus", type=Path)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--skip-if-current", action="store_true",
+                   help="do nothing when --out already holds an index of this corpus (same sha256; build options are not compared)")
+    add_device(p)
+    add_build_flags(p)
+    p.set_defaults(run=run_index)
+
+    p = commands.add_parser("download-beir", help="fetch a BEIR dataset if it is not on disk")
+    p.add_argument("name")
+    p.add_argument("--to", type=Path, default=Path(os.environ.get("BEIR_DATA", "data/beir")))
+    p.set_defaults(run=lambda args: print(ensure_dataset(args.name, args.to)))
+
+
+def add_build_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("index build")
+    g.add_argument("--model", default=default(BuildOptions, "model"), help="sentence-transformers model name or local path")
+    g.add_argument("--backend", choices=BACKENDS, default=default(BuildOptions, "backend"), help="how documents are embedded")
+    g.add_argument("--faiss", choices=FAISS_KINDS, default=default(FaissParams, "kind"))
+    g.add_argument("--nlist", type=int, default=default(FaissParams, "nlist"), help="IVF clusters (default ~4*sqrt(n))")
+    g.add_argument("--nprobe", type=int, default=default(FaissParams, "nprobe"))
+    g.add_argument("--hnsw-m", type=int, default=default(FaissParams, "hnsw_m"))
+    g.add_argument("--ef-search", type=int, default=default(FaissParams, "ef_search"))
+    g.add_argument("--bm25-method", choices=BM25_METHODS, default=default(BM25Params, "method"))
+    g.add_argument("--k1", type=float, default=default(BM25Params, "k1"))
+    g.add_argument("--b", type=float, default=default(BM25Params, "b"))
+    g.add_argument("--stopwords", choices=STOPWORD_LISTS, default=default(Analyzer, "stopwords"))
+    g.add_argument("--stemmer", choices=STEMMERS, default=default(Analyzer, "stemmer"))
+    g.add_argument("--batch-size", type=int, default=default(BuildOptions, "batch_size"))
+    add_quiet(g)
+
+
+def build_options(args) -> BuildOptions:
+    return BuildOptions(
+        model=args.model, backend=args.backend, analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
+        bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
+        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, ef_search=args.ef_search),
+        device=args.device, batch_size=args.batch_size, progress=not args.quiet)
+
+
+def run_index(args) -> None:
+    if args.skip_if_current and index_is_current(args.corpus, args.out):
+        print(f"{args.out} is current (same corpus checksum): build skipped")
+        return
+    started = time.perf_counter()
+    manifest = build_index(args.corpus, args.out, build_options(args))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    print(f"indexed {manifest.documents} documents into {args.out} in {time.perf_counter() - started:.1f} s "
+          f"(peak memory {peak:.0f} MiB); stages: {json.dumps(manifest.build)}")

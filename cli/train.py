@@ -1,0 +1,70 @@
+"""`hybrid tune` (fusion) and `hybrid train-reranker`: fitting on a labelled train/dev split, never test."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli.args import add_device, add_quiet, default
+from indexer.store import open_index
+from search.fusion import fusion_to_string
+from training.fusion import format_table, tune_index
+from training.metrics import MEASURES
+from training.reranker import TrainOptions, train_reranker
+from training.splits import training_split
+
+
+def _add_split(p) -> None:
+    p.add_argument("--queries", type=Path, required=True, help="queries.jsonl (only the queries judged in --qrels are read)")
+    p.add_argument("--qrels", type=Path, required=True, help="qrels TSV of a training or dev split (never test)")
+
+
+def register(commands) -> None:
+    p = commands.add_parser("tune", help="choose the fusion (alpha, normalisation, rrf_k) on labelled training queries")
+    p.add_argument("index", type=Path)
+    _add_split(p)
+    p.add_argument("--metric", choices=MEASURES, default="ndcg@10")
+    p.add_argument("--out", type=Path, help="where the table and plot go (default INDEX/tuning)")
+    p.add_argument("--dry-run", action="store_true", help="report only; leave the manifest unchanged")
+    add_quiet(p)
+    p.set_defaults(run=run_tune)
+
+    p = commands.add_parser("train-reranker", help="fine-tune a cross-encoder on a train split with hard negatives from the hybrid retriever")
+    p.add_argument("index", type=Path, help="index whose hybrid retriever mines the hard negatives")
+    _add_split(p)
+    p.add_argument("--out", type=Path, required=True, help="model folder to write (torch weights + onnx/)")
+    p.add_argument("--base-model", default=default(TrainOptions, "base_model"), help="model name or local path to start from")
+    p.add_argument("--max-length", type=int, default=default(TrainOptions, "max_length"), help="query + document tokens")
+    p.add_argument("--negatives", type=int, default=default(TrainOptions, "negatives"), help="hard negatives per positive")
+    p.add_argument("--mine-depth", type=int, default=default(TrainOptions, "mine_depth"), help="negatives are sampled from the hybrid top-N")
+    p.add_argument("--epochs", type=int, default=default(TrainOptions, "epochs"))
+    p.add_argument("--groups-per-step", type=int, default=default(TrainOptions, "groups_per_step"), help="(positive + negatives) groups per batch")
+    p.add_argument("--lr", type=float, default=default(TrainOptions, "learning_rate"))
+    p.add_argument("--dev-fraction", type=float, default=default(TrainOptions, "dev_fraction"),
+                   help="judged queries held out to tune the interpolation weight with the fused score (0: plain reranking)")
+    p.add_argument("--seed", type=int, default=default(TrainOptions, "seed"))
+    add_device(p, help="training (and mining) device")
+    add_quiet(p)
+    p.set_defaults(run=run_train_reranker)
+
+
+def run_tune(args) -> None:
+    queries, qrels = training_split(args.queries, args.qrels)
+    out = args.out or args.index / "tuning"
+    result = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run, progress=not args.quiet)
+    print(format_table(result))
+    print(f"best: {fusion_to_string(result.best_fusion())} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} "
+          f"queries of {args.qrels.name}); table and plot in {out}")
+    if not args.dry_run:
+        print(f"wrote the fusion into {args.index / 'manifest.json'}: the service now uses it by default")
+
+
+def run_train_reranker(args) -> None:
+    options = TrainOptions(base_model=args.base_model, max_length=args.max_length, negatives=args.negatives,
+                           mine_depth=args.mine_depth, epochs=args.epochs, groups_per_step=args.groups_per_step,
+                           learning_rate=args.lr, dev_fraction=args.dev_fraction, seed=args.seed, device=args.device)
+    queries, qrels = training_split(args.queries, args.qrels)
+    index = open_index(args.index, verify="size", device=args.device)
+    record = train_reranker(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet)
+    print(json.dumps(record, indent=2))
+    print(f"reranker saved to {args.out} (ONNX in {args.out / 'onnx'}); serve it with HYBRID_RERANKER={args.out}")

@@ -1,0 +1,177 @@
+"""Publish a folder or a file atomically, so readers see the old version or the complete new one.
+
+Index builds, the hubness fit, the ONNX export and reranker training all write several files that
+only make sense together. Writing them in place lets a crash (or a concurrent reader) observe a
+half-written mix; building them in a hidden sibling folder and renaming that into place does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+# Errors meaning "this kernel, libc or filesystem cannot exchange", not "the exchange failed".
+_EXCHANGE_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def _fsync_path(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and folder under ``root`` (children first) so a rename never publishes
+    names whose data is still only in the page cache."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                _fsync_path(path)
+        _fsync_path(dirpath)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths in one step with Linux ``renameat2(RENAME_EXCHANGE)``.
+
+    Raises OSError with ENOSYS where the call does not exist; the kernel answers EINVAL or
+    ENOTSUP where the filesystem cannot exchange.
+    """
+    if not sys.platform.startswith("linux"):
+        raise OSError(errno.ENOSYS, "renameat2 is Linux-only")
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        renameat2 = libc.renameat2  # glibc >= 2.28
+    except AttributeError:
+        raise OSError(errno.ENOSYS, "libc has no renameat2") from None
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _swap_by_renames(new: Path, target: Path) -> Path:
+    """Two-rename fallback for :func:`_exchange`; returns where the old folder now lies.
+
+    Not atomic: a crash between the two renames leaves ``target`` missing and the old folder at
+    the ``.{name}.retired-XXXX`` sibling. If the second rename fails the old folder is put back.
+    """
+    # mkdtemp reserves a unique name; renaming a folder onto an empty folder replaces it.
+    retired = Path(tempfile.mkdtemp(prefix=f".{target.name}.retired-", dir=target.parent))
+    try:
+        os.rename(target, retired)
+    except BaseException:
+        os.rmdir(retired)
+        raise
+    try:
+        os.rename(new, target)
+    except BaseException:
+        os.rename(retired, target)
+        raise
+    return retired
+
+
+def _publish(tmp: Path, target: Path, *, replace: bool, keep_existing: bool) -> None:
+    if not os.path.lexists(target):
+        try:
+            os.rename(tmp, target)
+        except OSError as exc:
+            # Another writer published between the check and the rename: decide as below.
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+        else:
+            _fsync_path(target.parent)
+            return
+    if keep_existing:
+        shutil.rmtree(tmp)
+        return
+    if not replace:
+        raise FileExistsError(errno.EEXIST, "refusing to replace existing folder", str(target))
+    if target.is_symlink() or not target.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "can only replace a folder", str(target))
+    try:
+        _exchange(tmp, target)
+        old = tmp
+    except OSError as exc:
+        if exc.errno not in _EXCHANGE_UNSUPPORTED:
+            raise
+        old = _swap_by_renames(tmp, target)
+    # Make the new name durable before the only other copy of the old data goes away.
+    _fsync_path(target.parent)
+    shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def publish_dir(
+    target: Path | str,
+    *,
+    replace: bool = True,
+    keep_existing: bool = False,
+    mode: int = 0o755,
+) -> Iterator[Path]:
+    """Build a folder in a hidden sibling of ``target`` and publish it there only on success.
+
+    Yields the temporary folder (``.{name}.building-XXXX`` in ``target``'s parent, so the final
+    rename never crosses filesystems). On normal exit every file and folder in it is fsynced, then:
+
+    * ``target`` missing: the folder is renamed to ``target``.
+    * ``target`` exists and ``keep_existing``: the new folder is discarded (for caches, where a
+      concurrent writer may have published the same content first).
+    * ``target`` exists and not ``replace``: FileExistsError.
+    * otherwise the two folders are swapped with ``renameat2(RENAME_EXCHANGE)``, one atomic step,
+      and the old folder is removed afterwards. Where that call is unavailable (non-Linux, old
+      glibc, filesystems answering EINVAL/ENOTSUP) it falls back to renaming ``target`` to
+      ``.{name}.retired-XXXX`` and then the new folder to ``target``; a crash between those two
+      renames leaves ``target`` missing with the old folder at the retired name. Either way the
+      old folder is deleted only once the new one is in place.
+
+    If the body raises (anything, KeyboardInterrupt included) the temporary folder is removed and
+    ``target`` is left untouched. A hard crash can leave hidden ``.building-``/``.retired-``
+    siblings behind, never a partial ``target``.
+    """
+    target = Path(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    try:
+        os.chmod(tmp, mode)  # mkdtemp creates it 0o700
+        yield tmp
+        _fsync_tree(tmp)
+        _publish(tmp, target, replace=replace, keep_existing=keep_existing)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> None:
+    """Replace one file atomically: readers see the old or the new content, never a torn write.
+
+    ``str`` is written as UTF-8. The data goes to a hidden sibling temp file, is fsynced, renamed
+    over ``path`` with os.replace, and the parent folder is fsynced so the rename survives a crash.
+    """
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)  # mkstemp creates it 0o600
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_path(path.parent)

@@ -1,0 +1,225 @@
+"""The search specification: everything that decides how a query is ranked, validated in one place.
+
+The spec a request is served with is built by merging partial specs, each in the dict form, onto
+the library defaults below, in order: the index's defaults (its manifest: the tuned fusion, a fitted
+hubness correction), the service's settings (reranker depth and weight), then the request.
+`SearchSpec.merge` validates every field it is given; an error names the field by its dotted path
+(`rerank.weight`), whoever wrote the value.
+
+Two forms, both round-tripping (`SearchSpec.from_dict(spec.to_dict()) == spec`,
+`parse_spec_string(spec.to_string())` gives `spec.to_dict()` back):
+
+    dict    {"mode": "hybrid", "depth": 100, "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 1.0]},
+             "hubness": {"method": "none", "dynamic": false},
+             "rerank": {"enabled": false, "depth": 50, "weight": 1.0}, "min_score": null}
+    string  hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1
+
+The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25, dense, hybrid) or a
+fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
+`+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from search import checks
+from search.errors import SpecError
+from search.fusion import (
+    FUSIONS,
+    RRF,
+    Fusion,
+    fusion_from_dict,
+    fusion_from_string,
+    fusion_to_dict,
+    fusion_to_string,
+)
+from search.hubness import HUBNESS_METHODS
+from search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH, check_weight
+
+MODES = ("bm25", "dense", "hybrid")
+MAX_K = 1000
+MAX_DEPTH = 1000
+DEFAULT_DEPTH = 100
+
+
+@dataclass(frozen=True)
+class HubnessSpec:
+    method: str = "none"  # none | qbnorm | dbnorm
+    dynamic: bool = False  # DIS: correct only queries whose raw top-1 is in the bank's activation set
+
+    def __post_init__(self):
+        checks.choice("method", self.method, HUBNESS_METHODS)
+        checks.flag("dynamic", self.dynamic)
+
+
+@dataclass(frozen=True)
+class RerankSpec:
+    enabled: bool = False
+    depth: int = DEFAULT_RERANK_DEPTH  # first-stage hits the cross-encoder reorders; the rest follow
+    weight: float = 1.0  # trust in the cross-encoder (search.rerank.interpolate)
+
+    def __post_init__(self):
+        checks.flag("enabled", self.enabled)
+        object.__setattr__(self, "depth", checks.number("depth", self.depth, 1, MAX_RERANK_DEPTH, integer=True))
+        object.__setattr__(self, "weight", check_weight(self.weight))
+
+
+def _merge_part(cls, base, given, name: str):
+    """`base` (a HubnessSpec or RerankSpec) with the fields `given` names replaced; errors under `name`."""
+    if not isinstance(given, dict):
+        raise SpecError(name, f"must be an object with fields {', '.join(f.name for f in fields(cls))}, got {given!r}")
+    known = [f.name for f in fields(cls)]
+    try:
+        for key in given:
+            if key not in known:
+                raise SpecError(key, f"unknown field; valid: {', '.join(known)}")
+        return replace(base, **given)
+    except SpecError as exc:
+        raise exc.within(name) from None
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """How to rank: retrieval mode, candidate depth, fusion, hubness correction, reranking, score floor.
+
+    `k` (how many hits) is the request's, not the spec's: the same spec serves every page size.
+    """
+
+    mode: str = "hybrid"
+    depth: int = DEFAULT_DEPTH  # hybrid: candidates per retriever, fused; independent of k
+    fusion: Fusion = field(default_factory=RRF)  # hybrid only
+    hubness: HubnessSpec = field(default_factory=HubnessSpec)  # dense and hybrid only
+    rerank: RerankSpec = field(default_factory=RerankSpec)
+    min_score: float | None = None  # drop hits whose final score is below it
+
+    def __post_init__(self):
+        checks.choice("mode", self.mode, MODES)
+        object.__setattr__(self, "depth", checks.number("depth", self.depth, 1, MAX_DEPTH, integer=True))
+        if not isinstance(self.fusion, tuple(FUSIONS.values())):
+            raise SpecError("fusion", f"must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
+        if self.min_score is not None:
+            object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
+
+    def merge(self, overrides: dict | None) -> "SearchSpec":
+        """This spec with the fields of the partial dict form `overrides` replaced, validated."""
+        if not overrides:
+            return self
+        if not isinstance(overrides, dict):
+            raise SpecError("spec", f"must be an object, got {overrides!r}")
+        known = [f.name for f in fields(self)]
+        changes = {}
+        for name, value in overrides.items():
+            if name not in known:
+                raise SpecError(name, f"unknown field; valid: {', '.join(known)}")
+            if name == "fusion":
+                try:
+                    changes[name] = fusion_from_dict(value, self.fusion)
+                except SpecError as exc:
+                    raise exc.within("fusion") from None
+            elif name == "hubness":
+                changes[name] = _merge_part(HubnessSpec, self.hubness, value, name)
+            elif name == "rerank":
+                changes[name] = _merge_part(RerankSpec, self.rerank, value, name)
+            else:
+                changes[name] = value
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> "SearchSpec":
+        """A full spec from a (possibly partial) dict: fields not given are the library defaults."""
+        return cls().merge(spec)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "depth": self.depth, "fusion": fusion_to_dict(self.fusion),
+                "hubness": {"method": self.hubness.method, "dynamic": self.hubness.dynamic},
+                "rerank": {"enabled": self.rerank.enabled, "depth": self.rerank.depth, "weight": self.rerank.weight},
+                "min_score": self.min_score}
+
+    def to_string(self) -> str:
+        return spec_to_string(self.to_dict())
+
+
+def spec_to_string(spec: dict) -> str:
+    """The string form of a (possibly partial) dict form that names a mode: only the fields it names."""
+    if "mode" not in spec:
+        raise SpecError("mode", "the string form starts with the mode; this spec has none")
+    parts = [spec["mode"]]
+    if "fusion" in spec:
+        parts.append(fusion_to_string(fusion_from_dict(spec["fusion"])))
+    if "depth" in spec:
+        parts.append(f"depth:{spec['depth']}")
+    hubness = spec.get("hubness")
+    if hubness is not None:
+        method = hubness.get("method", "none")
+        if method == "none" and hubness.get("dynamic"):
+            raise SpecError("hubness.dynamic", "the string form has no dynamic without a method")
+        parts.append("nohub" if method == "none" else method + (":dis" if hubness.get("dynamic") else ""))
+    rerank = spec.get("rerank")
+    if rerank is not None:
+        text = "rerank"
+        if "enabled" in rerank:
+            text += ":on" if rerank["enabled"] else ":off"
+        if "depth" in rerank:
+            text += f":d={rerank['depth']}"
+        if "weight" in rerank:
+            text += f":w={checks.compact(rerank['weight'])}"
+        parts.append(text)
+    if spec.get("min_score") is not None:
+        parts.append(f"min:{checks.compact(spec['min_score'])}")
+    return "+".join(parts)
+
+
+def parse_spec_string(text: str) -> dict:
+    """The partial dict form of a string form; unknown parts are errors that list the valid ones."""
+    first, *extras = text.split("+")
+    spec: dict = {}
+    if first in MODES:
+        spec["mode"] = first
+    elif first.split(":")[0] in FUSIONS:
+        spec["mode"] = "hybrid"
+        spec["fusion"] = fusion_from_string(first)
+    else:
+        raise SpecError("mode", f"{text!r} starts with {first!r}; valid: {', '.join(MODES)}, rrf[:...], cc[:...]")
+    for extra in extras:
+        name, _, arg = extra.partition(":")
+        if name in FUSIONS:
+            spec["fusion"] = fusion_from_string(extra)
+        elif name == "depth":
+            spec["depth"] = _integer("depth", arg)
+        elif name in ("qbnorm", "dbnorm") and arg in ("", "dis"):
+            spec["hubness"] = {"method": name, "dynamic": arg == "dis"}
+        elif name == "nohub" and not arg:
+            spec["hubness"] = {"method": "none", "dynamic": False}
+        elif name == "rerank":
+            spec["rerank"] = _parse_rerank(arg)
+        elif name == "min":
+            spec["min_score"] = checks.parse_number("min_score", arg)
+        else:
+            raise SpecError("spec", f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
+                                    "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE")
+    return spec
+
+
+def _parse_rerank(arg: str) -> dict:
+    rerank: dict = {"enabled": True}
+    for part in filter(None, arg.split(":")):
+        if part in ("on", "off"):
+            rerank["enabled"] = part == "on"
+        elif part.startswith("d="):
+            rerank["depth"] = _integer("rerank.depth", part[2:])
+        elif part.startswith("w="):
+            rerank["weight"] = checks.parse_number("rerank.weight", part[2:])
+        else:
+            raise SpecError("rerank", f"unknown part {part!r}; valid: rerank[:on|:off][:d=N][:w=W]")
+    return rerank
+
+
+def _integer(name: str, text: str) -> int:
+    value = checks.parse_number(name, text)
+    return int(value) if value.is_integer() else value  # a fraction fails the field's own check
+
+
+def check_k(k) -> int:
+    """The number of hits a request asks for (not part of the spec: see SearchSpec)."""
+    return checks.number("k", k, 1, MAX_K, integer=True)

@@ -1,0 +1,280 @@
+"""docs/BENCHMARKS.md prose is drawn from the measured rows: each comparison says which side won, with the numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evaluation import benchmarks_md as md
+from evaluation.machine import describe_machine
+
+VERSIONS = {"faiss": "1.0", "onnxruntime": "2.0", "bm25s": "3.0"}
+
+
+def _latency_row(p50: float, bm25: float = 0.3) -> dict:
+    return {"p50_ms": p50, "p95_ms": p50 * 1.5, "p99_ms": p50 * 2, "fusion_share": 0.05,
+            "stage_p50_ms": {"bm25": bm25, "embed": p50 * 0.8, "total": p50}}
+
+
+def _http_row(rps: float, p50: float, errors: int = 0) -> dict:
+    return {"requests": 400, "errors": errors, "throughput_rps": rps, "p50_ms": p50, "p95_ms": p50 * 1.5, "p99_ms": p50 * 2}
+
+
+def _batch_row(qps: float, p50: float, batched: bool) -> dict:
+    return {"qps": qps, "p50_ms": p50, "p95_ms": p50 * 1.5, "p99_ms": p50 * 2, **({"mean_batch": 2.0} if batched else {})}
+
+
+def _faiss(cpu_qps: float, gpu_qps: float | None) -> dict:
+    results = {"Flat cpu": {"qps": cpu_qps, "recall@10_vs_flat": 1.0, "build_s": 1.0, "on_gpu": False}}
+    if gpu_qps is not None:
+        results["Flat gpu"] = {"qps": gpu_qps, "recall@10_vs_flat": 1.0, "build_s": 0.5, "on_gpu": True}
+        results["Flat gpu_over_cpu"] = round(gpu_qps / cpu_qps, 1)
+    return {"vectors": 1000, "dimension": 8, "queries": 10, "gpus": int(gpu_qps is not None), "results": results}
+
+
+def _overhead(leg_ms: float, search_ms: float) -> dict:
+    base_leg, base_search = 10.0, 1.0
+    return {"none": {"dense_leg_p50_ms": base_leg, "leg_ratio": 1.0, "search_p50_ms": base_search, "search_ratio": 1.0},
+            "qbnorm DIS": {"dense_leg_p50_ms": leg_ms, "leg_ratio": round(leg_ms / base_leg, 3),
+                           "search_p50_ms": search_ms, "search_ratio": round(search_ms / base_search, 3)}}
+
+
+# --- batching -------------------------------------------------------------------------------------------------------
+
+
+def test_batching_sentence_says_batching_raised_throughput_when_it_did():
+    sentence = md.batching_sentence({"unbatched, 4 clients": _batch_row(100.0, 30.0, False),
+                                     "batched, 4 clients": _batch_row(120.0, 25.0, True)})
+    assert "raised throughput by 20%" in sentence
+    assert "120.0 vs 100.0 queries/s" in sentence
+    assert "lowered" not in sentence
+    assert "1 up, 0 down" in sentence
+
+
+def test_batching_sentence_says_batching_lowered_throughput_when_it_did():
+    sentence = md.batching_sentence({"unbatched, 4 clients": _batch_row(120.0, 25.0, False),
+                                     "batched, 4 clients": _batch_row(100.0, 30.0, True)})
+    assert "lowered throughput by 17%" in sentence
+    assert "100.0 vs 120.0 queries/s" in sentence
+    assert "raised" not in sentence
+    assert "0 up, 1 down" in sentence
+
+
+def test_batching_sentence_reports_noise_and_each_level():
+    sentence = md.batching_sentence({"unbatched, 1 clients": _batch_row(100.0, 10.0, False),
+                                     "batched, 1 clients": _batch_row(101.0, 10.0, True),
+                                     "unbatched, 16 clients": _batch_row(100.0, 150.0, False),
+                                     "batched, 16 clients": _batch_row(150.0, 100.0, True)})
+    assert "at 1 client batching left throughput within noise at +1.0%" in sentence
+    assert "at 16 clients batching raised throughput by 50%" in sentence
+    assert "1 up, 0 down, 1 within noise" in sentence
+
+
+# --- concurrent legs ------------------------------------------------------------------------------------------------
+
+
+def test_parallel_legs_sentence_says_concurrent_legs_lowered_latency():
+    sentence = md.parallel_legs_sentence({"hybrid rrf": _latency_row(10.0), "hybrid rrf, concurrent legs": _latency_row(8.0)})
+    assert "for hybrid rrf they lowered p50 latency by 20%" in sentence
+    assert "8.00 vs 10.00 ms" in sentence
+    assert "raised" not in sentence
+
+
+def test_parallel_legs_sentence_says_concurrent_legs_raised_latency():
+    sentence = md.parallel_legs_sentence({"hybrid cc": _latency_row(8.0), "hybrid cc, concurrent legs": _latency_row(10.0)})
+    assert "for hybrid cc they raised p50 latency by 25%" in sentence
+    assert "10.00 vs 8.00 ms" in sentence
+    assert "lowered" not in sentence
+
+
+def test_parallel_legs_sentence_within_noise_and_absent():
+    sentence = md.parallel_legs_sentence({"hybrid cc": _latency_row(10.0), "hybrid cc, concurrent legs": _latency_row(10.1)})
+    assert "they left p50 latency within noise at +1.0% (10.10 vs 10.00 ms" in sentence
+    assert md.parallel_legs_sentence({"bm25": _latency_row(0.2)}) == ""
+
+
+# --- HTTP scaling ---------------------------------------------------------------------------------------------------
+
+
+def test_http_scaling_sentence_when_throughput_scales():
+    sentence = md.http_scaling_sentence({"1 clients": _http_row(50.0, 20.0), "16 clients": _http_row(400.0, 40.0)})
+    assert "From 1 to 16 concurrent clients" in sentence
+    assert "throughput rose by 700%" in sentence
+    assert "50.0 -> 400.0 req/s, 8.00x" in sentence
+    assert "Peak throughput: 400.0 req/s at 16 clients" in sentence
+    assert "CPU-bound" not in sentence and "rather than throughput" not in sentence
+
+
+def test_http_scaling_sentence_when_throughput_falls():
+    sentence = md.http_scaling_sentence({"16 clients": _http_row(40.0, 400.0, errors=3), "1 clients": _http_row(50.0, 20.0),
+                                         "4 clients": _http_row(60.0, 66.0)})
+    assert "throughput fell by 20%" in sentence
+    assert "50.0 -> 40.0 req/s" in sentence
+    assert "from 20.0 to 400.0 ms (20.0x)" in sentence
+    assert "Peak throughput: 60.0 req/s at 4 clients" in sentence
+    assert "3 at 16 clients" in sentence
+
+
+def test_http_scaling_sentence_needs_two_levels():
+    assert md.http_scaling_sentence({"1 clients": _http_row(50.0, 20.0)}) == ""
+
+
+# --- FAISS GPU vs CPU -----------------------------------------------------------------------------------------------
+
+
+def test_faiss_device_sentence_gpu_faster():
+    sentence = md.faiss_device_sentence(_faiss(100.0, 1500.0))
+    assert "for Flat the GPU was faster: 15.00x" in sentence
+    assert "(1500 vs 100)" in sentence
+    assert "No GPU" not in sentence
+
+
+def test_faiss_device_sentence_gpu_slower():
+    sentence = md.faiss_device_sentence(_faiss(1500.0, 100.0))
+    assert "for Flat the GPU was slower: 0.07x" in sentence
+    assert "(100 vs 1500)" in sentence
+    assert "faster" not in sentence
+
+
+def test_faiss_device_sentence_without_gpu():
+    sentence = md.faiss_device_sentence(_faiss(100.0, None))
+    assert "No GPU was visible to FAISS" in sentence
+
+
+# --- hubness overhead -----------------------------------------------------------------------------------------------
+
+
+def test_hubness_overhead_sentence_correction_slower():
+    sentence = md.hubness_overhead_sentence(_overhead(leg_ms=12.0, search_ms=2.0))
+    assert "qbnorm DIS slower by 20% (12.00 vs 10.00 ms)" in sentence
+    assert "qbnorm DIS slower by 100% (2.000 vs 1.000 ms)" in sentence
+    assert "costliest on the dense leg was qbnorm DIS, +20.0%" in sentence
+
+
+def test_hubness_overhead_sentence_correction_not_slower():
+    sentence = md.hubness_overhead_sentence(_overhead(leg_ms=8.0, search_ms=1.01))
+    assert "qbnorm DIS faster by 20% (8.00 vs 10.00 ms)" in sentence
+    assert "qbnorm DIS within noise at +1.0% (1.010 vs 1.000 ms)" in sentence
+    assert "slower" not in sentence and "costliest" not in sentence
+
+
+# --- machine line ---------------------------------------------------------------------------------------------------
+
+
+def test_machine_line_names_the_gpu_seen():
+    bench = {"cpu_count": 16, "machine": {"cpu_model": "Test CPU", "cpu_count": 16, "gpus": ["NVIDIA H100 80GB HBM3"],
+                                          "faiss_gpus": 1, "onnx_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                                          "python": "3.11.9"}}
+    line = md.machine_line(bench, VERSIONS)
+    assert line.startswith("Machine: 16 cores, Test CPU, GPU NVIDIA H100 80GB HBM3")
+    assert "FAISS saw 1" in line and "CUDAExecutionProvider" in line
+    assert "Python 3.11.9" in line and "faiss 1.0, onnxruntime 2.0, bm25s 3.0" in line
+    assert "no GPU" not in line
+
+
+def test_machine_line_counts_identical_gpus():
+    bench = {"machine": {"cpu_model": "Test CPU", "cpu_count": 8, "gpus": ["A100", "A100"], "faiss_gpus": 2}}
+    assert "GPU 2x A100 (FAISS saw 2)" in md.machine_line(bench, VERSIONS)
+
+
+def test_machine_line_says_no_gpu_seen_when_none_was():
+    bench = {"cpu_count": 2, "machine": {"cpu_model": "Test CPU", "cpu_count": 2, "gpus": [], "faiss_gpus": 0,
+                                         "onnx_providers": ["CPUExecutionProvider"], "python": "3.11.7"}}
+    line = md.machine_line(bench, VERSIONS)
+    assert line.startswith("Machine: 2 cores, Test CPU, no GPU seen;")
+
+
+def test_machine_line_without_a_record_claims_nothing_about_the_gpu():
+    line = md.machine_line({"cpu_count": 4}, VERSIONS)
+    assert line.startswith("Machine: 4 cores, ")
+    assert "GPU not recorded" in line
+    assert "no GPU" not in line
+
+
+def test_describe_machine_shape():
+    machine = describe_machine()
+    assert set(machine) == {"cpu_model", "cpu_count", "gpus", "faiss_gpus", "onnx_providers", "python"}
+    assert isinstance(machine["gpus"], list) and isinstance(machine["faiss_gpus"], int)
+    assert isinstance(machine["onnx_providers"], list) and machine["cpu_model"]
+
+
+def test_gpu_names_tolerates_missing_nvidia_smi(monkeypatch):
+    from evaluation import machine
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(machine.subprocess, "run", missing)
+    assert machine.gpu_names() == []
+
+
+# --- end to end -----------------------------------------------------------------------------------------------------
+
+
+def _manifest() -> dict:
+    return {"build": {"documents_s": 1.0, "bm25_s": 1.0, "embeddings_s": 2.0, "faiss_s": 6.0, "total_s": 10.0, "peak_rss_mib": 100.0},
+            "versions": VERSIONS, "counts": {"documents": 100}, "faiss": {"factory": "Flat"},
+            "embedder": {"document_backend": "onnx"}, "fusion": {"default": {"method": "rrf", "rrf_k": 60}},
+            "hubness": {"bank": {"size": 50, "split": "train.tsv"}, "gallery": {"size": 100}, "params": {"beta": 1.0}}}
+
+
+def _eval_report() -> dict:
+    metrics = {"ndcg@10": 0.7, "recall@100": 0.9, "mrr@10": 0.6, "map@100": 0.6, "n10_skewness": 1.5,
+               "wins": 0, "ties": 10, "losses": 0, "p_value_vs_baseline": 1.0}
+    return {"dataset": "tiny", "split": "test", "queries": 10, "baseline": "bm25", "pipelines": {"bm25": metrics}}
+
+
+def _bench(**extra) -> dict:
+    """Every comparison the opposite of what the old hard-coded prose claimed."""
+    return {"cpu_count": 2, "queries": 10,
+            "bm25_throughput": {"engine_qps": 1000.0, "rank_bm25_qps": 10.0, "ratio": 100.0},
+            "latency": {"bm25": _latency_row(0.2), "hybrid rrf": _latency_row(10.0),
+                        "hybrid rrf, concurrent legs": _latency_row(7.0)},
+            "dense_indexes": {"Flat": {"qps": 1000.0, "recall@10_vs_flat": 1.0, "build_s": 0.01}},
+            "http": {"1 clients": _http_row(50.0, 20.0), "4 clients": _http_row(190.0, 21.0),
+                     "16 clients": _http_row(760.0, 21.0)},
+            "hubness_overhead": _overhead(leg_ms=9.9, search_ms=0.99),
+            "batching": {"unbatched, 4 clients": _batch_row(100.0, 40.0, False),
+                         "batched, 4 clients": _batch_row(130.0, 30.0, True)},
+            "faiss_cpu_vs_gpu": _faiss(100.0, 2000.0), **extra}
+
+
+@pytest.fixture
+def index_dir(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps(_manifest()))
+    return tmp_path
+
+
+HARD_CODED = ["no GPU;", "no GPU,", "serialising the runs costs more than batching saves", "On a 2-core CPU",
+              "already uses both cores", "Query embedding is CPU-bound", "queueing latency rather than throughput",
+              "No GPU was visible to FAISS", "embedding dominates", "Inverted softmax costs one search"]
+
+
+def test_render_draws_conclusions_from_the_rows(index_dir):
+    machine = {"cpu_model": "Test CPU", "cpu_count": 2, "gpus": ["NVIDIA H100 80GB HBM3"], "faiss_gpus": 1,
+               "onnx_providers": ["CUDAExecutionProvider"], "python": "3.12.0"}
+    doc = md.render(index_dir, _eval_report(), _bench(machine=machine))
+    for phrase in HARD_CODED:
+        assert phrase not in doc, phrase
+    assert "Machine: 2 cores, Test CPU, GPU NVIDIA H100 80GB HBM3" in doc
+    assert "the faiss stage took 60% of the build time" in doc
+    assert "for hybrid rrf they lowered p50 latency by 30% (7.00 vs 10.00 ms" in doc
+    assert "throughput rose by 1420% (50.0 -> 760.0 req/s, 15.20x)" in doc
+    assert "at 4 clients batching raised throughput by 30% (130.0 vs 100.0 queries/s" in doc
+    assert "for Flat the GPU was faster: 20.00x" in doc
+    assert "qbnorm DIS within noise at -1.0% (9.90 vs 10.00 ms)" in doc
+    # The structure and tables are unchanged.
+    for heading in ("# Benchmarks", "## Quality: tiny test (10 queries)", "## Index build", "## BM25 engine vs rank-bm25",
+                    "## In-process query latency", "## Dense index types", "## HTTP end to end", "## Hubness correction",
+                    "## Micro-batching of concurrent queries", "## FAISS search", "## Reproduce"):
+        assert heading in doc, heading
+    assert "| batched, 4 clients | 130.0 | 30.0 | 60.0 | 2.0 |" in doc
+    assert "| 16 | 400 | 0 | 760.0 | 21.0 | 31.5 | 42.0 |" in doc
+
+
+def test_render_old_json_without_machine_claims_no_gpu_absence(index_dir):
+    doc = md.render(index_dir, _eval_report(), _bench(faiss_cpu_vs_gpu=_faiss(100.0, None)))
+    machine = next(line for line in doc.splitlines() if line.startswith("Machine:"))
+    assert "GPU not recorded" in machine and "no GPU" not in machine
+    assert "No GPU was visible to FAISS" in doc  # measured by the FAISS benchmark itself, so stated
