@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
-from search.fusion import FUSIONS, MAX_RRF_K
+from search.fusion import MAX_RRF_K
 from search.hubness import HUBNESS_METHODS
 from search.normalize import NORMALIZERS
 from search.rerank import MAX_RERANK_DEPTH
@@ -28,35 +28,56 @@ def _documented(description: str, **schema) -> dict:
     return {"default": None, "description": description, "json_schema_extra": schema}
 
 
+def _not_bool(value):
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+# JSON types as sent: no "yes" -> true, 1 -> true or true -> 1 (an integral 1.0 is an integer in JSON Schema)
+Bool = StrictBool
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class FusionBody(_Strict):
-    """rrf: score(d) = sum over retrievers o of w_o / (rrf_k + rank_o(d)), ranks from 1, weights [bm25, dense].
-    cc: score(d) = alpha * norm(cosine(d)) + (1 - alpha) * norm(bm25(d)), normalised over the candidates.
-    Fields not given come from the index's default fusion when it has the same method, else the method's defaults."""
+class RRFBody(_Strict):
+    """score(d) = sum over retrievers o of w_o / (rrf_k + rank_o(d)), ranks from 1, weights [bm25, dense].
+    Fields not given come from the index's default fusion when it is RRF too, else RRF's defaults."""
 
-    method: str | None = Field(**_documented("fusion method (default: the index's)", enum=list(FUSIONS)))
-    rrf_k: float | None = Field(**_documented("rrf: the RRF constant (not the number of results)", minimum=0, maximum=MAX_RRF_K))
-    weights: list[float] | None = Field(**_documented("rrf: [bm25, dense], each >= 0", minItems=2, maxItems=2))
-    alpha: float | None = Field(**_documented("cc: weight of the dense retriever", minimum=0, maximum=1))
-    norm: str | None = Field(**_documented("cc: per-query normalisation", enum=list(NORMALIZERS)))
+    method: Literal["rrf"]
+    rrf_k: Float | None = Field(**_documented("the RRF constant (not the number of results)", minimum=0, maximum=MAX_RRF_K))
+    weights: list[Float] | None = Field(**_documented("[bm25, dense], each >= 0", minItems=2, maxItems=2))
+
+
+class CCBody(_Strict):
+    """score(d) = alpha * norm(cosine(d)) + (1 - alpha) * norm(bm25(d)), normalised over the candidates.
+    Fields not given come from the index's default fusion when it is cc too, else cc's defaults."""
+
+    method: Literal["cc"]
+    alpha: Float | None = Field(**_documented("weight of the dense retriever", minimum=0, maximum=1))
+    norm: str | None = Field(**_documented("per-query normalisation", enum=list(NORMALIZERS)))
+
+
+FusionBody = Annotated[Union[RRFBody, CCBody], Field(discriminator="method")]
 
 
 class HubnessBody(_Strict):
     method: str | None = Field(**_documented("hubness correction of dense scores (QB-Norm, DBNorm); default: the index's",
                                               enum=list(HUBNESS_METHODS)))
-    dynamic: bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
+    dynamic: Bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
 
 
 class RerankBody(_Strict):
-    enabled: bool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
+    enabled: Bool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
                                  "(on when a reranker is configured)")
-    depth: int | None = Field(**_documented("first-stage hits reranked; hits below it follow in first-stage order, "
+    depth: Int | None = Field(**_documented("first-stage hits reranked; hits below it follow in first-stage order, "
                                              "scores shifted under the reranked ones; default: the service's, 50",
                                              minimum=1, maximum=MAX_RERANK_DEPTH))
-    weight: float | None = Field(**_documented("trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
+    weight: Float | None = Field(**_documented("trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
                                               "z-scored logit with the z-scored first-stage score; default: the service's (the "
                                               "weight `hybrid train-reranker` tuned on held-out queries, else 1)", minimum=0, maximum=1))
 
@@ -64,18 +85,18 @@ class RerankBody(_Strict):
 class SearchRequest(_Strict):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": QUERY_PATTERN},
                        description="free-text query: not blank, no control characters except tab and newline")
-    k: int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
+    k: Int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
     mode: str | None = Field(**_documented("retrieval mode; hybrid fuses BM25 and dense candidates; default: the index's (hybrid)",
                                           enum=list(MODES)))
-    depth: int | None = Field(**_documented("hybrid candidates per retriever (default from the index, 100); independent of k",
+    depth: Int | None = Field(**_documented("hybrid candidates per retriever (default from the index, 100); independent of k",
                                            minimum=1, maximum=MAX_DEPTH))
     fusion: FusionBody | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
     hubness: HubnessBody | None = Field(None, description="hubness correction of dense scores; default: what the index was fitted with")
     rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
-    min_score: float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
+    min_score: Float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
                                     "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
-    explain: bool = Field(False, description="return every component of each hit's score")
-    include_text: bool = Field(False, description="return each hit's text")
+    explain: Bool = Field(False, description="return every component of each hit's score")
+    include_text: Bool = Field(False, description="return each hit's text")
 
     @field_validator("query")
     @classmethod

@@ -48,7 +48,7 @@ def test_search_finds_judged_documents(client, judged_in_slice, mode):
 
 def test_response_shape_text_flag_and_timings(client):
     body = client.post("/search", json={"query": "vitamin D and bone density", "k": 3}).json()
-    assert body["mode"] == "hybrid" and len(body["hits"]) == 3
+    assert body["spec"]["mode"] == "hybrid" and len(body["hits"]) == 3
     assert all(h["text"] is None and h["title"] for h in body["hits"])
     assert {"bm25", "embed", "dense", "fusion", "total"} <= set(body["timings_ms"])
     with_text = client.post("/search", json={"query": "vitamin D and bone density", "k": 3, "include_text": True}).json()
@@ -132,7 +132,7 @@ QUERY = "cancer cell proliferation and apoptosis"
 def test_explain_rrf_components_reproduce_the_fused_score(client):
     body = client.post("/search", json={"query": QUERY, "k": 20, "explain": True,
                                         "fusion": {"method": "rrf", "rrf_k": 30, "weights": [0.7, 1.3]}}).json()
-    assert body["fusion"] == {"method": "rrf", "rrf_k": 30.0, "weights": [0.7, 1.3]}
+    assert body["spec"]["fusion"] == {"method": "rrf", "rrf_k": 30.0, "weights": [0.7, 1.3]}
     for hit in body["hits"]:
         e = hit["explain"]
         expected = sum(w / (30 + e[name]["rank"]) for name, w in (("bm25", 0.7), ("dense", 1.3)) if e[name]["rank"])

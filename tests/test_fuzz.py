@@ -13,7 +13,6 @@ from app.settings import Settings  # noqa: E402
 from indexer.hubness import fit_hubness  # noqa: E402
 from indexer.store import open_index  # noqa: E402
 from search.hubness import HubnessParams  # noqa: E402
-from search.rerank import RerankOptions  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
 EXAMPLES_PER_OPERATION = 150
@@ -25,8 +24,8 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
     shutil.copytree(tiny_index, index_dir)
     fit_hubness(open_index(index_dir), ["cats and dogs", "stock market news", "healthy running"], {"kind": "test queries", "size": 3}, HubnessParams())
     # and a (stand-in) reranker, so `rerank: true` can be served too
-    app = create_app(Settings(api_keys="fuzz-key"), index=open_index(index_dir),
-                     rerank=RerankOptions(LengthScorer(), by_default=False, name="length"))
+    app = create_app(Settings(api_keys="fuzz-key", rerank_by_default=False), index=open_index(index_dir),
+                     cross_encoder=LengthScorer())
     counts = {}
     with TestClient(app):  # runs the lifespan: the index is served while the fuzzer calls the app
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)

@@ -121,7 +121,7 @@ def test_k_occurrence_and_skewness_by_hand():
 
 
 def test_invalid_parameters():
-    with pytest.raises(ValueError, match="beta must be a finite number > 0"):
+    with pytest.raises(ValueError, match="beta: must be > 0, got 0"):
         HubnessParams(beta=0)
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(ValueError, match="k: must be >= 1"):
         HubnessParams(k=0)

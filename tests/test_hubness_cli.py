@@ -8,11 +8,13 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from indexer.manifest import read_manifest
 from indexer.store import open_index
+from search.spec import HubnessSpec
 
 
 def hybrid(*args):
-    return subprocess.run([sys.executable, "-m", "app.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +29,25 @@ def fitted_index(scifact, scifact_slice_index, tmp_path_factory):
 
 
 def test_fit_records_bank_params_and_checksummed_files(fitted_index):
-    manifest = json.loads((fitted_index / "manifest.json").read_text())
-    spec = manifest["hubness"]
-    assert spec["default"] == {"method": "qbnorm", "dynamic": True}
-    assert spec["params"]["beta"] == 10.0 and spec["bank"]["size"] == 809 and spec["bank"]["split"].endswith("train.tsv")
-    assert "hubness/dense.faiss" in manifest["files"] and "hubness/qbnorm_query.npy" in manifest["files"]
+    manifest = read_manifest(fitted_index)
+    fitted = manifest.hubness
+    assert manifest.defaults.hubness == HubnessSpec("qbnorm", True)
+    assert fitted.params.beta == 10.0 and fitted.bank["size"] == 809 and fitted.bank["split"].endswith("train.tsv")
+    assert f"{fitted.folder}/dense.faiss" in manifest.files and f"{fitted.folder}/qbnorm_query.npy" in manifest.files
     assert open_index(fitted_index, verify="full").hubness is not None
+
+
+def test_refit_publishes_a_new_folder_and_removes_the_old(fitted_index, tmp_path):
+    target = tmp_path / "index"
+    shutil.copytree(fitted_index, target)
+    before = read_manifest(target).hubness.folder
+    result = hybrid("hubness", "fit", target, "--bank", "pseudo", "--pseudo-size", "50", "--method", "dbnorm")
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(target)
+    assert manifest.hubness.folder != before and not (target / before).exists()
+    assert not any(f.startswith(f"{before}/") for f in manifest.files)
+    assert manifest.defaults.hubness == HubnessSpec("dbnorm", False)
+    assert open_index(target, verify="full").hubness is not None
 
 
 def test_bank_refuses_test_queries_and_unrestricted_queries(scifact, fitted_index):
@@ -45,17 +60,19 @@ def test_bank_refuses_test_queries_and_unrestricted_queries(scifact, fitted_inde
 def test_service_applies_the_fitted_default_and_per_request_choice(fitted_index):
     with TestClient(create_app(Settings(index=fitted_index))) as client:
         default = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5}).json()
-        assert default["hubness"] == {"method": "qbnorm", "dynamic": True}
-        raw = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5, "hubness": "none"}).json()
-        assert raw["hubness"]["method"] == "none" and all(-1 <= h["score"] <= 1 for h in raw["hits"])
+        assert default["spec"]["hubness"] == {"method": "qbnorm", "dynamic": True}
+        assert client.get("/ready").json()["defaults"]["hubness"] == {"method": "qbnorm", "dynamic": True}
+        raw = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5,
+                                           "hubness": {"method": "none", "dynamic": False}}).json()
+        assert raw["spec"]["hubness"]["method"] == "none" and all(-1 <= h["score"] <= 1 for h in raw["hits"])
         static = client.post("/search", json={"query": "vitamin D deficiency", "mode": "hybrid", "k": 5,
-                                              "hubness": "dbnorm", "dynamic": False, "explain": True}).json()
-        assert static["hubness"] == {"method": "dbnorm", "dynamic": False} and len(static["hits"]) == 5
+                                              "hubness": {"method": "dbnorm", "dynamic": False}, "explain": True}).json()
+        assert static["spec"]["hubness"] == {"method": "dbnorm", "dynamic": False} and len(static["hits"]) == 5
 
 
 def test_unfitted_index_rejects_hubness_with_422(scifact_slice_index):
     with TestClient(create_app(Settings(index=scifact_slice_index))) as client:
-        response = client.post("/search", json={"query": "vitamin D", "hubness": "qbnorm"})
+        response = client.post("/search", json={"query": "vitamin D", "hubness": {"method": "qbnorm"}})
         assert response.status_code == 422 and "hybrid hubness fit" in json.dumps(response.json())
 
 
@@ -74,4 +91,4 @@ def test_pseudo_query_bank_is_labelled(fitted_index, tmp_path):
     shutil.copytree(fitted_index, target)
     result = hybrid("hubness", "fit", target, "--bank", "pseudo", "--pseudo-size", "200")
     assert result.returncode == 0, result.stderr
-    assert json.loads((target / "manifest.json").read_text())["hubness"]["bank"]["kind"] == "pseudo-queries (document titles)"
+    assert read_manifest(target).hubness.bank["kind"] == "pseudo-queries (document titles)"

@@ -7,13 +7,18 @@ import pytest
 from indexer import store
 from indexer.build import BuildOptions, build_index
 from indexer.corpus import CorpusError
+from indexer.manifest import FORMAT_VERSION, Manifest
 from indexer.store import IndexOpenError, open_index
+from search.errors import HybridError
+from search.spec import HubnessSpec, SearchSpec
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 
 def test_manifest_describes_the_build(tiny_index):
     manifest = json.loads((tiny_index / "manifest.json").read_text())
-    assert manifest["format_version"] == store.FORMAT_VERSION
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["defaults"] == SearchSpec().to_dict() and manifest["fusion_tuning"] is None and manifest["hubness"] is None
+    assert Manifest.from_dict(manifest).to_dict() == manifest
     assert manifest["counts"]["documents"] == len(TINY_CORPUS)
     assert manifest["embedder"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert manifest["embedder"]["dimension"] == 384 and len(manifest["embedder"]["model_checksum"]) == 64
@@ -74,6 +79,31 @@ def test_future_format_version_is_refused(index_copy):
         open_index(index_copy)
 
 
+def test_version_1_manifest_is_read_by_migration(index_copy):
+    """Format 1 kept the fusion default and depth under `fusion` and the hubness default under `hubness`."""
+    v2 = json.loads((index_copy / "manifest.json").read_text())
+    v1 = {k: v for k, v in v2.items() if k not in ("defaults", "fusion_tuning", "hubness")}
+    tuning = {"metric": "ndcg@10", "value": 0.7, "queries": 3, "qrels": "train.tsv", "depth": 40,
+              "best_per_norm": {"minmax": 0.5}, "best_rrf_k": 60.0}
+    v1.update(format_version=1, fusion={"depth": 40, "default": {"method": "cc", "alpha": 0.3, "norm": "zscore"}, "tuning": tuning},
+              hubness={"default": {"method": "dbnorm", "dynamic": True}, "params": {"beta": 20.0, "beta1": 0.5, "beta2": 3.0, "k": 1},
+                       "bank": {}, "gallery": {}, "activation": {}, "fit_seconds": 1.0})
+    manifest = Manifest.from_dict(v1)
+    assert manifest.defaults == SearchSpec.from_dict({"depth": 40, "fusion": {"method": "cc", "alpha": 0.3, "norm": "zscore"},
+                                                      "hubness": {"method": "dbnorm", "dynamic": True}})
+    assert manifest.fusion_tuning.value == 0.7 and manifest.hubness.folder == "hubness"
+    assert manifest.defaults.hubness == HubnessSpec("dbnorm", True)
+    assert manifest.to_dict()["format_version"] == FORMAT_VERSION
+
+
+def test_malformed_manifest_is_refused_with_its_path(index_copy):
+    manifest = json.loads((index_copy / "manifest.json").read_text())
+    manifest["defaults"]["fusion"]["alpha"] = 0.5  # a field rrf does not have
+    (index_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexOpenError, match=r"manifest.json: malformed manifest .*fusion.alpha: not a field of rrf fusion"):
+        open_index(index_copy)
+
+
 def test_failed_build_leaves_existing_index_untouched_and_no_temp_dirs(index_copy, tmp_path):
     before = (index_copy / "manifest.json").read_text()
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"_id": "x", "text": "fine"}, {"_id": "x", "text": "dup"}])
@@ -94,6 +124,6 @@ def test_refuses_to_replace_a_folder_that_is_not_an_index(tmp_path):
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "thesis.txt").write_text("years of work")
     corpus = write_jsonl(tmp_path / "c.jsonl", TINY_CORPUS[:2])
-    with pytest.raises(FileExistsError, match="is not an index"):
+    with pytest.raises(HybridError, match="is not an index: refusing to replace it"):
         build_index(corpus, tmp_path / "precious", BuildOptions(progress=False))
     assert (tmp_path / "precious" / "thesis.txt").read_text() == "years of work"

@@ -42,10 +42,11 @@ def test_comparison_and_markdown_marks():
 
 def test_reranked_pipelines_are_compared_with_their_own_first_stage():
     from evaluation.report import first_stage_table
-    from evaluation.suite import first_stage, first_stage_comparisons
+    from evaluation.runner import parse_pipeline
+    from evaluation.suite import first_stage_comparisons
 
-    assert first_stage("hybrid+rerank:int8:w=0.5") == "hybrid"
-    assert first_stage("dense+rerank+qbnorm") == first_stage("dense+qbnorm+rerank") == "dense+qbnorm"
+    assert parse_pipeline("hybrid+rerank:w=0.5@int8").first_stage == "hybrid"
+    assert parse_pipeline("dense+rerank+qbnorm").first_stage == parse_pipeline("dense+qbnorm+rerank").first_stage == "dense+qbnorm"
     qids = [f"q{i}" for i in range(10)]
     base = {q: 0.5 for q in qids}
     per_query = {"hybrid": {"ndcg@10": base},

@@ -11,9 +11,12 @@ from app.main import create_app
 from app.settings import Settings
 from indexer.store import open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
-from search.pipeline import SearchError
-from search.rerank import Reranker, RerankOptions, interpolate
+from models.cross_encoder import CachingCrossEncoder
+from search.errors import ConfigError, SpecError
+from search.rerank import interpolate
 from tests.conftest import LengthScorer
+
+NO_RERANK = {"rerank": {"enabled": False}}
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +28,14 @@ def index(scifact_slice_index):
 
 @pytest.fixture(scope="module")
 def pipeline(index):
-    return index.pipeline(rerank=RerankOptions(LengthScorer(), depth=20, name="length"))
+    return index.pipeline({"rerank": {"enabled": True, "depth": 20}}, cross_encoder=LengthScorer(), cross_encoder_name="length")
 
 
 @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
 def test_rerank_reorders_the_first_stage_top_by_the_cross_encoder(index, pipeline, mode):
     query = "vitamin D deficiency and bone density"
-    first = pipeline.search(query, k=20, mode=mode, rerank=False).ranking
-    result = pipeline.search(query, k=5, mode=mode)  # reranked by default, top 20
+    first = pipeline.search(query, k=20, spec={"mode": mode, **NO_RERANK}).ranking
+    result = pipeline.search(query, k=5, spec={"mode": mode})  # reranked by default, top 20
     lengths = {int(d): len(index.doc_text(int(d))) / 100.0 for d in first.doc_idx}
     expected = sorted(first.doc_idx.tolist(), key=lambda d: -lengths[d])[:5]
     assert result.ranking.doc_idx.tolist() == expected
@@ -47,59 +50,70 @@ def test_rerank_reorders_the_first_stage_top_by_the_cross_encoder(index, pipelin
     assert "rerank" in result.timings_ms
 
 
-def test_rerank_depth_limits_what_the_cross_encoder_sees(pipeline):
+def test_rerank_depth_limits_what_the_cross_encoder_sees(index, pipeline):
     query = "smoking and lung cancer"
-    first = pipeline.search(query, k=3, mode="bm25", rerank=False).ranking
-    result = pipeline.search(query, k=3, mode="bm25", rerank_depth=3)
-    assert set(result.ranking.doc_idx.tolist()) == set(first.doc_idx.tolist())
-    assert pipeline.search(query, k=60, mode="bm25").reranked.ranking.doc_idx.size == 60  # depth grows to k
+    first = pipeline.search(query, k=60, spec={"mode": "bm25", **NO_RERANK}).ranking
+    result = pipeline.search(query, k=3, spec={"mode": "bm25", "rerank": {"depth": 3}})
+    assert set(result.ranking.doc_idx.tolist()) == set(first.doc_idx[:3].tolist())
+    # k above the depth: the reranked top 20, then the first stage's 21st.. in their order, scores below
+    deep = pipeline.search(query, k=60, spec={"mode": "bm25"})
+    assert deep.reranked.depth == 20 and deep.spec.rerank.depth == 20
+    assert sorted(deep.ranking.doc_idx[:20].tolist()) == sorted(first.doc_idx[:20].tolist())
+    assert deep.ranking.doc_idx[20:].tolist() == first.doc_idx[20:].tolist()
+    assert (np.diff(deep.ranking.scores) <= 0).all()
+    tail = deep.explain(30)["rerank"]
+    assert tail["score"] is None and tail["first_stage_rank"] == 31
+    assert tail["first_stage_score"] == pytest.approx(float(first.scores[30]))
 
 
 def test_min_score_applies_to_the_reranker_score(pipeline):
-    result = pipeline.search("protein folding", k=20, mode="hybrid", min_score=12.0)
+    result = pipeline.search("protein folding", k=20, spec={"mode": "hybrid", "min_score": 12.0})
     assert len(result.ranking) and (result.ranking.scores >= 12.0).all()
 
 
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_a_huge_min_score_empties_the_ranking_without_overflow(pipeline):
-    assert len(pipeline.search("protein folding", k=5, mode="bm25", min_score=1e308, rerank=False).ranking) == 0
+    assert len(pipeline.search("protein folding", k=5, spec={"mode": "bm25", "min_score": 1e308, **NO_RERANK}).ranking) == 0
 
 
 def test_bad_rerank_requests_name_the_field(index, pipeline):
-    assert len(pipeline.search("cells", k=10, rerank_depth=5).reranked.ranking) == 10  # raised to k
-    with pytest.raises(SearchError, match="rerank_depth: must be between 1 and 200"):
-        pipeline.search("cells", k=10, rerank_depth=500)
-    with pytest.raises(SearchError, match="rerank: no reranker is configured"):
-        index.pipeline().search("cells", rerank=True)
+    shallow = pipeline.search("cells", k=10, spec={"rerank": {"depth": 5}})
+    assert shallow.reranked.depth == 5 and len(shallow.ranking) == 10
+    with pytest.raises(SpecError, match="rerank.depth: must be between 1 and 200, got 500"):
+        pipeline.search("cells", k=10, spec={"rerank": {"depth": 500}})
+    with pytest.raises(SpecError, match="rerank.enabled: no reranker is configured"):
+        index.pipeline().search("cells", spec={"rerank": {"enabled": True}})
     assert index.pipeline().search("cells").reranked is None  # no reranker: nothing to do by default
-    with pytest.raises(ValueError, match="between 1 and 200"):
-        RerankOptions(LengthScorer(), depth=500)
+    with pytest.raises(SpecError, match="rerank.depth: must be between 1 and 200"):
+        index.pipeline({"rerank": {"depth": 500}}, cross_encoder=LengthScorer())
 
 
 def test_http_rerank_and_explain(scifact_slice_index):
-    app = create_app(Settings(index=scifact_slice_index, device="cpu"),
-                     rerank=RerankOptions(LengthScorer(), depth=10, by_default=False, name="length"))
+    app = create_app(Settings(index=scifact_slice_index, device="cpu", rerank_depth=10, rerank_by_default=False),
+                     cross_encoder=LengthScorer())
     with TestClient(app) as client:
         plain = client.post("/search", json={"query": "vitamin D", "k": 5}).json()
-        assert plain["rerank"] is None and "rerank" not in plain["timings_ms"]
-        body = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "explain": True}).json()
-        assert body["rerank"] == {"model": "length", "depth": 10, "weight": 1.0}
+        assert plain["reranker"] is None and "rerank" not in plain["timings_ms"]
+        assert plain["spec"]["rerank"] == {"enabled": False, "depth": 10, "weight": 1.0}
+        body = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True}, "explain": True}).json()
+        assert body["reranker"] == "LengthScorer" and body["spec"]["rerank"] == {"enabled": True, "depth": 10, "weight": 1.0}
         scores = [h["score"] for h in body["hits"]]
         assert scores == sorted(scores, reverse=True)
         for hit in body["hits"]:
             assert hit["explain"]["final"] == hit["explain"]["rerank"]["score"] == hit["score"]
             assert hit["explain"]["fused"] is not None
-        raised = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "rerank_depth": 3}).json()
-        assert raised["rerank"]["depth"] == 5
-        bad = client.post("/search", json={"query": "vitamin D", "rerank": True, "rerank_depth": 201})
-        assert bad.status_code == 422 and "rerank_depth" in bad.text
-        blended = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": True, "rerank_weight": 0.5, "explain": True}).json()
-        assert blended["rerank"]["weight"] == 0.5
+        shallow = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True, "depth": 3}, "explain": True}).json()
+        assert shallow["spec"]["rerank"]["depth"] == 3
+        assert [h["explain"]["rerank"]["score"] is None for h in shallow["hits"]] == [False] * 3 + [True] * 2
+        bad = client.post("/search", json={"query": "vitamin D", "rerank": {"enabled": True, "depth": 201}})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "rerank", "depth"]
+        blended = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True, "weight": 0.5}, "explain": True}).json()
+        assert blended["spec"]["rerank"]["weight"] == 0.5
         for hit in blended["hits"]:
             assert hit["explain"]["rerank"]["weight"] == 0.5 and hit["explain"]["final"] == hit["score"]
         for weight in (1.5, -0.1, "NaN"):
-            bad = client.post("/search", json={"query": "vitamin D", "rerank": True, "rerank_weight": weight})
-            assert bad.status_code == 422 and "rerank_weight" in bad.text
+            bad = client.post("/search", json={"query": "vitamin D", "rerank": {"enabled": True, "weight": weight}})
+            assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "rerank", "weight"], bad.text
 
 
 def test_interpolate_blends_z_scores():
@@ -110,20 +124,20 @@ def test_interpolate_blends_z_scores():
     np.testing.assert_allclose(interpolate(logits, first, 0.5), [z, -z / 2, -z / 2], rtol=1e-6)
     np.testing.assert_allclose(interpolate(logits, first, 0.0), [z, 0, -z], rtol=1e-6)
     np.testing.assert_allclose(interpolate(logits, first, 0.25), [z, -0.25 * z, -0.75 * z], rtol=1e-6)
-    with pytest.raises(ValueError, match="between 0 and 1"):
+    with pytest.raises(SpecError, match="weight: must be between 0 and 1"):
         interpolate(logits, first, 1.2)
 
 
 def test_rerank_weight_blends_the_first_stage_back_in(index, pipeline):
     query = "vitamin D deficiency and bone density"
-    first = pipeline.search(query, k=20, mode="hybrid", rerank=False).ranking
+    first = pipeline.search(query, k=20, spec={"mode": "hybrid", **NO_RERANK}).ranking
     lengths = np.array([len(index.doc_text(int(d))) / 100.0 for d in first.doc_idx])
 
     def z(x):
         return (x - x.mean()) / x.std()
 
     expected = 0.3 * z(lengths) + 0.7 * z(first.scores.astype(np.float64))  # brute force over the reranked top 20
-    result = pipeline.search(query, k=20, mode="hybrid", rerank_weight=0.3)
+    result = pipeline.search(query, k=20, spec={"mode": "hybrid", "rerank": {"weight": 0.3}})
     order = np.argsort(-expected, kind="stable")
     assert result.ranking.doc_idx.tolist() == first.doc_idx[order].tolist()
     np.testing.assert_allclose(result.ranking.scores, expected[order], rtol=1e-5, atol=1e-6)
@@ -131,9 +145,9 @@ def test_rerank_weight_blends_the_first_stage_back_in(index, pipeline):
     assert explained["rerank"] == {"score": pytest.approx(lengths[order[0]]), "weight": 0.3, "first_stage_rank": int(order[0]) + 1,
                                    "first_stage_score": pytest.approx(float(first.scores[order[0]]))}
     # weight 0: the first stage's order, whatever the cross-encoder says
-    assert pipeline.search(query, k=20, mode="hybrid", rerank_weight=0.0).ranking.doc_idx.tolist() == first.doc_idx.tolist()
-    with pytest.raises(SearchError, match="rerank_weight: must be between 0 and 1"):
-        pipeline.search(query, rerank_weight=2.0)
+    assert pipeline.search(query, k=20, spec={"mode": "hybrid", "rerank": {"weight": 0.0}}).ranking.doc_idx.tolist() == first.doc_idx.tolist()
+    with pytest.raises(SpecError, match="rerank.weight: must be between 0 and 1"):
+        pipeline.search(query, spec={"rerank": {"weight": 2.0}})
 
 
 def test_tuned_weight_is_served_unless_overridden(tmp_path):
@@ -145,12 +159,12 @@ def test_tuned_weight_is_served_unless_overridden(tmp_path):
     assert tuned_weight(tmp_path) == tuned_weight(tmp_path / "onnx") == 0.35
     assert rerank_weight(tmp_path) == 0.35 and rerank_weight(tmp_path, 0.8) == 0.8
     (tmp_path / "training.json").write_text('{"interpolation": {"weight": "high"}}')
-    with pytest.raises(ValueError, match="training.json of .*: interpolation weight must be a number between 0 and 1, got 'high'"):
+    with pytest.raises(ConfigError, match="training.json of .*: interpolation weight must be a number between 0 and 1, got 'high'"):
         rerank_weight(tmp_path)
 
 
 def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
-    from models.reranker_training import split_dev
+    from training.reranker import split_dev
 
     queries = {f"q{i}": "text" for i in range(10)}
     qrels = {**{f"q{i}": {"d": 1} for i in range(9)}, "q9": {"d": 0}, "unknown": {"d": 1}}  # q9: no relevant doc
@@ -162,30 +176,29 @@ def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
     assert split_dev({"q0": "t"}, {"q0": {"d": 1}}, 0.5, seed=1) == (["q0"], [])
 
 
-def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(tmp_path):
-    from evaluation.runner import RerankChoice
-    from evaluation.suite import EvalConfig, _Rerankers
+def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(index, tmp_path):
+    from evaluation.runner import parse_pipeline
+    from evaluation.suite import EvalConfig, _Pipelines
 
     (tmp_path / "training.json").write_text('{"data": {"split": "test"}}')
-    with pytest.raises(ValueError, match="trained and tuned on the 'test' split"):
-        _Rerankers(EvalConfig(split="test", reranker=str(tmp_path)), index=None).get(RerankChoice())
+    with pytest.raises(ConfigError, match="trained and tuned on the 'test' split"):
+        _Pipelines(EvalConfig(split="test", reranker=str(tmp_path)), index).get(parse_pipeline("hybrid+rerank"))
 
 
 def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scifact):
-    from training.metrics import evaluate
-    from evaluation.runner import doc_ids
     from indexer.corpus import split_queries
-    from models.reranker_training import WEIGHT_GRID, tune_interpolation
+    from training.metrics import evaluate
+    from training.reranker import WEIGHT_GRID, tune_interpolation
 
     queries, qrels = split_queries(scifact, "train")
-    ids, in_slice = doc_ids(index), set(doc_ids(index))
+    ids, in_slice = index.doc_ids, set(index.doc_ids)
     dev = sorted(q for q, rels in qrels.items() if set(rels) & in_slice)[:8]
     dev_queries, dev_qrels = {q: queries[q] for q in dev}, {q: qrels[q] for q in dev}
     tuned = tune_interpolation(index, LengthScorer(), dev_queries, dev_qrels, depth=20)
 
     plain = index.pipeline()
     first_stage = {q: {ids[int(i)]: float(s) for i, s in zip(r.doc_idx, r.scores)}
-                   for q in dev for r in [plain.search(dev_queries[q], k=20, rerank=False).ranking]}
+                   for q in dev for r in [plain.search(dev_queries[q], k=20).ranking]}
     by_length = {q: {d: len(index.doc_text(ids.index(d))) / 100.0 for d in docs} for q, docs in first_stage.items()}
     ndcg = tuned["dev"]["ndcg@10"]
     assert ndcg["first_stage"] == pytest.approx(evaluate(first_stage, dev_qrels, ("ndcg@10",))["ndcg@10"])
@@ -249,8 +262,8 @@ def test_batching_wrappers_match_the_models(index):
     np.testing.assert_array_equal(scorer.score("q", texts), LengthScorer().score("q", texts))
 
 
-def test_evaluation_reranks_the_head_and_keeps_the_tail(index, pipeline):
-    from evaluation.runner import CachedScorer, doc_ids, run_queries
+def test_evaluation_reranks_the_head_and_keeps_the_tail(index):
+    from evaluation.runner import run_queries
 
     class Counting(LengthScorer):
         pairs = 0
@@ -259,26 +272,25 @@ def test_evaluation_reranks_the_head_and_keeps_the_tail(index, pipeline):
             Counting.pairs += len(texts)
             return super().score(query, texts)
 
-    scorer = CachedScorer(Counting())
-    reranker = Reranker(RerankOptions(scorer, depth=10), index.doc_text)
+    pipeline = index.pipeline({"rerank": {"depth": 10}}, cross_encoder=CachingCrossEncoder(Counting()))
     queries = {"q1": "vitamin D deficiency", "q2": "smoking"}
-    ids = doc_ids(index)
-    run, rankings = run_queries(pipeline, ids, queries, "bm25", k=30, reranker=reranker)
+    spec = {"mode": "bm25", "rerank": {"enabled": True}}
+    run, rankings = run_queries(pipeline, index.doc_ids, queries, spec, k=30)
     for qid, ranking in zip(queries, rankings):
-        first = pipeline.search(queries[qid], k=30, mode="bm25", rerank=False).ranking
+        first = pipeline.search(queries[qid], k=30, spec={"mode": "bm25"}).ranking
         assert sorted(ranking.doc_idx[:10].tolist()) == sorted(first.doc_idx[:10].tolist())
         assert ranking.doc_idx[10:].tolist() == first.doc_idx[10:].tolist()
         assert (np.diff(ranking.scores) <= 0).all() and len(run[qid]) == len(first)
     assert Counting.pairs == 10 + min(10, len(rankings[1]))
-    run_queries(pipeline, ids, queries, "bm25", k=30, reranker=reranker)
+    run_queries(pipeline, index.doc_ids, queries, spec, k=30)
     assert Counting.pairs == 10 + min(10, len(rankings[1]))  # every pair came from the cache
 
 
 def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
     for setting, batched in (("auto", False), ("on", True), ("off", False)):
-        app = create_app(Settings(index=scifact_slice_index, device="cpu", batch_queries=setting),
-                         rerank=RerankOptions(LengthScorer(), depth=10, name="length"))
+        app = create_app(Settings(index=scifact_slice_index, device="cpu", batch_queries=setting, rerank_depth=10),
+                         cross_encoder=LengthScorer())
         with TestClient(app) as client:
             assert isinstance(app.state.serving.pipeline.embedder, BatchingEmbedder) == batched
             body = client.post("/search", json={"query": "vitamin D", "k": 3}).json()
-            assert body["rerank"]["depth"] == 10 and len(body["hits"]) == 3
+            assert body["spec"]["rerank"] == {"enabled": True, "depth": 10, "weight": 1.0} and len(body["hits"]) == 3
