@@ -21,7 +21,7 @@ reranker="${RERANKER:-models_out/scifact-reranker}"
 grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" \
   --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$reranker" --quiet
 .venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$(dirname "$out")" --quiet \
-  --reranker "$reranker" --pipelines bm25,dense,hybrid,bm25+rerank:w=1,bm25+rerank,hybrid+rerank:w=1,hybrid+rerank,hybrid+rerank:int8
+  --reranker "$reranker" --pipelines bm25,dense,hybrid,bm25+rerank:w=1,bm25+rerank,hybrid+rerank:w=1,hybrid+rerank,hybrid+rerank@int8
 .venv/bin/hybrid hubness report "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/test.tsv" --out "$out/hubness"
 [ -f "$out/hubness_memory.json" ] || .venv/bin/python -m evaluation.hubness_memory > "$out/hubness_memory.json"
 .venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json" \

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
 from evaluation import benchmarks_md as md
 from evaluation.machine import describe_machine
+from indexer.manifest import HubnessInfo, Manifest, read_manifest
+from search.hubness import HubnessParams
 
 VERSIONS = {"faiss": "1.0", "onnxruntime": "2.0", "bm25s": "3.0"}
 
@@ -212,11 +213,13 @@ def test_gpu_names_tolerates_missing_nvidia_smi(monkeypatch):
 # --- end to end -----------------------------------------------------------------------------------------------------
 
 
-def _manifest() -> dict:
-    return {"build": {"documents_s": 1.0, "bm25_s": 1.0, "embeddings_s": 2.0, "faiss_s": 6.0, "total_s": 10.0, "peak_rss_mib": 100.0},
-            "versions": VERSIONS, "counts": {"documents": 100}, "faiss": {"factory": "Flat"},
-            "embedder": {"document_backend": "onnx"}, "fusion": {"default": {"method": "rrf", "rrf_k": 60}},
-            "hubness": {"bank": {"size": 50, "split": "train.tsv"}, "gallery": {"size": 100}, "params": {"beta": 1.0}}}
+def _manifest(tiny_index) -> Manifest:
+    manifest = read_manifest(tiny_index)
+    manifest.build = {"documents_s": 1.0, "bm25_s": 1.0, "embeddings_s": 2.0, "faiss_s": 6.0, "total_s": 10.0, "peak_rss_mib": 100.0}
+    manifest.versions, manifest.counts = VERSIONS, {"documents": 100, "bm25_vocabulary": 1000}
+    manifest.hubness = HubnessInfo(folder="hubness-1", params=HubnessParams(beta=1.0), bank={"size": 50, "split": "train.tsv"},
+                                   gallery={"size": 100}, activation={}, fit_seconds=1.0)
+    return manifest
 
 
 def _eval_report() -> dict:
@@ -241,9 +244,8 @@ def _bench(**extra) -> dict:
 
 
 @pytest.fixture
-def index_dir(tmp_path):
-    (tmp_path / "manifest.json").write_text(json.dumps(_manifest()))
-    return tmp_path
+def manifest(tiny_index):
+    return _manifest(tiny_index)
 
 
 HARD_CODED = ["no GPU;", "no GPU,", "serialising the runs costs more than batching saves", "On a 2-core CPU",
@@ -251,10 +253,10 @@ HARD_CODED = ["no GPU;", "no GPU,", "serialising the runs costs more than batchi
               "No GPU was visible to FAISS", "embedding dominates", "Inverted softmax costs one search"]
 
 
-def test_render_draws_conclusions_from_the_rows(index_dir):
+def test_render_draws_conclusions_from_the_rows(manifest):
     machine = {"cpu_model": "Test CPU", "cpu_count": 2, "gpus": ["NVIDIA H100 80GB HBM3"], "faiss_gpus": 1,
                "onnx_providers": ["CUDAExecutionProvider"], "python": "3.12.0"}
-    doc = md.render(index_dir, _eval_report(), _bench(machine=machine))
+    doc = md.render(manifest, _eval_report(), _bench(machine=machine))
     for phrase in HARD_CODED:
         assert phrase not in doc, phrase
     assert "Machine: 2 cores, Test CPU, GPU NVIDIA H100 80GB HBM3" in doc
@@ -273,8 +275,8 @@ def test_render_draws_conclusions_from_the_rows(index_dir):
     assert "| 16 | 400 | 0 | 760.0 | 21.0 | 31.5 | 42.0 |" in doc
 
 
-def test_render_old_json_without_machine_claims_no_gpu_absence(index_dir):
-    doc = md.render(index_dir, _eval_report(), _bench(faiss_cpu_vs_gpu=_faiss(100.0, None)))
+def test_render_old_json_without_machine_claims_no_gpu_absence(manifest):
+    doc = md.render(manifest, _eval_report(), _bench(faiss_cpu_vs_gpu=_faiss(100.0, None)))
     machine = next(line for line in doc.splitlines() if line.startswith("Machine:"))
     assert "GPU not recorded" in machine and "no GPU" not in machine
     assert "No GPU was visible to FAISS" in doc  # measured by the FAISS benchmark itself, so stated
