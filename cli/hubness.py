@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 from cli.args import default
@@ -16,12 +17,16 @@ from training.hubness import fit_from_bank
 def register(commands) -> None:
     p = commands.add_parser("hubness", help="fit or inspect hubness correction (QB-Norm, DBNorm)")
     hubness = p.add_subparsers(dest="hubness_command", required=True)
-    p = hubness.add_parser("fit", help="fit both corrections from a query bank; the chosen method becomes the default")
+    p = hubness.add_parser("fit", help="fit both corrections from a query bank: requests can then ask for them; "
+                           "--set-default makes one the index's default, if it does not lose on held-out bank queries")
     p.add_argument("index", type=Path)
     p.add_argument("--bank", required=True, help="queries.jsonl (with --split-qrels), a text file with one query per line, or 'pseudo' (document titles)")
     p.add_argument("--split-qrels", type=Path, help="qrels of the split whose queries form the bank (never test)")
-    p.add_argument("--method", choices=("qbnorm", "dbnorm"), default="qbnorm", help="the default applied to queries")
-    p.add_argument("--dynamic", action="store_true", help="dynamic inverted softmax (DIS) by default")
+    p.add_argument("--method", choices=("qbnorm", "dbnorm"), default="qbnorm", help="the method --tune tunes and --set-default sets")
+    p.add_argument("--dynamic", action="store_true", help="the dynamic variant (DIS) for --tune and --set-default")
+    p.add_argument("--set-default", action="store_true", help="make --method the index's default; with a labelled bank, only "
+                   "if its cross-fitted nDCG@10 does not lose to no correction")
+    p.add_argument("--force", action="store_true", help="with --set-default: set it even when it loses (recorded as forced)")
     for name in ("beta", "beta1", "beta2"):
         p.add_argument(f"--{name}", type=float, default=default(HubnessParams, name))
     p.add_argument("--k", type=int, default=default(HubnessParams, "k"), help="activation set: each bank member's top-k documents")
@@ -42,12 +47,19 @@ def register(commands) -> None:
 def run_fit(args) -> None:
     params = HubnessParams(beta=args.beta, beta1=args.beta1, beta2=args.beta2, k=args.k)
     manifest = fit_from_bank(args.index, args.bank, HubnessSpec(args.method, args.dynamic), params, args.split_qrels,
-                             args.tune, args.gallery_size, args.pseudo_size)
+                             args.tune, args.set_default, args.force, args.gallery_size, args.pseudo_size)
     fitted = manifest.hubness
     for row in (fitted.tuning or {}).get("table", ()):
         print("  ".join(f"{k}={v:.4g}" for k, v in row.items()))
-    print(f"fitted {args.method}{' (dynamic)' if args.dynamic else ''} with {json.dumps(fitted.params.__dict__)} on a "
-          f"{fitted.bank['kind']} bank of {fitted.bank['size']} in {fitted.fit_seconds} s; activation sets: {fitted.activation}")
+    print(f"fitted qbnorm and dbnorm with {json.dumps(asdict(fitted.params))} on a {fitted.bank['kind']} bank of "
+          f"{fitted.bank['size']} in {fitted.fit_seconds} s; activation sets: {fitted.activation}")
+    evidence = fitted.default_evidence or {}
+    for name, value in evidence.get("values", {}).items():
+        print(f"  {name:<12}{evidence['metric']} {value:.4f} (dense, {evidence['queries']} bank queries, {evidence['folds']}-fold cross-fitted)")
+    if args.set_default:
+        print(f"default: {manifest.defaults.hubness.method}{' (dynamic)' if manifest.defaults.hubness.dynamic else ''} ({evidence['decision']})")
+    else:
+        print(f"default unchanged: {manifest.defaults.hubness.method} (requests choose with \"hubness\"; --set-default to change it)")
 
 
 def run_report(args) -> None:

@@ -10,6 +10,7 @@ from tqdm import tqdm
 from indexer.manifest import Manifest
 from models.onnx_export import PRECISIONS
 from search.errors import SpecError
+from search.fusion import RRF, ConvexCombination, fusion_to_string
 from search.pipeline import SearchPipeline
 from search.spec import parse_spec_string
 
@@ -54,8 +55,8 @@ def tuned_pipelines(manifest: Manifest) -> list[str]:
     tuning = manifest.fusion_tuning
     if not tuning:
         return []
-    specs = ["rrf:60", f"rrf:{tuning.best_rrf_k:g}"]
-    return specs + [f"cc:{norm}:{alpha:g}" for norm, alpha in tuning.best_per_norm.items()]
+    fusions = [RRF(), RRF(rrf_k=tuning.best_rrf_k)] + [ConvexCombination(alpha, norm) for norm, alpha in tuning.best_per_norm.items()]
+    return [fusion_to_string(fusion) for fusion in fusions]
 
 
 def run_queries(pipeline: SearchPipeline, ids: list[str], queries: dict[str, str], spec: dict, k: int = 100,

@@ -99,10 +99,11 @@ def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessPara
 
 
 def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params: HubnessParams,
-                default: HubnessSpec = HubnessSpec("qbnorm"), gallery_size: int = DEFAULT_GALLERY_SIZE,
-                seed: int = 0, tuning: dict | None = None, bank: np.ndarray | None = None) -> Manifest:
+                default: HubnessSpec | None = None, gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0,
+                tuning: dict | None = None, bank: np.ndarray | None = None, evidence: dict | None = None) -> Manifest:
     """Fit both corrections for `bank_texts` (embedded here unless `bank` holds their vectors), write
-    them into the index folder with `default` as the index's hubness default; return the new manifest."""
+    them into the index folder; `default`, when given, becomes the index's hubness default (`evidence`: why).
+    Returns the new manifest."""
     started = time.perf_counter()
     bank = index.embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)
@@ -120,12 +121,14 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
     def record(manifest: Manifest) -> None:
         kept = {f: v for f, v in manifest.files.items() if previous is None or not f.startswith(f"{previous}/")}
         manifest.files = {**kept, **file_inventory(index.path / name, prefix=f"{name}/")}
-        manifest.defaults = replace(manifest.defaults, hubness=default)
+        if default is not None:
+            manifest.defaults = replace(manifest.defaults, hubness=default)
         manifest.hubness = HubnessInfo(
             folder=name, params=params, bank={**bank_info, "sha256": _texts_digest(bank_texts)},
             gallery={"size": len(gallery), "seed": seed, "self_match": "excluded"},
             activation={b: int(mask.sum()) for b, mask in correction.activation.items()},
-            fit_seconds=round(time.perf_counter() - started, 2), tuning=tuning)
+            fit_seconds=round(time.perf_counter() - started, 2), tuning=tuning,
+            default_evidence=evidence if default is not None else (manifest.hubness.default_evidence if manifest.hubness else None))
 
     manifest = update_manifest(index.path, record)
     if previous and previous != name:

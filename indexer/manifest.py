@@ -84,7 +84,8 @@ class HubnessInfo:
     gallery: dict
     activation: dict[str, int]
     fit_seconds: float
-    tuning: dict | None = None
+    tuning: dict | None = None  # betas chosen by cross-fitting on the bank's labels
+    default_evidence: dict | None = None  # why defaults.hubness is what it is (see training.hubness.fit_from_bank)
 
 
 @dataclass

@@ -12,6 +12,8 @@ from search.hubness import (
     k_occurrence,
 )
 from search.ranking import Ranking
+from search.spec import HubnessSpec
+from training.hubness import CrossFit, DefaultRefused, _default_evidence
 
 
 def unit(x):
@@ -125,3 +127,43 @@ def test_invalid_parameters():
         HubnessParams(beta=0)
     with pytest.raises(ValueError, match="k: must be >= 1"):
         HubnessParams(k=0)
+
+
+def _synthetic(with_hubs: bool, n_queries=120, n_docs=400, dim=32, seed=3):
+    """Queries sharing a common direction, each with one relevant document close to it. With hubs: 20
+    documents near the queries' centroid, irrelevant to every query, that crowd the raw top 10."""
+    rng = np.random.default_rng(seed)
+
+    def unit(x):
+        return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+    common = unit(rng.standard_normal(dim))
+    queries = unit(common + 0.5 * unit(rng.standard_normal((n_queries, dim))))
+    relevant = unit(queries + 0.9 * unit(rng.standard_normal((n_queries, dim))))
+    others = unit(rng.standard_normal((n_docs - n_queries - 20, dim)))
+    hubs = unit(queries.mean(axis=0) + 0.05 * rng.standard_normal((20, dim))) if with_hubs else unit(rng.standard_normal((20, dim)))
+    docs = np.vstack([relevant, hubs, others])
+    ids = [f"d{i}" for i in range(len(docs))]
+    qids = [f"q{i}" for i in range(n_queries)]
+    qrels = {q: {f"d{i}": 1} for i, q in enumerate(qids)}
+    return queries, qids, qrels, docs, ids
+
+
+@pytest.mark.parametrize("with_hubs", [True, False])
+def test_default_is_enabled_only_where_the_correction_wins_on_held_out_queries(with_hubs):
+    queries, qids, qrels, docs, ids = _synthetic(with_hubs)
+    cross_fit = CrossFit(queries, qids, qrels, docs, ids, gallery=np.arange(50))
+    candidate, params = HubnessSpec("qbnorm"), HubnessParams(beta=20.0)
+    raw = cross_fit.score(params, "none", False)
+    corrected = cross_fit.score(params, "qbnorm", False)
+    info = {"kind": "queries", "split": "train.tsv"}
+    if with_hubs:  # the hubs take the raw top ranks; QB-Norm pushes them down and the relevant documents up
+        assert raw < 0.05 and corrected > raw + 0.3
+        evidence = _default_evidence(cross_fit, candidate, params, info, force=False)
+        assert evidence["decision"] == "enabled" and evidence["values"] == {"none": raw, "qbnorm IS": corrected}
+        assert evidence["queries"] == len(qids) and evidence["folds"] == 5 and evidence["split"] == "train.tsv"
+    else:  # nothing to correct: the correction does not win, so the simpler default stays
+        assert corrected <= raw
+        with pytest.raises(DefaultRefused, match=r"qbnorm IS does not beat no correction .*nothing written"):
+            _default_evidence(cross_fit, candidate, params, info, force=False)
+        assert _default_evidence(cross_fit, candidate, params, info, force=True)["decision"] == "forced"

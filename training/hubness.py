@@ -15,7 +15,7 @@ from indexer.corpus import read_qrels
 from indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE, fit_hubness, load_bank, pseudo_bank, sample_gallery
 from indexer.manifest import Manifest
 from indexer.store import open_index
-from search.errors import ConfigError
+from search.errors import ConfigError, HybridError
 from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessParams, bank_statistics
 from search.ranking import Ranking, top_k
 from search.spec import HubnessSpec
@@ -41,52 +41,102 @@ def corrected_rankings(queries: np.ndarray, embeddings: np.ndarray, correction: 
     return out
 
 
-def tune_hubness(bank: np.ndarray, bank_qids: list[str], qrels: dict, embeddings: np.ndarray, doc_ids: list[str],
-                 method: str, dynamic: bool, base: HubnessParams, gallery: np.ndarray, folds: int = FOLDS,
-                 metric: str = "ndcg@10", seed: int = 0) -> tuple[HubnessParams, list[dict]]:
-    """Grid-search beta (qbnorm) or (beta1, beta2) (dbnorm) by cross-fitting over the bank queries."""
-    fold_of = np.random.default_rng(seed).permutation(len(bank)) % folds
-    grid = [{"beta": b} for b in BETAS] if method == "qbnorm" else [{"beta1": b1, "beta2": b2} for b1, b2 in itertools.product(DB_BETA1, DB_BETA2)]
-    gallery_lse = {}  # the gallery holds documents, not queries: shared by every fold
-    table = []
-    for point in grid:
-        params = replace(base, **point)
-        if method == "dbnorm" and params.beta2 not in gallery_lse:
-            gallery_lse[params.beta2] = bank_statistics(embeddings[gallery], embeddings, params.beta2, params.k, self_idx=gallery)
+class CrossFit:
+    """The metric of dense retrieval over labelled bank queries with a correction fitted on the other folds
+    (5-fold cross-fitting): no query is scored with a bank that contains it."""
+
+    def __init__(self, bank: np.ndarray, bank_qids: list[str], qrels: dict, embeddings: np.ndarray, doc_ids: list[str],
+                 gallery: np.ndarray, folds: int = FOLDS, metric: str = "ndcg@10", seed: int = 0):
+        self.bank, self.bank_qids, self.qrels, self.embeddings, self.doc_ids = bank, bank_qids, qrels, embeddings, doc_ids
+        self.gallery, self.folds, self.metric = gallery, folds, metric
+        self.fold_of = np.random.default_rng(seed).permutation(len(bank)) % folds
+        self._gallery_lse = {}  # the gallery holds documents, not queries: shared by every fold
+
+    def score(self, params: HubnessParams, method: str, dynamic: bool) -> float:
+        """Cross-fitted metric of `method` at `params` (method "none": the raw cosine, nothing fitted)."""
         run = {}
-        for f in range(folds):
-            train, held = bank[fold_of != f], np.flatnonzero(fold_of == f)
-            beta = params.beta if method == "qbnorm" else params.beta1
-            lse_b, act_b = bank_statistics(train, embeddings, beta, params.k)
-            lse = {BIAS_COLUMNS[0]: lse_b, BIAS_COLUMNS[1]: lse_b, BIAS_COLUMNS[2]: np.zeros(len(embeddings))}
-            activation = {"query": act_b, "gallery": np.zeros(len(embeddings), dtype=bool)}
-            if method == "dbnorm":
-                lse[BIAS_COLUMNS[2]], activation["gallery"] = gallery_lse[params.beta2]
-            correction = HubnessCorrection(params, lse, activation)
-            for i, ranking in zip(held, corrected_rankings(bank[held], embeddings, correction, method, dynamic, 100)):
-                run[bank_qids[i]] = {doc_ids[d]: float(s) for d, s in zip(ranking.doc_idx, ranking.scores)}
-        table.append({**point, metric: evaluate(run, qrels, (metric,))[metric]})
-    best = max(table, key=lambda row: row[metric])
-    return replace(base, **{k: v for k, v in best.items() if k != metric}), table
+        for f in range(self.folds):
+            held = np.flatnonzero(self.fold_of == f)
+            correction = None if method == "none" else self._fit(params, method, self.bank[self.fold_of != f])
+            for i, ranking in zip(held, corrected_rankings(self.bank[held], self.embeddings, correction, method, dynamic, 100)):
+                run[self.bank_qids[i]] = {self.doc_ids[d]: float(s) for d, s in zip(ranking.doc_idx, ranking.scores)}
+        return evaluate(run, self.qrels, (self.metric,))[self.metric]
+
+    def _fit(self, params: HubnessParams, method: str, train: np.ndarray) -> HubnessCorrection:
+        n = len(self.embeddings)
+        beta = params.beta if method == "qbnorm" else params.beta1
+        lse_b, act_b = bank_statistics(train, self.embeddings, beta, params.k)
+        lse = {BIAS_COLUMNS[0]: lse_b, BIAS_COLUMNS[1]: lse_b, BIAS_COLUMNS[2]: np.zeros(n)}
+        activation = {"query": act_b, "gallery": np.zeros(n, dtype=bool)}
+        if method == "dbnorm":
+            if params.beta2 not in self._gallery_lse:
+                self._gallery_lse[params.beta2] = bank_statistics(self.embeddings[self.gallery], self.embeddings, params.beta2,
+                                                                  params.k, self_idx=self.gallery)
+            lse[BIAS_COLUMNS[2]], activation["gallery"] = self._gallery_lse[params.beta2]
+        return HubnessCorrection(params, lse, activation)
 
 
-def fit_from_bank(index_dir: Path | str, bank: str | Path, default: HubnessSpec, params: HubnessParams = HubnessParams(),
-                  split_qrels: Path | None = None, tune: bool = False, gallery_size: int = DEFAULT_GALLERY_SIZE,
-                  pseudo_size: int = DEFAULT_PSEUDO_SIZE) -> Manifest:
+def tune_hubness(cross_fit: CrossFit, method: str, dynamic: bool, base: HubnessParams) -> tuple[HubnessParams, list[dict]]:
+    """Grid-search beta (qbnorm) or (beta1, beta2) (dbnorm) by cross-fitting over the bank queries."""
+    grid = [{"beta": b} for b in BETAS] if method == "qbnorm" else [{"beta1": b1, "beta2": b2} for b1, b2 in itertools.product(DB_BETA1, DB_BETA2)]
+    table = [{**point, cross_fit.metric: cross_fit.score(replace(base, **point), method, dynamic)} for point in grid]
+    best = max(table, key=lambda row: row[cross_fit.metric])
+    return replace(base, **{k: v for k, v in best.items() if k != cross_fit.metric}), table
+
+
+class DefaultRefused(HybridError):
+    """A correction did not beat no correction on held-out bank queries, so it is not made the default."""
+
+
+def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpec, params: HubnessParams = HubnessParams(),
+                  split_qrels: Path | None = None, tune: bool = False, set_default: bool = False, force: bool = False,
+                  gallery_size: int = DEFAULT_GALLERY_SIZE, pseudo_size: int = DEFAULT_PSEUDO_SIZE) -> Manifest:
     """`hybrid hubness fit`: read the bank (queries of a split, a query log, or `pseudo` document titles),
-    optionally tune `default.method`'s betas on the bank's labels, fit and write both corrections."""
+    optionally tune `candidate.method`'s betas on the bank's labels, fit and write both corrections.
+
+    Fitting makes the corrections available to requests; `candidate` becomes the index's default only
+    with `set_default`, and then, when the bank is labelled, only if its cross-fitted metric beats no
+    correction (a tie keeps the simpler default; `force` overrides, and is recorded). Otherwise
+    DefaultRefused, with the numbers, and nothing is written."""
     index = open_index(index_dir, verify="size", device="cpu")
     try:
         texts, info = pseudo_bank(index, pseudo_size) if str(bank) == "pseudo" else load_bank(bank, split_qrels)
-        vectors, tuning = index.embedder.encode(texts), None
-        if tune:
-            if info["kind"] != "queries":
-                raise ConfigError("--tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv")
+        vectors, tuning, evidence = index.embedder.encode(texts), None, None
+        labelled = info["kind"] == "queries"
+        if tune and not labelled:
+            raise ConfigError("--tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv")
+        if labelled and (tune or set_default):
             qrels = read_qrels(split_qrels)
             embeddings = np.asarray(index.embeddings)
-            params, table = tune_hubness(vectors, list(qrels), qrels, embeddings, index.doc_ids, default.method,
-                                         default.dynamic, params, sample_gallery(len(embeddings), gallery_size))
-            tuning = {"metric": "ndcg@10", "folds": FOLDS, "table": table}
-        return fit_hubness(index, texts, info, params, default, gallery_size, tuning=tuning, bank=vectors)
+            cross_fit = CrossFit(vectors, list(qrels), qrels, embeddings, index.doc_ids, sample_gallery(len(embeddings), gallery_size))
+            if tune:
+                params, table = tune_hubness(cross_fit, candidate.method, candidate.dynamic, params)
+                tuning = {"metric": cross_fit.metric, "folds": cross_fit.folds, "table": table}
+            if set_default:
+                evidence = _default_evidence(cross_fit, candidate, params, info, force)
+        elif set_default:
+            evidence = {"decision": "forced" if force else "enabled", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
+        default = candidate if set_default else None
+        return fit_hubness(index, texts, info, params, default, gallery_size, tuning=tuning, bank=vectors, evidence=evidence)
     finally:
         index.close()
+
+
+def _default_evidence(cross_fit: CrossFit, candidate: HubnessSpec, params: HubnessParams, info: dict, force: bool) -> dict:
+    values = {"none": cross_fit.score(params, "none", False),
+              candidate_name(candidate): cross_fit.score(params, candidate.method, candidate.dynamic)}
+    corrected = values[candidate_name(candidate)]
+    evidence = {"metric": cross_fit.metric, "retrieval": "dense", "queries": len(cross_fit.bank), "split": info.get("split"),
+                "folds": cross_fit.folds, "values": values}
+    if corrected > values["none"]:  # a tie keeps the simpler default
+        return {**evidence, "decision": "enabled"}
+    if not force:
+        raise DefaultRefused(f"{candidate_name(candidate)} does not beat no correction on the bank's held-out folds "
+                             f"({cross_fit.metric} {corrected:.4f} vs {values['none']:.4f} over {len(cross_fit.bank)} queries, "
+                             f"{cross_fit.folds}-fold cross-fitting): nothing written; fit it without --set-default to make it "
+                             "available to requests, or --force to make it the default anyway")
+    return {**evidence, "decision": "forced"}
+
+
+def candidate_name(spec: HubnessSpec) -> str:
+    return spec.method + (" DIS" if spec.dynamic else " IS") if spec.method != "none" else "none"
