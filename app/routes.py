@@ -81,7 +81,7 @@ def ready(request: Request):
 def _ready(serving: Serving) -> Ready:
     index = serving.index
     return Ready(ready=True, documents=index.num_docs, index=str(index.path), created_at=index.manifest.created_at,
-                 defaults=serving.pipeline.defaults.to_dict())
+                 defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence)
 
 
 @router.post("/admin/reload", response_model=Ready, dependencies=[Depends(_require_admin)],

@@ -165,3 +165,5 @@ class Ready(BaseModel):
     created_at: str | None = Field(None, description="when the served index was built")
     defaults: dict | None = Field(None, description="the search spec a request that sets nothing gets: the index's "
                                   "defaults with the service's settings merged on")
+    evidence: dict | None = Field(None, description="what each fitted default rests on (fusion, hubness, rerank): the metric, "
+                                  "the held-out queries and split, the values compared and the decision")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from indexer.store import OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
-from models.cross_encoder import load_cross_encoder, rerank_weight
+from models.cross_encoder import load_cross_encoder, rerank_weight, weight_evidence
 from search.pipeline import SearchPipeline
 
 logger = logging.getLogger(__name__)
@@ -20,6 +20,12 @@ class Serving:
 
     index: OpenIndex
     pipeline: SearchPipeline
+    rerank_evidence: dict | None = None  # the reranker's tuned weight, when it is the one served
+
+    @property
+    def evidence(self) -> dict[str, dict]:
+        """What each active default rests on: the index's fitted defaults and the reranker's weight."""
+        return {**self.index.manifest.evidence, **({"rerank": self.rerank_evidence} if self.rerank_evidence else {})}
 
 
 def load_reranker(settings, batch: bool = False):
@@ -46,6 +52,7 @@ class Reloader:
         self.cross_encoder, self._lock = cross_encoder, threading.Lock()
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
+        self.rerank_evidence = weight_evidence(settings.reranker) if settings.reranker and settings.rerank_weight is None else None
         self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned)
         if cross_encoder is not None:
             rerank = self.spec["rerank"]
@@ -56,7 +63,7 @@ class Reloader:
         embedder = BatchingEmbedder(index.embedder) if self.batch else None
         pipeline = index.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
                                   cross_encoder_name=self.reranker_name, embedder=embedder)
-        serving = Serving(index, pipeline)
+        serving = Serving(index, pipeline, self.rerank_evidence)
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic
         self.app.state.metrics.describe_index(index.manifest, index.num_docs)
         logger.info("serving %s: %d documents, built %s, defaults %s", index.path, index.num_docs, index.manifest.created_at,

@@ -50,7 +50,9 @@ class Settings(BaseSettings):
         spec: dict = {} if self.depth is None else {"depth": self.depth}
         if reranking:
             weight = self.rerank_weight if self.rerank_weight is not None else (1.0 if tuned_weight is None else tuned_weight)
-            spec["rerank"] = {"enabled": self.rerank_by_default, "depth": self.rerank_depth, "weight": weight}
+            # a tuned weight of 0 means the cross-encoder gained nothing on held-out queries: the simpler default
+            gained = self.rerank_weight is not None or tuned_weight != 0.0
+            spec["rerank"] = {"enabled": self.rerank_by_default and gained, "depth": self.rerank_depth, "weight": weight}
         return spec
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -11,7 +12,7 @@ from evaluation.hubness_eval import write_report
 from indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE
 from search.hubness import HubnessParams
 from search.spec import HubnessSpec
-from training.hubness import fit_from_bank
+from training.hubness import BETA_PER_SPREAD, fit_from_bank
 
 
 def register(commands) -> None:
@@ -27,12 +28,14 @@ def register(commands) -> None:
     p.add_argument("--set-default", action="store_true", help="make --method the index's default; with a labelled bank, only "
                    "if its cross-fitted nDCG@10 does not lose to no correction")
     p.add_argument("--force", action="store_true", help="with --set-default: set it even when it loses (recorded as forced)")
-    for name in ("beta", "beta1", "beta2"):
-        p.add_argument(f"--{name}", type=float, default=default(HubnessParams, name))
+    for name, scale in BETA_PER_SPREAD.items():
+        p.add_argument(f"--{name}", type=float, help=f"default: {scale:g} / the model's score spread (the std of a bank "
+                       "query's top-100 cosines, median over the bank); with a labelled bank, --method's are then tuned")
     p.add_argument("--k", type=int, default=default(HubnessParams, "k"), help="activation set: each bank member's top-k documents")
     p.add_argument("--gallery-size", type=int, default=DEFAULT_GALLERY_SIZE)
     p.add_argument("--pseudo-size", type=int, default=DEFAULT_PSEUDO_SIZE)
-    p.add_argument("--tune", action="store_true", help="choose the method's betas by 5-fold cross-fitting on the labelled bank")
+    p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
+                   help="choose --method's betas by 5-fold cross-fitting on the bank's labels (default: when the bank is labelled)")
     p.set_defaults(run=run_fit)
 
     p = hubness.add_parser("report", help="k-occurrence skewness, never-retrieved share and top hubs, before and after")
@@ -45,28 +48,35 @@ def register(commands) -> None:
 
 
 def run_fit(args) -> None:
-    params = HubnessParams(beta=args.beta, beta1=args.beta1, beta2=args.beta2, k=args.k)
-    manifest = fit_from_bank(args.index, args.bank, HubnessSpec(args.method, args.dynamic), params, args.split_qrels,
+    betas = {name: getattr(args, name) for name in BETA_PER_SPREAD if getattr(args, name) is not None}
+    manifest = fit_from_bank(args.index, args.bank, HubnessSpec(args.method, args.dynamic), betas, args.k, args.split_qrels,
                              args.tune, args.set_default, args.force, args.gallery_size, args.pseudo_size)
     fitted = manifest.hubness
     for row in (fitted.tuning or {}).get("table", ()):
         print("  ".join(f"{k}={v:.4g}" for k, v in row.items()))
-    print(f"fitted qbnorm and dbnorm with {json.dumps(asdict(fitted.params))} on a {fitted.bank['kind']} bank of "
-          f"{fitted.bank['size']} in {fitted.fit_seconds} s; activation sets: {fitted.activation}")
-    evidence = fitted.default_evidence or {}
+    print(f"fitted qbnorm and dbnorm with {json.dumps(asdict(fitted.params))} ({fitted.beta_source['betas']}; score spread "
+          f"{fitted.beta_source['spread']}) on a {fitted.bank['kind']} bank of {fitted.bank['size']} in {fitted.fit_seconds} s; "
+          f"activation sets: {fitted.activation}")
+    evidence = manifest.evidence.get("hubness", {})
     for name, value in evidence.get("values", {}).items():
         print(f"  {name:<12}{evidence['metric']} {value:.4f} (dense, {evidence['queries']} bank queries, {evidence['folds']}-fold cross-fitted)")
     if args.set_default:
-        print(f"default: {manifest.defaults.hubness.method}{' (dynamic)' if manifest.defaults.hubness.dynamic else ''} ({evidence['decision']})")
+        print(f"default: {manifest.defaults.hubness.method}{' (dynamic)' if manifest.defaults.hubness.dynamic else ''} "
+              f"({evidence['decision']})")
     else:
         print(f"default unchanged: {manifest.defaults.hubness.method} (requests choose with \"hubness\"; --set-default to change it)")
 
 
 def run_report(args) -> None:
-    queries, out, rows = write_report(args.index, args.queries, args.split_qrels, args.k, args.out)
+    queries, out, rows, default = write_report(args.index, args.queries, args.split_qrels, args.k, args.out)
     print(f"{queries} queries, dense top-{args.k}")
     print(f"{'variant':<14}{'skewness':>10}{'never':>8}{'max N':>7}  top hubs (doc id: N_k)")
     for name, r in rows.items():
         hubs = ", ".join(f"{d}: {n}" for d, n in r["top_hubs"][:3])
         print(f"{name:<14}{r['skewness']:>10.3f}{r['never_retrieved']:>8.1%}{r['max_occurrence']:>7}  {hubs}")
+    hubness, evidence = default["hubness"], default["evidence"] or {}
+    print(f"index default: {hubness['method']}{' (dynamic)' if hubness['dynamic'] else ''}; "
+          f"{evidence.get('decision', 'never set by --set-default')}"
+          + "".join(f"; {name} {value:.4f}" for name, value in evidence.get("values", {}).items())
+          + (f" ({evidence['metric']}, {evidence['queries']} held-out bank queries)" if "values" in evidence else ""))
     print(f"histogram and JSON in {out}")

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 from cli.args import add_device, add_quiet, default
+from indexer.manifest import read_manifest
 from indexer.store import open_index
 from search.fusion import fusion_to_string
-from training.fusion import format_table, tune_index
+from training.fusion import format_evidence, format_table, tune_index
 from training.metrics import MEASURES
 from training.reranker import TrainOptions, train_reranker
 from training.splits import training_split
@@ -51,12 +52,15 @@ def register(commands) -> None:
 def run_tune(args) -> None:
     queries, qrels = training_split(args.queries, args.qrels)
     out = args.out or args.index / "tuning"
-    result = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run, progress=not args.quiet)
+    result, evidence = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run,
+                                  progress=not args.quiet)
     print(format_table(result))
     print(f"best: {fusion_to_string(result.best_fusion())} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} "
-          f"queries of {args.qrels.name}); table and plot in {out}")
+          f"queries of {args.qrels.name}, in-sample); table and plot in {out}")
+    print(format_evidence(evidence))
     if not args.dry_run:
-        print(f"wrote the fusion into {args.index / 'manifest.json'}: the service now uses it by default")
+        print(f"recorded in {args.index / 'manifest.json'}; the index's default fusion is now "
+              f"{fusion_to_string(read_manifest(args.index).defaults.fusion)}")
 
 
 def run_train_reranker(args) -> None:

@@ -49,9 +49,10 @@ def plot_histograms(report: dict, path, k: int = 10) -> None:
 
 
 def write_report(index_dir: Path, queries_path: Path, split_qrels: Path | None = None, k: int = 10,
-                 out: Path | None = None) -> tuple[int, Path, dict]:
+                 out: Path | None = None) -> tuple[int, Path, dict, dict]:
     """Report every variant for the queries (of one split), write report.json and the histogram into
-    `out` (default INDEX/hubness_report); returns (queries, out, rows)."""
+    `out` (default INDEX/hubness_report); returns (queries, out, rows, the index's default correction and
+    the evidence it rests on)."""
     index = open_index(index_dir, verify="size", device="cpu")
     try:
         if index.hubness is None:
@@ -61,11 +62,12 @@ def write_report(index_dir: Path, queries_path: Path, split_qrels: Path | None =
             queries = {q: queries[q] for q in read_qrels(split_qrels) if q in queries}
         report = hubness_report(index.embedder.encode(list(queries.values())), np.asarray(index.embeddings),
                                 index.hubness.correction, index.doc_ids, k=k)
+        default = {"hubness": index.manifest.defaults.to_dict()["hubness"], "evidence": index.manifest.evidence.get("hubness")}
     finally:
         index.close()
     out = out or Path(index_dir) / "hubness_report"
     out.mkdir(parents=True, exist_ok=True)
     plot_histograms(report, out / "k_occurrence.png", k)
     rows = {name: {key: v for key, v in values.items() if key != "counts"} for name, values in report.items()}
-    (out / "report.json").write_text(json.dumps({"queries": len(queries), "k": k, "variants": rows}, indent=2))
-    return len(queries), out, rows
+    (out / "report.json").write_text(json.dumps({"queries": len(queries), "k": k, "variants": rows, "default": default}, indent=2))
+    return len(queries), out, rows, default

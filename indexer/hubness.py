@@ -100,7 +100,8 @@ def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessPara
 
 def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params: HubnessParams,
                 default: HubnessSpec | None = None, gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0,
-                tuning: dict | None = None, bank: np.ndarray | None = None, evidence: dict | None = None) -> Manifest:
+                tuning: dict | None = None, bank: np.ndarray | None = None, evidence: dict | None = None,
+                beta_source: dict | None = None) -> Manifest:
     """Fit both corrections for `bank_texts` (embedded here unless `bank` holds their vectors), write
     them into the index folder; `default`, when given, becomes the index's hubness default (`evidence`: why).
     Returns the new manifest."""
@@ -123,12 +124,12 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
         manifest.files = {**kept, **file_inventory(index.path / name, prefix=f"{name}/")}
         if default is not None:
             manifest.defaults = replace(manifest.defaults, hubness=default)
+            manifest.evidence["hubness"] = evidence
         manifest.hubness = HubnessInfo(
             folder=name, params=params, bank={**bank_info, "sha256": _texts_digest(bank_texts)},
             gallery={"size": len(gallery), "seed": seed, "self_match": "excluded"},
             activation={b: int(mask.sum()) for b, mask in correction.activation.items()},
-            fit_seconds=round(time.perf_counter() - started, 2), tuning=tuning,
-            default_evidence=evidence if default is not None else (manifest.hubness.default_evidence if manifest.hubness else None))
+            fit_seconds=round(time.perf_counter() - started, 2), tuning=tuning, beta_source=beta_source)
 
     manifest = update_manifest(index.path, record)
     if previous and previous != name:

@@ -85,7 +85,7 @@ class HubnessInfo:
     activation: dict[str, int]
     fit_seconds: float
     tuning: dict | None = None  # betas chosen by cross-fitting on the bank's labels
-    default_evidence: dict | None = None  # why defaults.hubness is what it is (see training.hubness.fit_from_bank)
+    beta_source: dict | None = None  # how the betas were set: given, scaled to the score spread, or tuned
 
 
 @dataclass
@@ -105,6 +105,9 @@ class Manifest:
     build: dict[str, float] = field(default_factory=dict)
     fusion_tuning: FusionTuning | None = None
     hubness: HubnessInfo | None = None
+    # Why each fitted default is what it is: for "fusion" and "hubness", the metric, queries, split and the
+    # held-out values it was chosen on, and the decision (training.fusion, training.hubness).
+    evidence: dict[str, dict] = field(default_factory=dict)
 
     @property
     def documents(self) -> int:
@@ -117,7 +120,7 @@ class Manifest:
             "analyzer": self.analyzer.to_dict(), "bm25": {"engine": self.bm25_engine, **asdict(self.bm25)},
             "embedder": asdict(self.embedder), "faiss": asdict(self.faiss), "defaults": self.defaults.to_dict(),
             "fusion_tuning": asdict(self.fusion_tuning) if self.fusion_tuning else None,
-            "hubness": asdict(self.hubness) if self.hubness else None,
+            "hubness": asdict(self.hubness) if self.hubness else None, "evidence": self.evidence,
             "files": self.files, "build": self.build,
         }
 
@@ -146,6 +149,7 @@ class Manifest:
                 defaults=SearchSpec.from_dict(data["defaults"]), files=data["files"], build=data.get("build", {}),
                 fusion_tuning=FusionTuning(**tuning) if tuning else None,
                 hubness=HubnessInfo(**{**hubness, "params": HubnessParams(**hubness["params"])}) if hubness else None,
+                evidence=data.get("evidence", {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None

@@ -126,6 +126,20 @@ def tuned_weight(name_or_path: str | Path) -> float | None:
                          f"got {weight!r}") from None
 
 
+def weight_evidence(name_or_path: str | Path) -> dict | None:
+    """What `hybrid train-reranker` measured when it chose the weight: the held-out queries' nDCG@10 of the
+    first stage, the cross-encoder alone and the blend (None: not tuned by us)."""
+    record = training_record(name_or_path) or {}
+    tuned = record.get("interpolation")
+    if not tuned:
+        return None
+    dev = tuned["dev"]
+    return {"metric": "ndcg@10", "queries": dev["queries"], "split": f"held out of {record['data']['split']}",
+            "values": {"first stage": dev["ndcg@10"]["first_stage"], "cross-encoder alone": dev["ndcg@10"]["reranker_only"],
+                       f"blend w={tuned['weight']:g}": dev["ndcg@10"]["interpolated"]},
+            "decision": f"weight {tuned['weight']:g}" if tuned["weight"] > 0 else "no gain: reranking off by default"}
+
+
 class CachingCrossEncoder:
     """Remembers scores by (query, text): pipelines evaluated side by side, or one query reranked at
     several weights, score each pair once."""

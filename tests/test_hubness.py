@@ -167,3 +167,17 @@ def test_default_is_enabled_only_where_the_correction_wins_on_held_out_queries(w
         with pytest.raises(DefaultRefused, match=r"qbnorm IS does not beat no correction .*nothing written"):
             _default_evidence(cross_fit, candidate, params, info, force=False)
         assert _default_evidence(cross_fit, candidate, params, info, force=True)["decision"] == "forced"
+
+
+def test_default_betas_scale_with_the_score_spread():
+    from training.hubness import BETA_PER_SPREAD, score_spread, scaled_params
+
+    rng = np.random.default_rng(0)
+    bank, docs = rng.standard_normal((7, 16)).astype(np.float32), rng.standard_normal((300, 16)).astype(np.float32)
+    sims = bank @ docs.T
+    expected = np.median([np.sort(row)[-100:].std() for row in sims])  # brute force
+    assert score_spread(bank, docs, chunk=3) == pytest.approx(expected, rel=1e-6)
+    assert score_spread(bank, 2 * docs) == pytest.approx(2 * expected, rel=1e-6)  # twice the scale, twice the spread
+    params = scaled_params(0.05, k=2, beta2=3.0)
+    assert params == HubnessParams(beta=BETA_PER_SPREAD["beta"] / 0.05, beta1=BETA_PER_SPREAD["beta1"] / 0.05, beta2=3.0, k=2)
+    assert scaled_params(0.1).beta == pytest.approx(scaled_params(0.05).beta / 2)

@@ -23,7 +23,7 @@ def fitted_index(scifact, scifact_slice_index, tmp_path_factory):
     index_dir = root / "index"
     shutil.copytree(scifact_slice_index, index_dir)
     result = hybrid("hubness", "fit", index_dir, "--bank", scifact / "queries.jsonl", "--split-qrels", scifact / "qrels" / "train.tsv",
-                    "--method", "qbnorm", "--dynamic", "--beta", "10", "--set-default", "--force")
+                    "--method", "qbnorm", "--dynamic", "--beta", "10", "--no-tune", "--set-default", "--force")
     assert result.returncode == 0, result.stderr
     return index_dir
 
@@ -47,12 +47,12 @@ def test_refit_publishes_a_new_folder_and_removes_the_old(fitted_index, tmp_path
     assert manifest.hubness.folder != before and not (target / before).exists()
     assert not any(f.startswith(f"{before}/") for f in manifest.files)
     assert manifest.defaults.hubness == HubnessSpec("qbnorm", True)  # fitting alone does not change the default
-    assert manifest.hubness.default_evidence["decision"] == "forced"  # the fixture's, kept with its default
+    assert manifest.evidence["hubness"]["decision"] == "forced"  # the fixture's, kept with its default
     result = hybrid("hubness", "fit", target, "--bank", "pseudo", "--pseudo-size", "50", "--method", "dbnorm", "--set-default")
     assert result.returncode == 0, result.stderr
     manifest = read_manifest(target)
     assert manifest.defaults.hubness == HubnessSpec("dbnorm", False)
-    assert manifest.hubness.default_evidence == {"decision": "enabled", "why": "unlabelled bank (pseudo-queries (document titles)): nothing to compare on"}
+    assert manifest.evidence["hubness"] == {"decision": "enabled", "why": "unlabelled bank (pseudo-queries (document titles)): nothing to compare on"}
     assert open_index(target, verify="full").hubness is not None
 
 

@@ -3,6 +3,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from evaluation.runner import Pipeline, parse_pipeline
@@ -10,10 +11,10 @@ from indexer.corpus import read_corpus, split_queries
 from indexer.manifest import read_manifest
 from indexer.store import open_index
 from search.errors import SpecError
-from search.fusion import RRF, ConvexCombination, fusion_from_dict
+from search.fusion import RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
 from search.normalize import NORMALIZERS
 from search.spec import SearchSpec
-from training.fusion import ALPHAS, RRF_KS, tune
+from training.fusion import ALPHAS, RRF_KS, TuningResult, evidence, tune
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +54,55 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
     table = json.loads((index_dir / "tuning" / "fusion.json").read_text())["table"]
     best = max(table, key=lambda row: row["ndcg@10"])
     assert manifest.fusion_tuning.value == round(best["ndcg@10"], 4)
-    assert manifest.defaults.fusion == fusion_from_dict({k: v for k, v in best.items() if k != "ndcg@10"})
+    evidence = manifest.evidence["fusion"]
+    assert evidence["queries"] == len(queries) and evidence["folds"] == 5 and evidence["split"].endswith("train.tsv")
+    before, after = evidence["values"]["untuned rrf:60"], evidence["values"]["tuned, cross-validated"]
+    tuned = fusion_from_dict({k: v for k, v in best.items() if k != "ndcg@10"})
+    assert manifest.defaults.fusion == (tuned if after > before else RRF())
+    assert evidence["decision"] == ("tuned" if after > before else "kept untuned")
+    assert "before/after on held-out queries" in done.stdout and f"decision: {evidence['decision']}" in done.stdout
     assert (index_dir / "tuning" / "fusion.png").read_bytes()[:4] == b"\x89PNG"
     # The service and CLI now fuse with the tuned default.
     assert open_index(index_dir).pipeline().defaults.fusion == manifest.defaults.fusion
+
+
+def _result(per_query: list[dict[str, float]]) -> TuningResult:
+    fusions = [RRF(), ConvexCombination(alpha=0.3), ConvexCombination(alpha=0.7)][:len(per_query)]
+    table = [{**fusion_to_dict(f), "ndcg@10": sum(v.values()) / len(v)} for f, v in zip(fusions, per_query)]
+    return TuningResult("ndcg@10", len(per_query[0]), table, {}, per_query)
+
+
+def test_cross_validation_chooses_on_other_folds_and_scores_the_held_out_one():
+    rng = np.random.default_rng(0)
+    qids = [f"q{i}" for i in range(23)]
+    per_query = [dict(zip(qids, rng.random(23).round(2))) for _ in range(3)]
+    result = _result(per_query)
+    # brute force, the same folds: permutation of the sorted query ids, modulo 5
+    fold = np.random.default_rng(0).permutation(23) % 5
+    ordered = sorted(qids)
+    expected = 0.0
+    for f in range(5):
+        train = [q for q, g in zip(ordered, fold) if g != f]
+        held = [q for q, g in zip(ordered, fold) if g == f]
+        chosen = max(range(3), key=lambda c: (np.mean([per_query[c][q] for q in train]), -c))
+        expected += sum(per_query[chosen][q] for q in held)
+    assert result.cross_validated() == pytest.approx(expected / 23)
+
+
+def test_tuning_keeps_the_untuned_default_unless_it_wins_out_of_sample(tmp_path):
+    qids = [f"q{i}" for i in range(10)]
+    # cc alpha 0.3 is better on every query: tuned wins out of sample too
+    wins = _result([{q: 0.5 for q in qids}, {q: 0.6 for q in qids}])
+    proof = evidence(wins, tmp_path / "train.tsv")
+    assert proof["decision"] == "tuned" and proof["values"]["untuned rrf:60"] == 0.5
+    assert proof["values"]["tuned, cross-validated"] == pytest.approx(0.6)
+    # a configuration lucky on half the queries: best in-sample, but choosing by it does not beat RRF held out
+    lucky = _result([{q: 0.5 for q in qids}, {q: (0.9 if i % 2 else 0.15) for i, q in enumerate(qids)}])
+    assert lucky.best_fusion() == ConvexCombination(alpha=0.3)
+    proof = evidence(lucky, tmp_path / "train.tsv")
+    assert proof["values"]["tuned, cross-validated"] <= 0.5 and proof["decision"] == "kept untuned"
+    # a tie keeps the untuned default
+    assert evidence(_result([{q: 0.5 for q in qids}] * 2), tmp_path / "train.tsv")["decision"] == "kept untuned"
 
 
 def test_pipeline_specs():

@@ -2,8 +2,10 @@
 
 Candidates (both raw scores for the union of both top-depth lists) are retrieved once per query;
 every configuration is then a cheap re-fusion. Convex combination is swept over alpha for every
-normalisation, RRF over rrf_k; the best configuration on the training metric becomes the index's
-default. The queries passed in are the only ones looked at: keep test queries out.
+normalisation, RRF over rrf_k. The best configuration becomes the index's default only if choosing
+it beats the untuned default (RRF, rrf_k = 60) on held-out queries: 5-fold cross-validation picks the
+configuration on four folds and scores it on the fifth, so the comparison is not in-sample. The
+queries passed in are the only ones looked at: keep test queries out.
 """
 
 from __future__ import annotations
@@ -18,15 +20,17 @@ from tqdm import tqdm
 
 from indexer.manifest import FusionTuning, Manifest, update_manifest
 from indexer.store import open_index
-from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict, fusion_to_dict
+from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict, fusion_to_dict, fusion_to_string
 from search.normalize import NORMALIZERS
 from search.pipeline import SearchPipeline
-from training.metrics import evaluate
+from search.spec import SearchSpec
+from training.metrics import evaluate, per_query_scores
 from training.splits import refuse_test_split
 
 logger = logging.getLogger(__name__)
 
 ALPHAS = tuple(round(float(a), 2) for a in np.linspace(0.0, 1.0, 21))
+FOLDS = 5
 RRF_KS = (1, 2, 5, 10, 20, 30, 40, 60, 80, 100, 150, 200, 500)
 
 
@@ -36,6 +40,7 @@ class TuningResult:
     queries: int
     table: list[dict]  # one row per configuration: its fusion dict and its metric value
     singles: dict[str, float]  # the metric of each retriever alone
+    per_query: list[dict[str, float]]  # aligned with `table`: each configuration's metric for each query
 
     def best(self, family: str | None = None, norm: str | None = None) -> dict:
         rows = [r for r in self.table if (family is None or r["method"] == family) and (norm is None or r.get("norm") == norm)]
@@ -43,6 +48,21 @@ class TuningResult:
 
     def best_fusion(self) -> Fusion:
         return fusion_from_dict({k: v for k, v in self.best().items() if k != self.metric})
+
+    def value_of(self, fusion: Fusion) -> float:
+        return next(row[self.metric] for row in self.table if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion)
+
+    def cross_validated(self, folds: int = FOLDS, seed: int = 0) -> float:
+        """The metric of tuning itself, out of sample: for each fold, the configuration that is best on the
+        other folds scores the fold's queries; the mean over all queries."""
+        qids = sorted(self.per_query[0])
+        values = np.array([[row[q] for q in qids] for row in self.per_query])  # configurations x queries
+        fold = np.random.default_rng(seed).permutation(len(qids)) % folds
+        total = 0.0
+        for f in range(folds):
+            chosen = int(np.argmax(values[:, fold != f].mean(axis=1)))  # first of equals, like best()
+            total += values[chosen, fold == f].sum()
+        return total / len(qids)
 
 
 def grid() -> list[Fusion]:
@@ -55,13 +75,14 @@ def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], 
     # fusion is tuned on uncorrected dense scores, whatever hubness the index has
     depth = pipeline.defaults.depth
     candidates = {qid: pipeline.candidates(text, depth) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
-    table = []
+    table, per_query = [], []
     for fusion in tqdm(grid(), desc="configurations", disable=not progress):
         run = {}
         for qid, cands in candidates.items():
             ranking = fuse(cands, fusion).ranking().head(k)
             run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
-        table.append({**fusion_to_dict(fusion), metric: evaluate(run, qrels, (metric,))[metric]})
+        per_query.append(per_query_scores(run, qrels, (metric,))[metric])
+        table.append({**fusion_to_dict(fusion), metric: sum(per_query[-1].values()) / len(qrels)})
     singles = {}
     for mode in ("bm25", "dense"):
         run = {}
@@ -69,7 +90,7 @@ def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], 
             ranking = pipeline.search(text, k=k, spec={"mode": mode, "hubness": {"method": "none"}, "rerank": {"enabled": False}}).ranking
             run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
         singles[mode] = evaluate(run, qrels, (metric,))[metric]
-    return TuningResult(metric, len(queries), table, singles)
+    return TuningResult(metric, len(queries), table, singles, per_query)
 
 
 def plot(result: TuningResult, path: Path) -> None:
@@ -99,16 +120,34 @@ def plot(result: TuningResult, path: Path) -> None:
 def format_table(result: TuningResult) -> str:
     m = result.metric
     rows = [(f"cc {norm} (best alpha {result.best('cc', norm)['alpha']:.2f})", result.best("cc", norm)[m]) for norm in NORMALIZERS]
-    rrf60 = next(r for r in result.table if r["method"] == "rrf" and r["rrf_k"] == 60)
     best_rrf = result.best("rrf")
-    rows += [("rrf (rrf_k 60)", rrf60[m]), (f"rrf (best rrf_k {best_rrf['rrf_k']:g})", best_rrf[m])]
+    rows += [("rrf (rrf_k 60)", result.value_of(RRF())), (f"rrf (best rrf_k {best_rrf['rrf_k']:g})", best_rrf[m])]
     rows += [(f"{mode} alone", value) for mode, value in result.singles.items()]
-    return "\n".join([f"{'configuration':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
+    return "\n".join([f"{'configuration (in-sample)':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
+
+
+def evidence(result: TuningResult, qrels_path: Path, untuned: Fusion = SearchSpec().fusion) -> dict:
+    """Before/after on held-out queries: the untuned default vs tuning cross-validated, and the decision
+    (a tie keeps the untuned default)."""
+    before, after = result.value_of(untuned), result.cross_validated()
+    return {"metric": result.metric, "queries": result.queries, "split": str(qrels_path), "folds": FOLDS,
+            "values": {f"untuned {fusion_to_string(untuned)}": before, "tuned, cross-validated": after,
+                       f"tuned {fusion_to_string(result.best_fusion())}, in-sample": result.best()[result.metric]},
+            "decision": "tuned" if after > before else "kept untuned"}
+
+
+def format_evidence(evidence: dict) -> str:
+    lines = [f"before/after on held-out queries ({evidence['queries']} queries of {Path(evidence['split']).name}, "
+             f"{evidence['folds']}-fold cross-validation):"]
+    lines += [f"  {name:<40}{evidence['metric']} {value:.4f}" for name, value in evidence["values"].items()]
+    return "\n".join(lines + [f"decision: {evidence['decision']}"])
 
 
 def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path, metric: str = "ndcg@10",
-               out: Path | None = None, write: bool = True, progress: bool = True) -> TuningResult:
-    """Tune the fusion of an index on a labelled split, save table + plot, and make the winner its default."""
+               out: Path | None = None, write: bool = True, progress: bool = True) -> tuple[TuningResult, dict]:
+    """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
+    index's default only when tuning beats the untuned default out of sample. Returns the result and
+    the evidence (recorded in the manifest when `write`)."""
     refuse_test_split(qrels_path)
     index = open_index(index_dir, verify="size")
     pipeline = index.pipeline()
@@ -118,13 +157,16 @@ def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "fusion.png")
     (out / "fusion.json").write_text(json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
+    proof = evidence(result, qrels_path)
     if write:
         def record(manifest: Manifest) -> None:
-            manifest.defaults = replace(manifest.defaults, fusion=result.best_fusion())
+            fusion = result.best_fusion() if proof["decision"] == "tuned" else SearchSpec().fusion
+            manifest.defaults = replace(manifest.defaults, fusion=fusion)
+            manifest.evidence["fusion"] = proof
             manifest.fusion_tuning = FusionTuning(
                 metric=metric, value=round(result.best()[metric], 4), queries=len(queries), qrels=str(qrels_path),
                 depth=pipeline.defaults.depth, best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
                 best_rrf_k=result.best("rrf")["rrf_k"])
 
         update_manifest(index_dir, record)
-    return result
+    return result, proof

@@ -25,6 +25,10 @@ BETAS = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 DB_BETA1 = (1 / 1.99, 5.0, 20.0)
 DB_BETA2 = (1.0, 3.0, 10.0, 20.0)
 FOLDS = 5
+# Inverse temperatures per unit of score spread (see `score_spread`), measured on scifact with all-MiniLM-L6-v2:
+# 5-fold cross-fitting on its 809 train queries chose qbnorm beta 5 and dbnorm beta1 5, beta2 1 at a spread of 0.051.
+BETA_PER_SPREAD = {"beta": 0.25, "beta1": 0.25, "beta2": 0.05}
+SPREAD_TOP = 100
 
 
 def corrected_rankings(queries: np.ndarray, embeddings: np.ndarray, correction: HubnessCorrection | None,
@@ -88,12 +92,33 @@ class DefaultRefused(HybridError):
     """A correction did not beat no correction on held-out bank queries, so it is not made the default."""
 
 
-def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpec, params: HubnessParams = HubnessParams(),
-                  split_qrels: Path | None = None, tune: bool = False, set_default: bool = False, force: bool = False,
+def score_spread(bank: np.ndarray, embeddings: np.ndarray, top: int = SPREAD_TOP, chunk: int = 1024) -> float:
+    """The median, over bank queries, of the standard deviation of their top-`top` cosines: the score
+    scale an inverse temperature has to match (it differs between embedding models, not between banks:
+    0.051 for scifact's train queries and 0.052 for its document titles with all-MiniLM-L6-v2)."""
+    stds = []
+    for start in range(0, len(bank), chunk):
+        sims = bank[start : start + chunk] @ embeddings.T
+        take = min(top, sims.shape[1])
+        stds.append(np.partition(sims, sims.shape[1] - take, axis=1)[:, -take:].std(axis=1))
+    return float(np.median(np.concatenate(stds)))
+
+
+def scaled_params(spread: float, k: int = 1, **given) -> HubnessParams:
+    """Betas for a model whose top scores spread by `spread`: BETA_PER_SPREAD / spread, unless given."""
+    if spread <= 0 and set(BETA_PER_SPREAD) - set(given):
+        raise ConfigError("the bank's scores do not spread at all: pass --beta, --beta1 and --beta2")
+    return HubnessParams(**{name: given[name] if name in given else scale / spread for name, scale in BETA_PER_SPREAD.items()}, k=k)
+
+
+def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpec, betas: dict | None = None, k: int = 1,
+                  split_qrels: Path | None = None, tune: bool | None = None, set_default: bool = False, force: bool = False,
                   gallery_size: int = DEFAULT_GALLERY_SIZE, pseudo_size: int = DEFAULT_PSEUDO_SIZE) -> Manifest:
     """`hybrid hubness fit`: read the bank (queries of a split, a query log, or `pseudo` document titles),
-    optionally tune `candidate.method`'s betas on the bank's labels, fit and write both corrections.
+    fit and write both corrections.
 
+    Betas: those `betas` names, the others scaled to the model's score spread (`scaled_params`); with
+    a labelled bank `candidate.method`'s are then tuned by cross-fitting (unless `tune` is False).
     Fitting makes the corrections available to requests; `candidate` becomes the index's default only
     with `set_default`, and then, when the bank is labelled, only if its cross-fitted metric beats no
     correction (a tie keeps the simpler default; `force` overrides, and is recorded). Otherwise
@@ -101,23 +126,28 @@ def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpe
     index = open_index(index_dir, verify="size", device="cpu")
     try:
         texts, info = pseudo_bank(index, pseudo_size) if str(bank) == "pseudo" else load_bank(bank, split_qrels)
-        vectors, tuning, evidence = index.embedder.encode(texts), None, None
         labelled = info["kind"] == "queries"
+        tune = labelled if tune is None else tune
         if tune and not labelled:
             raise ConfigError("--tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv")
+        vectors, embeddings = index.embedder.encode(texts), np.asarray(index.embeddings)
+        spread = score_spread(vectors, embeddings)
+        params = scaled_params(spread, k, **(betas or {}))
+        source = {"spread": round(spread, 4), "betas": "scaled to the score spread" if set(BETA_PER_SPREAD) - set(betas or {}) else "given"}
+        tuning, evidence = None, None
         if labelled and (tune or set_default):
             qrels = read_qrels(split_qrels)
-            embeddings = np.asarray(index.embeddings)
             cross_fit = CrossFit(vectors, list(qrels), qrels, embeddings, index.doc_ids, sample_gallery(len(embeddings), gallery_size))
             if tune:
                 params, table = tune_hubness(cross_fit, candidate.method, candidate.dynamic, params)
                 tuning = {"metric": cross_fit.metric, "folds": cross_fit.folds, "table": table}
+                source["betas"] = f"{candidate.method}'s tuned by {cross_fit.folds}-fold cross-fitting, the others {source['betas']}"
             if set_default:
                 evidence = _default_evidence(cross_fit, candidate, params, info, force)
         elif set_default:
             evidence = {"decision": "forced" if force else "enabled", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
-        default = candidate if set_default else None
-        return fit_hubness(index, texts, info, params, default, gallery_size, tuning=tuning, bank=vectors, evidence=evidence)
+        return fit_hubness(index, texts, info, params, candidate if set_default else None, gallery_size, tuning=tuning,
+                           bank=vectors, evidence=evidence, beta_source=source)
     finally:
         index.close()
 
