@@ -67,7 +67,11 @@ def test_service_applies_the_fitted_default_and_per_request_choice(fitted_index)
     with TestClient(create_app(Settings(index=fitted_index))) as client:
         default = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5}).json()
         assert default["spec"]["hubness"] == {"method": "qbnorm", "dynamic": True}
-        assert client.get("/ready").json()["defaults"]["hubness"] == {"method": "qbnorm", "dynamic": True}
+        ready = client.get("/ready").json()
+        assert ready["defaults"]["hubness"] == {"method": "qbnorm", "dynamic": True}
+        evidence = ready["evidence"]["hubness"]
+        assert evidence == read_manifest(fitted_index).evidence["hubness"] and evidence["decision"] == "forced"
+        assert set(evidence["values"]) == {"none", "qbnorm DIS"} and evidence["queries"] == 809
         raw = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5,
                                            "hubness": {"method": "none", "dynamic": False}}).json()
         assert raw["spec"]["hubness"]["method"] == "none" and all(-1 <= h["score"] <= 1 for h in raw["hits"])

@@ -1,5 +1,6 @@
 """Reranking stage (with a transparent stand-in cross-encoder) and micro-batching."""
 
+import json
 import threading
 import time
 
@@ -294,3 +295,20 @@ def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
             assert isinstance(app.state.serving.pipeline.embedder, BatchingEmbedder) == batched
             body = client.post("/search", json={"query": "vitamin D", "k": 3}).json()
             assert body["spec"]["rerank"] == {"enabled": True, "depth": 10, "weight": 1.0} and len(body["hits"]) == 3
+
+
+def test_a_reranker_tuned_to_weight_0_is_off_by_default():
+    assert Settings().spec_overrides(reranking=True, tuned_weight=0.0)["rerank"] == {"enabled": False, "depth": 50, "weight": 0.0}
+    assert Settings().spec_overrides(reranking=True, tuned_weight=0.4)["rerank"]["enabled"] is True
+    assert Settings(rerank_weight=0.3).spec_overrides(reranking=True, tuned_weight=0.0)["rerank"] == {"enabled": True, "depth": 50, "weight": 0.3}
+    assert Settings(rerank_by_default=False).spec_overrides(reranking=True, tuned_weight=0.4)["rerank"]["enabled"] is False
+
+
+def test_weight_evidence_reads_the_training_record(tmp_path):
+    from models.cross_encoder import weight_evidence
+
+    assert weight_evidence(tmp_path) is None
+    (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {
+        "weight": 0.5, "dev": {"queries": 162, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.67, "interpolated": 0.78}}}}))
+    assert weight_evidence(tmp_path) == {"metric": "ndcg@10", "queries": 162, "split": "held out of train", "decision": "weight 0.5",
+                                         "values": {"first stage": 0.75, "cross-encoder alone": 0.67, "blend w=0.5": 0.78}}
