@@ -13,6 +13,7 @@ from indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE
 from search.hubness import HubnessParams
 from search.spec import HubnessSpec
 from training.hubness import BETA_PER_SPREAD, fit_from_bank
+from training.metrics import format_evidence
 
 
 def register(commands) -> None:
@@ -58,8 +59,8 @@ def run_fit(args) -> None:
           f"{fitted.beta_source['spread']}) on a {fitted.bank['kind']} bank of {fitted.bank['size']} in {fitted.fit_seconds} s; "
           f"activation sets: {fitted.activation}")
     evidence = manifest.evidence.get("hubness", {})
-    for name, value in evidence.get("values", {}).items():
-        print(f"  {name:<12}{evidence['metric']} {value:.4f} (dense, {evidence['queries']} bank queries, {evidence['folds']}-fold cross-fitted)")
+    if args.set_default and "values" in evidence:
+        print(format_evidence(evidence))
     if args.set_default:
         print(f"default: {manifest.defaults.hubness.method}{' (dynamic)' if manifest.defaults.hubness.dynamic else ''} "
               f"({evidence['decision']})")

@@ -9,8 +9,9 @@ from cli.args import add_device, add_quiet, default
 from indexer.manifest import read_manifest
 from indexer.store import open_index
 from search.fusion import fusion_to_string
-from training.fusion import format_evidence, format_table, tune_index
-from training.metrics import MEASURES
+from models.cross_encoder import weight_evidence
+from training.fusion import format_table, tune_index
+from training.metrics import MEASURES, format_evidence
 from training.reranker import TrainOptions, train_reranker
 from training.splits import training_split
 
@@ -71,4 +72,6 @@ def run_train_reranker(args) -> None:
     index = open_index(args.index, verify="size", device=args.device)
     record = train_reranker(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet)
     print(json.dumps(record, indent=2))
+    if weight_evidence(args.out):
+        print(format_evidence(weight_evidence(args.out)))
     print(f"reranker saved to {args.out} (ONNX in {args.out / 'onnx'}); serve it with HYBRID_RERANKER={args.out}")

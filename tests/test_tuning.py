@@ -179,3 +179,17 @@ def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, sci
         theirs = ranx.evaluate(qrels, run, ["ndcg@10", "recall@100", "mrr@10", "map@100"])
         for metric, value in theirs.items():
             assert report["pipelines"][name][metric] == pytest.approx(value, abs=1e-4)
+
+
+def test_eval_rows_are_what_the_service_serves(scifact, scifact_slice, scifact_slice_index, tmp_path):
+    """`hybrid eval`'s pipelines merge onto the index's defaults exactly as a request does: `hybrid` scores
+    the same as POST /search with nothing but the query, over HTTP."""
+    from evaluation.served import served_quality
+    from evaluation.suite import EvalConfig, evaluate_dataset
+
+    dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
+    report = evaluate_dataset(dataset, scifact_slice_index, EvalConfig(pipelines=("hybrid",), tune=False, progress=False))
+    served = served_quality(scifact_slice_index, dataset)
+    assert served["queries"] == report["queries"] and served["defaults"] == report["specs"]["hybrid"]
+    for metric in ("ndcg@10", "recall@100", "mrr@10", "map@100"):
+        assert served[metric] == pytest.approx(report["pipelines"]["hybrid"][metric], abs=1e-4)

@@ -136,13 +136,6 @@ def evidence(result: TuningResult, qrels_path: Path, untuned: Fusion = SearchSpe
             "decision": "tuned" if after > before else "kept untuned"}
 
 
-def format_evidence(evidence: dict) -> str:
-    lines = [f"before/after on held-out queries ({evidence['queries']} queries of {Path(evidence['split']).name}, "
-             f"{evidence['folds']}-fold cross-validation):"]
-    lines += [f"  {name:<40}{evidence['metric']} {value:.4f}" for name, value in evidence["values"].items()]
-    return "\n".join(lines + [f"decision: {evidence['decision']}"])
-
-
 def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path, metric: str = "ndcg@10",
                out: Path | None = None, write: bool = True, progress: bool = True) -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the

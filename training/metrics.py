@@ -22,6 +22,15 @@ def evaluate(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]],
     return {m: sum(scores.values()) / len(qrels) for m, scores in per_query.items()}
 
 
+def format_evidence(evidence: dict) -> str:
+    """A default's before/after table on held-out queries (the `evidence` of training.fusion, training.hubness,
+    models.cross_encoder.weight_evidence), for the terminal."""
+    how = f", {evidence['folds']}-fold cross-validation" if "folds" in evidence else ""
+    lines = [f"before/after on held-out queries ({evidence['queries']} queries, {evidence['split']}{how}):"]
+    lines += [f"  {name:<40}{evidence['metric']} {value:.4f}" for name, value in evidence["values"].items()]
+    return "\n".join(lines + [f"decision: {evidence['decision']}"])
+
+
 def per_query_scores(run, qrels, metrics=tuple(MEASURES)) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {m: {qid: 0.0 for qid in qrels} for m in metrics}
     plain = [m for m in metrics if m != "mrr@10"]
