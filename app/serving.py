@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from indexer.store import OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
-from models.cross_encoder import load_cross_encoder, rerank_weight, weight_evidence
+from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
 from search.pipeline import SearchPipeline
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,8 @@ class Reloader:
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
         self.rerank_evidence = weight_evidence(settings.reranker) if settings.reranker and settings.rerank_weight is None else None
-        self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned)
+        gained = reranking_gained(settings.reranker) if settings.reranker else None
+        self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned, gained=gained)
         if cross_encoder is not None:
             rerank = self.spec["rerank"]
             logger.info("reranking with %s (%s) on the top %d, weight %g, by default=%s", self.reranker_name,

@@ -45,14 +45,15 @@ class Settings(BaseSettings):
         "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
         "when the models run on a GPU (measure with `hybrid bench`: docs/BENCHMARKS.md compares both)")
 
-    def spec_overrides(self, reranking: bool, tuned_weight: float | None = None) -> dict:
-        """The partial search spec these settings put over the index's defaults."""
+    def spec_overrides(self, reranking: bool, tuned_weight: float | None = None, gained: bool | None = None) -> dict:
+        """The partial search spec these settings put over the index's defaults. `tuned_weight` and `gained`:
+        what `hybrid train-reranker` recorded; a reranker that did not beat the first stage on held-out
+        queries is not used by default unless HYBRID_RERANK_WEIGHT is set (the simpler default)."""
         spec: dict = {} if self.depth is None else {"depth": self.depth}
         if reranking:
             weight = self.rerank_weight if self.rerank_weight is not None else (1.0 if tuned_weight is None else tuned_weight)
-            # a tuned weight of 0 means the cross-encoder gained nothing on held-out queries: the simpler default
-            gained = self.rerank_weight is not None or tuned_weight != 0.0
-            spec["rerank"] = {"enabled": self.rerank_by_default and gained, "depth": self.rerank_depth, "weight": weight}
+            by_default = self.rerank_by_default and (self.rerank_weight is not None or gained is not False)
+            spec["rerank"] = {"enabled": by_default, "depth": self.rerank_depth, "weight": weight}
         return spec
 
     @model_validator(mode="after")

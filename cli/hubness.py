@@ -26,9 +26,9 @@ def register(commands) -> None:
     p.add_argument("--split-qrels", type=Path, help="qrels of the split whose queries form the bank (never test)")
     p.add_argument("--method", choices=("qbnorm", "dbnorm"), default="qbnorm", help="the method --tune tunes and --set-default sets")
     p.add_argument("--dynamic", action="store_true", help="the dynamic variant (DIS) for --tune and --set-default")
-    p.add_argument("--set-default", action="store_true", help="make --method the index's default; with a labelled bank, only "
-                   "if its cross-fitted nDCG@10 does not lose to no correction")
-    p.add_argument("--force", action="store_true", help="with --set-default: set it even when it loses (recorded as forced)")
+    p.add_argument("--set-default", action="store_true", help="make --method the index's default, only if its cross-fitted "
+                   "nDCG@10 on the labelled bank beats no correction (without it the default is none)")
+    p.add_argument("--force", action="store_true", help="with --set-default: set it without a win (recorded as forced)")
     for name, scale in BETA_PER_SPREAD.items():
         p.add_argument(f"--{name}", type=float, help=f"default: {scale:g} / the model's score spread (the std of a bank "
                        "query's top-100 cosines, median over the bank); with a labelled bank, --method's are then tuned")
@@ -65,7 +65,8 @@ def run_fit(args) -> None:
         print(f"default: {manifest.defaults.hubness.method}{' (dynamic)' if manifest.defaults.hubness.dynamic else ''} "
               f"({evidence['decision']})")
     else:
-        print(f"default unchanged: {manifest.defaults.hubness.method} (requests choose with \"hubness\"; --set-default to change it)")
+        print("default: none (requests choose a correction with \"hubness\"; --set-default makes one the default "
+              "when it beats none on held-out bank queries)")
 
 
 def run_report(args) -> None:

@@ -103,8 +103,9 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
                 tuning: dict | None = None, bank: np.ndarray | None = None, evidence: dict | None = None,
                 beta_source: dict | None = None) -> Manifest:
     """Fit both corrections for `bank_texts` (embedded here unless `bank` holds their vectors), write
-    them into the index folder; `default`, when given, becomes the index's hubness default (`evidence`: why).
-    Returns the new manifest."""
+    them into the index folder. `default`, when given, becomes the index's hubness default (`evidence`: why);
+    otherwise the default is no correction: one earned with an earlier fit does not carry over to new
+    betas or a new bank. Returns the new manifest."""
     started = time.perf_counter()
     bank = index.embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)
@@ -122,8 +123,10 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
     def record(manifest: Manifest) -> None:
         kept = {f: v for f, v in manifest.files.items() if previous is None or not f.startswith(f"{previous}/")}
         manifest.files = {**kept, **file_inventory(index.path / name, prefix=f"{name}/")}
-        if default is not None:
-            manifest.defaults = replace(manifest.defaults, hubness=default)
+        manifest.defaults = replace(manifest.defaults, hubness=default or HubnessSpec())
+        if default is None:
+            manifest.evidence.pop("hubness", None)
+        else:
             manifest.evidence["hubness"] = evidence
         manifest.hubness = HubnessInfo(
             folder=name, params=params, bank={**bank_info, "sha256": _texts_digest(bank_texts)},

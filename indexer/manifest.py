@@ -134,9 +134,9 @@ class Manifest:
         if version not in READABLE_VERSIONS:
             raise IndexOpenError(f"{where}: format version {version} is not supported by this build "
                                  f"(reads {', '.join(map(str, READABLE_VERSIONS))}); rebuild the index with `hybrid index`")
-        if version == 1:
-            data = _from_version_1(data)
         try:
+            if version == 1:
+                data = _from_version_1(data)
             bm25 = dict(data["bm25"])
             faiss = dict(data["faiss"])
             hubness = data.get("hubness")

@@ -128,16 +128,27 @@ def tuned_weight(name_or_path: str | Path) -> float | None:
 
 def weight_evidence(name_or_path: str | Path) -> dict | None:
     """What `hybrid train-reranker` measured when it chose the weight: the held-out queries' nDCG@10 of the
-    first stage, the cross-encoder alone and the blend (None: not tuned by us)."""
+    first stage, the cross-encoder alone and the blend, and whether reranking gained (None: not tuned by us)."""
     record = training_record(name_or_path) or {}
     tuned = record.get("interpolation")
     if not tuned:
         return None
-    dev = tuned["dev"]
-    return {"metric": "ndcg@10", "queries": dev["queries"], "split": f"held out of {record['data']['split']}",
-            "values": {"first stage": dev["ndcg@10"]["first_stage"], "cross-encoder alone": dev["ndcg@10"]["reranker_only"],
-                       f"blend w={tuned['weight']:g}": dev["ndcg@10"]["interpolated"]},
-            "decision": f"weight {tuned['weight']:g}" if tuned["weight"] > 0 else "no gain: reranking off by default"}
+    dev, weight = tuned["dev"], tuned["weight"]
+    values = {"first stage": dev["ndcg@10"]["first_stage"], "cross-encoder alone": dev["ndcg@10"]["reranker_only"],
+              f"blend w={weight:g}, in-sample": dev["ndcg@10"]["interpolated"]}
+    if "chosen_out_of_sample" in dev["ndcg@10"]:
+        values["blend, weight chosen out of sample"] = dev["ndcg@10"]["chosen_out_of_sample"]
+    return {"metric": "ndcg@10", "queries": dev["queries"], "split": f"held out of {record['data']['split']}", "values": values,
+            "decision": f"rerank by default at weight {weight:g}" if reranking_gained(name_or_path) else "no gain: reranking off by default"}
+
+
+def reranking_gained(name_or_path: str | Path) -> bool | None:
+    """Whether `hybrid train-reranker` found that reranking beats the first stage on held-out queries (None:
+    not tuned by us). Older records without the out-of-sample check count a weight above 0 as a gain."""
+    tuned = (training_record(name_or_path) or {}).get("interpolation")
+    if not tuned:
+        return None
+    return bool(tuned.get("gain", tuned["weight"] > 0))
 
 
 class CachingCrossEncoder:

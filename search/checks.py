@@ -16,10 +16,16 @@ def number(field: str, value, low: float | None = None, high: float | None = Non
            above: bool = False) -> float | int:
     """`value` as a finite int/float within [low, high] (`above`: strictly above `low`), else SpecError."""
     kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not float(value).is_integer()):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SpecError(field, f"must be {kind}, got {value!r}")
-    if not math.isfinite(value):
-        raise SpecError(field, f"must be a finite number, got {value!r}")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an integer beyond float range
+        finite = False
+    if not finite:
+        raise SpecError(field, f"must be a finite number, got {str(value)[:40]}")
+    if integer and not float(value).is_integer():
+        raise SpecError(field, f"must be {kind}, got {value!r}")
     too_low = low is not None and (value <= low if above else value < low)
     if too_low or (high is not None and value > high):
         if high is None:
@@ -41,9 +47,10 @@ def flag(field: str, value) -> bool:
 
 
 def compact(value: float) -> str:
-    """Shortest text that parses back to the same number: 60 for 60.0, 0.45 for 0.45."""
+    """Shortest text that parses back to the same number: 60 for 60.0, 0.45 for 0.45, 1e16 (no "+", which
+    separates the parts of a spec string)."""
     value = float(value)
-    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value).replace("e+", "e")
 
 
 def parse_number(field: str, text: str) -> float:

@@ -92,7 +92,8 @@ class SearchPipeline:
         if spec.hubness.method != "none" and self.hubness is None:
             raise SpecError("hubness.method", "this index has no fitted hubness correction (run `hybrid hubness fit`); use \"none\"")
         if spec.rerank.enabled and self.reranker is None:
-            raise SpecError("rerank.enabled", "no reranker is configured (set HYBRID_RERANKER); use false")
+            raise SpecError("rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search "
+                                              "--reranker`); use false")
         return spec
 
     def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch):

@@ -6,8 +6,9 @@ hubness correction), the service's settings (reranker depth and weight), then th
 `SearchSpec.merge` validates every field it is given; an error names the field by its dotted path
 (`rerank.weight`), whoever wrote the value.
 
-Two forms, both round-tripping (`SearchSpec.from_dict(spec.to_dict()) == spec`,
-`parse_spec_string(spec.to_string())` gives `spec.to_dict()` back):
+Two forms, both round-tripping (`SearchSpec.from_dict(spec.to_dict()) == spec` and
+`SearchSpec.from_dict(parse_spec_string(spec.to_string())) == spec`; the string leaves out what equals
+the library default where it can, e.g. RRF weights [1, 1] and an unset min_score):
 
     dict    {"mode": "hybrid", "depth": 100, "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 1.0]},
              "hubness": {"method": "none", "dynamic": false},
@@ -50,7 +51,8 @@ class HubnessSpec:
 
     def __post_init__(self):
         checks.choice("method", self.method, HUBNESS_METHODS)
-        checks.flag("dynamic", self.dynamic)
+        if checks.flag("dynamic", self.dynamic) and self.method == "none":
+            raise SpecError("dynamic", "needs a correction method (qbnorm or dbnorm); method is none")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ def _merge_part(cls, base, given, name: str):
 class SearchSpec:
     """How to rank: retrieval mode, candidate depth, fusion, hubness correction, reranking, score floor.
 
-    `k` (how many hits) is the request's, not the spec's: the same spec serves every page size.
+    `k` (how many hits) is the request's, not the spec's: the same spec serves every page size. New
+    request options (filters, highlighting) become fields here, with their dict and string forms.
     """
 
     mode: str = "hybrid"
@@ -146,14 +149,15 @@ def spec_to_string(spec: dict) -> str:
         raise SpecError("mode", "the string form starts with the mode; this spec has none")
     parts = [spec["mode"]]
     if "fusion" in spec:
-        parts.append(fusion_to_string(fusion_from_dict(spec["fusion"])))
+        try:
+            parts.append(fusion_to_string(fusion_from_dict(spec["fusion"])))
+        except SpecError as exc:
+            raise exc.within("fusion") from None
     if "depth" in spec:
         parts.append(f"depth:{spec['depth']}")
     hubness = spec.get("hubness")
     if hubness is not None:
         method = hubness.get("method", "none")
-        if method == "none" and hubness.get("dynamic"):
-            raise SpecError("hubness.dynamic", "the string form has no dynamic without a method")
         parts.append("nohub" if method == "none" else method + (":dis" if hubness.get("dynamic") else ""))
     rerank = spec.get("rerank")
     if rerank is not None:

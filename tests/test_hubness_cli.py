@@ -46,13 +46,16 @@ def test_refit_publishes_a_new_folder_and_removes_the_old(fitted_index, tmp_path
     manifest = read_manifest(target)
     assert manifest.hubness.folder != before and not (target / before).exists()
     assert not any(f.startswith(f"{before}/") for f in manifest.files)
-    assert manifest.defaults.hubness == HubnessSpec("qbnorm", True)  # fitting alone does not change the default
-    assert manifest.evidence["hubness"]["decision"] == "forced"  # the fixture's, kept with its default
-    result = hybrid("hubness", "fit", target, "--bank", "pseudo", "--pseudo-size", "50", "--method", "dbnorm", "--set-default")
-    assert result.returncode == 0, result.stderr
+    # a refit without --set-default: the default earned with the old betas does not carry over
+    assert manifest.defaults.hubness == HubnessSpec() and "hubness" not in manifest.evidence
+    refused = hybrid("hubness", "fit", target, "--bank", "pseudo", "--pseudo-size", "50", "--method", "dbnorm", "--set-default")
+    assert refused.returncode == 2 and "has no labels to show that dbnorm IS helps: nothing written" in refused.stderr
+    assert read_manifest(target).to_dict() == manifest.to_dict()
+    forced = hybrid("hubness", "fit", target, "--bank", "pseudo", "--pseudo-size", "50", "--method", "dbnorm", "--set-default", "--force")
+    assert forced.returncode == 0, forced.stderr
     manifest = read_manifest(target)
     assert manifest.defaults.hubness == HubnessSpec("dbnorm", False)
-    assert manifest.evidence["hubness"] == {"decision": "enabled", "why": "unlabelled bank (pseudo-queries (document titles)): nothing to compare on"}
+    assert manifest.evidence["hubness"] == {"decision": "forced", "why": "unlabelled bank (pseudo-queries (document titles)): nothing to compare on"}
     assert open_index(target, verify="full").hubness is not None
 
 

@@ -208,6 +208,9 @@ def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scif
     assert set(grid) == set(WEIGHT_GRID) and tuned["weight"] in WEIGHT_GRID
     assert ndcg["interpolated"] == pytest.approx(max(grid.values()), abs=1e-4) == pytest.approx(grid[tuned["weight"]], abs=1e-4)
     assert tuned["weight"] == min(w for w, v in grid.items() if v == grid[tuned["weight"]])  # ties: the smaller weight
+    # whether reranking gains is judged out of sample: at most the in-sample best, compared with the first stage
+    assert ndcg["chosen_out_of_sample"] <= ndcg["interpolated"] + 1e-12
+    assert tuned["gain"] == (ndcg["chosen_out_of_sample"] > ndcg["first_stage"])
 
 
 def test_micro_batcher_returns_each_caller_its_own_rows_and_coalesces():
@@ -297,11 +300,12 @@ def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
             assert body["spec"]["rerank"] == {"enabled": True, "depth": 10, "weight": 1.0} and len(body["hits"]) == 3
 
 
-def test_a_reranker_tuned_to_weight_0_is_off_by_default():
-    assert Settings().spec_overrides(reranking=True, tuned_weight=0.0)["rerank"] == {"enabled": False, "depth": 50, "weight": 0.0}
-    assert Settings().spec_overrides(reranking=True, tuned_weight=0.4)["rerank"]["enabled"] is True
-    assert Settings(rerank_weight=0.3).spec_overrides(reranking=True, tuned_weight=0.0)["rerank"] == {"enabled": True, "depth": 50, "weight": 0.3}
-    assert Settings(rerank_by_default=False).spec_overrides(reranking=True, tuned_weight=0.4)["rerank"]["enabled"] is False
+def test_a_reranker_without_a_held_out_gain_is_off_by_default():
+    assert Settings().spec_overrides(reranking=True, tuned_weight=0.2, gained=False)["rerank"] == {"enabled": False, "depth": 50, "weight": 0.2}
+    assert Settings().spec_overrides(reranking=True, tuned_weight=0.4, gained=True)["rerank"]["enabled"] is True
+    assert Settings().spec_overrides(reranking=True)["rerank"]["enabled"] is True  # not ours: no record, the setting decides
+    assert Settings(rerank_weight=0.3).spec_overrides(reranking=True, tuned_weight=0.0, gained=False)["rerank"] == {"enabled": True, "depth": 50, "weight": 0.3}
+    assert Settings(rerank_by_default=False).spec_overrides(reranking=True, tuned_weight=0.4, gained=True)["rerank"]["enabled"] is False
 
 
 def test_weight_evidence_reads_the_training_record(tmp_path):
@@ -309,6 +313,12 @@ def test_weight_evidence_reads_the_training_record(tmp_path):
 
     assert weight_evidence(tmp_path) is None
     (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {
-        "weight": 0.5, "dev": {"queries": 162, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.67, "interpolated": 0.78}}}}))
-    assert weight_evidence(tmp_path) == {"metric": "ndcg@10", "queries": 162, "split": "held out of train", "decision": "weight 0.5",
-                                         "values": {"first stage": 0.75, "cross-encoder alone": 0.67, "blend w=0.5": 0.78}}
+        "weight": 0.5, "gain": True, "dev": {"queries": 162, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.67, "interpolated": 0.78,
+                                                                          "chosen_out_of_sample": 0.77}}}}))
+    assert weight_evidence(tmp_path) == {"metric": "ndcg@10", "queries": 162, "split": "held out of train",
+                                         "decision": "rerank by default at weight 0.5",
+                                         "values": {"first stage": 0.75, "cross-encoder alone": 0.67, "blend w=0.5, in-sample": 0.78,
+                                                    "blend, weight chosen out of sample": 0.77}}
+    (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {"weight": 0.3, "dev": {
+        "queries": 9, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.6, "interpolated": 0.76}}}}))  # an older record
+    assert weight_evidence(tmp_path)["decision"] == "rerank by default at weight 0.3"

@@ -20,15 +20,15 @@ from tests.conftest import LengthScorer
 
 unit = st.floats(0, 1, allow_nan=False)
 fusions = st.one_of(
-    st.builds(RRF, rrf_k=st.floats(0, 1e6, allow_nan=False), weights=st.tuples(st.floats(0, 10), st.floats(0, 10))),
+    st.builds(RRF, rrf_k=st.floats(0, 1e6, allow_nan=False), weights=st.tuples(st.floats(0, 1e300), st.floats(0, 1e300))),
     st.builds(ConvexCombination, alpha=unit, norm=st.sampled_from(list(NORMALIZERS))),
 )
 specs = st.builds(
     SearchSpec, mode=st.sampled_from(MODES), depth=st.integers(1, MAX_DEPTH), fusion=fusions,
-    hubness=st.builds(HubnessSpec, method=st.sampled_from(HUBNESS_METHODS), dynamic=st.booleans()).filter(
-        lambda h: h.method != "none" or not h.dynamic),
+    hubness=st.sampled_from(HUBNESS_METHODS).flatmap(
+        lambda method: st.builds(HubnessSpec, st.just(method), st.booleans() if method != "none" else st.just(False))),
     rerank=st.builds(RerankSpec, enabled=st.booleans(), depth=st.integers(1, MAX_RERANK_DEPTH), weight=unit),
-    min_score=st.none() | st.floats(-1e9, 1e9, allow_nan=False),
+    min_score=st.none() | st.floats(-1e300, 1e300, allow_nan=False),
 )
 
 
@@ -75,6 +75,9 @@ INVALID = [
     ({"hubness": {"method": "csls"}}, "hubness.method", "unknown value 'csls'; valid: none, qbnorm, dbnorm"),
     ({"hubness": {"dynamic": "yes"}}, "hubness.dynamic", "must be true or false"),
     ({"hubness": {"beta": 3}}, "hubness.beta", "unknown field; valid: method, dynamic"),
+    ({"hubness": {"method": "none", "dynamic": True}}, "hubness.dynamic", "needs a correction method"),
+    ({"depth": 10**400}, "depth", "must be a finite number"),
+    ({"rerank": {"depth": -10**400}}, "rerank.depth", "must be a finite number"),
     ({"rerank": {"enabled": 1}}, "rerank.enabled", "must be true or false"),
     ({"rerank": {"depth": 201}}, "rerank.depth", "must be between 1 and 200, got 201"),
     ({"rerank": {"weight": -0.1}}, "rerank.weight", "must be between 0 and 1, got -0.1"),

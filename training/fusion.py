@@ -24,7 +24,7 @@ from search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict
 from search.normalize import NORMALIZERS
 from search.pipeline import SearchPipeline
 from search.spec import SearchSpec
-from training.metrics import evaluate, per_query_scores
+from training.metrics import chosen_out_of_sample, evaluate, per_query_scores
 from training.splits import refuse_test_split
 
 logger = logging.getLogger(__name__)
@@ -52,17 +52,9 @@ class TuningResult:
     def value_of(self, fusion: Fusion) -> float:
         return next(row[self.metric] for row in self.table if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion)
 
-    def cross_validated(self, folds: int = FOLDS, seed: int = 0) -> float:
-        """The metric of tuning itself, out of sample: for each fold, the configuration that is best on the
-        other folds scores the fold's queries; the mean over all queries."""
-        qids = sorted(self.per_query[0])
-        values = np.array([[row[q] for q in qids] for row in self.per_query])  # configurations x queries
-        fold = np.random.default_rng(seed).permutation(len(qids)) % folds
-        total = 0.0
-        for f in range(folds):
-            chosen = int(np.argmax(values[:, fold != f].mean(axis=1)))  # first of equals, like best()
-            total += values[chosen, fold == f].sum()
-        return total / len(qids)
+    def cross_validated(self, folds: int = FOLDS) -> float:
+        """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
+        return chosen_out_of_sample(self.per_query, folds)
 
 
 def grid() -> list[Fusion]:

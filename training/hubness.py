@@ -19,7 +19,7 @@ from search.errors import ConfigError, HybridError
 from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessParams, bank_statistics
 from search.ranking import Ranking, top_k
 from search.spec import HubnessSpec
-from training.metrics import evaluate
+from training.metrics import chosen_out_of_sample, per_query_scores
 
 BETAS = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 DB_BETA1 = (1 / 1.99, 5.0, 20.0)
@@ -58,13 +58,17 @@ class CrossFit:
 
     def score(self, params: HubnessParams, method: str, dynamic: bool) -> float:
         """Cross-fitted metric of `method` at `params` (method "none": the raw cosine, nothing fitted)."""
+        values = self.per_query(params, method, dynamic)
+        return sum(values.values()) / len(values)
+
+    def per_query(self, params: HubnessParams, method: str, dynamic: bool) -> dict[str, float]:
         run = {}
         for f in range(self.folds):
             held = np.flatnonzero(self.fold_of == f)
             correction = None if method == "none" else self._fit(params, method, self.bank[self.fold_of != f])
             for i, ranking in zip(held, corrected_rankings(self.bank[held], self.embeddings, correction, method, dynamic, 100)):
                 run[self.bank_qids[i]] = {self.doc_ids[d]: float(s) for d, s in zip(ranking.doc_idx, ranking.scores)}
-        return evaluate(run, self.qrels, (self.metric,))[self.metric]
+        return per_query_scores(run, self.qrels, (self.metric,))[self.metric]
 
     def _fit(self, params: HubnessParams, method: str, train: np.ndarray) -> HubnessCorrection:
         n = len(self.embeddings)
@@ -80,12 +84,15 @@ class CrossFit:
         return HubnessCorrection(params, lse, activation)
 
 
-def tune_hubness(cross_fit: CrossFit, method: str, dynamic: bool, base: HubnessParams) -> tuple[HubnessParams, list[dict]]:
-    """Grid-search beta (qbnorm) or (beta1, beta2) (dbnorm) by cross-fitting over the bank queries."""
+def tune_hubness(cross_fit: CrossFit, method: str, dynamic: bool, base: HubnessParams) -> tuple[HubnessParams, list[dict], float]:
+    """Grid-search beta (qbnorm) or (beta1, beta2) (dbnorm) by cross-fitting over the bank queries. Returns
+    the best params, the table, and the metric of the choice itself out of sample (choosing on other
+    queries than those scored), which is what a comparison with no correction may use."""
     grid = [{"beta": b} for b in BETAS] if method == "qbnorm" else [{"beta1": b1, "beta2": b2} for b1, b2 in itertools.product(DB_BETA1, DB_BETA2)]
-    table = [{**point, cross_fit.metric: cross_fit.score(replace(base, **point), method, dynamic)} for point in grid]
+    per_query = [cross_fit.per_query(replace(base, **point), method, dynamic) for point in grid]
+    table = [{**point, cross_fit.metric: sum(values.values()) / len(values)} for point, values in zip(grid, per_query)]
     best = max(table, key=lambda row: row[cross_fit.metric])
-    return replace(base, **{k: v for k, v in best.items() if k != cross_fit.metric}), table
+    return replace(base, **{k: v for k, v in best.items() if k != cross_fit.metric}), table, chosen_out_of_sample(per_query, cross_fit.folds)
 
 
 class DefaultRefused(HybridError):
@@ -133,35 +140,43 @@ def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpe
         vectors, embeddings = index.embedder.encode(texts), np.asarray(index.embeddings)
         spread = score_spread(vectors, embeddings)
         params = scaled_params(spread, k, **(betas or {}))
-        source = {"spread": round(spread, 4), "betas": "scaled to the score spread" if set(BETA_PER_SPREAD) - set(betas or {}) else "given"}
-        tuning, evidence = None, None
+        scaled = [name for name in BETA_PER_SPREAD if name not in (betas or {})]
+        source = {"spread": round(spread, 4), "betas": "; ".join(filter(None, [
+            f"{', '.join(sorted(betas))} given" if betas else "", f"{', '.join(scaled)} scaled to the score spread" if scaled else ""]))}
+        tuning, evidence, tuned_score = None, None, None
         if labelled and (tune or set_default):
             qrels = read_qrels(split_qrels)
             cross_fit = CrossFit(vectors, list(qrels), qrels, embeddings, index.doc_ids, sample_gallery(len(embeddings), gallery_size))
             if tune:
-                params, table = tune_hubness(cross_fit, candidate.method, candidate.dynamic, params)
+                params, table, tuned_score = tune_hubness(cross_fit, candidate.method, candidate.dynamic, params)
                 tuning = {"metric": cross_fit.metric, "folds": cross_fit.folds, "table": table}
-                source["betas"] = f"{candidate.method}'s tuned by {cross_fit.folds}-fold cross-fitting, the others {source['betas']}"
+                source["betas"] = f"{candidate.method}'s tuned by {cross_fit.folds}-fold cross-fitting; {source['betas']}"
             if set_default:
-                evidence = _default_evidence(cross_fit, candidate, params, info, force)
+                evidence = _default_evidence(cross_fit, candidate, params, info, force, tuned_score)
         elif set_default:
-            evidence = {"decision": "forced" if force else "enabled", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
+            if not force:
+                raise DefaultRefused(f"a {info['kind']} bank has no labels to show that {candidate_name(candidate)} helps: nothing "
+                                     "written; use a labelled bank (--bank queries.jsonl --split-qrels qrels/train.tsv), or --force")
+            evidence = {"decision": "forced", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
         return fit_hubness(index, texts, info, params, candidate if set_default else None, gallery_size, tuning=tuning,
                            bank=vectors, evidence=evidence, beta_source=source)
     finally:
         index.close()
 
 
-def _default_evidence(cross_fit: CrossFit, candidate: HubnessSpec, params: HubnessParams, info: dict, force: bool) -> dict:
-    values = {"none": cross_fit.score(params, "none", False),
-              candidate_name(candidate): cross_fit.score(params, candidate.method, candidate.dynamic)}
-    corrected = values[candidate_name(candidate)]
+def _default_evidence(cross_fit: CrossFit, candidate: HubnessSpec, params: HubnessParams, info: dict, force: bool,
+                      tuned_score: float | None = None) -> dict:
+    """`tuned_score`: when the betas were tuned on these queries, the out-of-sample metric of that choice,
+    so the comparison does not favour the correction by its own selection."""
+    corrected = cross_fit.score(params, candidate.method, candidate.dynamic) if tuned_score is None else tuned_score
+    name = candidate_name(candidate) + (" (betas tuned, chosen out of sample)" if tuned_score is not None else "")
+    values = {"none": cross_fit.score(params, "none", False), name: corrected}
     evidence = {"metric": cross_fit.metric, "retrieval": "dense", "queries": len(cross_fit.bank), "split": info.get("split"),
                 "folds": cross_fit.folds, "values": values}
     if corrected > values["none"]:  # a tie keeps the simpler default
         return {**evidence, "decision": "enabled"}
     if not force:
-        raise DefaultRefused(f"{candidate_name(candidate)} does not beat no correction on the bank's held-out folds "
+        raise DefaultRefused(f"{name} does not beat no correction on the bank's held-out folds "
                              f"({cross_fit.metric} {corrected:.4f} vs {values['none']:.4f} over {len(cross_fit.bank)} queries, "
                              f"{cross_fit.folds}-fold cross-fitting): nothing written; fit it without --set-default to make it "
                              "available to requests, or --force to make it the default anyway")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytrec_eval
 
 # Our names -> trec_eval measures. Cut-offs follow BEIR's conventions.
@@ -20,6 +21,20 @@ def evaluate(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]],
         raise ValueError(f"unknown metrics {sorted(unknown)}; valid: {', '.join(MEASURES)}")
     per_query = per_query_scores(run, qrels, metrics)
     return {m: sum(scores.values()) / len(qrels) for m, scores in per_query.items()}
+
+
+def chosen_out_of_sample(per_query: list[dict[str, float]], folds: int = 5, seed: int = 0) -> float:
+    """The metric of choosing among candidates, out of sample: `per_query[c][qid]` is candidate c's metric on
+    query qid; for each fold, the candidate best on the other folds (the first of equals) scores the fold's
+    queries; the mean over all queries. Compare it with a fixed default, not the in-sample maximum."""
+    qids = sorted(per_query[0])
+    values = np.array([[row[q] for q in qids] for row in per_query])  # candidates x queries
+    fold = np.random.default_rng(seed).permutation(len(qids)) % folds
+    total = 0.0
+    for f in range(folds):
+        chosen = int(np.argmax(values[:, fold != f].mean(axis=1)))
+        total += values[chosen, fold == f].sum()
+    return float(total / len(qids))
 
 
 def format_evidence(evidence: dict) -> str:
