@@ -13,8 +13,9 @@ from pydantic import ValidationError
 from app.main import create_app
 from app.observability import JsonFormatter
 from app.settings import Settings
-from indexer.store import VERIFY_MODES
+from indexer.store import VERIFY_MODES, open_index
 from search.devices import DEVICES
+from search.errors import HybridError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,17 +31,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
-        print(f"error: invalid settings: {exc}", file=sys.stderr)
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        print(f"error: invalid settings: {problems}", file=sys.stderr)
         return 2
     if settings.index is None:
         print("error: no index given: pass --index DIR or set HYBRID_INDEX", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:  # opened here, not in the app's lifespan, so a bad index fails with one line and exit code 2
+        index = open_index(settings.index, verify=settings.verify, device=settings.device)
+    except HybridError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.log_format == "json":
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonFormatter())
     # Our middleware writes one structured access line per request: uvicorn's own access log would double it.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level,
+    uvicorn.run(create_app(settings, index=index), host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=False, log_config=None)
     return 0
 

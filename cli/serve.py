@@ -43,8 +43,9 @@ def run_serve(args) -> None:
 def run_search(args) -> None:
     if args.rerank_weight is not None and not args.reranker:
         raise ConfigError("--rerank-weight needs --reranker")
-    spec = {"mode": args.mode} if args.mode else {}
-    spec.update(parse_spec_string(args.spec) if args.spec else {})
+    if args.mode and args.spec:
+        raise ConfigError("give --mode or --spec (which starts with the mode), not both")
+    spec = parse_spec_string(args.spec) if args.spec else {"mode": args.mode} if args.mode else {}
     index = open_index(args.index, verify="size", device=args.device)
     model, settings = None, {}
     if args.reranker:

@@ -192,6 +192,31 @@ def faiss_device_sentence(faiss: dict) -> str:
     return f"FAISS saw {faiss['gpus']} GPU(s), but this run recorded no GPU rows."
 
 
+def fusion_sentence(manifest: Manifest) -> str:
+    """Which fusion `hybrid` is and why, from the manifest's evidence (what `hybrid tune` decided)."""
+    fusion = fusion_to_string(manifest.defaults.fusion)
+    evidence = manifest.evidence.get("fusion")
+    legend = ("`rrf:K` is RRF with rrf_k = K; `cc:NORM:ALPHA` is the convex combination with that normalisation at the "
+              "alpha tuned for it. No test query was used to choose anything.")
+    if not evidence:
+        return f"`hybrid` is the index's default fusion, `{fusion}` (not tuned). {legend}"
+    values = ", ".join(f"{name} {value:.4f}" for name, value in evidence["values"].items())
+    return (f"`hybrid` is the index's default fusion, `{fusion}`: `hybrid tune` on {evidence['queries']} queries of "
+            f"`{Path(evidence['split']).name}` {evidence['decision']} ({evidence['metric']}: {values}; {evidence['folds']}-fold "
+            f"cross-validation). {legend}")
+
+
+def hubness_default_sentence(manifest: Manifest) -> str:
+    hubness, evidence = manifest.defaults.hubness, manifest.evidence.get("hubness")
+    if hubness.method == "none":
+        return "The index's default is no correction: the rows without a suffix are uncorrected."
+    name = hubness.method + (" DIS" if hubness.dynamic else " IS")
+    if evidence and "values" in evidence:
+        values = ", ".join(f"{k} {v:.4f}" for k, v in evidence["values"].items())
+        return f"The index's default is {name} ({evidence['decision']}; dense {evidence['metric']} on held-out bank queries: {values})."
+    return f"The index's default is {name} ({(evidence or {}).get('decision', 'no evidence recorded')})."
+
+
 def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None) -> str:
     build = manifest.build
     lines = [
@@ -213,12 +238,7 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
     lines += ["", f"† nDCG@10 differs from {eval_report['baseline']} at p < 0.05 (paired two-sided randomisation test, "
               "10,000 permutations). Per-dataset report, charts and TREC runs: `runs/<dataset>/` after `scripts/benchmarks.sh`."]
     lines += first_stage_table(eval_report["pipelines"])
-    tuning = manifest.fusion_tuning
-    if tuning:
-        lines += ["", f"`hybrid` is the index's default fusion, `{fusion_to_string(manifest.defaults.fusion)}`, chosen by `hybrid tune` on "
-                  f"{tuning.queries} queries of `{Path(tuning.qrels).name}` ({tuning.metric} {tuning.value:.4f} there). "
-                  "`rrf:K` is RRF with rrf_k = K; `cc:NORM:ALPHA` is the convex combination with that normalisation at the alpha "
-                  "tuned for it. No test query was used to choose anything."]
+    lines += ["", fusion_sentence(manifest)]
     lines += ["", "Published reference numbers on the same split:", "", "| system | nDCG@10 | Recall@100 |", "|---|---:|---:|"]
     for name, ndcg, recall in REFERENCES:
         lines.append(f"| {name} | {ndcg:.3f} | {'' if recall is None else f'{recall:.3f}'} |")
@@ -277,9 +297,11 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
         lines += [
             "", "## Hubness correction",
             "",
-            f"Bank: {hubness.bank['size']} queries of `{Path(hubness.bank.get('split', '')).name}` "
-            f"(never test); gallery: {hubness.gallery['size']} corpus documents, self-matches excluded. "
-            f"Betas{' chosen by 5-fold cross-fitting on the bank queries' if hubness.tuning else ''}: {json.dumps(asdict(hubness.params))}. "
+            f"Bank: {hubness.bank['size']} {hubness.bank['kind']}"
+            + (f" of `{Path(hubness.bank['split']).name}`" if hubness.bank.get("split") else "")
+            + f"; gallery: {hubness.gallery['size']} corpus documents, self-matches excluded. Betas "
+            f"{json.dumps(asdict(hubness.params))}" + (f" ({hubness.beta_source['betas']})" if hubness.beta_source else "") + ". "
+            + hubness_default_sentence(manifest) + " "
             "`+qbnorm` / `+dbnorm` rows above are the inverted-softmax variants, `:dis` the dynamic ones; "
             "N10 skewness is the skewness of the k-occurrence of the test queries' top-10 over the corpus.",
             "",
@@ -332,7 +354,7 @@ def _inference_sections(bench: dict) -> list[str]:
             lines += ["", f"`scripts/benchmarks.sh` tunes the index's fusion on the whole {data['split']} split, held-out queries "
                       "included, so their first stage is in-sample: the curve is biased towards w = 0, not towards the reranker.",
                       "", "Test-split quality: the `+rerank` rows of the quality table (`:w=1` = the cross-encoder's order alone, "
-                      "no suffix = the tuned weight, `:int8` = int8 ONNX weights)."]
+                      "no suffix = the tuned weight, `@int8` = int8 ONNX weights)."]
         else:
             lines += ["", "This model has no tuned interpolation weight: `+rerank` rows use its order alone (w = 1)."]
     rerank = bench.get("rerank_latency")

@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -217,7 +217,7 @@ def _manifest(tiny_index) -> Manifest:
     manifest = read_manifest(tiny_index)
     manifest.build = {"documents_s": 1.0, "bm25_s": 1.0, "embeddings_s": 2.0, "faiss_s": 6.0, "total_s": 10.0, "peak_rss_mib": 100.0}
     manifest.versions, manifest.counts = VERSIONS, {"documents": 100, "bm25_vocabulary": 1000}
-    manifest.hubness = HubnessInfo(folder="hubness-1", params=HubnessParams(beta=1.0), bank={"size": 50, "split": "train.tsv"},
+    manifest.hubness = HubnessInfo(folder="hubness-1", params=HubnessParams(beta=1.0), bank={"kind": "queries", "size": 50, "split": "train.tsv"},
                                    gallery={"size": 100}, activation={}, fit_seconds=1.0)
     return manifest
 
@@ -280,3 +280,16 @@ def test_render_old_json_without_machine_claims_no_gpu_absence(manifest):
     machine = next(line for line in doc.splitlines() if line.startswith("Machine:"))
     assert "GPU not recorded" in machine and "no GPU" not in machine
     assert "No GPU was visible to FAISS" in doc  # measured by the FAISS benchmark itself, so stated
+
+
+def test_fusion_and_hubness_sentences_follow_the_recorded_decisions(manifest):
+    assert "`rrf:60` (not tuned)" in md.fusion_sentence(manifest)
+    manifest.evidence["fusion"] = {"metric": "ndcg@10", "queries": 809, "split": "qrels/train.tsv", "folds": 5,
+                                   "values": {"untuned rrf:60": 0.7169, "tuned, cross-validated": 0.7160}, "decision": "kept untuned"}
+    sentence = md.fusion_sentence(manifest)
+    assert "`hybrid tune` on 809 queries of `train.tsv` kept untuned" in sentence and "tuned, cross-validated 0.7160" in sentence
+    assert "uncorrected" in md.hubness_default_sentence(manifest)
+    manifest.defaults = manifest.defaults.merge({"hubness": {"method": "qbnorm", "dynamic": True}})
+    manifest.evidence["hubness"] = {"metric": "ndcg@10", "values": {"none": 0.66, "qbnorm DIS": 0.67}, "decision": "enabled"}
+    assert md.hubness_default_sentence(manifest) == ("The index's default is qbnorm DIS (enabled; dense ndcg@10 on held-out bank "
+                                                     "queries: none 0.6600, qbnorm DIS 0.6700).")

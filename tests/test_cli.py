@@ -40,8 +40,15 @@ def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_pa
     data[5] ^= 0x01
     (broken / "docs.jsonl").write_bytes(bytes(data))
     result = hybrid("serve", "--index", broken, "--port", free_port())
-    assert result.returncode != 0
-    assert "docs.jsonl does not match its checksum in the manifest (corrupted)" in result.stdout + result.stderr
+    assert result.returncode == 2 and result.stderr.startswith("error: index file ")
+    assert "docs.jsonl does not match its checksum in the manifest (corrupted)" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_serve_reports_invalid_settings_in_one_line(tiny_index, monkeypatch):
+    monkeypatch.setenv("HYBRID_RERANK_WEIGHT", "1.5")
+    result = hybrid("serve", "--index", tiny_index, "--port", free_port())
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "error: invalid settings: " in result.stderr and "rerank.weight: must be between 0 and 1, got 1.5" in result.stderr
 
 
 def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_index, tmp_path):

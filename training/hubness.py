@@ -130,6 +130,8 @@ def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpe
     with `set_default`, and then, when the bank is labelled, only if its cross-fitted metric beats no
     correction (a tie keeps the simpler default; `force` overrides, and is recorded). Otherwise
     DefaultRefused, with the numbers, and nothing is written."""
+    if gallery_size < 1 or pseudo_size < 1:
+        raise ConfigError(f"--gallery-size and --pseudo-size must be >= 1, got {gallery_size} and {pseudo_size}")
     index = open_index(index_dir, verify="size", device="cpu")
     try:
         texts, info = pseudo_bank(index, pseudo_size) if str(bank) == "pseudo" else load_bank(bank, split_qrels)

@@ -171,6 +171,8 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
 
     started = time.perf_counter()
     out = Path(out)
+    if out.exists() and not (out / TRAINING_RECORD).is_file():
+        raise ConfigError(f"{out} exists and is not a `hybrid train-reranker` folder: refusing to replace it")
     base = resolve_model(options.base_model)
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
