@@ -52,7 +52,7 @@ class HubnessSpec:
     def __post_init__(self):
         checks.choice("method", self.method, HUBNESS_METHODS)
         if checks.flag("dynamic", self.dynamic) and self.method == "none":
-            raise SpecError("dynamic", "needs a correction method (qbnorm or dbnorm); method is none")
+            object.__setattr__(self, "dynamic", False)  # dynamic only says when to apply a correction
 
 
 @dataclass(frozen=True)

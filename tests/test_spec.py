@@ -51,6 +51,11 @@ def test_string_form_examples():
     assert parse_spec_string("bm25+rerank") == {"mode": "bm25", "rerank": {"enabled": True}}
 
 
+def test_dynamic_without_a_correction_is_plain_no_correction():
+    spec = SearchSpec().merge({"hubness": {"method": "none", "dynamic": True}})
+    assert spec.hubness == HubnessSpec() and SearchSpec.from_dict(parse_spec_string(spec.to_string())) == spec
+
+
 def test_merge_applies_layers_field_by_field():
     index = SearchSpec(fusion=ConvexCombination(alpha=0.45, norm="zscore"), hubness=HubnessSpec("dbnorm"))
     service = index.merge({"rerank": {"enabled": True, "depth": 30, "weight": 0.5}})
@@ -75,7 +80,6 @@ INVALID = [
     ({"hubness": {"method": "csls"}}, "hubness.method", "unknown value 'csls'; valid: none, qbnorm, dbnorm"),
     ({"hubness": {"dynamic": "yes"}}, "hubness.dynamic", "must be true or false"),
     ({"hubness": {"beta": 3}}, "hubness.beta", "unknown field; valid: method, dynamic"),
-    ({"hubness": {"method": "none", "dynamic": True}}, "hubness.dynamic", "needs a correction method"),
     ({"depth": 10**400}, "depth", "must be a finite number"),
     ({"rerank": {"depth": -10**400}}, "rerank.depth", "must be a finite number"),
     ({"rerank": {"enabled": 1}}, "rerank.enabled", "must be true or false"),
