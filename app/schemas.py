@@ -34,8 +34,7 @@ def _not_bool(value):
     return value
 
 
-# JSON types as sent: no "yes" -> true, 1 -> true or true -> 1 (an integral 1.0 is an integer in JSON Schema)
-Bool = StrictBool
+# JSON types as sent (StrictBool for flags): no "yes" -> true, 1 -> true or true -> 1 (an integral 1.0 is an integer in JSON Schema)
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 
@@ -68,11 +67,11 @@ FusionBody = Annotated[Union[RRFBody, CCBody], Field(discriminator="method")]
 class HubnessBody(_Strict):
     method: str | None = Field(**_documented("hubness correction of dense scores (QB-Norm, DBNorm); default: the index's",
                                               enum=list(HUBNESS_METHODS)))
-    dynamic: Bool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
+    dynamic: StrictBool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
 
 
 class RerankBody(_Strict):
-    enabled: Bool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
+    enabled: StrictBool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
                                  "(on when a reranker is configured)")
     depth: Int | None = Field(**_documented("first-stage hits reranked; hits below it follow in first-stage order, "
                                              "scores shifted under the reranked ones; default: the service's, 50",
@@ -95,8 +94,8 @@ class SearchRequest(_Strict):
     rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
     min_score: Float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
                                     "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
-    explain: Bool = Field(False, description="return every component of each hit's score")
-    include_text: Bool = Field(False, description="return each hit's text")
+    explain: StrictBool = Field(False, description="return every component of each hit's score")
+    include_text: StrictBool = Field(False, description="return each hit's text")
 
     @field_validator("query")
     @classmethod

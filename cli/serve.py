@@ -47,11 +47,11 @@ def run_search(args) -> None:
         raise ConfigError("give --mode or --spec (which starts with the mode), not both")
     spec = parse_spec_string(args.spec) if args.spec else {"mode": args.mode} if args.mode else {}
     index = open_index(args.index, verify="size", device=args.device)
-    model, settings = None, {}
+    model, reranking = None, {}
     if args.reranker:
         model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
-        settings = {"rerank": {"enabled": True, "weight": rerank_weight(args.reranker, args.rerank_weight)}}
-    result = index.pipeline(settings, cross_encoder=model, cross_encoder_name=args.reranker or "").search(args.query, args.k, spec)
+        reranking = {"rerank": {"enabled": True, "weight": rerank_weight(args.reranker, args.rerank_weight)}}
+    result = index.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "").search(args.query, args.k, spec)
     hits = []
     for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
         doc = index.docs.get(int(doc_idx))

@@ -72,6 +72,7 @@ def run_train_reranker(args) -> None:
     index = open_index(args.index, verify="size", device=args.device)
     record = train_reranker(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet)
     print(json.dumps(record, indent=2))
-    if weight_evidence(args.out):
-        print(format_evidence(weight_evidence(args.out)))
+    evidence = weight_evidence(args.out)
+    if evidence:
+        print(format_evidence(evidence))
     print(f"reranker saved to {args.out} (ONNX in {args.out / 'onnx'}); serve it with HYBRID_RERANKER={args.out}")

@@ -17,6 +17,7 @@ from evaluation.machine import cpu_model as _cpu_model
 from evaluation.report import first_stage_table
 from indexer.manifest import Manifest, read_manifest
 from search.fusion import fusion_to_string
+from training.hubness import candidate_name
 
 # Published scifact test-split numbers (../shared/data/beir/README.md lists their sources).
 REFERENCES = [
@@ -210,7 +211,7 @@ def hubness_default_sentence(manifest: Manifest) -> str:
     hubness, evidence = manifest.defaults.hubness, manifest.evidence.get("hubness")
     if hubness.method == "none":
         return "The index's default is no correction: the rows without a suffix are uncorrected."
-    name = hubness.method + (" DIS" if hubness.dynamic else " IS")
+    name = candidate_name(hubness)
     if evidence and "values" in evidence:
         values = ", ".join(f"{k} {v:.4f}" for k, v in evidence["values"].items())
         return f"The index's default is {name} ({evidence['decision']}; dense {evidence['metric']} on held-out bank queries: {values})."

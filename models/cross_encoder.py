@@ -139,16 +139,18 @@ def weight_evidence(name_or_path: str | Path) -> dict | None:
     if "chosen_out_of_sample" in dev["ndcg@10"]:
         values["blend, weight chosen out of sample"] = dev["ndcg@10"]["chosen_out_of_sample"]
     return {"metric": "ndcg@10", "queries": dev["queries"], "split": f"held out of {record['data']['split']}", "values": values,
-            "decision": f"rerank by default at weight {weight:g}" if reranking_gained(name_or_path) else "no gain: reranking off by default"}
+            "decision": f"rerank by default at weight {weight:g}" if _gained(tuned) else "no gain: reranking off by default"}
 
 
 def reranking_gained(name_or_path: str | Path) -> bool | None:
     """Whether `hybrid train-reranker` found that reranking beats the first stage on held-out queries (None:
     not tuned by us). Older records without the out-of-sample check count a weight above 0 as a gain."""
     tuned = (training_record(name_or_path) or {}).get("interpolation")
-    if not tuned:
-        return None
-    return bool(tuned.get("gain", tuned["weight"] > 0))
+    return _gained(tuned) if tuned else None
+
+
+def _gained(interpolation: dict) -> bool:
+    return bool(interpolation.get("gain", interpolation["weight"] > 0))
 
 
 class CachingCrossEncoder:

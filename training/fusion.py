@@ -77,9 +77,10 @@ def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], 
         table.append({**fusion_to_dict(fusion), metric: sum(per_query[-1].values()) / len(qrels)})
     singles = {}
     for mode in ("bm25", "dense"):
+        single = pipeline.resolve({"mode": mode, "hubness": {"method": "none"}, "rerank": {"enabled": False}})
         run = {}
         for qid, text in queries.items():
-            ranking = pipeline.search(text, k=k, spec={"mode": mode, "hubness": {"method": "none"}, "rerank": {"enabled": False}}).ranking
+            ranking = pipeline.search(text, k=k, spec=single).ranking
             run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
         singles[mode] = evaluate(run, qrels, (metric,))[metric]
     return TuningResult(metric, len(queries), table, singles, per_query)
