@@ -37,6 +37,7 @@ from search.bm25 import BM25Index, BM25Params
 from search.dense import FaissParams, build_faiss_index, use_gpu
 from search.devices import check_device
 from search.errors import ConfigError, HybridError
+from search.filters import MetadataCollector
 from search.spec import SearchSpec
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class BuildOptions:
     batch_size: int = 16
     onnx_cache: Path | None = None
     progress: bool = True
+    filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -77,13 +79,15 @@ def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
     return OnnxEmbedder(onnx_folder, device=options.device)
 
 
-def _write_documents(source: Path, folder: Path, analyzer: Analyzer, progress: bool) -> list[list[str]]:
-    """Pass 1 over the corpus: validate, store, analyse. Cheap, so errors surface before embedding."""
+def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector,
+                     progress: bool) -> list[list[str]]:
+    """Pass 1 over the corpus: validate, store, analyse, collect metadata. Cheap, so errors surface before embedding."""
     writer = store.DocStoreWriter(folder)
     tokens = []
     try:
         for doc in tqdm(read_corpus(source), desc="documents", unit=" docs", disable=not progress):
             writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
+            metadata.add(doc.metadata)
             tokens.append(analyzer.analyze(doc.indexed_text))
     finally:
         writer.close()
@@ -126,7 +130,10 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
     with publish_dir(out) as tmp:
         timings = {}
         t = time.perf_counter()
-        tokens = _write_documents(source, tmp, options.analyzer, options.progress)
+        collector = MetadataCollector(options.filterable)
+        tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress)
+        metadata = collector.finish()
+        metadata.save(tmp)
         timings["documents_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -160,6 +167,7 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
             # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
             defaults=SearchSpec(),
             files=store.file_inventory(tmp),
+            metadata=metadata.fields,
         )
         manifest.build = {
             **{k: round(v, 3) for k, v in timings.items()},

@@ -17,6 +17,7 @@ from search.analyzer import Analyzer
 from search.bm25 import BM25Params
 from search.dense import FaissParams
 from search.errors import HybridError
+from search.filters import FieldInfo
 from search.hubness import HubnessParams
 from search.spec import SearchSpec
 
@@ -108,6 +109,8 @@ class Manifest:
     # Why each fitted default is what it is: for "fusion" and "hubness", the metric, queries, split and the
     # held-out values it was chosen on, and the decision (training.fusion, training.hubness).
     evidence: dict[str, dict] = field(default_factory=dict)
+    # Every top-level metadata field of the corpus: its filter type (search.filters) or why it has none.
+    metadata: dict[str, FieldInfo] = field(default_factory=dict)
 
     @property
     def documents(self) -> int:
@@ -121,6 +124,7 @@ class Manifest:
             "embedder": asdict(self.embedder), "faiss": asdict(self.faiss), "defaults": self.defaults.to_dict(),
             "fusion_tuning": asdict(self.fusion_tuning) if self.fusion_tuning else None,
             "hubness": asdict(self.hubness) if self.hubness else None, "evidence": self.evidence,
+            "metadata": {name: info.to_dict() for name, info in self.metadata.items()},
             "files": self.files, "build": self.build,
         }
 
@@ -150,6 +154,7 @@ class Manifest:
                 fusion_tuning=FusionTuning(**tuning) if tuning else None,
                 hubness=HubnessInfo(**{**hubness, "params": HubnessParams(**hubness["params"])}) if hubness else None,
                 evidence=data.get("evidence", {}),
+                metadata={name: FieldInfo(**info) for name, info in data.get("metadata", {}).items()},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None

@@ -8,6 +8,7 @@ Layout (all paths relative to the index folder, all listed with size and sha256 
     embeddings.npy         float32 unit document vectors, (n, dimension)
     dense.faiss            FAISS inner-product index over those vectors
     model/                 the ONNX query/document embedder the index was built with
+    metadata/              filterable metadata columns (search.filters), when the documents have any
     hubness-<time>/        (after `hybrid hubness fit`) biases, activation sets, augmented FAISS index
 """
 
@@ -33,6 +34,8 @@ from search.analyzer import Analyzer
 from search.bm25 import BM25Index
 from search.dense import DenseIndex
 from search.errors import ConfigError
+from search.filters import MetadataColumns
+from search.hits import Presenter
 from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessSearcher
 from search.pipeline import SearchPipeline
 from search.rerank import Reranker
@@ -147,6 +150,7 @@ class OpenIndex:
     embeddings: np.ndarray  # memory-mapped (n, dimension) unit vectors
     embedder: object  # models.embedder.Embedder
     hubness: HubnessSearcher | None = None
+    metadata: MetadataColumns | None = None  # None: no filterable field
 
     @property
     def num_docs(self) -> int:
@@ -170,7 +174,11 @@ class OpenIndex:
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
         return SearchPipeline(self.bm25, self.dense, embedder or self.embedder, self.embeddings,
                               defaults=self.manifest.defaults.merge(overrides), executor=executor, hubness=self.hubness,
-                              reranker=reranker)
+                              reranker=reranker, metadata=self.metadata)
+
+    def presenter(self, embedder=None) -> Presenter:
+        """Builds the hits of this index's results (stored fields, highlights, facets); `embedder` as in `pipeline`."""
+        return Presenter(self.docs.get, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata)
 
     def close(self) -> None:
         self.docs.close()
@@ -197,8 +205,11 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device)
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
+    metadata = None
+    if any(info.filterable for info in manifest.metadata.values()):
+        metadata = MetadataColumns.load(folder, manifest.metadata, manifest.documents)
     return OpenIndex(folder, manifest, manifest.analyzer, bm25, dense, docs, embeddings, embedder,
-                     _load_hubness(folder, manifest, device))
+                     _load_hubness(folder, manifest, device), metadata)
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:

@@ -16,6 +16,7 @@ import numpy as np
 
 from search.analyzer import Analyzer
 from search.errors import ConfigError
+from search.filters import Allowed
 from search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
@@ -81,14 +82,16 @@ class BM25Index:
             return np.zeros(self.num_docs, dtype=np.float32)
         return self._engine.get_scores(ids)
 
-    def search(self, query: str, depth: int) -> Ranking:
-        """Top-`depth` documents that match at least one query term."""
-        return self.ranking_from_scores(self.scores(query), depth)
+    def search(self, query: str, depth: int, allowed: Allowed | None = None) -> Ranking:
+        """Top-`depth` documents that match at least one query term (and the filter, if any)."""
+        return self.ranking_from_scores(self.scores(query), depth, allowed)
 
     @staticmethod
-    def ranking_from_scores(scores: np.ndarray, depth: int) -> Ranking:
+    def ranking_from_scores(scores: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
         # A document that shares no term with the query scores exactly 0 and is not a match.
-        return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
+        if allowed is None:
+            return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
+        return top_k(scores, depth, candidates=allowed.ids[scores[allowed.ids] != 0])
 
 
 class ReferenceBM25:

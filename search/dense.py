@@ -10,7 +10,8 @@ import numpy as np
 
 from search.devices import check_device
 from search.errors import ConfigError
-from search.ranking import Ranking
+from search.filters import Allowed
+from search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +26,16 @@ class FaissParams:
     hnsw_m: int = 32  # hnsw: links per node
     ef_construction: int = 200
     ef_search: int = 128
+    # A filtered search whose filter admits at most this many documents scores them all exactly (brute force)
+    # instead of searching the FAISS index with a selector (the "flat search cutoff" of Weaviate, Qdrant's
+    # full-scan threshold): a graph or cluster walk through mostly excluded documents loses recall there.
+    flat_search_cutoff: int = 10_000
 
     def __post_init__(self):
         if self.kind not in FAISS_KINDS:
             raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
+        if isinstance(self.flat_search_cutoff, bool) or not isinstance(self.flat_search_cutoff, int) or self.flat_search_cutoff < 0:
+            raise ConfigError(f"flat_search_cutoff must be an integer >= 0, got {self.flat_search_cutoff!r}")
 
     def factory(self, num_vectors: int) -> str:
         if self.kind == "ivf":
@@ -99,16 +106,59 @@ class DenseIndex:
         self.on_gpu = use_gpu(device, params.kind)
         self._index = faiss.index_cpu_to_all_gpus(index) if self.on_gpu else index
 
-    def search_batch(self, queries: np.ndarray, depth: int) -> list[Ranking]:
+    def search_batch(self, queries: np.ndarray, depth: int, allowed: Allowed | None = None) -> list[Ranking]:
+        """Top-`depth` per query; with `allowed`, among those documents only (see `brute_force`: the caller
+        scores small allowed sets itself)."""
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(f"query vectors must have shape (n, {self.dimension}), got {queries.shape}")
-        scores, ids = self._index.search(queries, min(depth, self.num_docs))
+        if allowed is None:
+            scores, ids = self._index.search(queries, min(depth, self.num_docs))
+        else:
+            if self.on_gpu:
+                raise ValueError("GPU FAISS indexes take no selector: filtered searches on GPU are brute force")
+            selector = faiss_selector(allowed)
+            scores, ids = self._index.search(queries, min(depth, allowed.count), params=self._filtered_params(selector, allowed, depth))
         rankings = []
         for row_scores, row_ids in zip(scores, ids):
             keep = row_ids >= 0  # FAISS pads with -1 when fewer results exist
             rankings.append(Ranking(row_ids[keep].astype(np.int64), row_scores[keep]))
         return rankings
 
-    def search(self, query: np.ndarray, depth: int) -> Ranking:
-        return self.search_batch(query.reshape(1, -1), depth)[0]
+    def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+        return self.search_batch(query.reshape(1, -1), depth, allowed)[0]
+
+    def brute_force(self, allowed: Allowed) -> bool:
+        """The cost rule: score the allowed documents exactly rather than search FAISS with a selector, when
+        they are few (`flat_search_cutoff`) or the index is on GPU (GPU FAISS takes no selector)."""
+        return self.on_gpu or allowed.count <= self.params.flat_search_cutoff
+
+    def _filtered_params(self, selector, allowed: Allowed, depth: int):
+        """Search parameters with the selector; ANN budgets grow with 1 / selectivity, so the walk meets about
+        as many allowed documents as an unfiltered one would meet documents."""
+        import faiss
+
+        boost = 1.0 / max(allowed.fraction, 1e-9)
+        if self.params.kind == "ivf":
+            nlist = faiss.extract_index_ivf(self._index).nlist
+            return faiss.SearchParametersIVF(sel=selector, nprobe=min(nlist, math.ceil(self.params.nprobe * boost)))
+        if self.params.kind == "hnsw":
+            ef = min(self.num_docs, math.ceil(max(self.params.ef_search, depth) * boost))
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, depth))
+        return faiss.SearchParameters(sel=selector)
+
+
+def faiss_selector(allowed: Allowed):
+    """An IDSelectorBitmap over the allowed mask (the packed bitmap lives as long as `allowed`)."""
+    import faiss
+
+    bitmap = allowed.bitmap
+    return faiss.IDSelectorBitmap(len(allowed.mask), faiss.swig_ptr(bitmap))
+
+
+def exact_top_k(score_of, ids: np.ndarray, depth: int) -> Ranking:
+    """Top-`depth` of documents `ids` (sorted) scored by `score_of(ids)`: the brute-force filtered search."""
+    if not len(ids):
+        return Ranking.empty()
+    best = top_k(np.asarray(score_of(ids)), depth)
+    return Ranking(ids[best.doc_idx], best.scores)

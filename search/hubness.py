@@ -25,6 +25,8 @@ import numpy as np
 
 from search import checks
 from search.errors import ConfigError
+from search.dense import exact_top_k
+from search.filters import Allowed
 from search.ranking import Ranking
 
 HUBNESS_METHODS = ("none", "qbnorm", "dbnorm")
@@ -174,19 +176,27 @@ class HubnessSearcher:
     def __init__(self, correction: HubnessCorrection, augmented):
         self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex
 
-    def search(self, vector: np.ndarray, depth: int, method: str, dynamic: bool) -> tuple[Ranking, np.ndarray]:
+    def search(self, vector: np.ndarray, depth: int, method: str, dynamic: bool, allowed: Allowed | None = None,
+               embeddings: np.ndarray | None = None) -> tuple[Ranking, np.ndarray]:
         """Corrected top-`depth` and the bias coefficients used for this query.
 
         Dynamic variants search the raw scores first: when the raw top-1 activates no bank, that is the
         answer; otherwise a second search applies the correction. (Batching both queries into one call,
         or a NumPy matvec for the top-1, measured slower in the service: both wake a second thread pool,
         OpenMP or OpenBLAS, that competes with ONNX Runtime's for the same cores.)
+
+        With a filter (`allowed`), the same coefficients (DIS decides on the raw top-1 of the whole corpus, so
+        a filter never changes an admitted document's score) and the top-`depth` among the allowed documents:
+        scored exactly from `embeddings` when the cost rule says so (search.dense.DenseIndex.brute_force).
         """
         if dynamic and method != "none":
-            raw = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), depth)
+            raw = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), 1 if allowed is not None else depth)
             coef = self.correction.coefficients(method, True, int(raw.doc_idx[0]) if len(raw) else None)
-            if not coef.any():
+            if not coef.any() and allowed is None:
                 return raw, coef
         else:
             coef = self.correction.coefficients(method, False, None)
-        return self.augmented.search(augment_query(vector, coef), depth), coef
+        if allowed is not None and self.augmented.brute_force(allowed):
+            corrected = lambda ids: self.correction.corrected(embeddings[ids] @ vector, ids, coef)  # noqa: E731
+            return exact_top_k(corrected, allowed.ids, depth), coef
+        return self.augmented.search(augment_query(vector, coef), depth, allowed), coef

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from search import checks
 from search.bm25 import BM25Index
-from search.dense import DenseIndex
+from search.dense import DenseIndex, exact_top_k
 from search.errors import SpecError
+from search.filters import Allowed, MetadataColumns
 from search.fusion import Candidates, Fused, fuse
 from search.hubness import HubnessSearcher
 from search.ranking import Ranking
@@ -19,13 +21,41 @@ from search.rerank import Reranked, Reranker
 from search.spec import HubnessSpec, SearchSpec, check_k
 
 
+MAX_OFFSET = 10_000
+
+
+def check_offset(offset) -> int:
+    """How many hits a page skips (not part of the spec, like k)."""
+    return checks.number("offset", offset, 0, MAX_OFFSET, integer=True)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One search of a batch (`SearchPipeline.search_many`)."""
+
+    text: str
+    k: int = 10
+    spec: SearchSpec | dict | None = None
+    offset: int = 0
+
+
 @dataclass
 class SearchResult:
-    ranking: Ranking
+    ranking: Ranking  # the hits up to offset + k, best first; the page is ranking[offset:]
     spec: SearchSpec  # the spec applied
     timings_ms: dict[str, float] = field(default_factory=dict)
     fused: Fused | None = None  # hybrid only: candidates with every component, for `explain`
     reranked: Reranked | None = None
+    offset: int = 0
+    has_more: bool = False  # hits exist below this page
+    pool: np.ndarray | None = None  # every hit a page could show (filtered, above min_score): for facets
+    allowed: Allowed | None = None  # the documents the filter admits (None: no filter)
+    vector: np.ndarray | None = None  # the query embedding, when a stage computed one
+
+    @property
+    def page(self) -> range:
+        """Positions in `ranking` of this page's hits."""
+        return range(self.offset, len(self.ranking))
 
     @property
     def explainable(self) -> bool:
@@ -79,9 +109,10 @@ class SearchPipeline:
 
     def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
                  defaults: SearchSpec = SearchSpec(), executor: ThreadPoolExecutor | None = None,
-                 hubness: HubnessSearcher | None = None, reranker: Reranker | None = None):
+                 hubness: HubnessSearcher | None = None, reranker: Reranker | None = None,
+                 metadata: MetadataColumns | None = None):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
-        self.executor, self.hubness, self.reranker = executor, hubness, reranker
+        self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
         self.defaults = self._servable(defaults)
 
     def resolve(self, overrides: dict | None = None) -> SearchSpec:
@@ -94,66 +125,116 @@ class SearchPipeline:
         if spec.rerank.enabled and self.reranker is None:
             raise SpecError("rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search "
                                               "--reranker`); use false")
+        self.allowed(spec.filter)
         return spec
 
-    def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch):
+    def allowed(self, filter_: dict | None) -> Allowed | None:
+        """The documents `filter_` admits (None: no filter); SpecError naming the path of a bad condition."""
+        if filter_ is None:
+            return None
+        if self.metadata is None:
+            raise SpecError("filter", "this index has no filterable metadata fields (documents had no metadata, or "
+                                      "`hybrid index --filterable` named none)")
+        return self.metadata.allowed(filter_)
+    def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch, allowed: Allowed | None = None):
         scores = clock.time("bm25", self.bm25.scores, query)
-        return scores, self.bm25.ranking_from_scores(scores, depth)
+        return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
 
-    def _dense_leg(self, query: str, depth: int, clock: _Stopwatch, hubness: HubnessSpec):
-        """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked."""
-        vector = clock.time("embed", self.embedder.encode, [query])[0]
-        if hubness.method == "none":
-            return vector, clock.time("dense", self.dense.search, vector, depth), None
-        ranking, coef = clock.time("dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic)
-        return vector, ranking, coef
+    def _dense_leg(self, query: str, depth: int, clock: _Stopwatch, hubness: HubnessSpec, allowed: Allowed | None = None,
+                   vector: np.ndarray | None = None):
+        """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked; among the
+        allowed documents only, scored exactly when they are few (see DenseIndex.brute_force)."""
+        if vector is None:
+            vector = clock.time("embed", self.embedder.encode, [query])[0]
+        if hubness.method != "none":
+            ranking, coef = clock.time("dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic, allowed,
+                                       self.embeddings)
+            return vector, ranking, coef
+        if allowed is not None and self.dense.brute_force(allowed):
+            return vector, clock.time("dense", exact_top_k, lambda ids: self.embeddings[ids] @ vector, allowed.ids, depth), None
+        return vector, clock.time("dense", self.dense.search, vector, depth, allowed), None
 
-    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(),
-                   clock: _Stopwatch | None = None) -> Candidates:
-        """Union of both top-`depth` lists, every document with its BM25 score and (corrected) cosine."""
+    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(), clock: _Stopwatch | None = None,
+                   allowed: Allowed | None = None, vector: np.ndarray | None = None) -> tuple[Candidates, np.ndarray]:
+        """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
+        (corrected) cosine; and the query vector."""
         clock = clock or _Stopwatch()
         if self.executor is not None:
-            bm25_future = self.executor.submit(self._bm25_leg, query, depth, clock)
-            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness)
+            bm25_future = self.executor.submit(self._bm25_leg, query, depth, clock, allowed)
+            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness, allowed, vector)
             bm25_scores, bm25_ranking = bm25_future.result()
         else:
-            bm25_scores, bm25_ranking = self._bm25_leg(query, depth, clock)
-            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness)
+            bm25_scores, bm25_ranking = self._bm25_leg(query, depth, clock, allowed)
+            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness, allowed, vector)
         if coef is None:
             dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
         else:
             correction = self.hubness.correction
             dense_scores = lambda idx: correction.corrected(self.embeddings[idx] @ vector, idx, coef)  # noqa: E731
             floors = {"dense": correction.score_floor(coef)}
-        return clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking},
-                          {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores}, floors)
+        candidates = clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking},
+                                {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores}, floors)
+        return candidates, vector
 
-    def search(self, query: str, k: int = 10, spec: SearchSpec | dict | None = None) -> SearchResult:
-        """The top `k` for `query` under `spec`: a full spec, or a partial one (dict form) merged onto the
-        defaults. `min_score` applies to the final score: the fused (or single-retriever) score, or the
-        reranker's (see search.rerank.interpolate) when reranking."""
+    def search(self, query: str, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0,
+               vector: np.ndarray | None = None) -> SearchResult:
+        """Hits `offset` .. `offset + k` for `query` under `spec`: a full spec, or a partial one (dict form)
+        merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch).
+
+        Pages are consistent: hybrid fuses a fixed `depth` per retriever and reranking reorders a fixed
+        `rerank.depth`, so page 2 with k=10 is ranks 11-20 of k=20 with the same scores. `min_score` applies
+        to the final score: the fused (or single-retriever) score, or the reranker's (search.rerank.interpolate).
+        """
         spec = spec if isinstance(spec, SearchSpec) else self.resolve(spec)
         if not isinstance(query, str) or not query.strip():
             raise SpecError("query", "must be a non-empty string")
-        k = check_k(k)
+        k, offset = check_k(k), check_offset(offset)
         started = time.perf_counter()
         clock = _Stopwatch()
+        allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else None
         rerank = spec.rerank
-        first_stage_k = max(k, rerank.depth) if rerank.enabled else k
+        # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`
+        single_depth = max(offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
         fused = None
         if spec.mode == "bm25":
-            ranking = self._bm25_leg(query, first_stage_k, clock)[1]
+            ranking = self._bm25_leg(query, single_depth, clock, allowed)[1]
         elif spec.mode == "dense":
-            ranking = self._dense_leg(query, first_stage_k, clock, spec.hubness)[1]
+            vector, ranking, _ = self._dense_leg(query, single_depth, clock, spec.hubness, allowed, vector)
         else:
-            fused = clock.time("fusion", fuse, self.candidates(query, spec.depth, spec.hubness, clock), spec.fusion)
+            candidates, vector = self.candidates(query, spec.depth, spec.hubness, clock, allowed, vector)
+            fused = clock.time("fusion", fuse, candidates, spec.fusion)
             ranking = fused.ranking()
         reranked = None
         if rerank.enabled:
-            reranked = clock.time("rerank", self.reranker.rerank, query, ranking.head(first_stage_k), rerank.depth, rerank.weight)
+            reranked = clock.time("rerank", self.reranker.rerank, query, ranking, rerank.depth, rerank.weight)
             ranking = reranked.ranking
         if spec.min_score is not None:
             # float64: a huge min_score must not overflow a float32 cast; scores descend
             ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
         clock.timings["total"] = (time.perf_counter() - started) * 1000
-        return SearchResult(ranking.head(k), spec, clock.timings, fused, reranked)
+        return SearchResult(ranking.head(offset + k), spec, clock.timings, fused, reranked, offset=offset,
+                            has_more=len(ranking) > offset + k, pool=ranking.doc_idx, allowed=allowed, vector=vector)
+
+    def search_many(self, queries: list[Query]) -> list[SearchResult]:
+        """Several searches, their queries embedded in one model run. Every query is checked before any
+        runs: an invalid one raises SpecError naming it (`searches[3].k`), and nothing is answered."""
+        resolved = []
+        for i, item in enumerate(queries):
+            try:
+                spec = item.spec if isinstance(item.spec, SearchSpec) else self.resolve(item.spec)
+                if not isinstance(item.text, str) or not item.text.strip():
+                    raise SpecError("query", "must be a non-empty string")
+                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset)))
+            except SpecError as exc:
+                raise exc.within(f"searches[{i}]") from None
+        embed = [i for i, item in enumerate(resolved) if item.spec.mode != "bm25"]
+        started = time.perf_counter()
+        vectors = dict(zip(embed, self.embedder.encode([resolved[i].text for i in embed]))) if embed else {}
+        embed_ms = (time.perf_counter() - started) * 1000
+        results = []
+        for i, item in enumerate(resolved):
+            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i))
+            if i in vectors:
+                result.timings_ms["embed"] = embed_ms  # the batch's one model run
+            results.append(result)
+        return results

@@ -12,20 +12,26 @@ the library default where it can, e.g. RRF weights [1, 1] and an unset min_score
 
     dict    {"mode": "hybrid", "depth": 100, "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 1.0]},
              "hubness": {"method": "none", "dynamic": false},
-             "rerank": {"enabled": false, "depth": 50, "weight": 1.0}, "min_score": null}
-    string  hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1
+             "rerank": {"enabled": false, "depth": 50, "weight": 1.0}, "min_score": null,
+             "filter": {"year": {"gte": 2015}},
+             "highlight": {"enabled": true, "semantic": false, "snippet_chars": 160, "snippets": 1}}
+    string  hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1+highlight:chars=160:snippets=1+filter:{"year": {"gte": 2015}}
 
 The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25, dense, hybrid) or a
 fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
-`+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`.
+`+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`,
+`+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, and last `+filter:JSON` (search.filters; the JSON
+runs to the end of the string, so it may contain "+").
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, fields, replace
 
 from search import checks
 from search.errors import SpecError
+from search.filters import check_filter
 from search.fusion import (
     FUSIONS,
     RRF,
@@ -35,6 +41,7 @@ from search.fusion import (
     fusion_to_dict,
     fusion_to_string,
 )
+from search.highlight import DEFAULT_SNIPPET_CHARS, DEFAULT_SNIPPETS, check_snippet_options
 from search.hubness import HUBNESS_METHODS
 from search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH, check_weight
 
@@ -67,6 +74,21 @@ class RerankSpec:
         object.__setattr__(self, "weight", check_weight(self.weight))
 
 
+@dataclass(frozen=True)
+class HighlightSpec:
+    enabled: bool = False  # mark the query's terms (through the index's analyzer) in snippets of title and text
+    semantic: bool = False  # also, for a hit no query term matches, the sentence most similar to the query
+    snippet_chars: int = DEFAULT_SNIPPET_CHARS  # about how long a snippet is
+    snippets: int = DEFAULT_SNIPPETS  # at most this many snippets of the text, best first
+
+    def __post_init__(self):
+        checks.flag("enabled", self.enabled)
+        checks.flag("semantic", self.semantic)
+        chars, count = check_snippet_options(self.snippet_chars, self.snippets)
+        object.__setattr__(self, "snippet_chars", chars)
+        object.__setattr__(self, "snippets", count)
+
+
 def _merge_part(cls, base, given, name: str):
     """`base` (a HubnessSpec or RerankSpec) with the fields `given` names replaced; errors under `name`."""
     if not isinstance(given, dict):
@@ -95,6 +117,8 @@ class SearchSpec:
     hubness: HubnessSpec = field(default_factory=HubnessSpec)  # dense and hybrid only
     rerank: RerankSpec = field(default_factory=RerankSpec)
     min_score: float | None = None  # drop hits whose final score is below it
+    filter: dict | None = None  # which documents may be retrieved (search.filters); checked by the index
+    highlight: HighlightSpec = field(default_factory=HighlightSpec)
 
     def __post_init__(self):
         checks.choice("mode", self.mode, MODES)
@@ -103,6 +127,7 @@ class SearchSpec:
             raise SpecError("fusion", f"must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
         if self.min_score is not None:
             object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
+        object.__setattr__(self, "filter", check_filter(self.filter))
 
     def merge(self, overrides: dict | None) -> "SearchSpec":
         """This spec with the fields of the partial dict form `overrides` replaced, validated."""
@@ -124,6 +149,10 @@ class SearchSpec:
                 changes[name] = _merge_part(HubnessSpec, self.hubness, value, name)
             elif name == "rerank":
                 changes[name] = _merge_part(RerankSpec, self.rerank, value, name)
+            elif name == "highlight":
+                # `true` / `false` switch it; an object switches it on unless it says "enabled": false
+                given = {"enabled": value} if isinstance(value, bool) else {"enabled": True, **value} if isinstance(value, dict) else value
+                changes[name] = _merge_part(HighlightSpec, self.highlight, given, name)
             else:
                 changes[name] = value
         return replace(self, **changes)
@@ -137,7 +166,9 @@ class SearchSpec:
         return {"mode": self.mode, "depth": self.depth, "fusion": fusion_to_dict(self.fusion),
                 "hubness": {"method": self.hubness.method, "dynamic": self.hubness.dynamic},
                 "rerank": {"enabled": self.rerank.enabled, "depth": self.rerank.depth, "weight": self.rerank.weight},
-                "min_score": self.min_score}
+                "min_score": self.min_score, "filter": self.filter,
+                "highlight": {"enabled": self.highlight.enabled, "semantic": self.highlight.semantic,
+                              "snippet_chars": self.highlight.snippet_chars, "snippets": self.highlight.snippets}}
 
     def to_string(self) -> str:
         return spec_to_string(self.to_dict())
@@ -171,13 +202,28 @@ def spec_to_string(spec: dict) -> str:
         parts.append(text)
     if spec.get("min_score") is not None:
         parts.append(f"min:{checks.compact(spec['min_score'])}")
+    highlight = spec.get("highlight")
+    if highlight is not None and highlight != SearchSpec().to_dict()["highlight"]:  # named only when asked for
+        highlight = {"enabled": highlight} if isinstance(highlight, bool) else highlight
+        text = "highlight" + ("" if highlight.get("enabled", True) else ":off") + (":semantic" if highlight.get("semantic") else "")
+        text += "".join(f":{key}={highlight[name]}" for key, name in (("chars", "snippet_chars"), ("snippets", "snippets"))
+                        if name in highlight)
+        parts.append(text)
+    if spec.get("filter"):
+        parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
     return "+".join(parts)
 
 
 def parse_spec_string(text: str) -> dict:
     """The partial dict form of a string form; unknown parts are errors that list the valid ones."""
+    text, _, filter_text = text.partition("+filter:")
     first, *extras = text.split("+")
     spec: dict = {}
+    if filter_text:
+        try:
+            spec["filter"] = check_filter(json.loads(filter_text))
+        except json.JSONDecodeError as exc:
+            raise SpecError("filter", f"not JSON ({exc}): {filter_text[:60]!r}") from None
     if first in MODES:
         spec["mode"] = first
     elif first.split(":")[0] in FUSIONS:
@@ -199,9 +245,12 @@ def parse_spec_string(text: str) -> dict:
             spec["rerank"] = _parse_rerank(arg)
         elif name == "min":
             spec["min_score"] = checks.parse_number("min_score", arg)
+        elif name == "highlight":
+            spec["highlight"] = _parse_highlight(arg)
         else:
             raise SpecError("spec", f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
-                                    "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE")
+                                    "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
+                                    "highlight[:on|:off][:semantic][:chars=N][:snippets=N], filter:JSON (last)")
     return spec
 
 
@@ -217,6 +266,22 @@ def _parse_rerank(arg: str) -> dict:
         else:
             raise SpecError("rerank", f"unknown part {part!r}; valid: rerank[:on|:off][:d=N][:w=W]")
     return rerank
+
+
+def _parse_highlight(arg: str) -> dict:
+    highlight: dict = {"enabled": True}
+    for part in filter(None, arg.split(":")):
+        if part in ("on", "off"):
+            highlight["enabled"] = part == "on"
+        elif part == "semantic":
+            highlight["semantic"] = True
+        elif part.startswith("chars="):
+            highlight["snippet_chars"] = _integer("highlight.snippet_chars", part[6:])
+        elif part.startswith("snippets="):
+            highlight["snippets"] = _integer("highlight.snippets", part[9:])
+        else:
+            raise SpecError("highlight", f"unknown part {part!r}; valid: highlight[:on|:off][:semantic][:chars=N][:snippets=N]")
+    return highlight
 
 
 def _integer(name: str, text: str) -> int:

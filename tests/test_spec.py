@@ -14,8 +14,18 @@ from search.errors import SpecError
 from search.fusion import RRF, ConvexCombination
 from search.hubness import HUBNESS_METHODS
 from search.normalize import NORMALIZERS
+from search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from search.rerank import MAX_RERANK_DEPTH
-from search.spec import MAX_DEPTH, MODES, HubnessSpec, RerankSpec, SearchSpec, parse_spec_string, spec_to_string
+from search.spec import (
+    MAX_DEPTH,
+    MODES,
+    HighlightSpec,
+    HubnessSpec,
+    RerankSpec,
+    SearchSpec,
+    parse_spec_string,
+    spec_to_string,
+)
 from tests.conftest import LengthScorer
 
 unit = st.floats(0, 1, allow_nan=False)
@@ -29,6 +39,11 @@ specs = st.builds(
         lambda method: st.builds(HubnessSpec, st.just(method), st.booleans() if method != "none" else st.just(False))),
     rerank=st.builds(RerankSpec, enabled=st.booleans(), depth=st.integers(1, MAX_RERANK_DEPTH), weight=unit),
     min_score=st.none() | st.floats(-1e300, 1e300, allow_nan=False),
+    filter=st.none() | st.dictionaries(st.text(min_size=1).filter(lambda s: not s.startswith("$")),
+                                       st.integers() | st.text() | st.dictionaries(st.sampled_from(["gte", "in"]), st.integers()),
+                                       min_size=1, max_size=3),
+    highlight=st.builds(HighlightSpec, enabled=st.booleans(), semantic=st.booleans(), snippet_chars=st.integers(*SNIPPET_CHARS_RANGE),
+                        snippets=st.integers(*SNIPPETS_RANGE)),
 )
 
 

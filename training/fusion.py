@@ -66,7 +66,7 @@ def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], 
          metric: str = "ndcg@10", k: int = 100, progress: bool = True) -> TuningResult:
     # fusion is tuned on uncorrected dense scores, whatever hubness the index has
     depth = pipeline.defaults.depth
-    candidates = {qid: pipeline.candidates(text, depth) for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
+    candidates = {qid: pipeline.candidates(text, depth)[0] for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
     table, per_query = [], []
     for fusion in tqdm(grid(), desc="configurations", disable=not progress):
         run = {}
