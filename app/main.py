@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from indexer.store import OpenIndex, open_index
 from search.errors import SpecError
 
 logger = logging.getLogger(__name__)
+_INDEXED = re.compile(r"(.*?)((?:\[\d+\])*)", re.DOTALL)
 
 
 def _on_gpu(model) -> bool:
@@ -55,6 +57,15 @@ def _reload_on_sighup(app: FastAPI) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, reload_logged))
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests) or no signals
         logger.debug("SIGHUP reload not available here")
+
+
+def _path(field: str) -> list:
+    """`searches[3].filter.$and[0].year` -> ["searches", 3, "filter", "$and", 0, "year"], as request validation writes it."""
+    parts: list = []
+    for name in field.split("."):
+        name, indices = _INDEXED.fullmatch(name).groups()
+        parts += [name, *map(int, re.findall(r"\d+", indices))]
+    return parts
 
 
 def create_app(settings: Settings | None = None, index: OpenIndex | None = None, cross_encoder=None) -> FastAPI:
@@ -106,7 +117,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     @app.exception_handler(SpecError)
     async def _spec_error(request: Request, exc: SpecError):
         # the same shape as request validation errors: where (the field's path in the body) and what
-        loc = ["body", *exc.field.split(".")]
+        loc = ["body", *_path(exc.field)]
         return JSONResponse(status_code=422, content={"detail": [{"loc": loc, "msg": str(exc), "type": "value_error"}]})
 
     @app.exception_handler(Exception)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.schemas import Health, Hit, Ready, SearchRequest, SearchResponse
+from app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
 from app.security import require_api_key
 from app.serving import ReloadInProgress, Serving
+from search.errors import SpecError
+from search.pipeline import Query
 
 router = APIRouter()
 
@@ -35,26 +38,52 @@ def _require_admin(request: Request) -> None:
 ServingDep = Annotated[Serving, Depends(_serving)]
 
 
-@router.post("/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)],
-             responses={401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
-                        413: {"description": "body too large"}, 503: {"description": "busy or not ready; see Retry-After"}})
+_SEARCH_RESPONSES = {401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
+                     413: {"description": "body too large"}, 422: {"description": "invalid request; `loc` names the field"},
+                     503: {"description": "busy or not ready; see Retry-After"}}
+
+
+@router.post("/search", response_model=SearchResponse,
+             dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
 def search(body: SearchRequest, serving: ServingDep, request: Request) -> SearchResponse:
     # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
-    pipeline, index = serving.pipeline, serving.index
-    result = pipeline.search(body.query, k=body.k, spec=body.spec())
+    fields, facets = _presentation(serving, body)
+    result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
     request.app.state.metrics.observe_search(result.timings_ms)
-    explain = body.explain and result.explainable
-    hits = []
-    for position, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores)):
-        doc = index.docs.get(int(doc_idx))
-        hits.append(Hit(
-            id=doc["id"], score=float(score), rank=position + 1, title=doc["title"],
-            text=doc["text"] if body.include_text else None,
-            explain=result.explain(position) if explain else None,
-        ))
+    return _response(serving, body, result, fields, facets)
+
+
+@router.post("/search/batch", response_model=BatchResponse,
+             dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
+def search_batch(body: BatchRequest, serving: ServingDep, request: Request) -> BatchResponse:
+    """Up to 64 searches in one call, their queries embedded in one model run; all checked before any runs."""
+    started = time.perf_counter()
+    shown = []
+    for i, item in enumerate(body.searches):
+        try:
+            shown.append(_presentation(serving, item))
+        except SpecError as exc:
+            raise exc.within(f"searches[{i}]") from None
+    results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
+    responses = []
+    for item, result, (fields, facets) in zip(body.searches, results, shown):
+        request.app.state.metrics.observe_search(result.timings_ms)
+        responses.append(_response(serving, item, result, fields, facets))
+    return BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)})
+
+
+def _presentation(serving: Serving, body: SearchRequest):
+    """The request's metadata fields and facets, checked against the served index (422 naming the field)."""
+    return serving.presenter.check_fields(body.fields), serving.presenter.check_facets(body.facets)
+
+
+def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> SearchResponse:
+    presenter = serving.presenter
+    hits = presenter.hits(result, body.query, include_text=body.include_text, explain=body.explain, fields=fields)
     return SearchResponse(
-        query=body.query, k=body.k, spec=result.spec.to_dict(), hits=hits,
-        reranker=pipeline.reranker.name if result.reranked else None,
+        query=body.query, k=body.k, offset=result.offset, has_more=result.has_more, spec=result.spec.to_dict(), hits=hits,
+        facets=presenter.facets(result, facets),
+        reranker=serving.pipeline.reranker.name if result.reranked else None,
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     )
 
@@ -81,7 +110,8 @@ def ready(request: Request):
 def _ready(serving: Serving) -> Ready:
     index = serving.index
     return Ready(ready=True, documents=index.num_docs, index=str(index.path), created_at=index.manifest.created_at,
-                 defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence)
+                 defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence,
+                 metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()})
 
 
 @router.post("/admin/reload", response_model=Ready, dependencies=[Depends(_require_admin)],

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
+from search.filters import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from search.fusion import MAX_RRF_K
+from search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
+from search.hits import ALL_FIELDS, MAX_FACET_VALUES
 from search.hubness import HUBNESS_METHODS
 from search.normalize import NORMALIZERS
+from search.pipeline import MAX_OFFSET
 from search.rerank import MAX_RERANK_DEPTH
 from search.spec import MAX_DEPTH, MAX_K, MODES
 
@@ -21,7 +25,22 @@ _CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
 QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^\\s{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
 # The search spec's fields are typed here and validated by search.spec alone (one set of rules for the API,
 # the manifest and the CLI); the ranges and choices below only document them, from the same constants.
-SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score")
+SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight")
+MAX_BATCH = 64
+FILTER_DESCRIPTION = f"""Which documents may be retrieved, applied inside both retrievers before their top-`depth` is cut
+(so up to `k` hits come back whenever `k` documents match). A JSON object whose fields are ANDed:
+`FIELD: VALUE` (equality), `FIELD: {{OP: VALUE, ...}}` with OP one of {", ".join(OPERATORS)} (a leading `$` is
+accepted, as in MongoDB), and `"$and": [FILTER, ...]`, `"$or": [FILTER, ...]`, `"$not": FILTER`. Fields are the
+index's filterable metadata fields (`GET /ready` lists them with their types: keyword, bool, int, float, date).
+Keyword fields may hold lists (a condition holds when any value satisfies it); dates are ISO-8601 strings;
+ranges apply to int, float, date and keyword fields. `ne` and `nin` also match documents without the field,
+the other operators need it; `{{"exists": false}}` matches documents without it. At most {MAX_FILTER_DEPTH}
+levels of nesting and {MAX_LIST_VALUES} values per list. An unknown field, a value of the wrong type or an
+unknown operator answers 422 naming its path, e.g. `filter.year.gte`."""
+FILTER_EXAMPLES = [
+    {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}, "open_access": True},
+    {"$or": [{"tags": "oncology"}, {"published": {"gte": "2020-01-01", "lt": "2021-01-01"}}], "$not": {"journal": "Cell"}},
+]
 
 
 def _documented(description: str, **schema) -> dict:
@@ -81,6 +100,17 @@ class RerankBody(_Strict):
                                               "weight `hybrid train-reranker` tuned on held-out queries, else 1)", minimum=0, maximum=1))
 
 
+class HighlightBody(_Strict):
+    enabled: StrictBool | None = Field(None, description="highlight the hits (default true when this object is given)")
+    semantic: StrictBool | None = Field(None, description="for a hit that no query term matches (a purely dense match), also "
+                                        "the sentence of its text nearest the query, by the served embedding model: one "
+                                        "extra model run per request over those hits' sentences (see docs/BENCHMARKS.md)")
+    snippet_chars: Int | None = Field(**_documented("about how many characters a snippet has (default 160)",
+                                                    minimum=SNIPPET_CHARS_RANGE[0], maximum=SNIPPET_CHARS_RANGE[1]))
+    snippets: Int | None = Field(**_documented("at most this many snippets of the text, best first (default 1)",
+                                               minimum=SNIPPETS_RANGE[0], maximum=SNIPPETS_RANGE[1]))
+
+
 class SearchRequest(_Strict):
     query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": QUERY_PATTERN},
                        description="free-text query: not blank, no control characters except tab and newline")
@@ -94,6 +124,18 @@ class SearchRequest(_Strict):
     rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
     min_score: Float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
                                     "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
+    offset: Int = Field(0, description="hits to skip: page 2 of 10 is offset 10, k 10 (ranks 11-20 of k 20, same scores)",
+                        json_schema_extra={"minimum": 0, "maximum": MAX_OFFSET})
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION, json_schema_extra={"examples": FILTER_EXAMPLES})
+    highlight: StrictBool | HighlightBody | None = Field(
+        None, description="mark the query's terms in snippets of each hit's title and text: matched through the index's "
+        "analyzer (so `bleeding` marks `bleeds`), HTML-escaped with <mark> tags, with character offsets (Unicode code "
+        "points) into the stored field; `true` or an object")
+    fields: list[str] | Literal["*"] | None = Field(None, description=f"metadata fields to return with each hit, or \"{ALL_FIELDS}\" "
+                                                    "for all")
+    facets: list[str] | None = Field(None, description=f"keyword, bool or int fields whose values to count (the top "
+                                     f"{MAX_FACET_VALUES} per field) over every hit the request could page through: the "
+                                     "filtered candidates")
     explain: StrictBool = Field(False, description="return every component of each hit's score")
     include_text: StrictBool = Field(False, description="return each hit's text")
 
@@ -134,23 +176,66 @@ class Explanation(BaseModel):
     dense: Component | None = None
 
 
+class Snippet(BaseModel):
+    text: str = Field(description="HTML-safe: the field's text escaped, matched terms in <mark>, \u2026 where the field goes on")
+    start: int = Field(description="where the snippet starts in the stored field (Unicode code points)")
+    end: int
+    matches: list[list[int]] = Field(description="[start, end] of each marked term in the stored field")
+    terms: list[str] = Field(description="the analysed query terms matched")
+
+
+class SemanticSentence(BaseModel):
+    text: str = Field(description="the sentence, HTML-escaped")
+    start: int
+    end: int
+    score: float = Field(description="cosine similarity of the sentence and the query")
+
+
+class HitHighlight(BaseModel):
+    title: list[Snippet]
+    text: list[Snippet]
+    semantic: SemanticSentence | None = Field(None, description="with highlight.semantic, for a hit no query term matches")
+
+
 class Hit(BaseModel):
     id: str
     score: float
-    rank: int
+    rank: int = Field(description="from 1, counting the hits of earlier pages")
     title: str
     text: str | None = None
+    fields: dict[str, Any] | None = Field(None, description="the metadata fields asked for that the document has")
+    highlight: HitHighlight | None = None
     explain: Explanation | None = None
+
+
+class FacetValue(BaseModel):
+    value: str | int | bool
+    count: int
 
 
 class SearchResponse(BaseModel):
     query: str
     k: int
+    offset: int
+    has_more: bool = Field(description="whether hits exist after this page")
     spec: dict = Field(description="the search spec applied, in full: the index's defaults, the service's settings and "
-                       "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score)")
+                       "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score, filter, highlight)")
     reranker: str | None = Field(None, description="the cross-encoder, when the spec reranks")
     hits: list[Hit]
-    timings_ms: dict[str, float] = Field(description="per stage: bm25, embed, dense, candidates, fusion, rerank, total")
+    facets: dict[str, list[FacetValue]] | None = None
+    timings_ms: dict[str, float] = Field(description="per stage: filter, bm25, embed, dense, candidates, fusion, rerank, total")
+
+
+class BatchRequest(_Strict):
+    searches: list[SearchRequest] = Field(..., min_length=1, max_length=MAX_BATCH,
+                                          description=f"up to {MAX_BATCH} searches, each a full /search request; their queries "
+                                          "are embedded in one model run. One invalid search answers 422 naming its index "
+                                          "(`searches[3].k`) and none is run")
+
+
+class BatchResponse(BaseModel):
+    results: list[SearchResponse] = Field(description="one per search, in order")
+    timings_ms: dict[str, float] = Field(description="total: the whole batch")
 
 
 class Health(BaseModel):
@@ -166,3 +251,5 @@ class Ready(BaseModel):
                                   "defaults with the service's settings merged on")
     evidence: dict | None = Field(None, description="what each fitted default rests on (fusion, hubness, rerank): the metric, "
                                   "the held-out queries and split, the values compared and the decision")
+    metadata: dict | None = Field(None, description="the corpus's metadata fields: type (keyword, bool, int, float, date) "
+                                  "when filterable, documents with a value, distinct values (keyword), or why not filterable")

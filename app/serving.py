@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from indexer.store import OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
+from search.hits import Presenter
 from search.pipeline import SearchPipeline
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,7 @@ class Serving:
 
     index: OpenIndex
     pipeline: SearchPipeline
+    presenter: Presenter
     rerank_evidence: dict | None = None  # the reranker's tuned weight, when it is the one served
 
     @property
@@ -64,7 +66,7 @@ class Reloader:
         embedder = BatchingEmbedder(index.embedder) if self.batch else None
         pipeline = index.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
                                   cross_encoder_name=self.reranker_name, embedder=embedder)
-        serving = Serving(index, pipeline, self.rerank_evidence)
+        serving = Serving(index, pipeline, index.presenter(embedder), self.rerank_evidence)
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic
         self.app.state.metrics.describe_index(index.manifest, index.num_docs)
         logger.info("serving %s: %d documents, built %s, defaults %s", index.path, index.num_docs, index.manifest.created_at,

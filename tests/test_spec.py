@@ -155,7 +155,8 @@ def test_response_echoes_the_applied_spec(client):
                                         "rerank": {"enabled": True, "depth": 4}}).json()
     assert body["spec"] == {"mode": "hybrid", "depth": 100, "fusion": {"method": "cc", "alpha": 0.3, "norm": "minmax"},
                             "hubness": {"method": "none", "dynamic": False},
-                            "rerank": {"enabled": True, "depth": 4, "weight": 1.0}, "min_score": None}
+                            "rerank": {"enabled": True, "depth": 4, "weight": 1.0}, "min_score": None, "filter": None,
+                            "highlight": {"enabled": False, "semantic": False, "snippet_chars": 160, "snippets": 1}}
     assert body["reranker"] == "LengthScorer"
     ready = client.get("/ready").json()
     assert SearchSpec.from_dict(ready["defaults"]) == SearchSpec()
