@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import MISSING, fields
 
 from search.devices import DEVICES
+from search.errors import ConfigError
+from search.filters import check_filter
 
 
 def default(cls, name: str):
@@ -20,3 +23,17 @@ def add_device(parser: argparse.ArgumentParser, help: str = "FAISS / ONNX device
 
 def add_quiet(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def filter_json(text: str) -> dict | None:
+    """`--filter` (the JSON filter of `POST /search`; search.filters): checked for shape here, for fields by the index."""
+    try:
+        return check_filter(json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:80]!r}") from None
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_filter(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--filter", type=filter_json, help='metadata filter as JSON, as in POST /search, e.g. \'{"year": {"gte": 2015}}\'')

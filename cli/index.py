@@ -48,6 +48,10 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--b", type=float, default=default(BM25Params, "b"))
     g.add_argument("--stopwords", choices=STOPWORD_LISTS, default=default(Analyzer, "stopwords"))
     g.add_argument("--stemmer", choices=STEMMERS, default=default(Analyzer, "stemmer"))
+    g.add_argument("--flat-search-cutoff", type=int, default=default(FaissParams, "flat_search_cutoff"),
+                   help="a filter admitting at most this many documents is searched exactly by brute force")
+    g.add_argument("--filterable", type=_field_list, help="metadata fields to index for filters, comma-separated "
+                   "(default: every field whose values share a type; \"\" for none)")
     g.add_argument("--batch-size", type=int, default=default(BuildOptions, "batch_size"))
     add_quiet(g)
 
@@ -56,8 +60,13 @@ def build_options(args) -> BuildOptions:
     return BuildOptions(
         model=args.model, backend=args.backend, analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
         bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
-        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, ef_search=args.ef_search),
-        device=args.device, batch_size=args.batch_size, progress=not args.quiet)
+        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, ef_search=args.ef_search,
+                          flat_search_cutoff=args.flat_search_cutoff),
+        device=args.device, batch_size=args.batch_size, progress=not args.quiet, filterable=args.filterable)
+
+
+def _field_list(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
 def run_index(args) -> None:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import sys
 from pathlib import Path
 
-from cli.args import add_device
+from cli.args import add_device, add_filter
 from indexer.store import open_index
 from models.cross_encoder import load_cross_encoder, rerank_weight
 from models.onnx_export import PRECISIONS
@@ -27,6 +28,11 @@ def register(commands) -> None:
     p.add_argument("--mode", choices=MODES)
     p.add_argument("--spec", help="search spec in its string form, e.g. 'hybrid+cc:zscore:0.45+rerank:w=0.5' (see README)")
     p.add_argument("--k", type=int, default=10)
+    p.add_argument("--offset", type=int, default=0, help="hits to skip (page 2 of 10: --offset 10)")
+    add_filter(p)
+    p.add_argument("--highlight", action="store_true", help="show the best snippet of each hit, query terms in [brackets]")
+    p.add_argument("--fields", type=lambda text: text if text == "*" else text.split(","),
+                   help="metadata fields to show, comma-separated, or '*'")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
     p.add_argument("--reranker-precision", choices=PRECISIONS, default="fp32")
@@ -46,19 +52,35 @@ def run_search(args) -> None:
     if args.mode and args.spec:
         raise ConfigError("give --mode or --spec (which starts with the mode), not both")
     spec = parse_spec_string(args.spec) if args.spec else {"mode": args.mode} if args.mode else {}
+    if args.filter is not None:
+        spec["filter"] = args.filter
+    if args.highlight:
+        spec["highlight"] = True
     index = open_index(args.index, verify="size", device=args.device)
     model, reranking = None, {}
     if args.reranker:
         model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
         reranking = {"rerank": {"enabled": True, "weight": rerank_weight(args.reranker, args.rerank_weight)}}
-    result = index.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "").search(args.query, args.k, spec)
-    hits = []
-    for rank, (doc_idx, score) in enumerate(zip(result.ranking.doc_idx, result.ranking.scores), start=1):
-        doc = index.docs.get(int(doc_idx))
-        hits.append({"rank": rank, "id": doc["id"], "score": float(score), "title": doc["title"]})
+    pipeline = index.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "")
+    presenter = index.presenter()
+    fields = presenter.check_fields(args.fields, "--fields")
+    result = pipeline.search(args.query, args.k, spec, offset=args.offset)
+    hits = presenter.hits(result, args.query, fields=fields)
     if args.json:
-        print(json.dumps({"query": args.query, "spec": result.spec.to_dict(), "hits": hits, "timings_ms": result.timings_ms}, indent=2))
+        print(json.dumps({"query": args.query, "offset": result.offset, "has_more": result.has_more, "spec": result.spec.to_dict(),
+                          "hits": hits, "timings_ms": result.timings_ms}, indent=2, ensure_ascii=False))
         return
     for hit in hits:
         print(f"{hit['rank']:>4}  {hit['score']:10.4f}  {hit['id']:<16} {hit['title'][:80]}")
-    print(f"({result.timings_ms['total']:.1f} ms, {result.spec.to_string()})")
+        if "fields" in hit:
+            print(f"{'':22}{json.dumps(hit['fields'], ensure_ascii=False)}")
+        snippets = hit.get("highlight", {}).get("text", [])
+        if snippets:
+            print(f"{'':22}{_plain(snippets[0]['text'])}")
+    more = ", more below" if result.has_more else ""
+    print(f"({result.timings_ms['total']:.1f} ms, {result.spec.to_string()}{more})")
+
+
+def _plain(snippet: str) -> str:
+    """A highlight snippet for a terminal: marks as [brackets], entities unescaped."""
+    return html.unescape(snippet.replace("<mark>", "[").replace("</mark>", "]"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,7 @@ class EvalConfig:
     progress: bool = True
     reranker: str | None = None  # for `+rerank` pipelines: a cross-encoder folder or name
     rerank_depth: int = DEFAULT_RERANK_DEPTH
+    filter: dict | None = None  # every pipeline searches only the documents it admits (search.filters)
 
 
 def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool) -> str | None:
@@ -130,11 +131,13 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     tuning = index.manifest.fusion_tuning
     report = {"dataset": dataset.name, "split": config.split, "queries": len(queries), "index": str(index_dir),
               "tuned_on": tuned_on or (tuning.qrels if tuning else None), "defaults": index.manifest.defaults.to_dict(),
-              "pipelines": {}, "specs": {}}
+              "filter": config.filter, "pipelines": {}, "specs": {}}
     per_query = {}
     pipelines = _Pipelines(config, index)
     for name in dict.fromkeys(names):
         pipeline = parse_pipeline(name)
+        if config.filter is not None:
+            pipeline = replace(pipeline, spec={**pipeline.spec, "filter": config.filter})
         search = pipelines.get(pipeline)
         spec = search.resolve(pipeline.spec)
         report["specs"][name] = spec.to_dict()

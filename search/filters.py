@@ -99,7 +99,7 @@ class FieldInfo:
         return self.type is not None
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: v for k, v in asdict(self).items() if v is not None or k == "type"}
 
 
 class KeywordColumn:
