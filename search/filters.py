@@ -146,7 +146,7 @@ class ValueColumn:
         self.values, self.present = values, present
 
     def any_of(self, values: Sequence) -> np.ndarray:
-        return self.present & np.isin(self.values, np.asarray(values, dtype=self.values.dtype))
+        return self.present & np.isin(self.values, np.asarray(values))  # no cast: 1999.5 must not match an int 1999
 
     def in_range(self, low, low_inclusive: bool, high, high_inclusive: bool) -> np.ndarray:
         mask = self.present.copy()
@@ -242,14 +242,15 @@ class MetadataColumns:
             raise SpecError(path, f"a list is not a value; to match any of several, use {{\"in\": {_short(condition)}}}")
         if condition is None:
             raise SpecError(path, "null is not a value; to match documents without the field, use {\"exists\": false}")
-        if not isinstance(condition, dict):
+        shorthand = not isinstance(condition, dict)
+        if shorthand:
             condition = {"eq": condition}
         if not condition:
             raise SpecError(path, f"an empty condition; operators: {', '.join(OPERATORS)}")
         mask = np.ones(self.num_docs, dtype=bool)
         for raw_op, operand in condition.items():
             op = raw_op[1:] if isinstance(raw_op, str) and raw_op.startswith("$") else raw_op
-            where = f"{path}.{raw_op}"
+            where = path if shorthand else f"{path}.{raw_op}"
             if op not in OPERATORS:
                 raise SpecError(where, f"unknown operator; valid: {', '.join(OPERATORS)}")
             if op == "exists":
