@@ -12,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
+from evaluation.filter_bench import JOURNALS, synthetic_metadata
 from indexer.build import BuildOptions, build_index
 from indexer.corpus import read_queries
 from indexer.hubness import fit_hubness
@@ -26,17 +27,6 @@ from search.ranking import Ranking, top_k
 from tests.conftest import TINY_CORPUS, LengthScorer, write_jsonl
 
 META_DOCS = 1000
-JOURNALS = ["Nature", "Cell", "Science", "Lancet", "BMJ", "JAMA", "PLoS One", "eLife", "NEJM", "PNAS"]
-TAGS = ["oncology", "genetics", "immunology", "neuroscience"]
-
-
-def synthetic_metadata(doc_id: str) -> dict:
-    """Deterministic metadata from the document id (a multiplicative hash spreads consecutive ids)."""
-    h = (int(doc_id) * 2654435761) % 2**32
-    year = 1990 + (h >> 10) % 30
-    return {"bucket": h % 1000, "year": year, "journal": JOURNALS[(h >> 15) % 10],
-            "tags": [tag for i, tag in enumerate(TAGS) if (h >> (20 + i)) & 1],
-            "published": f"{year}-{1 + (h >> 5) % 12:02d}-{1 + (h >> 2) % 28:02d}", "open_access": bool((h >> 24) & 1)}
 
 
 # (filter, the same condition in Python over a document's metadata); selectivities over the 1,000 documents
