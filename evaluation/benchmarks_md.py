@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+from evaluation import filter_bench
 from evaluation.machine import cpu_model as _cpu_model
 from evaluation.report import first_stage_table
 from indexer.manifest import Manifest, read_manifest
@@ -218,7 +219,8 @@ def hubness_default_sentence(manifest: Manifest) -> str:
     return f"The index's default is {name} ({(evidence or {}).get('decision', 'no evidence recorded')})."
 
 
-def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None) -> str:
+def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None,
+           filters: dict | None = None) -> str:
     build = manifest.build
     lines = [
         "# Benchmarks",
@@ -325,6 +327,8 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
                   f"resident, inputs {memory['inputs_mib']:.0f} MiB, in {memory['fit_seconds']:.0f} s "
                   "(`python -m evaluation.hubness_memory`)."]
     lines += _inference_sections(bench)
+    if filters:
+        lines += ["", *filter_bench.markdown(filters).rstrip("\n").splitlines()]
     lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval` and "
               "`hybrid bench` on scifact and regenerates this file.", ""]
     return "\n".join(lines)
@@ -398,5 +402,6 @@ def _inference_sections(bench: dict) -> list[str]:
 
 if __name__ == "__main__":
     index_dir, eval_json, bench_json = map(Path, sys.argv[1:4])
-    memory, load = (json.loads(Path(arg).read_text()) if arg else None for arg in (sys.argv[4:6] + [None, None])[:2])
-    sys.stdout.write(render(read_manifest(index_dir), json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory, load))
+    memory, load, filters = (json.loads(Path(arg).read_text()) if arg else None for arg in (sys.argv[4:7] + [None] * 3)[:3])
+    sys.stdout.write(render(read_manifest(index_dir), json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory, load,
+                            filters))
