@@ -49,7 +49,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stopwords", choices=STOPWORD_LISTS, default=default(Analyzer, "stopwords"))
     g.add_argument("--stemmer", choices=STEMMERS, default=default(Analyzer, "stemmer"))
     g.add_argument("--flat-search-cutoff", type=int, default=default(FaissParams, "flat_search_cutoff"),
-                   help="a filter admitting at most this many documents is searched exactly by brute force")
+                   help="IVF and HNSW: a filter admitting at most this many documents is scored exactly over their vectors")
     g.add_argument("--filterable", type=_field_list, help="metadata fields to index for filters, comma-separated "
                    "(default: every field whose values share a type; \"\" for none)")
     g.add_argument("--batch-size", type=int, default=default(BuildOptions, "batch_size"))

@@ -38,6 +38,7 @@ from search.dense import FaissParams, build_faiss_index, use_gpu
 from search.devices import check_device
 from search.errors import ConfigError, HybridError
 from search.filters import MetadataCollector
+from search.postings import Postings
 from search.spec import SearchSpec
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
         t = time.perf_counter()
         bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
         bm25.save(tmp / store.BM25_DIR)
+        Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
         timings["bm25_s"] = time.perf_counter() - t
         del tokens
 

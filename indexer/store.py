@@ -8,6 +8,7 @@ Layout (all paths relative to the index folder, all listed with size and sha256 
     embeddings.npy         float32 unit document vectors, (n, dimension)
     dense.faiss            FAISS inner-product index over those vectors
     model/                 the ONNX query/document embedder the index was built with
+    postings/              term frequencies and document lengths (search.postings): BM25 with live statistics
     metadata/              filterable metadata columns (search.filters), when the documents have any
     hubness-<time>/        (after `hybrid hubness fit`) biases, activation sets, augmented FAISS index
 """

@@ -71,6 +71,11 @@ class BM25Index:
     def vocabulary_size(self) -> int:
         return len(self._vocab)
 
+    @property
+    def vocabulary(self) -> dict[str, int]:
+        """Term -> id, the ids of the score matrix (and of search.postings)."""
+        return self._vocab
+
     def query_token_ids(self, query: str) -> list[int]:
         """Analysed query terms that exist in the index (repeated terms count again, as in Lucene)."""
         return [self._vocab[t] for t in self.analyzer.analyze(query) if t in self._vocab]
