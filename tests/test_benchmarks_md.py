@@ -285,3 +285,22 @@ def test_fusion_and_hubness_sentences_follow_the_recorded_decisions(manifest):
     manifest.evidence["hubness"] = {"metric": "ndcg@10", "values": {"none": 0.66, "qbnorm DIS": 0.67}, "decision": "enabled"}
     assert md.hubness_default_sentence(manifest) == ("The index's default is qbnorm DIS (enabled; dense ndcg@10 on held-out bank "
                                                      "queries: none 0.6600, qbnorm DIS 0.6700).")
+
+
+def test_filter_section_states_the_measured_numbers():
+    from evaluation.filter_bench import markdown
+
+    path = {"path": "brute force", "recall@10": 1.0, "p50_ms": 0.05}
+    report = {"documents": 5183, "queries": 300, "filter_documents": {"100%": 5183, "10%": 514},
+              "filtered_recall": {"HNSW32,Flat": {"10%": {"documents": 514, "cost_rule": path,
+                                                          "selector_forced": {**path, "recall@10": 0.8, "path": "FAISS selector"}}}},
+              "hybrid_latency": {"p50_ms": {"unfiltered": 5.0, "10%": 5.5, "0.1%": 4.0}, "ratio_10%": 1.1, "ratio_0.1%": 0.8,
+                                 "queries": 300, "rounds": 2},
+              "highlight": {"hits_per_request": 10, "plain_p50_ms": 0.5, "highlight_p50_ms": 4.0, "per_hit_ms": 0.35,
+                            "semantic_p50_ms": 4.1, "semantic_hits_per_request": 0.7, "semantic_extra_per_dense_hit_ms": 93.0},
+              "batch": {"searches": 32, "rounds": 5, "singles_median_s": 0.33, "batch_median_s": 0.24, "singles_qps": 97.0,
+                        "batch_qps": 134.0, "throughput_ratio": 1.38}}
+    text = markdown(report)
+    assert "| HNSW32,Flat | 10% | 514 | brute force | 1.0000 | 0.050 | 0.8000 | 0.050 |" in text
+    assert "the worst is 0.8000 (HNSW32,Flat at 10%)" in text
+    assert "filter at 10% 5.50 ms (1.10x), at 0.1% 4.00 ms (0.80x)" in text and "1.38x" in text
