@@ -39,6 +39,7 @@ from search.filters import MetadataColumns
 from search.hits import Presenter
 from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessSearcher
 from search.pipeline import SearchPipeline
+from search.postings import POSTINGS_DIR, Postings
 from search.rerank import Reranker
 
 logger = logging.getLogger(__name__)
@@ -161,6 +162,14 @@ class OpenIndex:
         """The text both retrievers indexed (title and body), which a reranker reads too."""
         doc = self.docs.get(doc_idx)
         return indexed_text(doc["title"], doc["text"])
+
+    @functools.cached_property
+    def postings(self) -> Postings:
+        """Term frequencies for BM25 with live statistics (search.postings), read on first use."""
+        if not (self.path / POSTINGS_DIR).is_dir():
+            raise IndexOpenError(f"{self.path} was built before live writes were supported (it has no {POSTINGS_DIR}/): "
+                                 "rebuild it with `hybrid index` to accept writes")
+        return Postings.load(self.path)
 
     @functools.cached_property
     def doc_ids(self) -> list[str]:

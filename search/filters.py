@@ -355,8 +355,9 @@ class MetadataCollector:
     not have, or one whose values share no type, is an error.
     """
 
-    def __init__(self, only: Sequence[str] | None = None):
+    def __init__(self, only: Sequence[str] | None = None, types: dict[str, str] | None = None):
         self.only = None if only is None else list(dict.fromkeys(only))
+        self.types = types or {}  # fields whose type is already decided (a live segment follows its base's)
         self._values: dict[str, list[tuple[int, object]]] = {}
         self._kinds: dict[str, set[str]] = {}
         self.num_docs = 0
@@ -378,7 +379,7 @@ class MetadataCollector:
         for name in sorted(self._kinds):
             kinds, values = self._kinds[name], self._values.get(name)
             documents = len({doc for doc, _ in values}) if values else 0
-            field_type = _field_type(kinds)
+            field_type = self.types.get(name) or _field_type(kinds)
             if name.startswith("$"):
                 fields[name] = FieldInfo(None, documents, reason="a name starting with $ is reserved for $and, $or, $not")
             elif field_type is None:
@@ -415,6 +416,19 @@ class MetadataCollector:
             column[doc] = parse_date(value) if field_type == "date" else value
             present[doc] = True
         return ValueColumn(column, present)
+
+
+def check_value(field_type: str | None, value, path: str) -> None:
+    """A metadata value a document may hold: SpecError when its field's type (if decided) cannot take it."""
+    kind = _kind(value)
+    if kind is None:
+        return
+    if kind in ("list", "non-finite number") or kind not in ("bool", "int", "float", "date", "keyword", "keywords"):
+        raise SpecError(path, f"unsupported value {_short(value)}: metadata values are strings, numbers, true/false, "
+                              "lists of strings or null")
+    if field_type is not None and _field_type({kind}) != field_type and not (field_type == "float" and kind == "int") \
+            and not (field_type == "keyword" and kind in ("keyword", "keywords", "date")):
+        raise SpecError(path, f"the index holds this field as {field_type}; got {_short(value)}")
 
 
 def check_filter(value) -> dict | None:

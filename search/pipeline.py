@@ -110,9 +110,10 @@ class SearchPipeline:
     def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
                  defaults: SearchSpec = SearchSpec(), executor: ThreadPoolExecutor | None = None,
                  hubness: HubnessSearcher | None = None, reranker: Reranker | None = None,
-                 metadata: MetadataColumns | None = None):
+                 metadata: MetadataColumns | None = None, alive: np.ndarray | None = None):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
+        self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.defaults = self._servable(defaults)
 
     def resolve(self, overrides: dict | None = None) -> SearchSpec:
@@ -129,13 +130,15 @@ class SearchPipeline:
         return spec
 
     def allowed(self, filter_: dict | None) -> Allowed | None:
-        """The documents `filter_` admits (None: no filter); SpecError naming the path of a bad condition."""
+        """The documents `filter_` admits that exist (None: every document); SpecError naming the path of a bad
+        condition."""
         if filter_ is None:
-            return None
+            return self.alive
         if self.metadata is None:
             raise SpecError("filter", "this index has no filterable metadata fields (documents had no metadata, or "
                                       "`hybrid index --filterable` named none)")
-        return self.metadata.allowed(filter_)
+        allowed = self.metadata.allowed(filter_)
+        return allowed if self.alive is None else Allowed(allowed.mask & self.alive.mask)
     def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch, allowed: Allowed | None = None):
         scores = clock.time("bm25", self.bm25.scores, query)
         return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
@@ -191,7 +194,7 @@ class SearchPipeline:
         k, offset = check_k(k), check_offset(offset)
         started = time.perf_counter()
         clock = _Stopwatch()
-        allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else None
+        allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else self.alive
         rerank = spec.rerank
         # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`
         single_depth = max(offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)

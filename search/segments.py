@@ -1,0 +1,184 @@
+"""A collection that changed since its build: the base segment, live documents added since, deletions.
+
+Documents are numbered base first (0 .. n-1, the built index's order) then live (n .. n+m-1). Every piece here
+presents the interface the search pipeline already uses (search.pipeline), over that joint numbering:
+
+    LiveBM25      scores(query) with the statistics of the documents that exist now (search.postings)
+    LiveDense     the base FAISS index (deleted documents excluded by the caller's allowed set) + live vectors
+    LiveVectors   embeddings[ids] across both segments
+    concat_columns   metadata columns of both segments as one (search.filters), so filters apply to new documents
+
+Deleted base documents are excluded by an alive mask that the pipeline intersects with any filter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from search.bm25 import BM25Index, BM25Params
+from search.dense import DenseIndex
+from search.errors import ConfigError
+from search.filters import Allowed, KeywordColumn, MetadataColumns, ValueColumn
+from search.postings import Postings, lucene_term_scores
+from search.ranking import Ranking, top_k
+
+
+@dataclass(frozen=True)
+class LiveDocument:
+    """A document written through the API: stored fields, analysed terms, its embedding."""
+
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict
+    terms: dict[str, int]  # analysed term -> frequency
+    length: int  # analysed tokens
+    vector: np.ndarray  # unit vector from the index's embedder
+
+    @classmethod
+    def analysed(cls, doc_id: str, title: str, text: str, metadata: dict, tokens: list[str], vector: np.ndarray) -> "LiveDocument":
+        return cls(doc_id, title, text, metadata, dict(Counter(tokens)), len(tokens), np.asarray(vector, dtype=np.float32))
+
+
+class LiveSegment:
+    """Immutable arrays over a list of live documents: term postings, lengths, vectors."""
+
+    def __init__(self, docs: list[LiveDocument], dimension: int):
+        self.docs = docs
+        self.lengths = np.array([d.length for d in docs], dtype=np.int64)
+        self.vectors = np.stack([d.vector for d in docs]).astype(np.float32) if docs else np.empty((0, dimension), np.float32)
+        grouped: dict[str, tuple[list[int], list[int]]] = {}
+        for i, doc in enumerate(docs):
+            for term, tf in doc.terms.items():
+                entry = grouped.setdefault(term, ([], []))
+                entry[0].append(i)
+                entry[1].append(tf)
+        self.postings = {t: (np.array(idx, dtype=np.int64), np.array(tfs, dtype=np.int64)) for t, (idx, tfs) in grouped.items()}
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+
+_NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+
+
+class LiveBM25:
+    """BM25 (Lucene variant) over alive base documents and live ones, with the statistics of exactly those:
+    rankings equal a fresh build's of the same documents."""
+
+    def __init__(self, base: BM25Index, postings: Postings, params: BM25Params, base_alive: np.ndarray, live: LiveSegment):
+        if params.method != "lucene":
+            raise ConfigError(f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
+                              "rebuild it with --bm25-method lucene to accept writes")
+        self.analyzer, self.params, self.postings, self.alive, self.live = base.analyzer, params, postings, base_alive, live
+        self._vocab = base.vocabulary
+        self.base_docs = len(base_alive)
+        self.num_docs = self.base_docs + len(live)
+        self.collection_size = int(base_alive.sum()) + len(live)
+        total_length = int(postings.lengths[base_alive].sum()) + int(live.lengths.sum())
+        self.avgdl = total_length / max(1, self.collection_size)
+        self._base_df = postings.document_frequency(base_alive)
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches."""
+        out = np.zeros(self.num_docs, dtype=np.float64)
+        k1, b = self.params.k1, self.params.b
+        for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
+            term_id = self._vocab.get(term)
+            live_idx, live_tf = self.live.postings.get(term, _NO_POSTINGS)
+            df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
+            if df == 0:
+                continue
+            if term_id is not None:
+                docs, tfs = self.postings.term(term_id)
+                keep = self.alive[docs]
+                docs = docs[keep]
+                out[docs] += lucene_term_scores(tfs[keep], self.postings.lengths[docs], df, self.collection_size, self.avgdl, k1, b)
+            if len(live_idx):
+                out[self.base_docs + live_idx] += lucene_term_scores(live_tf, self.live.lengths[live_idx], df,
+                                                                     self.collection_size, self.avgdl, k1, b)
+        return out
+
+    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
+
+
+class LiveVectors:
+    """`vectors[ids]` across the base embeddings and the live segment's vectors."""
+
+    def __init__(self, base: np.ndarray, live: np.ndarray):
+        self.base, self.live = base, live
+        self.base_docs = len(base)
+
+    def __len__(self) -> int:
+        return self.base_docs + len(self.live)
+
+    def __getitem__(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim == 0:
+            return self[ids.reshape(1)][0]
+        out = np.empty((len(ids), self.base.shape[1]), dtype=np.float32)
+        in_base = ids < self.base_docs
+        out[in_base] = self.base[ids[in_base]]
+        out[~in_base] = self.live[ids[~in_base] - self.base_docs]
+        return out
+
+
+class LiveDense:
+    """Dense search over the base FAISS index and the live vectors (scored exactly: the live segment is small)."""
+
+    def __init__(self, base: DenseIndex, live_vectors: np.ndarray):
+        self.base, self.live_vectors = base, live_vectors
+        self.params, self.dimension, self.on_gpu = base.params, base.dimension, base.on_gpu
+        self.base_docs = base.num_docs
+        self.num_docs = base.num_docs + len(live_vectors)
+
+    def brute_force(self, allowed: Allowed) -> bool:
+        return self.base.brute_force(allowed)
+
+    def search(self, vector: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+        if allowed is None:
+            base = self.base.search(vector, depth)
+            live_ids = np.arange(len(self.live_vectors), dtype=np.int64)
+        else:
+            base_allowed = Allowed(allowed.mask[: self.base_docs])
+            base = self.base.search(vector, depth, base_allowed) if base_allowed.count else Ranking.empty()
+            live_ids = allowed.ids[allowed.ids >= self.base_docs] - self.base_docs
+        ids = np.concatenate([base.doc_idx, live_ids + self.base_docs])
+        scores = np.concatenate([base.scores.astype(np.float32), self.live_vectors[live_ids] @ vector])
+        best = top_k(scores, depth)
+        return Ranking(ids[best.doc_idx], best.scores)
+
+
+def concat_columns(base: MetadataColumns | None, live: MetadataColumns | None, base_docs: int, live_docs: int) -> MetadataColumns | None:
+    """One set of metadata columns over both segments (a field missing from a segment is missing in its documents)."""
+    if base is None and live is None:
+        return None
+    fields = {**(base.fields if base else {}), **(live.fields if live else {})}
+    columns = {}
+    for name in sorted({*(base.columns if base else {}), *(live.columns if live else {})}):
+        parts = [(part.columns.get(name) if part else None, n) for part, n in ((base, base_docs), (live, live_docs))]
+        columns[name] = _concat_column(fields[name].type, parts)
+    return MetadataColumns(fields, columns, base_docs + live_docs)
+
+
+def _concat_column(field_type: str, parts: list[tuple[KeywordColumn | ValueColumn | None, int]]):
+    if field_type == "keyword":
+        vocab = sorted({v for column, _ in parts if column is not None for v in column.vocab})
+        new_id = {v: i for i, v in enumerate(vocab)}
+        offsets, value_ids, end = [np.zeros(1, dtype=np.int64)], [], 0
+        for column, n in parts:
+            if column is None:
+                offsets.append(np.full(n, end, dtype=np.int64))
+                continue
+            remap = np.array([new_id[v] for v in column.vocab], dtype=np.int32)
+            value_ids.append(remap[column.value_ids] if len(remap) else column.value_ids)
+            offsets.append(column.offsets[1:] + end)
+            end += int(column.offsets[-1])
+        return KeywordColumn(vocab, np.concatenate(offsets), np.concatenate(value_ids) if value_ids else np.empty(0, np.int32))
+    dtype = {"bool": np.bool_, "int": np.int64}.get(field_type, np.float64)
+    values = [column.values.astype(dtype) if column is not None else np.zeros(n, dtype) for column, n in parts]
+    present = [column.present if column is not None else np.zeros(n, bool) for column, n in parts]
+    return ValueColumn(np.concatenate(values), np.concatenate(present))
