@@ -10,15 +10,18 @@ class BodyTooLarge(Exception):
 
 
 class BodySizeLimit:
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    """`max_bytes` for every body, `write_max_bytes` for paths under `write_prefix` (document batches)."""
+
+    def __init__(self, app, max_bytes: int, write_max_bytes: int | None = None, write_prefix: str = "/documents"):
+        self.app, self.default_max, self.write_max, self.write_prefix = app, max_bytes, write_max_bytes or max_bytes, write_prefix
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.write_max if scope.get("path", "").startswith(self.write_prefix) else self.default_max
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._reject(send)
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await self._reject(send, limit)
         seen = 0
 
         async def limited_receive():
@@ -26,16 +29,16 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     raise BodyTooLarge
             return message
 
         try:
             await self.app(scope, limited_receive, send)
         except BodyTooLarge:
-            await self._reject(send)
+            await self._reject(send, limit)
 
-    async def _reject(self, send):
-        body = json.dumps({"detail": f"request body exceeds {self.max_bytes} bytes"}).encode()
+    async def _reject(self, send, limit: int):
+        body = json.dumps({"detail": f"request body exceeds {limit} bytes"}).encode()
         await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import signal
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -16,8 +17,9 @@ from fastapi.responses import JSONResponse
 
 from app.limits import BodySizeLimit
 from app.observability import Metrics, RequestContext
+from app.documents import router as documents_router
 from app.routes import router
-from app.security import InFlightLimit, load_api_keys
+from app.security import InFlightLimit, load_api_keys, load_write_keys
 from app.serving import Reloader, load_reranker
 from app.settings import Settings
 from indexer.store import OpenIndex, open_index
@@ -41,6 +43,15 @@ def _batch_queries(settings: Settings, index: OpenIndex) -> bool:
     if settings.batch_queries != "auto":
         return settings.batch_queries == "on"
     return _on_gpu(index.embedder)
+
+
+def _refresh_loop(app: FastAPI, interval: float, stop: threading.Event) -> None:
+    """Publish writes to searches every `interval` seconds (a write with ?wait=true publishes at once)."""
+    while not stop.wait(interval):
+        try:
+            app.state.reloader.refresh()
+        except Exception:  # a failed refresh keeps the previous snapshot in service; the next one retries
+            logger.exception("refresh failed")
 
 
 def _reload_on_sighup(app: FastAPI) -> None:
@@ -85,8 +96,15 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
         app.state.reloader.open(opened)
         _reload_on_sighup(app)
+        stop = threading.Event()
+        refresher = threading.Thread(target=_refresh_loop, args=(app, settings.refresh_interval, stop), name="refresher", daemon=True)
+        refresher.start()
         yield
-        app.state.serving = None
+        stop.set()
+        refresher.join()
+        serving, app.state.serving = app.state.serving, None
+        if serving is not None and serving.collection is not None:
+            serving.collection.close()
         if executor is not None:
             executor.shutdown(wait=True)
 
@@ -99,14 +117,16 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     app.state.serving = None
     app.state.metrics = metrics = Metrics()
     app.state.api_keys = load_api_keys(settings)
+    app.state.write_keys = load_write_keys(settings)
     app.state.in_flight = InFlightLimit(settings.max_in_flight)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, write_max_bytes=settings.max_write_body_bytes)
     app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost, so it sees every response
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "X-API-Key", "Content-Type"])
     app.include_router(router)
+    app.include_router(documents_router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError):

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
-from app.security import require_api_key
+from app.security import require_api_key, require_write_key
 from app.serving import ReloadInProgress, Serving
 from search.errors import SpecError
 from search.pipeline import Query
@@ -27,12 +27,6 @@ def _serving(request: Request) -> Serving:
 
 def _in_flight(request: Request):
     yield from request.app.state.in_flight.slot()
-
-
-def _require_admin(request: Request) -> None:
-    if not request.app.state.api_keys:
-        raise HTTPException(status_code=403, detail="admin endpoints are disabled: configure HYBRID_API_KEYS to enable them")
-    require_api_key(request)
 
 
 ServingDep = Annotated[Serving, Depends(_serving)]
@@ -109,13 +103,13 @@ def ready(request: Request):
 
 def _ready(serving: Serving) -> Ready:
     index = serving.index
-    return Ready(ready=True, documents=index.num_docs, index=str(index.path), created_at=index.manifest.created_at,
+    return Ready(ready=True, documents=serving.documents, index=str(index.path), created_at=index.manifest.created_at,
                  defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence,
                  metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()})
 
 
-@router.post("/admin/reload", response_model=Ready, dependencies=[Depends(_require_admin)],
-             responses={401: {"description": "missing API key"}, 403: {"description": "invalid key, or no keys configured"},
+@router.post("/admin/reload", response_model=Ready, dependencies=[Depends(require_write_key)],
+             responses={401: {"description": "missing API key"}, 403: {"description": "not a write key, or no write keys configured"},
                         409: {"description": "reload failed or already running; the previous index stays in service"}})
 def reload(request: Request) -> Ready:
     """Open the configured index folder again (e.g. after `hybrid index` rebuilt it) and swap it in."""

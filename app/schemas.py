@@ -253,3 +253,46 @@ class Ready(BaseModel):
                                   "the held-out queries and split, the values compared and the decision")
     metadata: dict | None = Field(None, description="the corpus's metadata fields: type (keyword, bool, int, float, date) "
                                   "when filterable, documents with a value, distinct values (keyword), or why not filterable")
+
+
+class DocumentIn(BaseModel):
+    id: str | int = Field(description="unique id, at most 512 bytes of UTF-8; an existing id is replaced")
+    title: str | None = None
+    text: str = Field(description="the body (may be empty when the title is not)")
+    metadata: dict[str, Any] | None = Field(None, description="strings, numbers, true/false, lists of strings, ISO-8601 dates; "
+                                            "a field the index already has keeps its type")
+
+
+class DocumentBatch(BaseModel):
+    documents: list[DocumentIn] = Field(description="upserted all or nothing; at most HYBRID_MAX_BATCH_DOCS (1,000)")
+
+
+DocumentId = Annotated[str, Field(min_length=1, max_length=512, pattern=r"\S", description="at most 512 bytes of UTF-8")]
+
+
+class DeleteRequest(_Strict):
+    ids: list[DocumentId] = Field(..., min_length=1, description="documents to delete (an id that does not exist is no error)")
+
+
+class DocumentOut(BaseModel):
+    id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+
+
+class WriteResult(BaseModel):
+    sequence: int = Field(description="the write's sequence number: durable in the write-ahead log when answered")
+    documents: int = Field(description="documents in the write")
+    visible: bool = Field(description="whether searches see it yet (always true with ?wait=true)")
+
+
+class Stats(BaseModel):
+    documents: int = Field(description="documents that exist now (searchable)")
+    base_documents: int = Field(description="documents of the built index (the base segment), deleted ones included")
+    deleted_base_documents: int | None = None
+    live_documents: int | None = Field(None, description="documents written since the build (the live segment)")
+    last_sequence: int | None = Field(None, description="the last acknowledged write")
+    visible_sequence: int | None = Field(None, description="the last write searches see")
+    writable: bool
+    write_refusal: str | None = Field(None, description="why this index takes no writes")

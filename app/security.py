@@ -12,10 +12,19 @@ from app.settings import Settings
 
 
 def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
-    """Keys from HYBRID_API_KEYS (comma-separated) and HYBRID_API_KEYS_FILE (one per line); empty: auth off."""
-    keys = [k.strip() for k in (settings.api_keys or "").split(",")]
-    if settings.api_keys_file:
-        keys += [line.strip() for line in Path(settings.api_keys_file).read_text().splitlines()]
+    """Read keys from HYBRID_API_KEYS (comma-separated) and HYBRID_API_KEYS_FILE (one per line)."""
+    return _keys(settings.api_keys, settings.api_keys_file)
+
+
+def load_write_keys(settings: Settings) -> tuple[bytes, ...]:
+    """Write keys from HYBRID_WRITE_KEYS and HYBRID_WRITE_KEYS_FILE: they may also search."""
+    return _keys(settings.write_keys, settings.write_keys_file)
+
+
+def _keys(listed: str | None, file: Path | None) -> tuple[bytes, ...]:
+    keys = [k.strip() for k in (listed or "").split(",")]
+    if file:
+        keys += [line.strip() for line in Path(file).read_text().splitlines()]
     return tuple(k.encode() for k in keys if k)
 
 
@@ -27,10 +36,23 @@ def _presented_key(request: Request) -> str | None:
 
 
 def require_api_key(request: Request) -> None:
-    """401 without a key, 403 with a wrong one; every configured key is compared in constant time."""
-    keys: tuple[bytes, ...] = request.app.state.api_keys
+    """Searches: open when no key of either role is configured; else 401 without a key, 403 with a wrong one."""
+    keys: tuple[bytes, ...] = request.app.state.api_keys + request.app.state.write_keys
+    if keys:
+        _check_key(request, keys)
+
+
+def require_write_key(request: Request) -> None:
+    """Writes and admin endpoints: refused (403) unless write keys are configured and one is presented."""
+    keys: tuple[bytes, ...] = request.app.state.write_keys
     if not keys:
-        return
+        raise HTTPException(status_code=403, detail="writes and admin endpoints are disabled: configure HYBRID_WRITE_KEYS "
+                                                    "(or HYBRID_WRITE_KEYS_FILE) to enable them")
+    _check_key(request, keys)
+
+
+def _check_key(request: Request, keys: tuple[bytes, ...]) -> None:
+    """401 without a key, 403 with a wrong one; every configured key is compared in constant time."""
     presented = _presented_key(request)
     if not presented:
         raise HTTPException(status_code=401, detail="missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key'",
@@ -40,7 +62,7 @@ def require_api_key(request: Request) -> None:
     for key in keys:  # no early exit: timing must not reveal which key, or how much of one, matched
         matched |= hmac.compare_digest(candidate, key)
     if not matched:
-        raise HTTPException(status_code=403, detail="invalid API key")
+        raise HTTPException(status_code=403, detail="invalid API key for this endpoint")
 
 
 class InFlightLimit:

@@ -6,9 +6,11 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from indexer.live import Collection, Snapshot
 from indexer.store import OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
+from search.errors import HybridError
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 
@@ -17,12 +19,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Serving:
-    """An index and its pipeline, swapped as one object so a request never mixes two indexes."""
+    """An index snapshot and its pipeline, swapped as one object so a request never mixes two snapshots."""
 
     index: OpenIndex
     pipeline: SearchPipeline
     presenter: Presenter
     rerank_evidence: dict | None = None  # the reranker's tuned weight, when it is the one served
+    collection: Collection | None = None  # None: this index takes no writes (`write_refusal` says why)
+    write_refusal: str | None = None
+    snapshot: Snapshot | None = None
+
+    @property
+    def documents(self) -> int:
+        return self.snapshot.documents if self.snapshot is not None else self.index.num_docs
 
     @property
     def evidence(self) -> dict[str, dict]:
@@ -63,15 +72,52 @@ class Reloader:
                         settings.reranker_precision, rerank["depth"], rerank["weight"], rerank["enabled"])
 
     def open(self, index: OpenIndex) -> Serving:
-        embedder = BatchingEmbedder(index.embedder) if self.batch else None
-        pipeline = index.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
-                                  cross_encoder_name=self.reranker_name, embedder=embedder)
-        serving = Serving(index, pipeline, index.presenter(embedder), self.rerank_evidence)
-        self.app.state.serving = serving  # a single reference assignment: the swap is atomic
-        self.app.state.metrics.describe_index(index.manifest, index.num_docs)
-        logger.info("serving %s: %d documents, built %s, defaults %s", index.path, index.num_docs, index.manifest.created_at,
-                    pipeline.defaults.to_string())
+        """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
+        collection, refusal = None, None
+        try:
+            collection = Collection(index, self.settings.max_batch_docs, on_refresh=self._publish_snapshot)
+        except HybridError as exc:
+            refusal = str(exc)
+            logger.warning("serving %s read-only: %s", index.path, refusal)
+        previous = getattr(self.app.state, "serving", None)
+        serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
+        if previous is not None and previous.collection is not None and previous.collection is not collection:
+            previous.collection.close()  # its log is now the new collection's to write
+        logger.info("serving %s: %d documents, built %s, defaults %s", index.path, serving.documents, index.manifest.created_at,
+                    serving.pipeline.defaults.to_string())
         return serving
+
+    def _publish_snapshot(self, snapshot: Snapshot) -> None:
+        current = self.app.state.serving
+        self._publish(snapshot.index, snapshot, current.collection, current.write_refusal)
+
+    def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
+        embedder = BatchingEmbedder(index.embedder) if self.batch else None
+        view = snapshot if snapshot is not None else index
+        pipeline = view.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
+                                 cross_encoder_name=self.reranker_name, embedder=embedder)
+        serving = Serving(index, pipeline, view.presenter(embedder), self.rerank_evidence, collection, refusal, snapshot)
+        self.app.state.serving = serving  # a single reference assignment: the swap is atomic
+        self.app.state.metrics.describe_index(index.manifest, serving.documents)
+        return serving
+
+    def refresh(self) -> None:
+        """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and
+        start a background compaction when the live segment has grown past its threshold."""
+        serving = self.app.state.serving
+        if serving is None or serving.collection is None:
+            return
+        collection = serving.collection
+        collection.refresh()
+        if not collection.compacting and collection.needs_compaction(self.settings.compact_fraction, self.settings.compact_min_docs):
+            threading.Thread(target=self._compact_logged, args=(collection,), name="compaction", daemon=True).start()
+
+    @staticmethod
+    def _compact_logged(collection) -> None:
+        try:
+            collection.compact()
+        except Exception:  # the previous base stays in service; the next refresh tries again
+            logger.exception("background compaction failed")
 
     def reload(self) -> Serving:
         if not self._lock.acquire(blocking=False):

@@ -29,8 +29,18 @@ class Settings(BaseSettings):
         "(measure with `hybrid bench`: docs/BENCHMARKS.md compares both on the machine it ran on)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
-    api_keys: str | None = Field(None, description="comma-separated API keys; unset (and no file): no authentication")
-    api_keys_file: Path | None = Field(None, description="file with one API key per line")
+    api_keys: str | None = Field(None, description="comma-separated read keys (search); unset, with no write keys either: "
+                                 "searches need no key")
+    api_keys_file: Path | None = Field(None, description="file with one read key per line")
+    write_keys: str | None = Field(None, description="comma-separated write keys: search, write documents, /admin/*; unset "
+                                   "(and no file): writes and admin endpoints are refused")
+    write_keys_file: Path | None = Field(None, description="file with one write key per line")
+    refresh_interval: float = Field(1.0, gt=0, le=3600, description="seconds between publishing writes to searches")
+    max_batch_docs: int = Field(1000, ge=1, description="documents per write batch")
+    compact_fraction: float = Field(0.1, gt=0, description="compact in the background once live documents and deletions "
+                                    "reach this share of the base segment (and HYBRID_COMPACT_MIN_DOCS)")
+    compact_min_docs: int = Field(1000, ge=1, description="the fewest changed documents worth a background compaction")
+    max_write_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body limit of the write endpoints")
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS; empty: CORS off")
     log_level: str = "info"
     reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "

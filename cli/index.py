@@ -12,10 +12,14 @@ from pathlib import Path
 from cli.args import add_device, add_quiet, default
 from evaluation.beir import ensure_dataset
 from indexer.build import BuildOptions, build_index, index_is_current
+from indexer.corpus import read_corpus
+from indexer.live import DEFAULT_MAX_BATCH_DOCS, LIVE_DIR, Collection
+from indexer.store import open_index
 from models.providers import BACKENDS
 from search.analyzer import STEMMERS, STOPWORD_LISTS, Analyzer
 from search.bm25 import BM25_METHODS, BM25Params
 from search.dense import FAISS_KINDS, FaissParams
+from search.errors import ConfigError
 
 
 def register(commands) -> None:
@@ -27,6 +31,14 @@ def register(commands) -> None:
     add_device(p)
     add_build_flags(p)
     p.set_defaults(run=run_index)
+
+    p = commands.add_parser("ingest", help="write documents into an index's live collection offline (as PUT /documents does)")
+    p.add_argument("index", type=Path)
+    p.add_argument("documents", type=Path, nargs="?", help="JSONL documents to upsert (id, title, text, metadata)")
+    p.add_argument("--delete", type=Path, help="file of document ids to delete, one per line")
+    p.add_argument("--batch-docs", type=int, default=DEFAULT_MAX_BATCH_DOCS, help="documents per logged batch")
+    add_device(p)
+    p.set_defaults(run=run_ingest)
 
     p = commands.add_parser("download-beir", help="fetch a BEIR dataset if it is not on disk")
     p.add_argument("name")
@@ -54,6 +66,34 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
                    "(default: every field whose values share a type; \"\" for none)")
     g.add_argument("--batch-size", type=int, default=default(BuildOptions, "batch_size"))
     add_quiet(g)
+
+
+def run_ingest(args) -> None:
+    if args.documents is None and args.delete is None:
+        raise ConfigError("nothing to do: give a documents file and/or --delete IDS_FILE")
+    collection = Collection(open_index(args.index, verify="size", device=args.device), max_batch_docs=args.batch_docs)
+    started, written, deleted = time.perf_counter(), 0, 0
+    try:
+        if args.documents is not None:
+            batch = []
+            for doc in read_corpus(args.documents):
+                batch.append({"id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata})
+                if len(batch) == args.batch_docs:
+                    written += len(batch)
+                    collection.upsert(batch)
+                    batch = []
+            if batch:
+                written += len(batch)
+                collection.upsert(batch)
+        if args.delete is not None:
+            ids = [line.strip() for line in args.delete.read_text(encoding="utf-8").splitlines() if line.strip()]
+            for start in range(0, len(ids), args.batch_docs):
+                collection.delete(ids[start : start + args.batch_docs])
+            deleted = len(ids)
+    finally:
+        collection.close()
+    print(f"{written} documents upserted, {deleted} ids deleted in {time.perf_counter() - started:.1f} s; logged up to "
+          f"sequence {collection.seq} in {args.index / LIVE_DIR} (a running service picks them up on restart or reload)")
 
 
 def build_options(args) -> BuildOptions:

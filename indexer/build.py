@@ -129,56 +129,68 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
     embedder = _make_embedder(options, onnx_folder, model.path)
 
     with publish_dir(out) as tmp:
-        timings = {}
-        t = time.perf_counter()
-        collector = MetadataCollector(options.filterable)
-        tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress)
-        metadata = collector.finish()
-        metadata.save(tmp)
-        timings["documents_s"] = time.perf_counter() - t
+        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started)
+    logger.info("index of %d documents published at %s", manifest.documents, out)
+    return manifest
 
-        t = time.perf_counter()
-        bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
-        bm25.save(tmp / store.BM25_DIR)
-        Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
-        timings["bm25_s"] = time.perf_counter() - t
-        del tokens
 
-        t = time.perf_counter()
+def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path, embedder_spec: dict, *, embedder=None,
+               vectors: np.ndarray | None = None, started: float | None = None) -> Manifest:
+    """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
+    Documents are embedded with `embedder`, or take `vectors` (one row per document, in corpus order) as given."""
+    started = time.perf_counter() if started is None else started
+    timings = {}
+    t = time.perf_counter()
+    collector = MetadataCollector(options.filterable)
+    tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress)
+    metadata = collector.finish()
+    metadata.save(tmp)
+    timings["documents_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
+    bm25.save(tmp / store.BM25_DIR)
+    Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
+    timings["bm25_s"] = time.perf_counter() - t
+    del tokens
+
+    t = time.perf_counter()
+    if vectors is None:
         vectors = _embed_documents(tmp, embedder, options.batch_size, options.progress)
-        timings["embeddings_s"] = time.perf_counter() - t
+    else:
+        np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+    timings["embeddings_s"] = time.perf_counter() - t
 
-        t = time.perf_counter()
-        faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
-        timings["faiss_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
+    timings["faiss_s"] = time.perf_counter() - t
 
-        shutil.copytree(onnx_folder, tmp / store.MODEL_DIR)
-        num_docs = len(vectors)
-        manifest = Manifest(
-            builder_version=BUILDER_VERSION,
-            created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            versions=_versions(),
-            corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
-            counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
-            analyzer=options.analyzer,
-            bm25_engine="bm25s",
-            bm25=options.bm25,
-            embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend),
-            faiss=FaissInfo(factory=options.faiss.factory(num_docs), metric="inner_product",
-                            built_on_gpu=use_gpu(options.device, options.faiss.kind), params=options.faiss),
-            # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
-            defaults=SearchSpec(),
-            files=store.file_inventory(tmp),
-            metadata=metadata.fields,
-        )
-        manifest.build = {
-            **{k: round(v, 3) for k, v in timings.items()},
-            "total_s": round(time.perf_counter() - started, 3),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
-            "cpu_count": os.cpu_count(),
-        }
-        write_manifest(tmp, manifest)
-    logger.info("index of %d documents published at %s", num_docs, out)
+    shutil.copytree(onnx_folder, tmp / store.MODEL_DIR)
+    num_docs = len(vectors)
+    manifest = Manifest(
+        builder_version=BUILDER_VERSION,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        versions=_versions(),
+        corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
+        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
+        analyzer=options.analyzer,
+        bm25_engine="bm25s",
+        bm25=options.bm25,
+        embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend),
+        faiss=FaissInfo(factory=options.faiss.factory(num_docs), metric="inner_product",
+                        built_on_gpu=use_gpu(options.device, options.faiss.kind), params=options.faiss),
+        # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
+        defaults=SearchSpec(),
+        files=store.file_inventory(tmp),
+        metadata=metadata.fields,
+    )
+    manifest.build = {
+        **{k: round(v, 3) for k, v in timings.items()},
+        "total_s": round(time.perf_counter() - started, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+        "cpu_count": os.cpu_count(),
+    }
+    write_manifest(tmp, manifest)
     return manifest
 
 

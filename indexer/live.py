@@ -13,15 +13,22 @@ snapshot (search.segments.LiveBM25), so rankings equal a fresh build's of the sa
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
+from common.publish import publish_dir
+from indexer.build import BuildOptions, build_into
 from indexer.corpus import indexed_text
-from indexer.store import OpenIndex
+from indexer.manifest import Manifest, write_manifest
+from indexer.store import MODEL_DIR, OpenIndex, open_index
 from indexer.wal import WriteAheadLog
 from search.errors import ConfigError, SpecError
 from search.filters import MetadataCollector, check_value
@@ -89,7 +96,10 @@ class Snapshot:
             LiveDense(index.dense, self.live.vectors), embedder or index.embedder,
             LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, reranker=reranker,
             metadata=concat_columns(index.metadata, _live_columns(index, self.live), base_docs, len(self.live)),
-            alive=None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)]))
+            alive=None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)]),
+            **({"no_hubness_reason": "the fitted hubness correction covers the built documents only: it is not applied while "
+                                     "the collection has live writes (compact, then refit with `hybrid hubness fit`)"}
+               if index.hubness is not None else {}))
 
     def presenter(self, embedder=None) -> Presenter:
         pipeline_metadata = concat_columns(self.index.metadata, _live_columns(self.index, self.live), len(self.base_alive),
@@ -112,8 +122,10 @@ def _live_columns(index: OpenIndex, live: LiveSegment):
 class Collection:
     """The writable collection over an opened index: writes are logged, applied, and published by `refresh`."""
 
-    def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS):
-        self.index, self.max_batch_docs = index, max_batch_docs
+    def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None):
+        """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
+        called before a new snapshot counts as visible (the service swaps its searches to it there)."""
+        self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
         if index.manifest.bm25.method != "lucene":
             raise ConfigError(f"live writes score BM25 with the lucene method; {index.path} uses {index.manifest.bm25.method!r}")
@@ -122,11 +134,14 @@ class Collection:
         self._live: dict[str, LiveDocument] = {}
         self.seq = 0
         self._write_lock = threading.Lock()
+        self._compact_lock = threading.Lock()
         self._visible = threading.Condition()
         self._dirty = False
+        self.seq = index.manifest.applied_sequence
         for record in WriteAheadLog.replay(index.path / LIVE_DIR / WAL_FILE):
-            self._apply(record)
-        self._wal = WriteAheadLog(index.path / LIVE_DIR / WAL_FILE)
+            if record["seq"] > self.seq:  # older records are in the base already (a compaction)
+                self._apply(record)
+        self._wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
         self.snapshot = self._build_snapshot()
 
     # writes
@@ -149,6 +164,12 @@ class Collection:
 
     def _log_and_apply(self, record: dict) -> int:
         with self._write_lock:
+            if self._wal is None:
+                path = self.index.path / LIVE_DIR / WAL_FILE
+                self._wal = WriteAheadLog(path, lock=True)
+                for logged in WriteAheadLog.replay(path, repair=True):  # records another writer added since we opened
+                    if logged["seq"] > self.seq:
+                        self._apply(logged)
             record = {"seq": self.seq + 1, **record}
             self._wal.append(record)  # durable before it is acknowledged
             self._apply(record)
@@ -224,6 +245,8 @@ class Collection:
             if not self._dirty:
                 return self.snapshot
             snapshot = self._build_snapshot()
+        if self.on_refresh is not None:
+            self.on_refresh(snapshot)
         with self._visible:
             self.snapshot = snapshot  # one reference assignment: searches see the old or the new snapshot
             self._visible.notify_all()
@@ -244,6 +267,66 @@ class Collection:
                     return self.snapshot.seq >= seq
         return True
 
+    # compaction
+
+    def compact(self) -> Snapshot:
+        """Merge the live segment and the deletions into a new base segment, published atomically in place of the
+        index folder; writes continue while it builds. Rankings do not change (the same documents, the same
+        statistics). The log moves into the new folder (hard link) before the swap, and the new manifest records
+        the last sequence it holds, so a crash at any point leaves the old or the new base with every write."""
+        with self._compact_lock:
+            with self._write_lock:
+                seq, base_alive, live = self.seq, self._base_alive.copy(), list(self._live.values())
+            if not live and base_alive.all():
+                return self.refresh()  # nothing to merge
+            index = self.index
+            path = index.path
+            with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.compact-") as work:
+                corpus, vectors = _current_corpus(index, base_alive, live, Path(work))
+                held = False
+                try:
+                    with publish_dir(path) as tmp:
+                        manifest = build_into(tmp, corpus, _options_of(index), index.path / MODEL_DIR,
+                                              json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
+                        _carry_over(index.manifest, manifest, seq)
+                        write_manifest(tmp, manifest)
+                        self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
+                        held = True
+                        (tmp / LIVE_DIR).mkdir()
+                        wal = path / LIVE_DIR / WAL_FILE
+                        if wal.exists():
+                            os.link(wal, tmp / LIVE_DIR / WAL_FILE)
+                    self._reopen(open_index(path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
+                                            embedder=index.embedder), seq)
+                finally:
+                    if held:
+                        self._write_lock.release()
+        logger.info("compacted %s: %d documents up to sequence %d", path, self.snapshot.documents, seq)
+        return self.refresh()
+
+    def needs_compaction(self, fraction: float, min_docs: int) -> bool:
+        """Whether the live segment and the deletions have grown past `fraction` of the base (and `min_docs`)."""
+        changed = len(self._live) + int((~self._base_alive).sum())
+        return changed >= max(min_docs, fraction * len(self._base_alive))
+
+    @property
+    def compacting(self) -> bool:
+        return self._compact_lock.locked()
+
+    def _reopen(self, index: OpenIndex, applied: int) -> None:
+        """Continue on the compacted base: writes logged after `applied` are applied on top of it (lock held)."""
+        self.index = index
+        self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
+        self._base_alive = np.ones(index.num_docs, dtype=bool)
+        self._live = {}
+        newer = [r for r in WriteAheadLog.replay(index.path / LIVE_DIR / WAL_FILE) if r["seq"] > applied]
+        for record in newer:
+            self._apply(record)
+        if self._wal is not None:  # keep only what the base does not hold yet
+            self._wal.close()
+            self._wal = WriteAheadLog.rewrite(index.path / LIVE_DIR / WAL_FILE, newer)
+        self._dirty = True
+
     def stats(self) -> dict:
         snapshot = self.snapshot
         return {"documents": snapshot.documents, "base_documents": len(snapshot.base_alive),
@@ -251,7 +334,45 @@ class Collection:
                 "last_sequence": self.seq, "visible_sequence": snapshot.seq}
 
     def close(self) -> None:
-        self._wal.close()
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
+
+
+def _current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
+    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors."""
+    corpus = work / "corpus.jsonl"
+    alive = np.flatnonzero(base_alive)
+    with corpus.open("w", encoding="utf-8") as fh:
+        for i in alive:
+            doc = index.docs.get(int(i))
+            fh.write(json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]},
+                                ensure_ascii=False) + "\n")
+        for doc in live:
+            fh.write(json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata},
+                                ensure_ascii=False) + "\n")
+    vectors = np.concatenate([np.asarray(index.embeddings[alive], dtype=np.float32),
+                              LiveSegment(live, index.dense.dimension).vectors])
+    return corpus, vectors
+
+
+def _options_of(index: OpenIndex) -> BuildOptions:
+    """The build options the index was made with (the filterable fields it kept, when they were restricted)."""
+    fields = index.manifest.metadata
+    restricted = any(info.reason == "not listed in --filterable" for info in fields.values())
+    return BuildOptions(model=index.manifest.embedder.model, backend=index.manifest.embedder.document_backend,
+                        analyzer=index.analyzer, bm25=index.manifest.bm25, faiss=index.manifest.faiss.params, device="cpu",
+                        progress=False, filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None)
+
+
+def _carry_over(old: Manifest, new: Manifest, applied: int) -> None:
+    """What the compacted base keeps of the old manifest: its tuned defaults and their evidence. A fitted hubness
+    correction does not carry over (its biases cover the old documents): refit it with `hybrid hubness fit`."""
+    new.defaults = old.defaults.merge({"hubness": {"method": "none"}}) if old.hubness else old.defaults
+    new.fusion_tuning = old.fusion_tuning
+    new.evidence = {k: v for k, v in old.evidence.items() if k != "hubness"}
+    new.corpus = old.corpus
+    new.applied_sequence = applied
 
 
 def _check_id(doc_id, where: str) -> str:

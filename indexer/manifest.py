@@ -111,6 +111,8 @@ class Manifest:
     evidence: dict[str, dict] = field(default_factory=dict)
     # Every top-level metadata field of the corpus: its filter type (search.filters) or why it has none.
     metadata: dict[str, FieldInfo] = field(default_factory=dict)
+    # The last live write (indexer.live) this base holds: a compaction's; its log replays only what follows.
+    applied_sequence: int = 0
 
     @property
     def documents(self) -> int:
@@ -125,6 +127,7 @@ class Manifest:
             "fusion_tuning": asdict(self.fusion_tuning) if self.fusion_tuning else None,
             "hubness": asdict(self.hubness) if self.hubness else None, "evidence": self.evidence,
             "metadata": {name: info.to_dict() for name, info in self.metadata.items()},
+            "applied_sequence": self.applied_sequence,
             "files": self.files, "build": self.build,
         }
 
@@ -155,6 +158,7 @@ class Manifest:
                 hubness=HubnessInfo(**{**hubness, "params": HubnessParams(**hubness["params"])}) if hubness else None,
                 evidence=data.get("evidence", {}),
                 metadata={name: FieldInfo(**info) for name, info in data.get("metadata", {}).items()},
+                applied_sequence=data.get("applied_sequence", 0),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None

@@ -110,10 +110,12 @@ class SearchPipeline:
     def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
                  defaults: SearchSpec = SearchSpec(), executor: ThreadPoolExecutor | None = None,
                  hubness: HubnessSearcher | None = None, reranker: Reranker | None = None,
-                 metadata: MetadataColumns | None = None, alive: np.ndarray | None = None):
+                 metadata: MetadataColumns | None = None, alive: np.ndarray | None = None,
+                 no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)"):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
+        self.no_hubness_reason = no_hubness_reason
         self.defaults = self._servable(defaults)
 
     def resolve(self, overrides: dict | None = None) -> SearchSpec:
@@ -122,7 +124,7 @@ class SearchPipeline:
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
         if spec.hubness.method != "none" and self.hubness is None:
-            raise SpecError("hubness.method", "this index has no fitted hubness correction (run `hybrid hubness fit`); use \"none\"")
+            raise SpecError("hubness.method", f"{self.no_hubness_reason}; use \"none\"")
         if spec.rerank.enabled and self.reranker is None:
             raise SpecError("rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search "
                                               "--reranker`); use false")

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from indexer.build import BuildOptions, build_index
 from indexer.live import LIVE_DIR, WAL_FILE, Collection
+from indexer.wal import WriteAheadLog
 from indexer.store import open_index
 from search.errors import SpecError
 from tests.conftest import write_jsonl
@@ -135,3 +136,25 @@ def test_a_bad_document_rejects_the_whole_batch(base_index, tmp_path, documents,
     assert collection.seq == 0 and collection.get("ok") is None and collection.get("a") is None
     with pytest.raises(SpecError, match="at most 3 documents"):
         collection.upsert([{"id": str(i), "text": "t"} for i in range(4)])
+
+
+def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_path):
+    shutil.copytree(base_index, tmp_path / "index")
+    base = open_index(tmp_path / "index")
+    collection = Collection(base)
+    collection.upsert([{"id": "n1", "text": "quantum cat market", "metadata": {"year": 2021, "journal": "Cell"}},
+                       {"id": "b2", "text": "replaced body about dogs", "metadata": {"year": 1999}}])
+    collection.delete(["b0", "b5"])
+    before = collection.refresh().pipeline()
+    ranked_before = {q: ranked(before, q, {}, lambda i: collection.snapshot.document(i)["id"]) for q in QUERIES}
+    after = collection.compact()
+    assert not after.changed and after.index.num_docs == len(BASE) - 1 and after.index.manifest.applied_sequence == 2
+    for query in QUERIES:
+        assert_rankings_match(ranked(after.pipeline(), query, {}, lambda i: after.document(i)["id"]), ranked_before[query])
+    collection.upsert([{"id": "n2", "text": "pet health"}])  # after the compaction: in the log, on top of the new base
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index", embedder=base.embedder))
+    assert reopened.seq == 3 and reopened.get("n2")["text"] == "pet health" and reopened.get("b0") is None
+    assert reopened.snapshot.documents == len(BASE) and len(reopened.snapshot.live) == 1
+    assert [r["seq"] for r in WriteAheadLog.replay(tmp_path / "index" / LIVE_DIR / WAL_FILE)] == [3]
+    reopened.close()

@@ -1,0 +1,140 @@
+"""Write endpoints: documents in and out of the live collection (indexer.live), key-protected (write role)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from app.routes import ServingDep
+from app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, WriteResult
+from app.security import require_api_key, require_write_key
+from app.serving import Serving
+from search.errors import SpecError
+
+router = APIRouter()
+
+WAIT_SECONDS = 30.0
+Wait = Annotated[bool, Query(description="answer only once the write is searchable (a refresh is published at once; "
+                                         "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)")]
+_WRITE_RESPONSES = {401: {"description": "missing key"}, 403: {"description": "not a write key, or writes disabled"},
+                    409: {"description": "this index cannot take writes (the message says why)"},
+                    413: {"description": "body too large"}, 422: {"description": "invalid batch; `loc` names the item and field"}}
+NDJSON = "application/x-ndjson"
+
+
+def _collection(serving: Serving):
+    if serving.collection is None:
+        raise HTTPException(status_code=409, detail=f"this index takes no writes: {serving.write_refusal}")
+    return serving.collection
+
+
+def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
+    collection = serving.collection
+    if wait:
+        collection.refresh()
+        collection.wait_visible(seq, WAIT_SECONDS)
+    return WriteResult(sequence=seq, documents=count, visible=collection.snapshot.seq >= seq)
+
+
+async def _documents(request: Request) -> list[Any]:
+    """The batch from a JSON body {"documents": [...]} or an NDJSON body (one document per line)."""
+    body = await request.body()
+    ndjson = request.headers.get("content-type", "").split(";")[0].strip() == NDJSON
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError("body", f"not UTF-8 (byte {exc.start})") from None
+    if ndjson:
+        documents = []
+        for line_no, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    documents.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise SpecError(f"line {line_no}", f"not JSON ({exc.msg})") from None
+        return documents
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError("body", f"not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict) or set(parsed) != {"documents"}:
+        raise SpecError("documents", 'the body is {"documents": [...]} (or application/x-ndjson, one document per line)')
+    return parsed["documents"]  # the collection checks every document, naming its position
+
+
+def _inline(schema: dict) -> dict:
+    """A model's JSON schema with its $defs substituted in place (the body is parsed by hand, so FastAPI does not
+    register the models as components)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            return resolve(defs[ref.rsplit("/", 1)[-1]]) if ref else {k: resolve(v) for k, v in node.items()}
+        return [resolve(v) for v in node] if isinstance(node, list) else node
+    return resolve(schema)
+
+
+@router.put("/documents", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES,
+            openapi_extra={"requestBody": {"required": True, "description": f"JSON, or {NDJSON}: one document object per line",
+                                           "content": {"application/json": {"schema": _inline(DocumentBatch.model_json_schema())}}}})
+async def put_documents(request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    """Upsert documents by id, all or nothing: every document is checked, embedded and logged durably before the
+    answer (its sequence number)."""
+    documents = await _documents(request)
+    collection = _collection(serving)
+    seq = await run_in_threadpool(collection.upsert, documents)  # embedding and fsync: off the event loop
+    return await run_in_threadpool(_written, serving, seq, len(documents), wait)
+
+
+@router.delete("/documents/{doc_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
+               responses=_WRITE_RESPONSES)
+def delete_document(doc_id: str, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    seq = _collection(serving).delete([doc_id])
+    return _written(serving, seq, 1, wait)
+
+
+@router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)],
+             responses=_WRITE_RESPONSES)
+def delete_documents(body: DeleteRequest, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    seq = _collection(serving).delete(body.ids)
+    return _written(serving, seq, len(body.ids), wait)
+
+
+@router.get("/documents/{doc_id}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
+            responses={404: {"description": "no such document"}})
+def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
+    """The latest acknowledged version of a document (before it is searchable, too)."""
+    doc = serving.collection.get(doc_id) if serving.collection is not None else _base_document(serving, doc_id)
+    if doc is None:
+        raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
+    return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
+
+
+def _base_document(serving: Serving, doc_id: str) -> dict | None:
+    index = serving.index
+    try:
+        return index.docs.get(index.doc_ids.index(doc_id))
+    except ValueError:
+        return None
+
+
+@router.get("/stats", response_model=Stats)
+def stats(serving: ServingDep) -> Stats:
+    """Live counts, sequence numbers and segment sizes."""
+    if serving.collection is None:
+        return Stats(documents=serving.documents, base_documents=serving.index.num_docs, writable=False,
+                     write_refusal=serving.write_refusal)
+    return Stats(**serving.collection.stats(), writable=True)
+
+
+@router.post("/admin/compact", response_model=Stats, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
+def compact(serving: ServingDep) -> Stats:
+    """Merge the live segment and deletions into a new base segment now (published atomically; searches and writes
+    continue meanwhile). Also runs in the background past HYBRID_COMPACT_FRACTION."""
+    collection = _collection(serving)
+    collection.compact()
+    return Stats(**collection.stats(), writable=True)

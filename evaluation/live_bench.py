@@ -1,0 +1,218 @@
+"""Live writes measured on scifact: ingest throughput, write-to-visible latency, search with a live segment vs
+compacted, compaction time, and a mixed search + write load over loopback HTTP.
+
+    python -m evaluation.live_bench DATA/scifact WORKDIR [--out live.json] [--markdown] [--seconds 60]
+
+Builds (once) an index of the corpus without every tenth document, then writes those documents (10% of the
+collection) through the service's API and measures side by side in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import shutil
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from evaluation.server import running_server
+from indexer.build import BuildOptions, build_index, index_is_current
+from indexer.corpus import read_corpus, split_queries
+from indexer.live import Collection
+from indexer.store import open_index
+
+KEY = "live-bench-writer"
+ENV = {"HYBRID_WRITE_KEYS": KEY, "HYBRID_VERIFY": "size", "HYBRID_COMPACT_MIN_DOCS": "1000000"}
+HEADERS = {"X-API-Key": KEY}
+
+
+def _documents(dataset: Path) -> list[dict]:
+    return [{"id": d.doc_id, "title": d.title, "text": d.text, "metadata": d.metadata} for d in read_corpus(dataset)]
+
+
+def base_index(dataset: Path, workdir: Path, held_out: list[dict], kept: list[dict]) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
+    corpus = workdir / "base.jsonl"
+    corpus.write_text("".join(json.dumps({"_id": d["id"], "title": d["title"], "text": d["text"]}) + "\n" for d in kept))
+    if not index_is_current(corpus, workdir / "base"):
+        build_index(corpus, workdir / "base", BuildOptions(progress=False))
+    return workdir / "base"
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def ingest(url: str, documents: list[dict], batch: int = 64) -> dict:
+    """Upsert through the API in batches (no wait): documents per second."""
+    with httpx.Client(base_url=url, timeout=120, headers=HEADERS) as client:
+        start = time.perf_counter()
+        for i in range(0, len(documents), batch):
+            client.put("/documents", json={"documents": documents[i : i + batch]}).raise_for_status()
+        seconds = time.perf_counter() - start
+    return {"documents": len(documents), "batch": batch, "seconds": round(seconds, 2), "docs_per_s": round(len(documents) / seconds, 1)}
+
+
+def visibility(url: str, samples: int = 30) -> dict:
+    """Milliseconds from a single-document write's acknowledgement until a search finds it (default refresh, 1 s)."""
+    latencies = []
+    with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
+        for i in range(samples):
+            token = f"vzq{i}x{int(time.time() * 1000)}"
+            client.put("/documents", json={"documents": [{"id": f"vis-{i}", "text": f"{token} visibility probe"}]}).raise_for_status()
+            acked = time.perf_counter()
+            while True:
+                hits = client.post("/search", json={"query": token, "mode": "bm25", "k": 1}).json()["hits"]
+                if hits:
+                    break
+                time.sleep(0.005)
+            latencies.append((time.perf_counter() - acked) * 1000)
+    return {"samples": samples, "p50_ms": round(percentile(latencies, 50), 1), "p99_ms": round(percentile(latencies, 99), 1)}
+
+
+def live_vs_compacted(index_dir: Path, workdir: Path, queries: list[str], rounds: int = 2) -> dict:
+    """BM25 and hybrid p50 over the live collection (10% live) and over a compacted copy, interleaved per query."""
+    compacted_dir = workdir / "compacted"
+    if compacted_dir.exists():
+        shutil.rmtree(compacted_dir)
+    shutil.copytree(index_dir, compacted_dir)
+    live = Collection(open_index(index_dir, verify="size", device="cpu"))
+    copy = Collection(open_index(compacted_dir, verify="size", device="cpu", embedder=live.index.embedder))
+    start = time.perf_counter()
+    copy.compact()
+    compaction_s = time.perf_counter() - start
+    pipelines = {"live": live.refresh().pipeline(), "compacted": copy.snapshot.pipeline()}
+    times = {(view, mode): [] for view in pipelines for mode in ("bm25", "hybrid")}
+    for _ in range(rounds):
+        for query in queries:
+            for view, pipeline in pipelines.items():
+                for mode in ("bm25", "hybrid"):
+                    times[(view, mode)].append(pipeline.search(query, 10, {"mode": mode}).timings_ms["total"])
+    p50 = {f"{view} {mode}": round(statistics.median(v), 3) for (view, mode), v in times.items()}
+    live.close()
+    copy.close()
+    return {"p50_ms": p50, "bm25_ratio": round(p50["live bm25"] / p50["compacted bm25"], 3),
+            "hybrid_ratio": round(p50["live hybrid"] / p50["compacted hybrid"], 3), "compaction_s": round(compaction_s, 2),
+            "live_documents": len(live.snapshot.live), "documents": live.snapshot.documents}
+
+
+def mixed_load(url: str, queries: list[str], seconds: float, searchers: int = 16, writers: int = 2) -> dict:
+    """`searchers` search clients for `seconds` alone, then again beside `writers` writing clients: errors, lost writes,
+    search p50/p99 in both phases."""
+    def phase(with_writes: bool) -> dict:
+        stop_at = time.monotonic() + seconds
+        latencies, errors, acknowledged = [], [], []
+        counter = itertools.count()
+
+        def search():
+            with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
+                while time.monotonic() < stop_at:
+                    start = time.perf_counter()
+                    try:
+                        ok = client.post("/search", json={"query": queries[next(counter) % len(queries)]}).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    latencies.append((time.perf_counter() - start) * 1000)
+                    errors.append(not ok)
+
+        def write(writer: int):
+            with httpx.Client(base_url=url, timeout=60, headers=HEADERS) as client:
+                for n in itertools.count():
+                    if time.monotonic() >= stop_at:
+                        return
+                    docs = [{"id": f"load-{writer}-{n}-{j}", "text": f"load test document {writer} {n} {j}"} for j in range(4)]
+                    try:
+                        ok = client.put("/documents", json={"documents": docs}).status_code == 200
+                    except httpx.HTTPError:
+                        ok = False
+                    errors.append(not ok)
+                    if ok:
+                        acknowledged.extend(d["id"] for d in docs)
+
+        threads = [threading.Thread(target=search) for _ in range(searchers)]
+        threads += [threading.Thread(target=write, args=(w,)) for w in range(writers if with_writes else 0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
+            lost = sum(client.get(f"/documents/{doc_id}").status_code != 200 for doc_id in acknowledged)
+        return {"searches": len(latencies), "errors": int(sum(errors)), "written_documents": len(acknowledged), "lost": lost,
+                "search_p50_ms": round(percentile(latencies, 50), 1), "search_p99_ms": round(percentile(latencies, 99), 1)}
+
+    idle, busy = phase(False), phase(True)
+    return {"seconds": seconds, "searchers": searchers, "writers": writers, "idle": idle, "with_writes": busy,
+            "p50_ratio": round(busy["search_p50_ms"] / idle["search_p50_ms"], 3)}
+
+
+def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> dict:
+    documents = _documents(dataset)
+    held_out, kept = documents[::10], [d for i, d in enumerate(documents) if i % 10]
+    base = base_index(dataset, workdir, held_out, kept)
+    live_dir = workdir / "live"
+    if live_dir.exists():
+        shutil.rmtree(live_dir)
+    shutil.copytree(base, live_dir)
+    manifest = open_index(base, verify="size").manifest
+    offline = manifest.documents / manifest.build["embeddings_s"]
+    queries = list(split_queries(dataset, split)[0].values())
+    report = {"documents": len(documents), "base_documents": len(kept), "written": len(held_out),
+              "offline_embedding_docs_per_s": round(offline, 1)}
+    with running_server(live_dir, ENV) as (url, _):
+        report["ingest"] = ingest(url, held_out)
+        report["ingest_ratio"] = round(report["ingest"]["docs_per_s"] / offline, 3)
+        report["visibility"] = visibility(url)
+    report["search"] = live_vs_compacted(live_dir, workdir, queries)
+    with running_server(live_dir, ENV) as (url, _):
+        report["mixed_load"] = mixed_load(url, queries, seconds)
+    return report
+
+
+def markdown(report: dict) -> str:
+    ing, vis, search, load = report["ingest"], report["visibility"], report["search"], report["mixed_load"]
+    p50 = search["p50_ms"]
+    idle, busy = load["idle"], load["with_writes"]
+    return "\n".join([
+        "## Live writes (`python -m evaluation.live_bench`)", "",
+        f"scifact without every tenth document ({report['base_documents']:,} documents built offline), then the other "
+        f"{report['written']:,} written through `PUT /documents` on loopback (batches of {ing['batch']}).", "",
+        "| measurement | value |", "|---|---:|",
+        f"| ingest through the API | {ing['docs_per_s']:.1f} docs/s ({ing['seconds']:.1f} s) |",
+        f"| offline build, embedding stage | {report['offline_embedding_docs_per_s']:.1f} docs/s |",
+        f"| ingest / offline | {report['ingest_ratio']:.2f}x |",
+        f"| write-to-visible, p50 / p99 ({vis['samples']} single-document writes, refresh every 1 s) | "
+        f"{vis['p50_ms']:.0f} / {vis['p99_ms']:.0f} ms |",
+        f"| BM25 p50, {search['live_documents']} live documents vs compacted | {p50['live bm25']:.2f} vs "
+        f"{p50['compacted bm25']:.2f} ms ({search['bm25_ratio']:.2f}x) |",
+        f"| hybrid p50, live vs compacted | {p50['live hybrid']:.2f} vs {p50['compacted hybrid']:.2f} ms "
+        f"({search['hybrid_ratio']:.2f}x) |",
+        f"| compaction of {search['documents']:,} documents (vectors reused) | {search['compaction_s']:.1f} s |", "",
+        f"Mixed load on loopback, {load['searchers']} search clients for {load['seconds']:.0f} s alone, then again with "
+        f"{load['writers']} clients writing batches of 4: search p50 {idle['search_p50_ms']:.0f} ms idle vs "
+        f"{busy['search_p50_ms']:.0f} ms with writes ({load['p50_ratio']:.2f}x), p99 {idle['search_p99_ms']:.0f} vs "
+        f"{busy['search_p99_ms']:.0f} ms; {idle['errors'] + busy['errors']} errors, {busy['written_documents']:,} documents "
+        f"written, {busy['lost']} lost.", ""])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dataset", type=Path)
+    parser.add_argument("workdir", type=Path)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--seconds", type=float, default=60.0, help="each phase of the mixed load")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    report = run(args.dataset, args.workdir, args.seconds)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
+    print(markdown(report) if args.markdown else json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
