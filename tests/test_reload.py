@@ -17,7 +17,7 @@ KEY = "reload-test-key"
 def server(tiny_index, tmp_path):
     index_dir = tmp_path / "index"
     shutil.copytree(tiny_index, index_dir)
-    with running_server(index_dir, {"HYBRID_API_KEYS": KEY}) as (url, process):
+    with running_server(index_dir, {"HYBRID_WRITE_KEYS": KEY}) as (url, process):
         yield url, index_dir, process
 
 

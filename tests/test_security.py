@@ -69,4 +69,4 @@ def test_saturated_server_answers_503_with_retry_after(index):
 def test_admin_endpoints_are_off_without_keys(index):
     with TestClient(create_app(Settings(), index=index)) as client:
         response = client.post("/admin/reload")
-        assert response.status_code == 403 and "HYBRID_API_KEYS" in response.json()["detail"]
+        assert response.status_code == 403 and "HYBRID_WRITE_KEYS" in response.json()["detail"]
