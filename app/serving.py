@@ -75,7 +75,8 @@ class Reloader:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = None, None
         try:
-            collection = Collection(index, self.settings.max_batch_docs, on_refresh=self._publish_snapshot)
+            collection = Collection(index, self.settings.max_batch_docs, on_refresh=self._publish_snapshot,
+                                    write_threads=self.settings.write_threads)
         except HybridError as exc:
             refusal = str(exc)
             logger.warning("serving %s read-only: %s", index.path, refusal)

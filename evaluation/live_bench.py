@@ -62,8 +62,10 @@ def ingest(url: str, documents: list[dict], batch: int = 64) -> dict:
 def visibility(url: str, samples: int = 30) -> dict:
     """Milliseconds from a single-document write's acknowledgement until a search finds it (default refresh, 1 s)."""
     latencies = []
+    rng = np.random.default_rng(0)
     with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
         for i in range(samples):
+            time.sleep(rng.uniform(0, 1.0))  # arrive at any point of the refresh cycle, as independent writers do
             token = f"vzq{i}x{int(time.time() * 1000)}"
             client.put("/documents", json={"documents": [{"id": f"vis-{i}", "text": f"{token} visibility probe"}]}).raise_for_status()
             acked = time.perf_counter()
@@ -171,13 +173,21 @@ def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> di
     report["search"] = live_vs_compacted(live_dir, workdir, queries)
     with running_server(live_dir, ENV) as (url, _):
         report["mixed_load"] = mixed_load(url, queries, seconds)
+    with running_server(live_dir, {**ENV, "HYBRID_WRITE_THREADS": "1"}) as (url, _):
+        report["mixed_load_one_write_thread"] = mixed_load(url, queries, seconds)
     return report
+
+
+def _load_sentence(load: dict, how: str) -> str:
+    idle, busy = load["idle"], load["with_writes"]
+    return (f"{how}: search p50 {idle['search_p50_ms']:.0f} ms idle vs {busy['search_p50_ms']:.0f} ms with writes "
+            f"({load['p50_ratio']:.2f}x), p99 {idle['search_p99_ms']:.0f} vs {busy['search_p99_ms']:.0f} ms; "
+            f"{idle['errors'] + busy['errors']} errors, {busy['written_documents']:,} documents written, {busy['lost']} lost.")
 
 
 def markdown(report: dict) -> str:
     ing, vis, search, load = report["ingest"], report["visibility"], report["search"], report["mixed_load"]
     p50 = search["p50_ms"]
-    idle, busy = load["idle"], load["with_writes"]
     return "\n".join([
         "## Live writes (`python -m evaluation.live_bench`)", "",
         f"scifact without every tenth document ({report['base_documents']:,} documents built offline), then the other "
@@ -194,10 +204,9 @@ def markdown(report: dict) -> str:
         f"({search['hybrid_ratio']:.2f}x) |",
         f"| compaction of {search['documents']:,} documents (vectors reused) | {search['compaction_s']:.1f} s |", "",
         f"Mixed load on loopback, {load['searchers']} search clients for {load['seconds']:.0f} s alone, then again with "
-        f"{load['writers']} clients writing batches of 4: search p50 {idle['search_p50_ms']:.0f} ms idle vs "
-        f"{busy['search_p50_ms']:.0f} ms with writes ({load['p50_ratio']:.2f}x), p99 {idle['search_p99_ms']:.0f} vs "
-        f"{busy['search_p99_ms']:.0f} ms; {idle['errors'] + busy['errors']} errors, {busy['written_documents']:,} documents "
-        f"written, {busy['lost']} lost.", ""])
+        f"{load['writers']} clients writing batches of 4 (then every written id is read back). "
+        + _load_sentence(load, "Writes embedded on all cores (the default)") + " "
+        + _load_sentence(report["mixed_load_one_write_thread"], "With `HYBRID_WRITE_THREADS=1`"), ""])
 
 
 def main() -> None:

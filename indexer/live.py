@@ -29,6 +29,7 @@ from indexer.build import BuildOptions, build_into
 from indexer.corpus import indexed_text
 from indexer.manifest import Manifest, write_manifest
 from indexer.store import MODEL_DIR, OpenIndex, open_index
+from models.embedder import OnnxEmbedder
 from indexer.wal import WriteAheadLog
 from search.errors import ConfigError, SpecError
 from search.filters import MetadataCollector, check_value
@@ -122,10 +123,16 @@ def _live_columns(index: OpenIndex, live: LiveSegment):
 class Collection:
     """The writable collection over an opened index: writes are logged, applied, and published by `refresh`."""
 
-    def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None):
+    def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None,
+                 write_threads: int | None = None):
         """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
         called before a new snapshot counts as visible (the service swaps its searches to it there)."""
         self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
+        # Documents are embedded by their own ONNX session: with `write_threads`, on that many cores at most, one
+        # batch at a time, so writes cannot take every core from searches (default: the index's session, all cores).
+        self.write_threads = write_threads
+        self._write_embedder = None
+        self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
         if index.manifest.bm25.method != "lucene":
             raise ConfigError(f"live writes score BM25 with the lucene method; {index.path} uses {index.manifest.bm25.method!r}")
@@ -150,10 +157,18 @@ class Collection:
         """Validate every document (SpecError naming `documents[i].field`), embed, log durably, apply; the sequence number."""
         checked = self._check_batch(documents)
         texts = [indexed_text(doc["title"], doc["text"]) for doc in checked]
-        vectors = self.index.embedder.encode(texts) if texts else np.empty((0, self.index.dense.dimension), np.float32)
+        vectors = self._embed(texts)
         record_docs = [{**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()}
                        for doc, v in zip(checked, vectors)]
         return self._log_and_apply({"op": "upsert", "documents": record_docs})
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        if self.write_threads is None:
+            return self.index.embedder.encode(texts)
+        with self._embed_lock:
+            if self._write_embedder is None:
+                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=self.write_threads)
+            return self._write_embedder.encode(texts)
 
     def delete(self, ids: list) -> int:
         if not isinstance(ids, list) or not ids:

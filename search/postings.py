@@ -74,11 +74,5 @@ class Postings:
     @classmethod
     def load(cls, folder: Path, mmap: bool = True) -> "Postings":
         where = folder / POSTINGS_DIR
-        return cls(*(np.load(where / f"{name}.npy", mmap_mode="r" if mmap else None) for name in _PARTS))
-
-
-def lucene_term_scores(tf: np.ndarray, lengths: np.ndarray, df: int, num_docs: int, avgdl: float, k1: float, b: float) -> np.ndarray:
-    """BM25 (Lucene variant) contribution of one term to the documents whose frequencies and lengths are given."""
-    idf = np.log(1.0 + (num_docs - df + 0.5) / (df + 0.5))
-    tf = tf.astype(np.float64)
-    return idf * tf / (tf + k1 * (1.0 - b + b * lengths / avgdl))
+        # np.asarray: plain arrays over the mapping (np.memmap's per-slice overhead dominates a query's cost)
+        return cls(*(np.asarray(np.load(where / f"{name}.npy", mmap_mode="r" if mmap else None)) for name in _PARTS))

@@ -22,7 +22,7 @@ from search.bm25 import BM25Index, BM25Params
 from search.dense import DenseIndex
 from search.errors import ConfigError
 from search.filters import Allowed, KeywordColumn, MetadataColumns, ValueColumn
-from search.postings import Postings, lucene_term_scores
+from search.postings import Postings
 from search.ranking import Ranking, top_k
 
 
@@ -81,25 +81,33 @@ class LiveBM25:
         total_length = int(postings.lengths[base_alive].sum()) + int(live.lengths.sum())
         self.avgdl = total_length / max(1, self.collection_size)
         self._base_df = postings.document_frequency(base_alive)
+        self._all_alive = bool(base_alive.all())
+        # the length normalisation of every document, once per snapshot: k1 * (1 - b + b * |d| / avgdl)
+        self._base_norm = params.k1 * (1.0 - params.b + params.b * np.asarray(postings.lengths, dtype=np.float64) / self.avgdl)
+        self._live_norm = params.k1 * (1.0 - params.b + params.b * live.lengths.astype(np.float64) / self.avgdl)
+
+    def idf(self, df: int) -> float:
+        return float(np.log(1.0 + (self.collection_size - df + 0.5) / (df + 0.5)))
 
     def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches."""
+        """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches:
+        sum over query terms t of idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)) (search.postings)."""
         out = np.zeros(self.num_docs, dtype=np.float64)
-        k1, b = self.params.k1, self.params.b
         for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
             term_id = self._vocab.get(term)
             live_idx, live_tf = self.live.postings.get(term, _NO_POSTINGS)
             df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
             if df == 0:
                 continue
+            idf = self.idf(df)
             if term_id is not None:
                 docs, tfs = self.postings.term(term_id)
-                keep = self.alive[docs]
-                docs = docs[keep]
-                out[docs] += lucene_term_scores(tfs[keep], self.postings.lengths[docs], df, self.collection_size, self.avgdl, k1, b)
+                if not self._all_alive:
+                    keep = self.alive[docs]
+                    docs, tfs = docs[keep], tfs[keep]
+                out[docs] += idf * tfs / (tfs + self._base_norm[docs])
             if len(live_idx):
-                out[self.base_docs + live_idx] += lucene_term_scores(live_tf, self.live.lengths[live_idx], df,
-                                                                     self.collection_size, self.avgdl, k1, b)
+                out[self.base_docs + live_idx] += idf * live_tf / (live_tf + self._live_norm[live_idx])
         return out
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)

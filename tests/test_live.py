@@ -87,8 +87,14 @@ def check_against_fresh_build(base_index, root, ops):
     snapshot = collection.refresh()
     build_index(write_jsonl(root / "fresh.jsonl", list(documents.values())), root / "fresh", BuildOptions(progress=False))
     fresh = open_index(root / "fresh", embedder=base.embedder)  # the same model: one ONNX session for both
-    live_pipeline, fresh_pipeline = snapshot.pipeline(), fresh.pipeline()
     assert snapshot.documents == len(documents)
+    compare(snapshot, fresh)
+    compare(collection.compact(), fresh)  # and after merging everything into a new base
+    collection.close()
+
+
+def compare(snapshot, fresh) -> None:
+    live_pipeline, fresh_pipeline = snapshot.pipeline(), fresh.pipeline()
     for query in QUERIES:
         legs_tie = any(has_ties(ranked(fresh_pipeline, query, {"mode": mode}, lambda i: fresh.doc_ids[i])) for mode in ("bm25", "dense"))
         for name, spec in SPECS.items():
@@ -97,7 +103,6 @@ def check_against_fresh_build(base_index, root, ops):
             live = ranked(live_pipeline, query, spec, lambda i: snapshot.document(i)["id"])
             expected = ranked(fresh_pipeline, query, spec, lambda i: fresh.doc_ids[i])
             assert_rankings_match(live, expected)
-    collection.close()
 
 
 def test_the_log_is_replayed_on_open_and_a_torn_tail_is_cut(base_index, tmp_path):

@@ -3,11 +3,12 @@
 import numpy as np
 
 from indexer.store import open_index
-from search.postings import Postings, lucene_term_scores
+from search.postings import Postings
 from tests.conftest import TINY_CORPUS
 
 
 def query_time_scores(postings: Postings, term_ids, alive, k1=1.5, b=0.75) -> np.ndarray:
+    """The Lucene BM25 formula written out, term by term, from the postings."""
     df = postings.document_frequency(alive)
     n = int(alive.sum())
     avgdl = postings.lengths[alive].sum() / n
@@ -15,7 +16,9 @@ def query_time_scores(postings: Postings, term_ids, alive, k1=1.5, b=0.75) -> np
     for t in term_ids:
         docs, tfs = postings.term(t)
         keep = alive[docs]
-        scores[docs[keep]] += lucene_term_scores(tfs[keep], postings.lengths[docs[keep]], int(df[t]), n, avgdl, k1, b)
+        docs, tf = docs[keep], tfs[keep].astype(float)
+        idf = np.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+        scores[docs] += idf * tf / (tf + k1 * (1 - b + b * postings.lengths[docs] / avgdl))
     return scores
 
 
