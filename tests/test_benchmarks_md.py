@@ -304,3 +304,20 @@ def test_filter_section_states_the_measured_numbers():
     assert "| HNSW32,Flat | 10% | 514 | brute force | 1.0000 | 0.050 | 0.8000 | 0.050 |" in text
     assert "the worst is 0.8000 (HNSW32,Flat at 10%)" in text
     assert "filter at 10% 5.50 ms (1.10x), at 0.1% 4.00 ms (0.80x)" in text and "1.38x" in text
+
+
+def test_live_section_states_the_measured_numbers():
+    from evaluation.live_bench import markdown
+
+    phase = {"searches": 100, "errors": 0, "written_documents": 0, "lost": 0, "search_p50_ms": 100.0, "search_p99_ms": 200.0}
+    load = {"seconds": 60.0, "searchers": 16, "writers": 2, "idle": phase,
+            "with_writes": {**phase, "written_documents": 400, "search_p50_ms": 120.0}, "p50_ratio": 1.2}
+    report = {"base_documents": 4664, "written": 519, "offline_embedding_docs_per_s": 20.0, "ingest_ratio": 0.9,
+              "ingest": {"documents": 519, "batch": 64, "seconds": 28.8, "docs_per_s": 18.0},
+              "visibility": {"samples": 30, "p50_ms": 540.0, "p99_ms": 1050.0},
+              "search": {"p50_ms": {"live bm25": 0.4, "compacted bm25": 0.3, "live hybrid": 6.5, "compacted hybrid": 6.2},
+                         "bm25_ratio": 1.33, "hybrid_ratio": 1.05, "compaction_s": 2.9, "live_documents": 549, "documents": 5213},
+              "mixed_load": load, "mixed_load_one_write_thread": {**load, "p50_ratio": 1.1}}
+    text = markdown(report)
+    assert "| ingest / offline | 0.90x |" in text and "| 540 / 1050 ms |" in text
+    assert "0.40 vs 0.30 ms (1.33x)" in text and "(1.20x)" in text and "(1.10x)" in text and "400 documents written, 0 lost" in text
