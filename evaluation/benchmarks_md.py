@@ -331,8 +331,8 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
         lines += ["", *filter_bench.markdown(filters).rstrip("\n").splitlines()]
     if live:
         lines += ["", *live_bench.markdown(live).rstrip("\n").splitlines()]
-    lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval` and "
-              "`hybrid bench` on scifact and regenerates this file.", ""]
+    lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval`, the filter and "
+              "live-write benchmarks and `hybrid bench` on scifact and regenerates this file.", ""]
     return "\n".join(lines)
 
 

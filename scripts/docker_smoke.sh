@@ -164,6 +164,14 @@ assert len(queries) >= 5 and share >= 0.8, f"hit@10 {share:.2f} over {len(querie
 EOF
 }
 
+# A write through the API, then `compose restart api`: the written document must still be there and searchable.
+write_and_restart() {
+  python3 scripts/smoke_writes.py "$HYBRID_PORT" put
+  "${compose[@]}" restart api >/dev/null
+  wait_healthy
+  python3 scripts/smoke_writes.py "$HYBRID_PORT" check
+}
+
 rerun_indexer() {
   "${compose[@]}" run --rm -T indexer >"$work/rerun.log" 2>&1 || { cat "$work/rerun.log" >&2; exit 1; }
   grep -q "build skipped" "$work/rerun.log" || { cat "$work/rerun.log" >&2; echo "error: the indexer rebuilt an unchanged corpus" >&2; exit 1; }
@@ -190,7 +198,7 @@ timed base_image ensure_base
 stage_torch_wheel
 work="$(mktemp -d)"
 make_slice
-export HYBRID_BASE_IMAGE="$base_image" HYBRID_CORPUS="$work/corpus" HYBRID_HOST=127.0.0.1
+export HYBRID_BASE_IMAGE="$base_image" HYBRID_CORPUS="$work/corpus" HYBRID_HOST=127.0.0.1 HYBRID_WRITE_KEYS=smoke-writer
 HYBRID_PORT="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 export HYBRID_PORT
 timed build build_images
@@ -199,6 +207,7 @@ log "compose up (index, then serve on 127.0.0.1:$HYBRID_PORT)"
 timed up "${compose[@]}" up -d api
 timed healthy wait_healthy
 timed search check_search
+timed writes write_and_restart
 timed reindex rerun_indexer
 
 sizes="$(docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E '^(hybrid-retrieval|hybrid-base):' || true)"
