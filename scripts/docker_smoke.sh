@@ -141,7 +141,9 @@ base = f"http://127.0.0.1:{port}"
 
 def call(path, body=None):
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json"})
+    # the stack runs with a write key (for the write check below), which searches then need too
+    request = urllib.request.Request(base + path, data=data, headers={"content-type": "application/json",
+                                                                      "X-API-Key": "smoke-writer"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
