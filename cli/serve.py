@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cli.args import add_device, add_filter
+from indexer.live import current_view
 from indexer.store import open_index
 from models.cross_encoder import load_cross_encoder, rerank_weight
 from models.onnx_export import PRECISIONS
@@ -61,8 +62,9 @@ def run_search(args) -> None:
     if args.reranker:
         model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
         reranking = {"rerank": {"enabled": True, "weight": rerank_weight(args.reranker, args.rerank_weight)}}
-    pipeline = index.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "")
-    presenter = index.presenter()
+    view = current_view(index)  # with the documents written through the API or `hybrid ingest`
+    pipeline = view.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "")
+    presenter = view.presenter()
     fields = presenter.check_fields(args.fields, "--fields")
     result = pipeline.search(args.query, args.k, spec, offset=args.offset)
     hits = presenter.hits(result, args.query, fields=fields)

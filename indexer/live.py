@@ -109,6 +109,14 @@ class Snapshot:
         return Presenter(self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), pipeline_metadata)
 
 
+def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
+    """What a search of `index` should read: the built index with the writes its log holds (read-only: nothing is
+    locked or written), or the index itself when it has no log."""
+    if not (index.path / LIVE_DIR / WAL_FILE).exists():
+        return index
+    return Collection(index).snapshot
+
+
 def _live_columns(index: OpenIndex, live: LiveSegment):
     if not live.docs:
         return None

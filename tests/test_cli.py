@@ -127,3 +127,20 @@ def test_command_errors_are_one_line_with_exit_code_2(tiny_index, tmp_path):
         assert message in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"not an index"
+
+
+def test_ingest_writes_the_log_that_search_and_the_service_read(tiny_index, tmp_path):
+    import shutil
+
+    shutil.copytree(tiny_index, tmp_path / "index")
+    docs = write_jsonl(tmp_path / "docs.jsonl", [{"_id": "n1", "text": "an axolotl regrows its limbs"}, {"_id": "d1", "text": "replaced"}])
+    (tmp_path / "ids.txt").write_text("d2\n")
+    result = hybrid("ingest", tmp_path / "index", docs, "--delete", tmp_path / "ids.txt")
+    assert result.returncode == 0, result.stderr
+    assert "2 documents upserted, 1 ids deleted" in result.stdout and "sequence 2" in result.stdout
+    found = json.loads(hybrid("search", tmp_path / "index", "axolotl limbs", "--mode", "bm25", "--json").stdout)
+    assert [h["id"] for h in found["hits"]] == ["n1"]
+    dogs = json.loads(hybrid("search", tmp_path / "index", "dogs chase the mailman", "--mode", "bm25", "--json").stdout)
+    assert "d2" not in [h["id"] for h in dogs["hits"]]
+    nothing = hybrid("ingest", tmp_path / "index")
+    assert nothing.returncode == 2 and "nothing to do" in nothing.stderr
