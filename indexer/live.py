@@ -13,6 +13,7 @@ snapshot (search.segments.LiveBM25), so rankings equal a fresh build's of the sa
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
@@ -29,14 +30,14 @@ from indexer.build import BuildOptions, build_into
 from indexer.corpus import indexed_text
 from indexer.manifest import Manifest, write_manifest
 from indexer.store import MODEL_DIR, OpenIndex, open_index
-from models.embedder import OnnxEmbedder
 from indexer.wal import WriteAheadLog
-from search.errors import ConfigError, SpecError
-from search.filters import MetadataCollector, check_value
+from models.embedder import OnnxEmbedder
+from search.errors import SpecError
+from search.filters import MetadataCollector, MetadataColumns, check_value
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 from search.rerank import Reranker
-from search.segments import LiveBM25, LiveDense, LiveDocument, LiveSegment, LiveVectors, concat_columns
+from search.segments import LiveBM25, LiveDense, LiveDocument, LiveSegment, LiveVectors, check_live_method, concat_columns
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,13 @@ class Snapshot:
         doc = self.document(doc_idx)
         return indexed_text(doc["title"], doc["text"])
 
+    @functools.cached_property
+    def metadata(self) -> MetadataColumns | None:
+        """The filterable columns over both segments, built once per snapshot (its pipeline and presenter share them)."""
+        if not self.changed:
+            return self.index.metadata
+        return concat_columns(self.index.metadata, _live_columns(self.index, self.live), len(self.base_alive), len(self.live))
+
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None) -> SearchPipeline:
         """As OpenIndex.pipeline, over the snapshot. An unchanged snapshot is served by the base index as built."""
@@ -90,23 +98,21 @@ class Snapshot:
             # The fitted biases cover the base segment only (see the issue on live hubness): serve uncorrected.
             logger.warning("hubness correction is not applied to a collection with live writes until it is compacted")
             defaults = defaults.merge({"hubness": {"method": "none"}})
-        base_docs = len(self.base_alive)
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
+        unfitted = {} if index.hubness is None else {"no_hubness_reason": (
+            "the fitted hubness correction covers the built documents only: it is not applied while the collection has "
+            "live writes (compact, then refit with `hybrid hubness fit`)")}
         return SearchPipeline(
             LiveBM25(index.bm25, index.postings, index.manifest.bm25, self.base_alive, self.live),
             LiveDense(index.dense, self.live.vectors), embedder or index.embedder,
             LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, reranker=reranker,
-            metadata=concat_columns(index.metadata, _live_columns(index, self.live), base_docs, len(self.live)),
+            metadata=self.metadata,
             alive=None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)]),
-            **({"no_hubness_reason": "the fitted hubness correction covers the built documents only: it is not applied while "
-                                     "the collection has live writes (compact, then refit with `hybrid hubness fit`)"}
-               if index.hubness is not None else {}))
+            **unfitted)
 
     def presenter(self, embedder=None) -> Presenter:
-        pipeline_metadata = concat_columns(self.index.metadata, _live_columns(self.index, self.live), len(self.base_alive),
-                                           len(self.live)) if self.changed else self.index.metadata
         fields = set(self.index.manifest.metadata) | {name for doc in self.live.docs for name in doc.metadata}
-        return Presenter(self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), pipeline_metadata)
+        return Presenter(self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), self.metadata)
 
 
 def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
@@ -142,8 +148,7 @@ class Collection:
         self._write_embedder = None
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
-        if index.manifest.bm25.method != "lucene":
-            raise ConfigError(f"live writes score BM25 with the lucene method; {index.path} uses {index.manifest.bm25.method!r}")
+        check_live_method(index.manifest.bm25)
         self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
         self._base_alive = np.ones(index.num_docs, dtype=bool)
         self._live: dict[str, LiveDocument] = {}

@@ -76,10 +76,14 @@ def _kind(value) -> str | None:
     return "list" if isinstance(value, list) else type(value).__name__
 
 
+# The value kinds (`_kind`) each field type takes, in the order types are tried when inferring one.
+_KINDS_OF_TYPE = {"bool": {"bool"}, "int": {"int"}, "float": {"int", "float"}, "date": {"date"},
+                  "keyword": {"keyword", "keywords", "date"}}
+
+
 def _field_type(kinds: set[str]) -> str | None:
     """The filterable type of a field whose values have `kinds`, or None when they do not share one."""
-    for field_type, allowed in (("bool", {"bool"}), ("int", {"int"}), ("float", {"int", "float"}), ("date", {"date"}),
-                                ("keyword", {"keyword", "keywords", "date"})):
+    for field_type, allowed in _KINDS_OF_TYPE.items():
         if kinds <= allowed:
             return field_type
     return None
@@ -423,11 +427,10 @@ def check_value(field_type: str | None, value, path: str) -> None:
     kind = _kind(value)
     if kind is None:
         return
-    if kind in ("list", "non-finite number") or kind not in ("bool", "int", "float", "date", "keyword", "keywords"):
+    if _field_type({kind}) is None:
         raise SpecError(path, f"unsupported value {_short(value)}: metadata values are strings, numbers, true/false, "
                               "lists of strings or null")
-    if field_type is not None and _field_type({kind}) != field_type and not (field_type == "float" and kind == "int") \
-            and not (field_type == "keyword" and kind in ("keyword", "keywords", "date")):
+    if field_type is not None and kind not in _KINDS_OF_TYPE[field_type]:
         raise SpecError(path, f"the index holds this field as {field_type}; got {_short(value)}")
 
 

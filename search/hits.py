@@ -53,11 +53,12 @@ class Presenter:
              fields: list[str] | str | None = None) -> list[dict]:
         """The page's hits: id, score, rank (from 1, counting earlier pages), title; and as asked the text,
         metadata `fields`, highlights (the spec's) and the score's components."""
-        hits = []
+        hits, docs = [], []
         explain = explain and result.explainable
         terms = self.highlighter.query_terms(query) if result.spec.highlight.enabled else None
         for position in result.page:
             doc = self.document(int(result.ranking.doc_idx[position]))
+            docs.append(doc)
             hit = {"id": doc["id"], "score": float(result.ranking.scores[position]), "rank": position + 1, "title": doc["title"]}
             if include_text:
                 hit["text"] = doc["text"]
@@ -70,7 +71,7 @@ class Presenter:
                 hit["explain"] = result.explain(position)
             hits.append(hit)
         if result.spec.highlight.enabled and result.spec.highlight.semantic:
-            self._semantic(query, result, hits)
+            self._semantic(query, result, hits, docs)
         return hits
 
     def _highlight(self, query: str, terms, doc: dict, spec) -> dict:
@@ -78,14 +79,10 @@ class Presenter:
                   "text": self.highlighter.highlight(query, doc["text"], spec.snippet_chars, spec.snippets, terms=terms)}
         return {name: [snippet.to_dict() for snippet in snippets] for name, snippets in marked.items()}
 
-    def _semantic(self, query: str, result: SearchResult, hits: list[dict]) -> None:
+    def _semantic(self, query: str, result: SearchResult, hits: list[dict], docs: list[dict]) -> None:
         """The sentence nearest the query for each hit without a term match: one model run for all of them."""
-        lexical = [bool(hit["highlight"]["title"] or hit["highlight"]["text"]) for hit in hits]
-        todo = []
-        for hit, position, matched in zip(hits, result.page, lexical):
-            if not matched:
-                text = self.document(int(result.ranking.doc_idx[position]))["text"]
-                todo.append((hit, text, split_sentences(text)))
+        todo = [(hit, doc["text"], split_sentences(doc["text"])) for hit, doc in zip(hits, docs)
+                if not (hit["highlight"]["title"] or hit["highlight"]["text"])]
         todo = [item for item in todo if item[2]]  # a hit without text has no sentence to show
         if not todo:
             return

@@ -128,19 +128,24 @@ class SearchPipeline:
         if spec.rerank.enabled and self.reranker is None:
             raise SpecError("rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search "
                                               "--reranker`); use false")
-        self.allowed(spec.filter)
+        if spec.filter is not None:
+            self._admitted(spec.filter)  # checks the filter against the index's fields (the answer is cached)
         return spec
+
+    def _admitted(self, filter_: dict) -> Allowed:
+        if self.metadata is None:
+            raise SpecError("filter", "this index has no filterable metadata fields (documents had no metadata, or "
+                                      "`hybrid index --filterable` named none)")
+        return self.metadata.allowed(filter_)
 
     def allowed(self, filter_: dict | None) -> Allowed | None:
         """The documents `filter_` admits that exist (None: every document); SpecError naming the path of a bad
         condition."""
         if filter_ is None:
             return self.alive
-        if self.metadata is None:
-            raise SpecError("filter", "this index has no filterable metadata fields (documents had no metadata, or "
-                                      "`hybrid index --filterable` named none)")
-        allowed = self.metadata.allowed(filter_)
+        allowed = self._admitted(filter_)
         return allowed if self.alive is None else Allowed(allowed.mask & self.alive.mask)
+
     def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch, allowed: Allowed | None = None):
         scores = clock.time("bm25", self.bm25.scores, query)
         return scores, self.bm25.ranking_from_scores(scores, depth, allowed)

@@ -65,14 +65,19 @@ class LiveSegment:
 _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 
 
+def check_live_method(params: BM25Params) -> None:
+    """Live statistics are computed for the Lucene variant only (search.postings)."""
+    if params.method != "lucene":
+        raise ConfigError(f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
+                          "rebuild it with --bm25-method lucene to accept writes")
+
+
 class LiveBM25:
     """BM25 (Lucene variant) over alive base documents and live ones, with the statistics of exactly those:
     rankings equal a fresh build's of the same documents."""
 
     def __init__(self, base: BM25Index, postings: Postings, params: BM25Params, base_alive: np.ndarray, live: LiveSegment):
-        if params.method != "lucene":
-            raise ConfigError(f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
-                              "rebuild it with --bm25-method lucene to accept writes")
+        check_live_method(params)
         self.analyzer, self.params, self.postings, self.alive, self.live = base.analyzer, params, postings, base_alive, live
         self._vocab = base.vocabulary
         self.base_docs = len(base_alive)
