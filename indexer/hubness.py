@@ -4,6 +4,11 @@ Files (in a folder `hubness-<time>/` of the index that the manifest names, liste
     <column>.npy          LSE of each bank at its beta, float64 (n,)  (search.hubness.BIAS_COLUMNS)
     activation_query.npy / activation_gallery.npy     bool (n,)
     dense.faiss           inner-product index over d' = [d, -LSE columns]
+    bank_query.npy / bank_gallery.npy, gallery_ids.json      the banks (vectors; the gallery members' document ids)
+    neighbours_<bank>_sims.npy / _idx.npy     each bank member's raw top-k (its part of the activation set)
+
+The banks and neighbours let a live collection (indexer.live) give documents written later their biases and keep
+the activation sets exact, as a fresh fit with the same banks would.
 
 A refit publishes a new folder, then switches the manifest to it in one atomic write, then removes
 the old folder: a crash at any point leaves a manifest that names a complete correction.
@@ -12,6 +17,7 @@ the old folder: a crash at any point leaves a manifest that names a complete cor
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import shutil
 import time
@@ -24,11 +30,12 @@ import numpy as np
 from common.publish import publish_dir
 from indexer.corpus import read_qrels, read_queries
 from indexer.manifest import HubnessInfo, Manifest, update_manifest
-from indexer.store import AUGMENTED_FAISS, OpenIndex, file_inventory
+from indexer.store import AUGMENTED_FAISS, BANK_FILES, GALLERY_IDS, OpenIndex, file_inventory
 from search.dense import build_faiss_index
 from search.errors import ConfigError
 from search.hubness import (
     BIAS_COLUMNS,
+    Banks,
     HubnessCorrection,
     HubnessParams,
     augment_documents,
@@ -83,41 +90,69 @@ def sample_gallery(num_docs: int, size: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(num_docs, size=min(size, num_docs), replace=False))
 
 
-def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessParams,
-                   gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0) -> tuple[HubnessCorrection, np.ndarray]:
-    """Both methods' biases and activation sets; returns the correction and the gallery's doc indices."""
-    lse_qb, activation_query = bank_statistics(bank, embeddings, params.beta, params.k)
-    lse_db_query, _ = bank_statistics(bank, embeddings, params.beta1, params.k)
-    gallery = sample_gallery(len(embeddings), gallery_size, seed)
-    lse_db_gallery, activation_gallery = bank_statistics(embeddings[gallery], embeddings, params.beta2, params.k, self_idx=gallery)
+def fit_with_banks(query_bank: np.ndarray, gallery_bank: np.ndarray, gallery_self: np.ndarray, embeddings: np.ndarray,
+                   params: HubnessParams) -> tuple[HubnessCorrection, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Both methods' biases and activation sets for given banks; `gallery_self[i]` is the corpus index of gallery
+    member i's own document (-1: none). Returns the correction and each bank member's top-k (sims, doc idx)."""
+    query = bank_statistics(query_bank, embeddings, params.beta, params.k)
+    lse_db_query = bank_statistics(query_bank, embeddings, params.beta1, params.k).lse
+    gallery = bank_statistics(gallery_bank, embeddings, params.beta2, params.k, self_idx=gallery_self)
     correction = HubnessCorrection(
         params,
-        lse=dict(zip(BIAS_COLUMNS, (lse_qb, lse_db_query, lse_db_gallery))),
-        activation={"query": activation_query, "gallery": activation_gallery},
+        lse=dict(zip(BIAS_COLUMNS, (query.lse, lse_db_query, gallery.lse))),
+        activation={"query": query.activation, "gallery": gallery.activation},
     )
-    return correction, gallery
+    return correction, {"query": (query.top_sims, query.top_idx), "gallery": (gallery.top_sims, gallery.top_idx)}
+
+
+def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessParams,
+                   gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0) -> tuple[HubnessCorrection, np.ndarray]:
+    """Both corrections with a gallery sampled from the corpus; returns the correction and the gallery's doc indices."""
+    gallery = sample_gallery(len(embeddings), gallery_size, seed)
+    return fit_with_banks(bank, embeddings[gallery], gallery, embeddings, params)[0], gallery
+
+
+def write_correction(folder: Path, correction: HubnessCorrection, banks: Banks, embeddings: np.ndarray, faiss_params) -> None:
+    """The files of a fitted correction (module docstring) into `folder`."""
+    for column, lse in correction.lse.items():
+        np.save(folder / f"{column}.npy", lse)
+    for bank_name, mask in correction.activation.items():
+        np.save(folder / f"activation_{bank_name}.npy", mask)
+    np.save(folder / BANK_FILES["query"], np.asarray(banks.query, dtype=np.float32))
+    np.save(folder / BANK_FILES["gallery"], np.asarray(banks.gallery, dtype=np.float32))
+    (folder / GALLERY_IDS).write_text(json.dumps(banks.gallery_ids, ensure_ascii=False), encoding="utf-8")
+    for bank_name, (sims, idx) in banks.neighbours.items():
+        np.save(folder / f"neighbours_{bank_name}_sims.npy", sims)
+        np.save(folder / f"neighbours_{bank_name}_idx.npy", idx)
+    augmented = build_faiss_index(augment_documents(embeddings, correction), faiss_params, "cpu")
+    faiss.write_index(augmented, str(folder / AUGMENTED_FAISS))
 
 
 def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params: HubnessParams,
                 default: HubnessSpec | None = None, gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0,
                 tuning: dict | None = None, bank: np.ndarray | None = None, evidence: dict | None = None,
-                beta_source: dict | None = None) -> Manifest:
+                beta_source: dict | None = None, gallery: tuple[np.ndarray, list[str]] | None = None) -> Manifest:
     """Fit both corrections for `bank_texts` (embedded here unless `bank` holds their vectors), write
-    them into the index folder. `default`, when given, becomes the index's hubness default (`evidence`: why);
-    otherwise the default is no correction: one earned with an earlier fit does not carry over to new
-    betas or a new bank. Returns the new manifest."""
+    them into the index folder. The gallery bank is a seeded sample of `gallery_size` documents, or `gallery`
+    (vectors, ids): e.g. the banks of another fit. `default`, when given, becomes the index's hubness default
+    (`evidence`: why); otherwise the default is no correction: one earned with an earlier fit does not carry over
+    to new betas or a new bank. Returns the new manifest."""
     started = time.perf_counter()
     bank = index.embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)
-    correction, gallery = fit_correction(bank, embeddings, params, gallery_size, seed)
-    name = f"hubness-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
+    if gallery is None:
+        sample = sample_gallery(len(embeddings), gallery_size, seed)
+        gallery = (embeddings[sample], [index.doc_ids[i] for i in sample])
+        gallery_info = {"size": len(sample), "seed": seed, "self_match": "excluded"}
+    else:
+        gallery_info = {"size": len(gallery[1]), "given": True, "self_match": "excluded"}
+    position = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
+    gallery_self = np.array([position.get(doc_id, -1) for doc_id in gallery[1]], dtype=np.int64)
+    correction, neighbours = fit_with_banks(bank, gallery[0], gallery_self, embeddings, params)
+    banks = Banks(np.asarray(bank, dtype=np.float32), np.asarray(gallery[0], dtype=np.float32), list(gallery[1]), neighbours)
+    name = correction_folder_name()
     with publish_dir(index.path / name, replace=False) as tmp:
-        for column, lse in correction.lse.items():
-            np.save(tmp / f"{column}.npy", lse)
-        for bank_name, mask in correction.activation.items():
-            np.save(tmp / f"activation_{bank_name}.npy", mask)
-        augmented = build_faiss_index(augment_documents(embeddings, correction), index.manifest.faiss.params, "cpu")
-        faiss.write_index(augmented, str(tmp / AUGMENTED_FAISS))
+        write_correction(tmp, correction, banks, embeddings, index.manifest.faiss.params)
     previous = index.manifest.hubness.folder if index.manifest.hubness else None
 
     def record(manifest: Manifest) -> None:
@@ -130,14 +165,17 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
             manifest.evidence["hubness"] = evidence
         manifest.hubness = HubnessInfo(
             folder=name, params=params, bank={**bank_info, "sha256": _texts_digest(bank_texts)},
-            gallery={"size": len(gallery), "seed": seed, "self_match": "excluded"},
-            activation={b: int(mask.sum()) for b, mask in correction.activation.items()},
+            gallery=gallery_info, activation={b: int(mask.sum()) for b, mask in correction.activation.items()},
             fit_seconds=round(time.perf_counter() - started, 2), tuning=tuning, beta_source=beta_source)
 
     manifest = update_manifest(index.path, record)
     if previous and previous != name:
         shutil.rmtree(index.path / previous, ignore_errors=True)
     return manifest
+
+
+def correction_folder_name() -> str:
+    return f"hubness-{time.strftime('%Y%m%dT%H%M%S')}-{time.time_ns() % 10**9:09d}"
 
 
 def _texts_digest(texts: list[str]) -> str:

@@ -20,16 +20,17 @@ import os
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from common.publish import publish_dir
 from indexer.build import BuildOptions, build_into
+from indexer.hubness import correction_folder_name, write_correction
 from indexer.corpus import indexed_text
 from indexer.manifest import Manifest, write_manifest
-from indexer.store import MODEL_DIR, OpenIndex, open_index
+from indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
 from indexer.wal import WriteAheadLog
 from models.embedder import OnnxEmbedder
 from search.errors import SpecError
@@ -37,6 +38,7 @@ from search.filters import MetadataCollector, MetadataColumns, check_value
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 from search.rerank import Reranker
+from search.live_hubness import LiveHubness, LiveHubnessView
 from search.segments import LiveBM25, LiveDense, LiveDocument, LiveSegment, LiveVectors, check_live_method, concat_columns
 
 logger = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ class Snapshot:
     live: LiveSegment
     base_alive: np.ndarray  # bool (n,)
     seq: int
+    hubness: LiveHubnessView | None = None  # the fitted correction extended to the writes (None: no fit, or no banks)
 
     @property
     def changed(self) -> bool:
@@ -94,21 +97,23 @@ class Snapshot:
             return self.index.pipeline(overrides, executor, cross_encoder, cross_encoder_name, embedder)
         index = self.index
         defaults = index.manifest.defaults.merge(overrides)
-        if defaults.hubness.method != "none":
-            # The fitted biases cover the base segment only (see the issue on live hubness): serve uncorrected.
-            logger.warning("hubness correction is not applied to a collection with live writes until it is compacted")
-            defaults = defaults.merge({"hubness": {"method": "none"}})
+        alive = None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)])
+        hubness, unfitted = None, {}
+        if self.hubness is not None:
+            hubness = self.hubness.searcher(index.hubness, self.live.vectors, alive)
+        elif index.hubness is not None:
+            if defaults.hubness.method != "none":
+                logger.warning("hubness correction is not applied to the written documents: the fit has no banks")
+                defaults = defaults.merge({"hubness": {"method": "none"}})
+            unfitted = {"no_hubness_reason": (
+                "this index's hubness correction was fitted before fits kept their banks, so it cannot be extended to "
+                "written documents: refit it with `hybrid hubness fit`")}
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
-        unfitted = {} if index.hubness is None else {"no_hubness_reason": (
-            "the fitted hubness correction covers the built documents only: it is not applied while the collection has "
-            "live writes (compact, then refit with `hybrid hubness fit`)")}
         return SearchPipeline(
             LiveBM25(index.bm25, index.postings, index.manifest.bm25, self.base_alive, self.live),
             LiveDense(index.dense, self.live.vectors), embedder or index.embedder,
-            LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, reranker=reranker,
-            metadata=self.metadata,
-            alive=None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)]),
-            **unfitted)
+            LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, hubness=hubness,
+            reranker=reranker, metadata=self.metadata, alive=alive, **unfitted)
 
     def presenter(self, embedder=None) -> Presenter:
         fields = set(self.index.manifest.metadata) | {name for doc in self.live.docs for name in doc.metadata}
@@ -149,10 +154,7 @@ class Collection:
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
         check_live_method(index.manifest.bm25)
-        self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
-        self._base_alive = np.ones(index.num_docs, dtype=bool)
-        self._live: dict[str, LiveDocument] = {}
-        self.seq = 0
+        self._start(index)
         self._write_lock = threading.Lock()
         self._compact_lock = threading.Lock()
         self._visible = threading.Condition()
@@ -203,22 +205,50 @@ class Collection:
             self._apply(record)
             return record["seq"]
 
+    def _start(self, index: OpenIndex) -> None:
+        """Begin on `index` as base, with nothing written on top of it yet."""
+        self.index = index
+        self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
+        self._base_alive = np.ones(index.num_docs, dtype=bool)
+        self._live: dict[str, LiveDocument] = {}
+        # keys of documents for the hubness state: base index, or num_docs + a serial for written ones (search.live_hubness)
+        self._keys: dict[str, int] = {}
+        self._next_key = index.num_docs
+        has_banks = index.hubness is not None and index.hubness.banks is not None
+        self._hubness = LiveHubness(index.hubness, index.num_docs) if has_banks else None
+
     def _apply(self, record: dict) -> None:
+        ids = [doc["id"] for doc in record["documents"]] if record["op"] == "upsert" else record["ids"]
+        removed = [key for key in map(self._remove, ids) if key is not None]
+        if self._hubness is not None and removed:
+            self._hubness.remove(removed)
         if record["op"] == "upsert":
+            vectors = []
             for doc in record["documents"]:
-                self._remove(doc["id"])
-                vector = np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4")
+                vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
-                self._live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens, vector)
-        else:
-            for doc_id in record["ids"]:
-                self._remove(doc_id)
+                self._live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens, vectors[-1])
+                self._keys[doc["id"]], self._next_key = self._next_key, self._next_key + 1
+            if self._hubness is not None:
+                self._hubness.add(np.array([self._keys[i] for i in ids], dtype=np.int64), ids, np.stack(vectors))
         self.seq = record["seq"]
         self._dirty = True
 
-    def _remove(self, doc_id: str) -> None:
-        if self._live.pop(doc_id, None) is None and doc_id in self._base_idx:
-            self._base_alive[self._base_idx[doc_id]] = False
+    def _remove(self, doc_id: str) -> int | None:
+        """Forget the document's current version; its key (None: it did not exist)."""
+        if self._live.pop(doc_id, None) is not None:
+            return self._keys.pop(doc_id)
+        idx = self._base_idx.get(doc_id)
+        if idx is None or not self._base_alive[idx]:
+            return None
+        self._base_alive[idx] = False
+        return idx
+
+    def _key_of(self, doc_id: str) -> int:
+        if doc_id in self._keys:
+            return self._keys[doc_id]
+        idx = self._base_idx.get(doc_id)
+        return idx if idx is not None and self._base_alive[idx] else -1
 
     def _check_batch(self, documents) -> list[dict]:
         if not isinstance(documents, list) or not documents:
@@ -272,6 +302,7 @@ class Collection:
         with self._write_lock:
             if not self._dirty:
                 return self.snapshot
+            self._dirty = False
             snapshot = self._build_snapshot()
         if self.on_refresh is not None:
             self.on_refresh(snapshot)
@@ -281,9 +312,13 @@ class Collection:
         return snapshot
 
     def _build_snapshot(self) -> Snapshot:
-        self._dirty = False
-        return Snapshot(self.index, LiveSegment(list(self._live.values()), self.index.dense.dimension),
-                        self._base_alive.copy(), self.seq)
+        """The current state, frozen (write lock held)."""
+        live = LiveSegment(list(self._live.values()), self.index.dense.dimension)
+        hubness = None
+        if self._hubness is not None:
+            hubness = self._hubness.view(self.index.embeddings, self._base_alive, np.array(list(self._keys.values()), dtype=np.int64),
+                                         live.vectors, self._key_of)
+        return Snapshot(self.index, live, self._base_alive.copy(), self.seq, hubness)
 
     def wait_visible(self, seq: int, timeout: float) -> bool:
         """Block until a snapshot at `seq` or later is searchable (True), or `timeout` seconds pass (False)."""
@@ -304,7 +339,8 @@ class Collection:
         the last sequence it holds, so a crash at any point leaves the old or the new base with every write."""
         with self._compact_lock:
             with self._write_lock:
-                seq, base_alive, live = self.seq, self._base_alive.copy(), list(self._live.values())
+                state = self._build_snapshot()
+            seq, base_alive, live = state.seq, state.base_alive, state.live.docs
             if not live and base_alive.all():
                 return self.refresh()  # nothing to merge
             index = self.index
@@ -316,7 +352,7 @@ class Collection:
                     with publish_dir(path) as tmp:
                         manifest = build_into(tmp, corpus, _options_of(index), index.path / MODEL_DIR,
                                               json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
-                        _carry_over(index.manifest, manifest, seq)
+                        _carry_over(state, manifest, tmp, vectors)
                         write_manifest(tmp, manifest)
                         self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
                         held = True
@@ -343,10 +379,7 @@ class Collection:
 
     def _reopen(self, index: OpenIndex, applied: int) -> None:
         """Continue on the compacted base: writes logged after `applied` are applied on top of it (lock held)."""
-        self.index = index
-        self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
-        self._base_alive = np.ones(index.num_docs, dtype=bool)
-        self._live = {}
+        self._start(index)
         newer = [r for r in WriteAheadLog.replay(index.path / LIVE_DIR / WAL_FILE) if r["seq"] > applied]
         for record in newer:
             self._apply(record)
@@ -393,14 +426,26 @@ def _options_of(index: OpenIndex) -> BuildOptions:
                         progress=False, filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None)
 
 
-def _carry_over(old: Manifest, new: Manifest, applied: int) -> None:
-    """What the compacted base keeps of the old manifest: its tuned defaults and their evidence. A fitted hubness
-    correction does not carry over (its biases cover the old documents): refit it with `hybrid hubness fit`."""
-    new.defaults = old.defaults.merge({"hubness": {"method": "none"}}) if old.hubness else old.defaults
-    new.fusion_tuning = old.fusion_tuning
-    new.evidence = {k: v for k, v in old.evidence.items() if k != "hubness"}
-    new.corpus = old.corpus
-    new.applied_sequence = applied
+def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarray) -> None:
+    """What the compacted base (in `folder`, of `vectors`) keeps of the old: its tuned defaults and their evidence, and a
+    fitted hubness correction, extended to the written documents (what a fresh fit with the same banks gives). A
+    correction fitted before fits kept their banks cannot be extended: it is dropped (refit it)."""
+    old = state.index.manifest
+    new.defaults, new.evidence = old.defaults, dict(old.evidence)
+    new.fusion_tuning, new.corpus, new.applied_sequence = old.fusion_tuning, old.corpus, state.seq
+    if old.hubness is None:
+        return
+    if state.hubness is None:
+        new.defaults = old.defaults.merge({"hubness": {"method": "none"}})
+        new.evidence.pop("hubness", None)
+        return
+    alive = np.concatenate([state.base_alive, np.ones(len(state.live), dtype=bool)])
+    correction, banks = state.hubness.compacted(state.index.hubness, alive)
+    name = correction_folder_name()
+    (folder / name).mkdir()
+    write_correction(folder / name, correction, banks, vectors, old.faiss.params)
+    new.files.update(file_inventory(folder / name, prefix=f"{name}/"))
+    new.hubness = replace(old.hubness, folder=name, activation={b: int(m.sum()) for b, m in correction.activation.items()})
 
 
 def _check_id(doc_id, where: str) -> str:

@@ -37,7 +37,7 @@ from search.dense import DenseIndex
 from search.errors import ConfigError
 from search.filters import MetadataColumns
 from search.hits import Presenter
-from search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessSearcher
+from search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
 from search.pipeline import SearchPipeline
 from search.postings import POSTINGS_DIR, Postings
 from search.rerank import Reranker
@@ -55,6 +55,9 @@ VERIFY_MODES = ("full", "size", "none")
 # dense.faiss over the augmented vectors [d, -bias columns].
 ACTIVATION_BANKS = ("query", "gallery")
 AUGMENTED_FAISS = "dense.faiss"
+# Kept since live writes (fits before them lack these: such a correction cannot be extended to written documents).
+BANK_FILES = {"query": "bank_query.npy", "gallery": "bank_gallery.npy"}
+GALLERY_IDS = "gallery_ids.json"
 
 
 def sha256_file(path: Path) -> str:
@@ -233,7 +236,13 @@ def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearc
         activation={bank: np.load(where / f"activation_{bank}.npy") for bank in ACTIVATION_BANKS},
     )
     augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params, device)
-    return HubnessSearcher(correction, augmented)
+    banks = None
+    if (where / GALLERY_IDS).exists():
+        banks = Banks(*(np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS),
+                      json.loads((where / GALLERY_IDS).read_text(encoding="utf-8")),
+                      {bank: (np.load(where / f"neighbours_{bank}_sims.npy"), np.load(where / f"neighbours_{bank}_idx.npy"))
+                       for bank in ACTIVATION_BANKS})
+    return HubnessSearcher(correction, augmented, banks)
 
 
 def torch_embedder_for_index(folder: Path | str, device: str = "auto") -> TorchEmbedder:

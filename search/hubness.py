@@ -19,6 +19,7 @@ the raw cosine is kept.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,19 +35,39 @@ HUBNESS_METHODS = ("none", "qbnorm", "dbnorm")
 BIAS_COLUMNS = ("qbnorm_query", "dbnorm_query", "dbnorm_gallery")
 
 
+@dataclass(frozen=True)
+class BankFit:
+    """One bank over a corpus: each document's LSE, and each member's raw top-k (what its activation set is made of)."""
+
+    lse: np.ndarray  # float64 (n,)
+    top_sims: np.ndarray  # float32 (m, k): -inf where a member has fewer than k documents
+    top_idx: np.ndarray  # int64 (m, k): corpus indices
+
+    @property
+    def activation(self) -> np.ndarray:
+        return activation_mask(self.top_sims, self.top_idx, len(self.lse))
+
+
+def activation_mask(top_sims: np.ndarray, top_idx: np.ndarray, n: int) -> np.ndarray:
+    """The union of the members' top-k documents, as a bool mask over n documents."""
+    mask = np.zeros(n, dtype=bool)
+    mask[top_idx[np.isfinite(top_sims)]] = True
+    return mask
+
+
 def bank_statistics(bank: np.ndarray, docs: np.ndarray, beta: float, k: int = 1,
-                    self_idx: np.ndarray | None = None, bank_chunk: int = 2048, doc_chunk: int = 4096):
-    """Per-document LSE_d = logsumexp_b beta * s(b, d), and the activation set of the bank.
+                    self_idx: np.ndarray | None = None, bank_chunk: int = 2048, doc_chunk: int = 4096) -> BankFit:
+    """Per-document LSE_d = logsumexp_b beta * s(b, d), and each bank member's top-k documents.
 
     Streams over (bank chunk x document chunk) products with an online logsumexp, so memory stays
-    at one chunk product however large the bank. `self_idx[i]` is the corpus index of bank member i
-    when the bank is drawn from the corpus (gallery bank): that self-match is excluded from both.
-    Returns (lse: float64 (n,), activation: bool (n,)).
+    at one chunk product however large the bank. `self_idx[i]` is the corpus index of bank member i's own
+    document when the bank is drawn from the corpus (gallery bank; -1: not in the corpus): that self-match is
+    excluded from both.
     """
     n = len(docs)
     run_max = np.full(n, -np.inf)
     run_sum = np.zeros(n)
-    top_idx = np.zeros((len(bank), k), dtype=np.int64)
+    top_idx = np.full((len(bank), k), -1, dtype=np.int64)
     top_val = np.full((len(bank), k), -np.inf, dtype=np.float32)
     for d0 in range(0, n, doc_chunk):
         doc_block = np.ascontiguousarray(docs[d0 : d0 + doc_chunk], dtype=np.float32)
@@ -57,11 +78,8 @@ def bank_statistics(bank: np.ndarray, docs: np.ndarray, beta: float, k: int = 1,
                 rows, hit = np.nonzero(self_idx[b0 : b0 + len(sims), None] == cols[None, :])
                 sims[rows, hit] = -np.inf
             _update_lse(run_max[d0 : d0 + len(doc_block)], run_sum[d0 : d0 + len(doc_block)], beta * sims.astype(np.float64))
-            _update_top_k(top_val[b0 : b0 + len(sims)], top_idx[b0 : b0 + len(sims)], sims, d0)
-    lse = run_max + np.log(run_sum)
-    activation = np.zeros(n, dtype=bool)
-    activation[top_idx[np.isfinite(top_val)]] = True
-    return lse, activation
+            update_top_k(top_val[b0 : b0 + len(sims)], top_idx[b0 : b0 + len(sims)], sims, cols)
+    return BankFit(run_max + np.log(run_sum), top_val, top_idx)
 
 
 def _update_lse(run_max: np.ndarray, run_sum: np.ndarray, logits: np.ndarray) -> None:
@@ -74,15 +92,18 @@ def _update_lse(run_max: np.ndarray, run_sum: np.ndarray, logits: np.ndarray) ->
     run_max[:] = new_max
 
 
-def _update_top_k(top_val: np.ndarray, top_idx: np.ndarray, sims: np.ndarray, offset: int) -> None:
+def update_top_k(top_val: np.ndarray, top_idx: np.ndarray, sims: np.ndarray, keys: np.ndarray) -> None:
+    """Merge a (members x documents) block of similarities into each member's top-k; `keys` name the block's columns."""
     k = top_val.shape[1]
+    if sims.shape[1] == 0:
+        return
     take = min(k, sims.shape[1])
     part = np.argpartition(-sims, take - 1, axis=1)[:, :take]
     vals = np.concatenate([top_val, np.take_along_axis(sims, part, axis=1)], axis=1)
-    idx = np.concatenate([top_idx, part + offset], axis=1)
+    idx = np.concatenate([top_idx, keys[part]], axis=1)
     best = np.argsort(-vals, axis=1, kind="stable")[:, :k]
     top_val[:] = np.take_along_axis(vals, best, axis=1)
-    top_idx[:] = np.take_along_axis(idx, best, axis=1)
+    top_idx[:] = np.where(np.isfinite(top_val), np.take_along_axis(idx, best, axis=1), -1)
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,17 @@ class HubnessParams:
         object.__setattr__(self, "k", checks.number("k", self.k, 1, integer=True))
 
 
+@dataclass(frozen=True)
+class Banks:
+    """What a correction was fitted with, kept with it so that documents written later (indexer.live) get their
+    biases and activation from the same banks: a fresh fit of the changed collection with these banks agrees."""
+
+    query: np.ndarray  # (m, dimension) query bank
+    gallery: np.ndarray  # (g, dimension) gallery bank: vectors of documents sampled at fit time
+    gallery_ids: list[str]  # their ids: a gallery member never counts towards the document with its id
+    neighbours: dict[str, tuple[np.ndarray, np.ndarray]]  # "query" / "gallery" -> each member's (top sims, top doc idx)
+
+
 @dataclass
 class HubnessCorrection:
     """Fitted biases and activation sets; turns raw cosines into corrected scores."""
@@ -105,6 +137,7 @@ class HubnessCorrection:
     params: HubnessParams
     lse: dict[str, np.ndarray]  # column name -> (n,) LSE over that bank, at that bank's beta
     activation: dict[str, np.ndarray]  # "query" / "gallery" -> (n,) bool
+    alive: np.ndarray | None = None  # bool (n,): the documents that exist (a live collection); None: all
 
     def coefficients(self, method: str, dynamic: bool, raw_top1: int | None) -> np.ndarray:
         """Weights of the bias columns for one query: corrected = s - coefficients . LSE."""
@@ -142,8 +175,12 @@ class HubnessCorrection:
         return np.asarray(raw, dtype=np.float64) - bias
 
     def score_floor(self, coef: np.ndarray) -> float:
-        """A lower bound of corrected scores (cosine floor -1 minus the largest bias): for tmm."""
-        return -1.0 - float(sum(c * self.lse[name].max() for c, name in zip(coef, BIAS_COLUMNS) if c))
+        """A lower bound of corrected scores (cosine floor -1 minus the largest bias of a document that exists): for tmm."""
+        return -1.0 - float(sum(c * self._max_bias[name] for c, name in zip(coef, BIAS_COLUMNS) if c))
+
+    @functools.cached_property
+    def _max_bias(self) -> dict[str, float]:
+        return {name: float((lse if self.alive is None else lse[self.alive]).max()) for name, lse in self.lse.items()}
 
 
 def augment_documents(vectors: np.ndarray, correction: HubnessCorrection) -> np.ndarray:
@@ -173,8 +210,10 @@ def hubness_stats(counts: np.ndarray) -> dict:
 class HubnessSearcher:
     """Exact corrected top-k over the whole corpus through the augmented inner-product index."""
 
-    def __init__(self, correction: HubnessCorrection, augmented):
-        self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex
+    def __init__(self, correction: HubnessCorrection, augmented, banks: Banks | None = None, alive: Allowed | None = None):
+        self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex (or LiveDense)
+        self.banks = banks  # None: fitted before banks were kept (a live collection cannot extend the correction)
+        self.alive = alive  # the documents that exist, of a live collection (None: all)
 
     def search(self, vector: np.ndarray, depth: int, method: str, dynamic: bool, allowed: Allowed | None = None,
                embeddings: np.ndarray | None = None) -> tuple[Ranking, np.ndarray]:
@@ -185,12 +224,14 @@ class HubnessSearcher:
         or a NumPy matvec for the top-1, measured slower in the service: both wake a second thread pool,
         OpenMP or OpenBLAS, that competes with ONNX Runtime's for the same cores.)
 
-        With a filter (`allowed`), the same coefficients (DIS decides on the raw top-1 of the whole corpus, so
+        With a filter (`allowed`), the same coefficients (DIS decides on the raw top-1 of the whole corpus, all the
+        documents that exist, so
         a filter never changes an admitted document's score) and the top-`depth` among the allowed documents:
         scored exactly from `embeddings` when the cost rule says so (search.dense.DenseIndex.brute_force).
         """
         if dynamic and method != "none":
-            raw = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), 1 if allowed is not None else depth)
+            raw = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), 1 if allowed is not None else depth,
+                                        self.alive)
             coef = self.correction.coefficients(method, True, int(raw.doc_idx[0]) if len(raw) else None)
             if not coef.any() and allowed is None:
                 return raw, coef

@@ -13,10 +13,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from indexer.build import BuildOptions, build_index
+from indexer.hubness import fit_hubness
 from indexer.live import LIVE_DIR, WAL_FILE, Collection
 from indexer.wal import WriteAheadLog
 from indexer.store import open_index
 from search.errors import SpecError
+from search.hubness import HubnessParams
 from tests.conftest import write_jsonl
 
 WORDS = ("cat dog mat bark market stock investor qubit quantum health running heart care pet mailman warm "
@@ -26,6 +28,16 @@ BASE = [{"_id": f"b{i}", "title": WORDS[i].title(), "text": " ".join(WORDS[(i * 
 QUERIES = ["cat on a mat", "quantum stock market", "daily health of pets", "dog"]
 SPECS = {"bm25": {"mode": "bm25"}, "dense": {"mode": "dense"}, "rrf": {}, "cc": {"fusion": {"method": "cc", "norm": "minmax"}},
          "cc+filter": {"fusion": {"method": "cc", "norm": "zscore", "alpha": 0.3}, "filter": {"year": {"gte": 2003}}}}
+# The base carries a fitted correction (both banks kept): written documents get biases from the same banks.
+BANK = ["cat", "stock market news", "heart health care", "quantum computation", "pet dog running", "daily investor"]
+HUBNESS_PARAMS = HubnessParams(beta=20.0, beta1=0.5, beta2=3.0, k=2)
+HUBNESS_SPECS = {
+    "qbnorm": {"mode": "dense", "hubness": {"method": "qbnorm"}},
+    "dbnorm-dis": {"mode": "dense", "hubness": {"method": "dbnorm", "dynamic": True}},
+    "cc-tmm+qbnorm-dis": {"fusion": {"method": "cc", "norm": "tmm", "alpha": 0.6}, "hubness": {"method": "qbnorm", "dynamic": True}},
+    "rrf+dbnorm": {"hubness": {"method": "dbnorm"}},
+    "dbnorm-dis+filter": {"mode": "dense", "hubness": {"method": "dbnorm", "dynamic": True}, "filter": {"year": {"lt": 2004}}},
+}
 
 texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join)
 upsert = st.tuples(st.just("upsert"), st.sampled_from([d["_id"] for d in BASE] + [f"n{i}" for i in range(6)]), texts,
@@ -38,6 +50,9 @@ operations = st.lists(st.one_of(upsert, delete), min_size=1, max_size=8)
 def base_index(tmp_path_factory):
     root = tmp_path_factory.mktemp("live-base")
     build_index(write_jsonl(root / "corpus.jsonl", BASE), root / "index", BuildOptions(progress=False))
+    index = open_index(root / "index")
+    fit_hubness(index, BANK, {"kind": "query log", "size": len(BANK)}, HUBNESS_PARAMS, gallery_size=4)
+    index.close()
     return root / "index"
 
 
@@ -86,19 +101,29 @@ def check_against_fresh_build(base_index, root, ops):
         return
     snapshot = collection.refresh()
     build_index(write_jsonl(root / "fresh.jsonl", list(documents.values())), root / "fresh", BuildOptions(progress=False))
+    banks = base.hubness.banks
+    fit_hubness(open_index(root / "fresh", embedder=base.embedder), BANK, {"kind": "query log", "size": len(BANK)},
+                HUBNESS_PARAMS, bank=banks.query, gallery=(banks.gallery, banks.gallery_ids))  # a fresh fit, same banks
     fresh = open_index(root / "fresh", embedder=base.embedder)  # the same model: one ONNX session for both
     assert snapshot.documents == len(documents)
-    compare(snapshot, fresh)
-    compare(collection.compact(), fresh)  # and after merging everything into a new base
+    # Identical texts make identical vectors: which of them is a bank member's top-k (so activated) is a tie.
+    specs = SPECS if has_duplicates(documents) else {**SPECS, **HUBNESS_SPECS}
+    compare(snapshot, fresh, specs)
+    compare(collection.compact(), fresh, specs)  # and after merging everything into a new base (with the correction)
     collection.close()
 
 
-def compare(snapshot, fresh) -> None:
+def has_duplicates(documents: dict) -> bool:
+    texts = [(d["title"], d["text"]) for d in documents.values()]
+    return len(set(texts)) < len(texts)
+
+
+def compare(snapshot, fresh, specs: dict) -> None:
     live_pipeline, fresh_pipeline = snapshot.pipeline(), fresh.pipeline()
     for query in QUERIES:
         legs_tie = any(has_ties(ranked(fresh_pipeline, query, {"mode": mode}, lambda i: fresh.doc_ids[i])) for mode in ("bm25", "dense"))
-        for name, spec in SPECS.items():
-            if name == "rrf" and legs_tie:
+        for name, spec in specs.items():
+            if name.startswith("rrf") and legs_tie:
                 continue  # RRF gives tied documents different ranks, in the order ties are broken in, which differs
             live = ranked(live_pipeline, query, spec, lambda i: snapshot.document(i)["id"])
             expected = ranked(fresh_pipeline, query, spec, lambda i: fresh.doc_ids[i])
@@ -163,3 +188,33 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     assert reopened.snapshot.documents == len(BASE) and len(reopened.snapshot.live) == 1
     assert [r["seq"] for r in WriteAheadLog.replay(tmp_path / "index" / LIVE_DIR / WAL_FILE)] == [3]
     reopened.close()
+
+
+def test_a_correction_fitted_without_banks_is_not_extended_and_compaction_drops_it(base_index, tmp_path):
+    shutil.copytree(base_index, tmp_path / "index")
+    base = open_index(tmp_path / "index")
+    base.hubness.banks = None  # as loaded from a fit made before fits kept their banks
+    collection = Collection(base)
+    assert len(collection.snapshot.pipeline().search("cat", spec={"mode": "dense", "hubness": {"method": "qbnorm"}}).ranking)
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    with pytest.raises(SpecError, match="refit it with `hybrid hubness fit`"):
+        collection.refresh().pipeline().search("cat", spec={"mode": "dense", "hubness": {"method": "qbnorm"}})
+    compacted = collection.compact()
+    assert compacted.index.manifest.hubness is None and compacted.index.hubness is None
+    assert not any(name.startswith("hubness-") for name in compacted.index.manifest.files)
+    collection.close()
+
+
+def test_compaction_carries_a_correction_with_banks(base_index, tmp_path):
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    old = collection.index.manifest.hubness
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    collection.delete(["b1"])
+    new_index = collection.compact().index
+    hubness = new_index.manifest.hubness
+    assert hubness.folder != old.folder and hubness.params == old.params and hubness.bank == old.bank
+    assert not (tmp_path / "index" / old.folder).exists()
+    assert new_index.hubness.banks.gallery_ids == collection.index.hubness.banks.gallery_ids
+    assert len(new_index.hubness.correction.lse["qbnorm_query"]) == len(BASE)  # 8 - b1 + n1
+    collection.close()

@@ -73,13 +73,14 @@ class CrossFit:
     def _fit(self, params: HubnessParams, method: str, train: np.ndarray) -> HubnessCorrection:
         n = len(self.embeddings)
         beta = params.beta if method == "qbnorm" else params.beta1
-        lse_b, act_b = bank_statistics(train, self.embeddings, beta, params.k)
+        fit = bank_statistics(train, self.embeddings, beta, params.k)
+        lse_b, act_b = fit.lse, fit.activation
         lse = {BIAS_COLUMNS[0]: lse_b, BIAS_COLUMNS[1]: lse_b, BIAS_COLUMNS[2]: np.zeros(n)}
         activation = {"query": act_b, "gallery": np.zeros(n, dtype=bool)}
         if method == "dbnorm":
             if params.beta2 not in self._gallery_lse:
-                self._gallery_lse[params.beta2] = bank_statistics(self.embeddings[self.gallery], self.embeddings, params.beta2,
-                                                                  params.k, self_idx=self.gallery)
+                fit = bank_statistics(self.embeddings[self.gallery], self.embeddings, params.beta2, params.k, self_idx=self.gallery)
+                self._gallery_lse[params.beta2] = fit.lse, fit.activation
             lse[BIAS_COLUMNS[2]], activation["gallery"] = self._gallery_lse[params.beta2]
         return HubnessCorrection(params, lse, activation)
 
