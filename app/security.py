@@ -71,12 +71,18 @@ class InFlightLimit:
     def __init__(self, limit: int):
         self.limit = limit
         self._slots = threading.BoundedSemaphore(limit)
+        self._count_lock = threading.Lock()
+        self.active = 0  # searches in flight now (writes yield cores to them: indexer.live.Collection)
 
     def slot(self):
         """Generator dependency body: hold a slot for the request's lifetime, or refuse at once."""
         if not self._slots.acquire(blocking=False):
             raise HTTPException(status_code=503, detail=f"server busy: {self.limit} searches in flight", headers={"Retry-After": "1"})
+        with self._count_lock:
+            self.active += 1
         try:
             yield
         finally:
+            with self._count_lock:
+                self.active -= 1
             self._slots.release()

@@ -75,8 +75,10 @@ class Reloader:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = None, None
         try:
+            in_flight = getattr(self.app.state, "in_flight", None)
             collection = Collection(index, self.settings.max_batch_docs, on_refresh=self._publish_snapshot,
-                                    write_threads=self.settings.write_threads)
+                                    write_threads=self.settings.write_threads,
+                                    searching=(lambda: in_flight.active > 0) if in_flight is not None else None)
         except HybridError as exc:
             refusal = str(exc)
             logger.warning("serving %s read-only: %s", index.path, refusal)

@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     refresh_interval: float = Field(1.0, gt=0, le=3600, description="seconds between publishing writes to searches")
     max_batch_docs: int = Field(1000, ge=1, description="documents per write batch")
     write_threads: int | None = Field(None, ge=1, description="cores that embedding written documents may use, one batch "
-                                      "at a time (default: all, like searches); fewer keeps searches fast under writes")
+                                      "at a time; default: all while no search runs, half while searches run")
     compact_fraction: float = Field(0.1, gt=0, description="compact in the background once live documents and deletions "
                                     "reach this share of the base segment (and HYBRID_COMPACT_MIN_DOCS)")
     compact_min_docs: int = Field(1000, ge=1, description="the fewest changed documents worth a background compaction")

@@ -47,6 +47,7 @@ LIVE_DIR = "live"
 WAL_FILE = "wal.log"
 MAX_ID_BYTES = 512
 DEFAULT_MAX_BATCH_DOCS = 1000
+EMBED_CHUNK = 32  # documents embedded per decision of where (all cores, or half while searches run)
 
 
 @dataclass(frozen=True)
@@ -143,13 +144,16 @@ class Collection:
     """The writable collection over an opened index: writes are logged, applied, and published by `refresh`."""
 
     def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None,
-                 write_threads: int | None = None):
+                 write_threads: int | None = None, searching=None):
         """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
-        called before a new snapshot counts as visible (the service swaps its searches to it there)."""
+        called before a new snapshot counts as visible (the service swaps its searches to it there).
+
+        Where written documents are embedded: with `write_threads`, always on a session of that many cores, one batch
+        at a time. Otherwise on all cores (the index's own session, the fastest ingest), except while `searching()`
+        says searches are running: then each chunk of a batch goes to a session on half the cores, so writes cannot
+        take every core from searches (docs/BENCHMARKS.md, "Live writes", measures both)."""
         self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
-        # Documents are embedded by their own ONNX session: with `write_threads`, on that many cores at most, one
-        # batch at a time, so writes cannot take every core from searches (default: the index's session, all cores).
-        self.write_threads = write_threads
+        self.write_threads, self.searching = write_threads, searching
         self._write_embedder = None
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
@@ -178,11 +182,19 @@ class Collection:
         return self._log_and_apply({"op": "upsert", "documents": record_docs})
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        if self.write_threads is None:
+        if self.write_threads is not None:
+            return self._embed_limited(texts, self.write_threads)
+        if self.searching is None:
             return self.index.embedder.encode(texts)
+        threads = max(1, len(os.sched_getaffinity(0)) // 2)
+        return np.concatenate([self._embed_limited(chunk, threads) if self.searching() else self.index.embedder.encode(chunk)
+                               for chunk in (texts[i : i + EMBED_CHUNK] for i in range(0, len(texts), EMBED_CHUNK))])
+
+    def _embed_limited(self, texts: list[str], threads: int) -> np.ndarray:
+        """On the collection's own session of `threads` cores, one caller at a time."""
         with self._embed_lock:
             if self._write_embedder is None:
-                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=self.write_threads)
+                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=threads)
             return self._write_embedder.encode(texts)
 
     def delete(self, ids: list) -> int:

@@ -315,9 +315,12 @@ def test_live_section_states_the_measured_numbers():
     report = {"base_documents": 4664, "written": 519, "offline_embedding_docs_per_s": 20.0, "ingest_ratio": 0.9,
               "ingest": {"documents": 519, "batch": 64, "seconds": 28.8, "docs_per_s": 18.0},
               "visibility": {"samples": 30, "p50_ms": 540.0, "p99_ms": 1050.0},
-              "search": {"p50_ms": {"live bm25": 0.4, "compacted bm25": 0.3, "live hybrid": 6.5, "compacted hybrid": 6.2},
-                         "bm25_ratio": 1.33, "hybrid_ratio": 1.05, "compaction_s": 2.9, "live_documents": 549, "documents": 5213},
-              "mixed_load": load, "mixed_load_one_write_thread": {**load, "p50_ratio": 1.1}}
+              "search": {"p50_ms": {"live bm25": 0.4, "compacted bm25": 0.3, "live hybrid": 6.5, "compacted hybrid": 6.2,
+                                    "live hybrid_dbnorm": 7.5, "compacted hybrid_dbnorm": 7.0},
+                         "bm25_ratio": 1.33, "hybrid_ratio": 1.05, "hybrid_dbnorm_ratio": 1.07, "compaction_s": 2.9,
+                         "live_documents": 549, "documents": 5213},
+              "mixed_load": load, "mixed_load_all_cores": {**load, "p50_ratio": 1.4}}
     text = markdown(report)
     assert "| ingest / offline | 0.90x |" in text and "| 540 / 1050 ms |" in text
-    assert "0.40 vs 0.30 ms (1.33x)" in text and "(1.20x)" in text and "(1.10x)" in text and "400 documents written, 0 lost" in text
+    assert "0.40 vs 0.30 ms (1.33x)" in text and "7.50 vs 7.00 ms (1.07x)" in text
+    assert "(1.20x)" in text and "(1.40x)" in text and "400 documents written, 0 lost" in text

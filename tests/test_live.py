@@ -218,3 +218,18 @@ def test_compaction_carries_a_correction_with_banks(base_index, tmp_path):
     assert new_index.hubness.banks.gallery_ids == collection.index.hubness.banks.gallery_ids
     assert len(new_index.hubness.correction.lse["qbnorm_query"]) == len(BASE)  # 8 - b1 + n1
     collection.close()
+
+
+def test_writes_embed_on_fewer_cores_while_searches_run(base_index, tmp_path):
+    shutil.copytree(base_index, tmp_path / "index")
+    base = open_index(tmp_path / "index")
+    searching = [False]
+    collection = Collection(base, searching=lambda: searching[0])
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    assert collection._write_embedder is None  # idle: the index's own session, all cores
+    searching[0] = True
+    collection.upsert([{"id": "n2", "text": "quantum cat"}])
+    assert collection._write_embedder is not None
+    vectors = collection.refresh().live.vectors
+    np.testing.assert_allclose(vectors[1], vectors[0], atol=1e-5)  # the same model either way
+    collection.close()
