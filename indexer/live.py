@@ -38,7 +38,7 @@ from search.filters import MetadataCollector, MetadataColumns, check_value
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 from search.rerank import Reranker
-from search.live_hubness import LiveHubness, LiveHubnessView
+from search.live_hubness import LiveHubness, LiveHubnessView, Prepared
 from search.segments import LiveBM25, LiveDense, LiveDocument, LiveSegment, LiveVectors, check_live_method, concat_columns
 
 logger = logging.getLogger(__name__)
@@ -177,9 +177,11 @@ class Collection:
         checked = self._check_batch(documents)
         texts = [indexed_text(doc["title"], doc["text"]) for doc in checked]
         vectors = self._embed(texts)
+        hubness = self._hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
+        prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None else None
         record_docs = [{**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()}
                        for doc, v in zip(checked, vectors)]
-        return self._log_and_apply({"op": "upsert", "documents": record_docs})
+        return self._log_and_apply({"op": "upsert", "documents": record_docs}, prepared)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self.write_threads is not None:
@@ -204,7 +206,7 @@ class Collection:
             _check_id(doc_id, f"ids[{i}]")
         return self._log_and_apply({"op": "delete", "ids": [str(doc_id) for doc_id in ids]})
 
-    def _log_and_apply(self, record: dict) -> int:
+    def _log_and_apply(self, record: dict, prepared: Prepared | None = None) -> int:
         with self._write_lock:
             if self._wal is None:
                 path = self.index.path / LIVE_DIR / WAL_FILE
@@ -214,7 +216,7 @@ class Collection:
                         self._apply(logged)
             record = {"seq": self.seq + 1, **record}
             self._wal.append(record)  # durable before it is acknowledged
-            self._apply(record)
+            self._apply(record, prepared)
             return record["seq"]
 
     def _start(self, index: OpenIndex) -> None:
@@ -223,13 +225,14 @@ class Collection:
         self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
         self._base_alive = np.ones(index.num_docs, dtype=bool)
         self._live: dict[str, LiveDocument] = {}
+        self._vocabulary: dict[str, int] = {}  # terms of the live documents (search.segments.LiveSegment)
         # keys of documents for the hubness state: base index, or num_docs + a serial for written ones (search.live_hubness)
         self._keys: dict[str, int] = {}
         self._next_key = index.num_docs
         has_banks = index.hubness is not None and index.hubness.banks is not None
         self._hubness = LiveHubness(index.hubness, index.num_docs) if has_banks else None
 
-    def _apply(self, record: dict) -> None:
+    def _apply(self, record: dict, prepared: Prepared | None = None) -> None:
         ids = [doc["id"] for doc in record["documents"]] if record["op"] == "upsert" else record["ids"]
         removed = [key for key in map(self._remove, ids) if key is not None]
         if self._hubness is not None and removed:
@@ -239,10 +242,12 @@ class Collection:
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
-                self._live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens, vectors[-1])
+                self._live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens,
+                                                              vectors[-1], self._vocabulary)
                 self._keys[doc["id"]], self._next_key = self._next_key, self._next_key + 1
             if self._hubness is not None:
-                self._hubness.add(np.array([self._keys[i] for i in ids], dtype=np.int64), ids, np.stack(vectors))
+                prepared = prepared or self._hubness.prepare(ids, np.stack(vectors))
+                self._hubness.add(np.array([self._keys[i] for i in ids], dtype=np.int64), prepared)
         self.seq = record["seq"]
         self._dirty = True
 
@@ -325,7 +330,7 @@ class Collection:
 
     def _build_snapshot(self) -> Snapshot:
         """The current state, frozen (write lock held)."""
-        live = LiveSegment(list(self._live.values()), self.index.dense.dimension)
+        live = LiveSegment(list(self._live.values()), self.index.dense.dimension, self._vocabulary)
         hubness = None
         if self._hubness is not None:
             hubness = self._hubness.view(self.index.embeddings, self._base_alive, np.array(list(self._keys.values()), dtype=np.int64),
@@ -425,7 +430,7 @@ def _current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDoc
             fh.write(json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata},
                                 ensure_ascii=False) + "\n")
     vectors = np.concatenate([np.asarray(index.embeddings[alive], dtype=np.float32),
-                              LiveSegment(live, index.dense.dimension).vectors])
+                              np.stack([doc.vector for doc in live]) if live else np.empty((0, index.dense.dimension), np.float32)])
     return corpus, vectors
 
 

@@ -230,8 +230,7 @@ class HubnessSearcher:
         scored exactly from `embeddings` when the cost rule says so (search.dense.DenseIndex.brute_force).
         """
         if dynamic and method != "none":
-            raw = self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), 1 if allowed is not None else depth,
-                                        self.alive)
+            raw = self._raw(vector, 1 if allowed is not None else depth, embeddings)
             coef = self.correction.coefficients(method, True, int(raw.doc_idx[0]) if len(raw) else None)
             if not coef.any() and allowed is None:
                 return raw, coef
@@ -241,3 +240,9 @@ class HubnessSearcher:
             corrected = lambda ids: self.correction.corrected(embeddings[ids] @ vector, ids, coef)  # noqa: E731
             return exact_top_k(corrected, allowed.ids, depth), coef
         return self.augmented.search(augment_query(vector, coef), depth, allowed), coef
+
+    def _raw(self, vector: np.ndarray, depth: int, embeddings) -> Ranking:
+        """The uncorrected top-`depth` of the documents that exist (by the same cost rule as a filter)."""
+        if self.alive is not None and self.augmented.brute_force(self.alive):
+            return exact_top_k(lambda ids: embeddings[ids] @ vector, self.alive.ids, depth)
+        return self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), depth, self.alive)

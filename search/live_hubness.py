@@ -32,6 +32,15 @@ def _lse(logits: np.ndarray) -> np.ndarray:
     return safe + np.log(np.exp(logits - safe).sum(axis=0))
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Bank similarities of a batch of documents (members x documents) and their biases (documents x BIAS_COLUMNS)."""
+
+    query: np.ndarray
+    gallery: np.ndarray
+    biases: np.ndarray
+
+
 class LiveHubness:
     """The mutable state: written documents' biases and each bank member's top-k keys. Not thread-safe: the
     collection calls it under its write lock."""
@@ -48,8 +57,9 @@ class LiveHubness:
         self._stale = {bank: np.zeros(len(vectors), dtype=bool) for bank, vectors in self._bank.items()}
         self._lse: dict[int, np.ndarray] = {}  # key of a written document -> its biases, in BIAS_COLUMNS order
 
-    def add(self, keys: np.ndarray, doc_ids: list[str], vectors: np.ndarray) -> None:
-        """Written documents: their biases, and every member's top-k merged with them."""
+    def prepare(self, doc_ids: list[str], vectors: np.ndarray) -> Prepared:
+        """The bank products of documents about to be written (reads only the fixed banks: no lock needed, so a
+        writer computes them before it takes the collection's write lock)."""
         vectors = np.asarray(vectors, dtype=np.float32)
         query = self._bank["query"] @ vectors.T
         gallery = self._bank["gallery"] @ vectors.T
@@ -57,10 +67,14 @@ class LiveHubness:
             gallery[self._rows_of_id.get(doc_id, []), col] = -np.inf  # a gallery member is not its own document's neighbour
         p = self.params
         biases = np.column_stack([_lse(p.beta * query), _lse(p.beta1 * query), _lse(p.beta2 * gallery)])
-        for key, row in zip(keys, biases):
+        return Prepared(query, gallery, biases)
+
+    def add(self, keys: np.ndarray, prepared: Prepared) -> None:
+        """Written documents (`prepare`d, in `keys` order): their biases, and every member's top-k merged with them."""
+        for key, row in zip(keys, prepared.biases):
             self._lse[int(key)] = row
-        update_top_k(*self._top["query"], query, keys)
-        update_top_k(*self._top["gallery"], gallery, keys)
+        update_top_k(*self._top["query"], prepared.query, keys)
+        update_top_k(*self._top["gallery"], prepared.gallery, keys)
 
     def remove(self, keys: list[int]) -> None:
         """Documents gone (deleted, or replaced by a new version): members that had one in their top-k are recomputed."""

@@ -34,35 +34,49 @@ class LiveDocument:
     title: str
     text: str
     metadata: dict
-    terms: dict[str, int]  # analysed term -> frequency
+    term_ids: np.ndarray  # int64: its distinct analysed terms, as ids of the collection's live vocabulary
+    tfs: np.ndarray  # int64: their frequencies
     length: int  # analysed tokens
     vector: np.ndarray  # unit vector from the index's embedder
 
     @classmethod
-    def analysed(cls, doc_id: str, title: str, text: str, metadata: dict, tokens: list[str], vector: np.ndarray) -> "LiveDocument":
-        return cls(doc_id, title, text, metadata, dict(Counter(tokens)), len(tokens), np.asarray(vector, dtype=np.float32))
+    def analysed(cls, doc_id: str, title: str, text: str, metadata: dict, tokens: list[str], vector: np.ndarray,
+                 vocabulary: dict[str, int]) -> "LiveDocument":
+        """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms."""
+        counts = Counter(tokens)
+        term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int64, count=len(counts))
+        return cls(doc_id, title, text, metadata, term_ids, np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
+                   len(tokens), np.asarray(vector, dtype=np.float32))
+
+
+_NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 
 
 class LiveSegment:
-    """Immutable arrays over a list of live documents: term postings, lengths, vectors."""
+    """Immutable arrays over a list of live documents: term postings (by term id, CSC), lengths, vectors. Built in
+    a few vectorised passes: a refresh rebuilds it while writes wait."""
 
-    def __init__(self, docs: list[LiveDocument], dimension: int):
-        self.docs = docs
+    def __init__(self, docs: list[LiveDocument], dimension: int, vocabulary: dict[str, int]):
+        self.docs, self.vocabulary = docs, vocabulary  # the vocabulary only grows: terms added later have no postings here
         self.lengths = np.array([d.length for d in docs], dtype=np.int64)
         self.vectors = np.stack([d.vector for d in docs]).astype(np.float32) if docs else np.empty((0, dimension), np.float32)
-        grouped: dict[str, tuple[list[int], list[int]]] = {}
-        for i, doc in enumerate(docs):
-            for term, tf in doc.terms.items():
-                entry = grouped.setdefault(term, ([], []))
-                entry[0].append(i)
-                entry[1].append(tf)
-        self.postings = {t: (np.array(idx, dtype=np.int64), np.array(tfs, dtype=np.int64)) for t, (idx, tfs) in grouped.items()}
+        term_ids = np.concatenate([d.term_ids for d in docs]) if docs else np.empty(0, np.int64)
+        tfs = np.concatenate([d.tfs for d in docs]) if docs else np.empty(0, np.int64)
+        doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), [len(d.term_ids) for d in docs])
+        order = np.argsort(term_ids, kind="stable")  # by term, then document
+        self._docs, self._tfs = doc_of[order], tfs[order]
+        self._indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=len(vocabulary)))])
 
     def __len__(self) -> int:
         return len(self.docs)
 
-
-_NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+    def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        """(live document positions, term frequencies) of `term`."""
+        term_id = self.vocabulary.get(term)
+        if term_id is None or term_id + 1 >= len(self._indptr):
+            return _NO_POSTINGS
+        start, end = self._indptr[term_id], self._indptr[term_id + 1]
+        return self._docs[start:end], self._tfs[start:end]
 
 
 def check_live_method(params: BM25Params) -> None:
@@ -100,7 +114,7 @@ class LiveBM25:
         out = np.zeros(self.num_docs, dtype=np.float64)
         for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
             term_id = self._vocab.get(term)
-            live_idx, live_tf = self.live.postings.get(term, _NO_POSTINGS)
+            live_idx, live_tf = self.live.postings(term)
             df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
             if df == 0:
                 continue

@@ -27,6 +27,7 @@ BASE = [{"_id": f"b{i}", "title": WORDS[i].title(), "text": " ".join(WORDS[(i * 
          "metadata": {"year": 2000 + i, "journal": ["Nature", "Cell"][i % 2]}} for i in range(8)]
 QUERIES = ["cat on a mat", "quantum stock market", "daily health of pets", "dog"]
 SPECS = {"bm25": {"mode": "bm25"}, "dense": {"mode": "dense"}, "rrf": {}, "cc": {"fusion": {"method": "cc", "norm": "minmax"}},
+         "cc-dbsf": {"fusion": {"method": "cc", "norm": "dbsf", "alpha": 0.5}},
          "cc+filter": {"fusion": {"method": "cc", "norm": "zscore", "alpha": 0.3}, "filter": {"year": {"gte": 2003}}}}
 # The base carries a fitted correction (both banks kept): written documents get biases from the same banks.
 BANK = ["cat", "stock market news", "heart health care", "quantum computation", "pet dog running", "daily investor"]
