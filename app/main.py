@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from threadpoolctl import threadpool_limits
 
 from app.limits import BodySizeLimit
 from app.observability import Metrics, RequestContext
@@ -85,6 +86,9 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # A request's NumPy products are small; a BLAS pool spinning beside ONNX Runtime's would take cores from searches
+        # (under 16 searching clients and 2 writers: docs/BENCHMARKS.md, "Live writes").
+        blas = threadpool_limits(settings.blas_threads, user_api="blas")
         opened = index
         if opened is None:
             if settings.index is None:
@@ -107,6 +111,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             serving.collection.close()
         if executor is not None:
             executor.shutdown(wait=True)
+        blas.restore_original_limits()
 
     app = FastAPI(
         title="Hybrid retrieval",

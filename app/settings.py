@@ -39,6 +39,8 @@ class Settings(BaseSettings):
     max_batch_docs: int = Field(1000, ge=1, description="documents per write batch")
     write_threads: int | None = Field(None, ge=1, description="cores that embedding written documents may use, one batch "
                                       "at a time; default: all while no search runs, half while searches run")
+    blas_threads: int = Field(1, ge=1, description="threads of NumPy's BLAS in the service (its products per request are "
+                              "small; more threads spin beside ONNX Runtime's and slow searches down under load)")
     compact_fraction: float = Field(0.1, gt=0, description="compact in the background once live documents and deletions "
                                     "reach this share of the base segment (and HYBRID_COMPACT_MIN_DOCS)")
     compact_min_docs: int = Field(1000, ge=1, description="the fewest changed documents worth a background compaction")
