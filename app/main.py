@@ -23,6 +23,7 @@ from app.routes import router
 from app.security import InFlightLimit, load_api_keys, load_write_keys
 from app.serving import Reloader, load_reranker
 from app.settings import Settings
+from app.ui import router as ui_router
 from indexer.store import OpenIndex, open_index
 from search.errors import SpecError
 
@@ -132,6 +133,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
                            allow_headers=["Authorization", "X-API-Key", "Content-Type"])
     app.include_router(router)
     app.include_router(documents_router)
+    app.include_router(ui_router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError):

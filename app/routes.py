@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -104,6 +105,8 @@ def ready(request: Request):
 def _ready(serving: Serving) -> Ready:
     index = serving.index
     return Ready(ready=True, documents=serving.documents, index=str(index.path), created_at=index.manifest.created_at,
+                 model=index.manifest.embedder.model,
+                 fusion_tuning=asdict(index.manifest.fusion_tuning) if index.manifest.fusion_tuning else None,
                  defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence,
                  metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()})
 

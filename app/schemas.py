@@ -247,6 +247,9 @@ class Ready(BaseModel):
     documents: int | None = None
     index: str | None = None
     created_at: str | None = Field(None, description="when the served index was built")
+    model: str | None = Field(None, description="the embedding model the index was built with")
+    fusion_tuning: dict | None = Field(None, description="what `hybrid tune` measured when it chose the default fusion: metric, "
+                                       "value, queries, qrels, when")
     defaults: dict | None = Field(None, description="the search spec a request that sets nothing gets: the index's "
                                   "defaults with the service's settings merged on")
     evidence: dict | None = Field(None, description="what each fitted default rests on (fusion, hubness, rerank): the metric, "

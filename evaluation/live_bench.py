@@ -23,10 +23,11 @@ import httpx
 import numpy as np
 
 from evaluation.server import running_server
-from indexer.build import BuildOptions, build_index, index_is_current
-from indexer.corpus import read_corpus, split_queries
+from indexer.build import EMBED_BATCH, BuildOptions, build_index, index_is_current
+from indexer.corpus import indexed_text, read_corpus, split_queries
 from indexer.live import Collection
-from indexer.store import open_index
+from indexer.store import MODEL_DIR, open_index
+from models.embedder import OnnxEmbedder
 from search.spec import HubnessSpec
 from training.hubness import fit_from_bank
 
@@ -55,6 +56,17 @@ def base_index(dataset: Path, workdir: Path, held_out: list[dict], kept: list[di
 
 def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
+
+
+def offline_embedding(index_dir: Path, documents: list[dict]) -> float:
+    """Documents per second of the offline build's embedding stage (its ONNX model, its batch size) over the same
+    documents the API ingests, measured in this run."""
+    embedder = OnnxEmbedder(index_dir / MODEL_DIR, device="cpu")
+    texts = [indexed_text(d["title"], d["text"]) for d in documents]
+    embedder.encode(texts[:EMBED_BATCH], batch_size=EMBED_BATCH)  # warm up
+    start = time.perf_counter()
+    embedder.encode(texts, batch_size=EMBED_BATCH)
+    return len(texts) / (time.perf_counter() - start)
 
 
 def ingest(url: str, documents: list[dict], batch: int = 64) -> dict:
@@ -168,14 +180,15 @@ def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> di
     if live_dir.exists():
         shutil.rmtree(live_dir)
     shutil.copytree(base, live_dir)
-    manifest = open_index(base, verify="size").manifest
-    offline = manifest.documents / manifest.build["embeddings_s"]
     queries = list(split_queries(dataset, split)[0].values())
-    report = {"documents": len(documents), "base_documents": len(kept), "written": len(held_out),
-              "offline_embedding_docs_per_s": round(offline, 1)}
+    report = {"documents": len(documents), "base_documents": len(kept), "written": len(held_out)}
+    before = offline_embedding(base, held_out)
     with running_server(live_dir, ENV) as (url, _):
         report["ingest"] = ingest(url, held_out)
-        report["ingest_ratio"] = round(report["ingest"]["docs_per_s"] / offline, 3)
+    offline = (before + offline_embedding(base, held_out)) / 2  # before and after the ingest: the same moment, on average
+    report["offline_embedding_docs_per_s"] = round(offline, 1)
+    report["ingest_ratio"] = round(report["ingest"]["docs_per_s"] / offline, 3)
+    with running_server(live_dir, ENV) as (url, _):
         report["visibility"] = visibility(url)
     report["search"] = live_vs_compacted(live_dir, workdir, queries)
     # Each load configuration starts from the same collection (a copy) and runs with the service's own background
@@ -209,7 +222,8 @@ def markdown(report: dict) -> str:
         f"(batches of {ing['batch']}).", "",
         "| measurement | value |", "|---|---:|",
         f"| ingest through the API | {ing['docs_per_s']:.1f} docs/s ({ing['seconds']:.1f} s) |",
-        f"| offline build, embedding stage | {report['offline_embedding_docs_per_s']:.1f} docs/s |",
+        f"| offline build's embedding stage over the same documents (before and after the ingest) | "
+        f"{report['offline_embedding_docs_per_s']:.1f} docs/s |",
         f"| ingest / offline | {report['ingest_ratio']:.2f}x |",
         f"| write-to-visible, p50 / p99 ({vis['samples']} single-document writes, refresh every 1 s) | "
         f"{vis['p50_ms']:.0f} / {vis['p99_ms']:.0f} ms |",

@@ -46,6 +46,9 @@ logger = logging.getLogger(__name__)
 BUILDER_VERSION = "0.2.0"
 
 
+EMBED_BATCH = 16  # documents per model run: the build's default, and the write path's (indexer.live)
+
+
 @dataclass(frozen=True)
 class BuildOptions:
     model: str = DEFAULT_MODEL
@@ -54,7 +57,7 @@ class BuildOptions:
     bm25: BM25Params = field(default_factory=BM25Params)
     faiss: FaissParams = field(default_factory=FaissParams)
     device: str = "auto"
-    batch_size: int = 16
+    batch_size: int = EMBED_BATCH
     onnx_cache: Path | None = None
     progress: bool = True
     filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)

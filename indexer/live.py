@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from common.publish import publish_dir
-from indexer.build import BuildOptions, build_into
+from indexer.build import EMBED_BATCH, BuildOptions, build_into
 from indexer.hubness import correction_folder_name, write_correction
 from indexer.corpus import indexed_text
 from indexer.manifest import Manifest, write_manifest
@@ -187,9 +187,10 @@ class Collection:
         if self.write_threads is not None:
             return self._embed_limited(texts, self.write_threads)
         if self.searching is None:
-            return self.index.embedder.encode(texts)
+            return self.index.embedder.encode(texts, batch_size=EMBED_BATCH)
         threads = max(1, len(os.sched_getaffinity(0)) // 2)
-        return np.concatenate([self._embed_limited(chunk, threads) if self.searching() else self.index.embedder.encode(chunk)
+        return np.concatenate([self._embed_limited(chunk, threads) if self.searching()
+                               else self.index.embedder.encode(chunk, batch_size=EMBED_BATCH)
                                for chunk in (texts[i : i + EMBED_CHUNK] for i in range(0, len(texts), EMBED_CHUNK))])
 
     def _embed_limited(self, texts: list[str], threads: int) -> np.ndarray:
@@ -197,7 +198,7 @@ class Collection:
         with self._embed_lock:
             if self._write_embedder is None:
                 self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=threads)
-            return self._write_embedder.encode(texts)
+            return self._write_embedder.encode(texts, batch_size=EMBED_BATCH)
 
     def delete(self, ids: list) -> int:
         if not isinstance(ids, list) or not ids:

@@ -73,6 +73,7 @@ class FusionTuning:
     depth: int
     best_per_norm: dict[str, float]
     best_rrf_k: float
+    tuned_at: str | None = None  # UTC, ISO 8601 (absent from manifests written before it was recorded)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ Deleted base documents are excluded by an alive mask that the pipeline intersect
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ class LiveDocument:
 
 
 _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+TERM_WEIGHT_CACHE = 16_384  # terms whose base weights a snapshot keeps
 
 
 class LiveSegment:
@@ -104,6 +106,9 @@ class LiveBM25:
         # the length normalisation of every document, once per snapshot: k1 * (1 - b + b * |d| / avgdl)
         self._base_norm = params.k1 * (1.0 - params.b + params.b * np.asarray(postings.lengths, dtype=np.float64) / self.avgdl)
         self._live_norm = params.k1 * (1.0 - params.b + params.b * live.lengths.astype(np.float64) / self.avgdl)
+        # A term's base weights are the same for every query of this snapshot: computed once (the compacted index has
+        # them precomputed; this keeps a live collection's BM25 close to it).
+        self._base_weights = functools.lru_cache(maxsize=TERM_WEIGHT_CACHE)(self._compute_base_weights)
 
     def idf(self, df: int) -> float:
         return float(np.log(1.0 + (self.collection_size - df + 0.5) / (df + 0.5)))
@@ -120,14 +125,19 @@ class LiveBM25:
                 continue
             idf = self.idf(df)
             if term_id is not None:
-                docs, tfs = self.postings.term(term_id)
-                if not self._all_alive:
-                    keep = self.alive[docs]
-                    docs, tfs = docs[keep], tfs[keep]
-                out[docs] += idf * tfs / (tfs + self._base_norm[docs])
+                docs, weights = self._base_weights(term_id)
+                out[docs] += idf * weights
             if len(live_idx):
                 out[self.base_docs + live_idx] += idf * live_tf / (live_tf + self._live_norm[live_idx])
         return out
+
+    def _compute_base_weights(self, term_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """The alive base documents holding the term and tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each."""
+        docs, tfs = self.postings.term(term_id)
+        if not self._all_alive:
+            keep = self.alive[docs]
+            docs, tfs = docs[keep], tfs[keep]
+        return docs, tfs / (tfs + self._base_norm[docs])
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 

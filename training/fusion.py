@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -152,7 +153,7 @@ def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path
             manifest.fusion_tuning = FusionTuning(
                 metric=metric, value=round(result.best()[metric], 4), queries=len(queries), qrels=str(qrels_path),
                 depth=pipeline.defaults.depth, best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
-                best_rrf_k=result.best("rrf")["rrf_k"])
+                best_rrf_k=result.best("rrf")["rrf_k"], tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
         update_manifest(index_dir, record)
     return result, proof

@@ -1,0 +1,445 @@
+// The search playground (GET /ui): plain JS, no build step, no network beyond this service's own API.
+// Every document string is inserted as text (textContent, never innerHTML); highlights are rebuilt as
+// text nodes and <mark> elements from the server's escaped snippets.
+"use strict";
+
+const KEY_STORAGE = "hybrid.apiKey";
+const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight"];
+const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "minmax", rrf_k: "60", hubness: "", rerank: "", weight: "1"};
+const CHOICES = {
+  mode: [["", "index default"], ["hybrid", "hybrid"], ["bm25", "BM25"], ["dense", "dense"]],
+  fusion: [["", "index default"], ["rrf", "RRF"], ["cc", "convex combination"]],
+  norm: [["minmax", "min-max"], ["zscore", "z-score"], ["tmm", "theoretical min-max"], ["dbsf", "DBSF"], ["none", "none"]],
+  hubness: [["", "index default"], ["none", "none"], ["qbnorm", "QB-Norm"], ["qbnorm+dis", "QB-Norm (dynamic)"],
+            ["dbnorm", "DBNorm"], ["dbnorm+dis", "DBNorm (dynamic)"]],
+  rerank: [["", "service default"], ["on", "on"], ["off", "off"]],
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (name === "text") node.textContent = value;
+    else if (name === "className") node.className = value;
+    else node.setAttribute(name, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+// --- state: the URL holds it, so a view can be shared as a link ---
+
+function readState() {
+  const params = new URLSearchParams(location.search);
+  const config = (prefix) => Object.fromEntries(CONFIG_FIELDS.map((f) => [f, params.get(`${prefix}.${f}`) ?? CONFIG_DEFAULTS[f]]));
+  return {
+    q: params.get("q") ?? "", k: params.get("k") ?? "10", page: Math.max(1, parseInt(params.get("page") ?? "1", 10) || 1),
+    filter: params.get("filter") ?? "", highlight: params.get("highlight") !== "0", compare: params.get("compare") === "1",
+    a: config("a"), b: config("b"),
+  };
+}
+
+function writeState(state) {
+  const params = new URLSearchParams();
+  if (state.q) params.set("q", state.q);
+  if (state.k !== "10") params.set("k", state.k);
+  if (state.page > 1) params.set("page", String(state.page));
+  if (state.filter.trim()) params.set("filter", state.filter);
+  if (!state.highlight) params.set("highlight", "0");
+  if (state.compare) params.set("compare", "1");
+  for (const prefix of state.compare ? ["a", "b"] : ["a"]) {
+    for (const field of CONFIG_FIELDS) {
+      if (state[prefix][field] !== CONFIG_DEFAULTS[field]) params.set(`${prefix}.${field}`, state[prefix][field]);
+    }
+  }
+  const query = params.toString();
+  history.replaceState(null, "", query ? `?${query}` : location.pathname);
+}
+
+function formState(page) {
+  const config = (prefix) => Object.fromEntries(CONFIG_FIELDS.map((f) => [f, $(`${prefix}-${f}`).value]));
+  return {q: $("q").value, k: $("k").value, page, filter: $("filter").value, highlight: $("highlight").checked,
+          compare: $("compare").checked, a: config("a"), b: config("b")};
+}
+
+// --- the configuration controls (one builder for A and B) ---
+
+function buildConfig(prefix) {
+  const box = $(`config-${prefix}`);
+  const id = (field) => `${prefix}-${field}`;
+  const select = (field, label) => {
+    const node = el("select", {id: id(field), name: id(field)});
+    for (const [value, text] of CHOICES[field]) node.append(el("option", {value, text}));
+    return el("div", {className: `control control-${field}`}, el("label", {for: id(field), text: label}), node);
+  };
+  const range = (field, label, min, max, step) => {
+    const input = el("input", {id: id(field), name: id(field), type: "range", min, max, step});
+    const output = el("output", {id: id(`${field}-value`), for: id(field)});
+    input.addEventListener("input", () => { output.textContent = input.value; });
+    return el("div", {className: `control control-${field}`}, el("label", {for: id(field), text: label}), input, output);
+  };
+  const number = (field, label, min, max) => el("div", {className: `control control-${field}`},
+    el("label", {for: id(field), text: label}), el("input", {id: id(field), name: id(field), type: "number", min, max, step: "any"}));
+  box.append(select("mode", "Mode"), select("fusion", "Fusion"), range("alpha", "Dense weight (alpha)", "0", "1", "0.05"),
+             select("norm", "Normalisation"), number("rrf_k", "rrf_k", "0", "100000"), select("hubness", "Hubness correction"),
+             select("rerank", "Rerank"), range("weight", "Reranker weight", "0", "1", "0.05"));
+  box.addEventListener("change", () => showRelevantControls(prefix));
+}
+
+function showRelevantControls(prefix) {
+  const value = (field) => $(`${prefix}-${field}`).value;
+  const show = (field, visible) => { $(`${prefix}-${field}`).closest(".control").hidden = !visible; };
+  const fused = value("mode") !== "bm25" && value("mode") !== "dense";
+  show("fusion", fused);
+  show("alpha", fused && value("fusion") === "cc");
+  show("norm", fused && value("fusion") === "cc");
+  show("rrf_k", fused && value("fusion") === "rrf");
+  show("hubness", value("mode") !== "bm25");
+  show("weight", value("rerank") === "on");
+}
+
+function fillForm(state) {
+  $("q").value = state.q;
+  $("k").value = state.k;
+  $("filter").value = state.filter;
+  $("highlight").checked = state.highlight;
+  $("compare").checked = state.compare;
+  if (state.filter.trim()) $("filter-box").open = true;
+  for (const prefix of ["a", "b"]) {
+    for (const field of CONFIG_FIELDS) $(`${prefix}-${field}`).value = state[prefix][field];
+    for (const field of ["alpha", "weight"]) $(`${prefix}-${field}-value`).textContent = state[prefix][field];
+    showRelevantControls(prefix);
+  }
+  showCompare(state.compare);
+}
+
+function showCompare(on) {
+  $("config-b").hidden = !on;
+  $("column-b").hidden = !on;
+  $("columns").classList.toggle("comparing", on);
+}
+
+// --- requests ---
+
+function requestBody(state, config) {
+  const body = {query: state.q, k: parseInt(state.k, 10), offset: (state.page - 1) * parseInt(state.k, 10), explain: true,
+                include_text: true};
+  if (config.mode) body.mode = config.mode;
+  if (config.mode !== "bm25" && config.mode !== "dense") {
+    if (config.fusion === "cc") body.fusion = {method: "cc", alpha: Number(config.alpha), norm: config.norm};
+    if (config.fusion === "rrf") body.fusion = {method: "rrf", rrf_k: Number(config.rrf_k)};
+  }
+  if (config.hubness && config.mode !== "bm25") {
+    const [method, dynamic] = config.hubness.split("+");
+    body.hubness = {method, dynamic: dynamic === "dis"};
+  }
+  if (config.rerank === "on") body.rerank = {enabled: true, weight: Number(config.weight)};
+  if (config.rerank === "off") body.rerank = {enabled: false};
+  if (state.filter.trim()) body.filter = JSON.parse(state.filter);
+  if (state.highlight) body.highlight = true;
+  return body;
+}
+
+function headers() {
+  const h = {"content-type": "application/json"};
+  const key = sessionStorage.getItem(KEY_STORAGE);
+  if (key) h["X-API-Key"] = key;
+  return h;
+}
+
+class RequestError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function post(body) {
+  const response = await fetch("/search", {method: "POST", headers: headers(), body: JSON.stringify(body)});
+  const payload = await response.json().catch(() => ({}));
+  if (!response.ok) throw new RequestError(response.status, describeError(response, payload));
+  return payload;
+}
+
+function describeError(response, payload) {
+  const detail = payload.detail;
+  if (response.status === 401 || response.status === 403) {
+    return `${response.status}: ${typeof detail === "string" ? detail : "this service needs an API key"}. Enter a valid key under "API key".`;
+  }
+  if (response.status === 422 && Array.isArray(detail)) {
+    return "422, the request is invalid: " + detail.map((d) => `${(d.loc || []).join(".")}: ${d.msg}`).join("; ");
+  }
+  if (response.status === 503) {
+    const retry = response.headers.get("Retry-After");
+    return `503, the service is busy or loading${retry ? `: retry in ${retry} s` : ""}. ${typeof detail === "string" ? detail : ""}`;
+  }
+  return `${response.status}: ${typeof detail === "string" ? detail : JSON.stringify(detail ?? payload)}`;
+}
+
+function curlFor(body) {
+  const json = JSON.stringify(body).replaceAll("'", "'\\''");
+  const key = sessionStorage.getItem(KEY_STORAGE) ? " -H \"X-API-Key: $HYBRID_API_KEY\"" : "";
+  return `curl -s ${location.origin}/search -H 'content-type: application/json'${key} -d '${json}'`;
+}
+
+// --- rendering ---
+
+const ENTITIES = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": "\"", "&#x27;": "'", "&#39;": "'"};
+
+function unescapeHtml(text) {
+  return text.replace(/&(lt|gt|amp|quot|#x27|#39);/g, (entity) => ENTITIES[entity]);
+}
+
+// The server's snippet is escaped text with <mark> tags: split on the tags, insert the pieces as text.
+function highlighted(snippet) {
+  const node = el("span", {className: "snippet"});
+  let marked = false;
+  for (const piece of snippet.split(/(<mark>|<\/mark>)/)) {
+    if (piece === "<mark>") marked = true;
+    else if (piece === "</mark>") marked = false;
+    else if (piece) node.append(marked ? el("mark", {text: unescapeHtml(piece)}) : document.createTextNode(unescapeHtml(piece)));
+  }
+  return node;
+}
+
+function snippetOf(hit) {
+  const text = hit.highlight?.text?.[0];
+  if (text) return highlighted(text.text);
+  const plain = hit.text ?? "";
+  return el("span", {className: "snippet", text: plain.length > 240 ? `${plain.slice(0, 240)}…` : plain});
+}
+
+function titleOf(hit) {
+  const title = hit.highlight?.title?.[0];
+  return title && title.matches.length ? highlighted(title.text) : document.createTextNode(hit.title || "(untitled)");
+}
+
+let panelCount = 0;
+const fmt = (value) => (value === null || value === undefined ? "–" : Number(value).toFixed(4));
+
+function bar(label, value, scale, detail, kind) {
+  const width = scale > 0 ? Math.min(100, (Math.abs(value) / scale) * 100) : 0;
+  const fill = el("span", {className: `bar-fill bar-${kind}`});
+  fill.style.width = `${width}%`;
+  return el("div", {className: "bar-row", "data-component": kind},
+    el("span", {className: "bar-label", text: label}),
+    el("span", {className: "bar-track"}, fill),
+    el("span", {className: "bar-value", "data-value": String(value), text: fmt(value)}),
+    el("span", {className: "bar-detail", text: detail}));
+}
+
+function explainPanel(hit) {
+  const explain = hit.explain;
+  const panel = el("div", {className: "explain", id: `explain-${++panelCount}`});
+  if (!explain) {
+    panel.append(el("p", {text: `Score ${fmt(hit.score)}: one retriever ranked this hit (nothing was fused or reranked).`}));
+    return panel;
+  }
+  if (explain.bm25 && explain.dense) {
+    const scale = Math.abs(explain.bm25.contribution) + Math.abs(explain.dense.contribution);
+    const detail = (c) => `raw ${fmt(c.score)}, rank ${c.rank ?? "outside the top"}${c.normalized === null ? "" : `, normalised ${fmt(c.normalized)}`}`;
+    panel.append(el("p", {className: "explain-title", text: `Fused score ${fmt(explain.fused)} = BM25 + dense contributions`}),
+                 bar("BM25", explain.bm25.contribution, scale, detail(explain.bm25), "bm25"),
+                 bar("Dense", explain.dense.contribution, scale, detail(explain.dense), "dense"));
+  }
+  if (explain.rerank) {
+    const r = explain.rerank;
+    panel.append(el("p", {className: "explain-title",
+                          text: `Reranked: final ${fmt(explain.final)}; first-stage rank ${r.first_stage_rank} (score ${fmt(r.first_stage_score)})`}),
+                 bar("Reranker share", r.weight, 1, `cross-encoder logit ${fmt(r.score)}`, "rerank"),
+                 bar("First-stage share", 1 - r.weight, 1, `score ${fmt(r.first_stage_score)}`, "first-stage"));
+  }
+  return panel;
+}
+
+function renderHits(column, data, other) {
+  column.replaceChildren();
+  if (!data.hits.length) {
+    column.append(el("p", {className: "empty", text: "No results."}));
+    return;
+  }
+  const otherRank = other ? new Map(other.hits.map((h) => [h.id, h.rank])) : null;
+  const list = el("ol", {className: "hits", start: String(data.hits[0].rank)});
+  for (const hit of data.hits) {
+    const item = el("li", {className: "hit", "data-id": hit.id, "data-rank": String(hit.rank)});
+    const head = el("div", {className: "hit-head"},
+      el("span", {className: "rank", text: `#${hit.rank}`}),
+      el("span", {className: "title"}, titleOf(hit)),
+      el("span", {className: "score", "data-score": String(hit.score), text: fmt(hit.score)}));
+    const meta = el("div", {className: "hit-meta"}, el("span", {className: "doc-id", text: `id ${hit.id}`}));
+    const stage = hit.explain?.rerank?.first_stage_rank;
+    if (stage !== undefined) meta.append(el("span", {className: "first-stage", text: `first stage #${stage}`}));
+    if (otherRank) meta.append(rankChange(hit, otherRank));
+    const panel = explainPanel(hit);
+    panel.hidden = true;
+    const toggle = el("button", {type: "button", className: "explain-toggle", "aria-expanded": "false", "aria-controls": panel.id,
+                                 text: "Explain score"});
+    toggle.addEventListener("click", () => {
+      panel.hidden = !panel.hidden;
+      toggle.setAttribute("aria-expanded", String(!panel.hidden));
+      drawLinks();
+    });
+    item.append(head, meta, snippetOf(hit), toggle, panel);
+    list.append(item);
+  }
+  column.append(el("p", {className: "column-head", text: describeSpec(data)}), list);
+}
+
+function rankChange(hit, otherRank) {
+  const before = otherRank.get(hit.id);
+  if (before === undefined) return el("span", {className: "change change-new", text: "only here"});
+  const delta = before - hit.rank;
+  if (delta === 0) return el("span", {className: "change", text: "same rank"});
+  return el("span", {className: `change ${delta > 0 ? "change-up" : "change-down"}`,
+                     text: `${delta > 0 ? "▲" : "▼"}${Math.abs(delta)} (was #${before})`});
+}
+
+function describeSpec(data) {
+  const spec = data.spec;
+  const parts = [spec.mode];
+  if (spec.mode === "hybrid") {
+    const f = spec.fusion;
+    parts.push(f.method === "cc" ? `cc ${f.norm} alpha ${f.alpha}` : `rrf k=${f.rrf_k}`);
+  }
+  if (spec.hubness && spec.hubness.method !== "none") parts.push(`${spec.hubness.method}${spec.hubness.dynamic ? " (dynamic)" : ""}`);
+  if (spec.rerank?.enabled) parts.push(`reranked, weight ${spec.rerank.weight}`);
+  return parts.join(" · ");
+}
+
+function drawLinks() {
+  const svg = $("links");
+  svg.replaceChildren();
+  if (!$("columns").classList.contains("comparing") || getComputedStyle(svg).display === "none") return;
+  const box = svg.getBoundingClientRect();
+  const right = new Map([...$("column-b").querySelectorAll(".hit")].map((item) => [item.dataset.id, item]));
+  for (const left of $("column-a").querySelectorAll(".hit")) {
+    const match = right.get(left.dataset.id);
+    if (!match) continue;
+    const a = left.querySelector(".hit-head").getBoundingClientRect();
+    const b = match.querySelector(".hit-head").getBoundingClientRect();
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "line");
+    line.setAttribute("x1", "0");
+    line.setAttribute("y1", String(a.top + a.height / 2 - box.top));
+    line.setAttribute("x2", String(box.width));
+    line.setAttribute("y2", String(b.top + b.height / 2 - box.top));
+    line.setAttribute("data-id", left.dataset.id);
+    line.setAttribute("class", left.dataset.rank === match.dataset.rank ? "link same" : "link moved");
+    svg.append(line);
+  }
+}
+
+function renderTimings(results) {
+  const table = el("table", {className: "timings"});
+  const stages = [...new Set(results.flatMap(({data}) => Object.keys(data.timings_ms)))];
+  table.append(el("thead", {}, el("tr", {}, el("th", {scope: "col", text: "stage"}),
+    ...results.map(({name}) => el("th", {scope: "col", text: `${name} (ms)`})))));
+  const body = el("tbody");
+  for (const stage of stages) {
+    body.append(el("tr", {}, el("th", {scope: "row", text: stage}),
+      ...results.map(({data}) => el("td", {text: stage in data.timings_ms ? data.timings_ms[stage].toFixed(2) : "–"}))));
+  }
+  table.append(body);
+  $("timings").replaceChildren(table);
+}
+
+function message(text) {
+  const box = $("message");
+  box.textContent = text;
+  box.hidden = !text;
+}
+
+// --- the search itself ---
+
+async function search(page = 1) {
+  const state = formState(page);
+  writeState(state);
+  if (!state.q.trim()) {
+    message("Type a query to search.");
+    return;
+  }
+  let bodies;
+  try {
+    bodies = (state.compare ? ["a", "b"] : ["a"]).map((prefix) => requestBody(state, state[prefix]));
+  } catch (error) {
+    message(`The filter is not valid JSON: ${error.message}`);
+    $("filter-box").open = true;
+    return;
+  }
+  message("");
+  document.body.classList.add("busy");
+  try {
+    const results = await Promise.all(bodies.map(post));
+    const [a, b] = results;
+    renderHits($("column-a"), a, b);
+    if (b) renderHits($("column-b"), b, a);
+    const overlap = b ? a.hits.filter((h) => b.hits.some((o) => o.id === h.id)).length : 0;
+    $("overlap").hidden = !b;
+    $("overlap").textContent = b ? `Overlap: ${overlap} of ${Math.max(a.hits.length, b.hits.length)} hits appear in both lists.` : "";
+    $("pager").hidden = false;
+    $("page-label").textContent = `Page ${page}`;
+    $("prev").disabled = page <= 1;
+    $("next").disabled = !results.some((r) => r.has_more);
+    $("details").hidden = false;
+    renderTimings(results.map((data, i) => ({name: i ? "B" : "A", data})));
+    $("curl").value = bodies.map(curlFor).join("\n");
+    currentPage = page;
+    requestAnimationFrame(drawLinks);
+  } catch (error) {
+    if (error.status === 401 || error.status === 403) {
+      $("key-box").open = true;
+      $("api-key").focus();
+    }
+    message(error instanceof RequestError ? error.message : `The request failed: ${error.message}`);
+  } finally {
+    document.body.classList.remove("busy");
+  }
+}
+
+let currentPage = 1;
+
+async function loadSummary() {
+  try {
+    const response = await fetch("/ready");
+    const ready = await response.json();
+    if (!ready.ready) throw new Error("the index is not loaded yet");
+    const fusion = ready.defaults?.fusion ?? {};
+    const tuned = ready.fusion_tuning;
+    const parts = [`${ready.documents.toLocaleString()} documents`, `model ${ready.model ?? "?"}`,
+                   `default ${ready.defaults?.mode ?? "hybrid"} ${fusion.method === "cc" ? `cc ${fusion.norm} alpha ${fusion.alpha}` : `rrf k=${fusion.rrf_k}`}`];
+    parts.push(tuned ? `fusion tuned on ${tuned.queries} queries of ${tuned.qrels.split("/").slice(-3).join("/")} ` +
+                       `(${tuned.metric} ${tuned.value})${tuned.tuned_at ? ` at ${tuned.tuned_at}` : ""}` : "fusion not tuned");
+    if (ready.created_at) parts.push(`built ${ready.created_at}`);
+    $("summary").textContent = parts.join(" · ");
+  } catch (error) {
+    $("summary").textContent = `Index summary unavailable: ${error.message}`;
+  }
+}
+
+function start() {
+  buildConfig("a");
+  buildConfig("b");
+  const state = readState();
+  fillForm(state);
+  const key = $("api-key");
+  key.value = sessionStorage.getItem(KEY_STORAGE) ?? "";
+  key.addEventListener("change", () => {
+    if (key.value) sessionStorage.setItem(KEY_STORAGE, key.value);
+    else sessionStorage.removeItem(KEY_STORAGE);
+  });
+  $("search-form").addEventListener("submit", (event) => { event.preventDefault(); search(1); });
+  $("compare").addEventListener("change", () => { showCompare($("compare").checked); if ($("q").value.trim()) search(1); });
+  $("prev").addEventListener("click", () => search(Math.max(1, currentPage - 1)));
+  $("next").addEventListener("click", () => search(currentPage + 1));
+  $("copy-curl").addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText($("curl").value);
+      message("Copied the curl command.");
+    } catch {
+      $("curl").select();
+      message("Select-all done: copy the command with Ctrl+C.");
+    }
+  });
+  window.addEventListener("resize", () => requestAnimationFrame(drawLinks));
+  loadSummary();
+  if (state.q.trim()) search(state.page);
+}
+
+document.addEventListener("DOMContentLoaded", start);
