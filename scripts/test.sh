@@ -3,5 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The playground's browser tests drive Debian's Chromium (Playwright downloads no browser here): install it when we
+# can; without it those tests skip, saying so.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null 2>&1)) \
+    || echo "could not install chromium: the browser tests will skip"
+fi
 export BEIR_DATA="${BEIR_DATA:-../shared/data/beir}"
 exec .venv/bin/python -m pytest -q "$@"
