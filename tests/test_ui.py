@@ -187,3 +187,16 @@ def test_no_serious_or_critical_accessibility_violations(browser, server):
     serious = [v for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
     assert not serious, json.dumps([{"id": v["id"], "nodes": [n["target"] for n in v["nodes"]]} for v in serious], indent=1)
     context.close()
+
+
+def test_an_invalid_request_names_the_field(page):
+    open_with_key(page)
+    page.click("#filter-box summary")
+    page.fill("#filter", '{"no_such_field": 1}')
+    page.fill("#q", QUERY)
+    page.click("button[type=submit]")
+    page.wait_for_function("document.getElementById('message').textContent.startsWith('422')")
+    assert "filter" in page.text_content("#message")
+    page.fill("#filter", "{not json")
+    page.click("button[type=submit]")
+    assert page.text_content("#message").startswith("The filter is not valid JSON")
