@@ -10,6 +10,7 @@ from indexer.live import Collection, Snapshot
 from indexer.store import OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
+from models.query_cache import CachedEmbedder, QueryCache
 from search.errors import HybridError
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
@@ -60,6 +61,8 @@ class Reloader:
 
     def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False):
         self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
+        # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
+        self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
         self.cross_encoder, self._lock = cross_encoder, threading.Lock()
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
@@ -96,9 +99,10 @@ class Reloader:
 
     def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
         embedder = BatchingEmbedder(index.embedder) if self.batch else None
+        queries = CachedEmbedder(embedder or index.embedder, self.query_cache, index.manifest.embedder.model_checksum)
         view = snapshot if snapshot is not None else index
         pipeline = view.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
-                                 cross_encoder_name=self.reranker_name, embedder=embedder)
+                                 cross_encoder_name=self.reranker_name, embedder=queries)
         serving = Serving(index, pipeline, view.presenter(embedder), self.rerank_evidence, collection, refusal, snapshot)
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic
         self.app.state.metrics.describe_index(index.manifest, serving.documents)

@@ -29,6 +29,8 @@ class Settings(BaseSettings):
         "(measure with `hybrid bench`: docs/BENCHMARKS.md compares both on the machine it ran on)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
+    query_cache_size: int = Field(10_000, ge=0, description="query embeddings kept (LRU, keyed by the model's checksum and "
+                                  "the query's token ids); 0: no cache")
     api_keys: str | None = Field(None, description="comma-separated read keys (search); unset, with no write keys either: "
                                  "searches need no key")
     api_keys_file: Path | None = Field(None, description="file with one read key per line")

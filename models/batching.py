@@ -80,6 +80,7 @@ class BatchingEmbedder:
 
     def __init__(self, embedder, batch_size: int = 32):
         self.embedder, self.dimension = embedder, embedder.dimension
+        self.token_ids = getattr(embedder, "token_ids", None)  # how the model sees a text (models.query_cache)
         self.batcher = MicroBatcher(lambda texts: embedder.encode(texts, batch_size=batch_size))
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:

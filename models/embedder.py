@@ -47,6 +47,10 @@ class OnnxEmbedder:
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         return length_sorted(self._encode_batch, texts, batch_size, np.empty((len(texts), self.dimension), np.float32))
 
+    def token_ids(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
+        """Each text as the model sees it (normalised, tokenised, truncated; no padding): the query cache's key."""
+        return [tuple(e.ids[: sum(e.attention_mask)]) for e in self._tokenizer.encode_batch(list(texts))]
+
 
 class TorchEmbedder:
     """Embeds with sentence-transformers (needs torch); the reference for the ONNX path."""
