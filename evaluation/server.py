@@ -23,8 +23,10 @@ def running_server(index_dir: Path | str, env: dict[str, str] | None = None, rea
     import httpx  # a dev dependency: only benchmarks and tests start servers
 
     port = free_port()
+    # Benchmarks repeat their queries: with the query cache on they would time the cache, not the model (a cache hit
+    # has its own row), so it is off unless `env` turns it on.
     environment = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
-                   "HYBRID_LOG_LEVEL": "warning", **(env or {})}
+                   "HYBRID_LOG_LEVEL": "warning", "HYBRID_QUERY_CACHE_SIZE": "0", **(env or {})}
     process = subprocess.Popen([sys.executable, "-m", "app"], env=environment,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
