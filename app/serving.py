@@ -7,9 +7,10 @@ import threading
 from dataclasses import dataclass
 
 from indexer.live import Collection, Snapshot
-from indexer.store import OpenIndex, open_index
+from indexer.store import MODEL_DIR, OpenIndex, open_index
 from models.batching import BatchingCrossEncoder, BatchingEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
+from models.embedder import OnnxEmbedder
 from models.query_cache import CachedEmbedder, QueryCache
 from search.errors import HybridError
 from search.hits import Presenter
@@ -63,6 +64,7 @@ class Reloader:
         self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
         # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
+        self._query_models: dict = {}  # the int8 query embedder of the served model (see _query_model)
         self.cross_encoder, self._lock = cross_encoder, threading.Lock()
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
@@ -99,7 +101,9 @@ class Reloader:
 
     def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
         embedder = BatchingEmbedder(index.embedder) if self.batch else None
-        queries = CachedEmbedder(embedder or index.embedder, self.query_cache, index.manifest.embedder.model_checksum)
+        query_model, precision = self._query_model(index)
+        queries = CachedEmbedder(BatchingEmbedder(query_model) if self.batch else query_model, self.query_cache,
+                                 f"{index.manifest.embedder.model_checksum}:{precision}")
         view = snapshot if snapshot is not None else index
         pipeline = view.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
                                  cross_encoder_name=self.reranker_name, embedder=queries)
@@ -107,6 +111,25 @@ class Reloader:
         self.app.state.serving = serving  # a single reference assignment: the swap is atomic
         self.app.state.metrics.describe_index(index.manifest, serving.documents)
         return serving
+
+    def _query_model(self, index: OpenIndex):
+        """The embedder of queries and its precision: the index's own (fp32) session, or an int8 one of the same model,
+        opened once per model (a refresh or a compaction keeps it)."""
+        precision = self.settings.query_precision
+        if precision == "auto":
+            precision = "fp32" if index.dense.on_gpu else "int8"
+        if precision == "fp32":
+            return index.embedder, precision
+        key = (index.manifest.embedder.model_checksum, precision)
+        if self._query_models.get("key") != key:
+            try:
+                model = OnnxEmbedder(index.path / MODEL_DIR, device="cpu", precision=precision)
+            except FileNotFoundError as exc:  # an index exported before int8 models: serve its fp32 one
+                logger.warning("queries embedded in fp32: %s", exc)
+                return index.embedder, "fp32"
+            self._query_models = {"key": key, "model": model}
+            logger.info("queries embedded with the %s graph of %s", precision, index.manifest.embedder.model)
+        return self._query_models["model"], precision
 
     def refresh(self) -> None:
         """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and

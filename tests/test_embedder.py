@@ -64,3 +64,11 @@ def test_int8_embedder_stays_close_to_fp32(model, onnx_embedder, scifact):
 def test_unknown_precision_lists_the_valid_ones(model):
     with pytest.raises(ValueError, match="valid: fp32, int8"):
         OnnxEmbedder(export_onnx(model), device="cpu", precision="fp16")
+
+
+def test_int8_query_embeddings_agree_with_fp32(model, onnx_embedder, scifact):
+    """The service embeds queries with the int8 graph on CPU (app.settings query_precision): it must stay close."""
+    with (scifact / "queries.jsonl").open() as fh:
+        queries = [json.loads(line)["text"] for line in itertools.islice(fh, 100)]
+    int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8").encode(queries)
+    assert (int8 * onnx_embedder.encode(queries)).sum(axis=1).min() >= 0.98

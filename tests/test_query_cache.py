@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from app.main import create_app
 from app.settings import Settings
-from indexer.store import open_index
+from indexer.store import MODEL_DIR, open_index
+from models.embedder import OnnxEmbedder
 from models.query_cache import CachedEmbedder, QueryCache
 
 
@@ -74,3 +75,16 @@ def test_the_service_counts_hits_in_metrics(tiny_index):
     assert 'hybrid_query_cache_lookups_total{result="hit"} 2.0' in text
     assert 'hybrid_query_cache_lookups_total{result="miss"} 1.0' in text
     assert "hybrid_query_cache_hit_ratio 0.666" in text
+
+
+def test_the_service_embeds_queries_in_int8_on_cpu_and_keeps_fp32_on_request(tiny_index):
+    index = open_index(tiny_index)
+    int8 = OnnxEmbedder(tiny_index / MODEL_DIR, device="cpu", precision="int8").encode(["cat on a mat"])[0]
+    fp32 = index.embedder.encode(["cat on a mat"])[0]
+    assert not np.array_equal(int8, fp32)
+    for precision, expected in (("auto", int8), ("fp32", fp32)):
+        with TestClient(create_app(Settings(query_precision=precision), index=index)) as client:
+            result = client.app.state.serving.pipeline.search("cat on a mat", k=1, spec={"mode": "dense"})
+        np.testing.assert_array_equal(result.vector, expected)
+    with pytest.raises(ValidationError, match="query_precision"):
+        Settings(query_precision="fp16")
