@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     log_level: str = "info"
     reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
                                  "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
-    query_precision: Literal["auto", *PRECISIONS] = Field(
+    query_precision: Literal[("auto", *PRECISIONS)] = Field(
         "fp32", description="ONNX weights that embed queries (documents are always embedded in fp32); auto: int8 on CPU "
         "(scifact test nDCG@10 within 0.003 of fp32) and fp32 on GPU")
     reranker_precision: Literal[tuple(PRECISIONS)] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
