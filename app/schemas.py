@@ -18,11 +18,13 @@ from search.rerank import MAX_RERANK_DEPTH
 from search.spec import MAX_DEPTH, MAX_K, MODES
 
 MAX_QUERY_CHARS = 2048
-_CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
+_CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls, except tab, newline, carriage return
+# Python's str.isspace outside the controls, spelled out: JSON Schema's \s (ECMAScript) differs (U+FEFF, U+0085)
+_SPACE_CHARS = r"\t\n\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
 _CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
 # Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
 # which names the problem in plain words.
-QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^\\s{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
+QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^{_SPACE_CHARS}{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
 # The search spec's fields are typed here and validated by search.spec alone (one set of rules for the API,
 # the manifest and the CLI); the ranges and choices below only document them, from the same constants.
 SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight")
