@@ -12,7 +12,7 @@ from app.routes import ServingDep
 from app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, WriteResult
 from app.security import require_api_key, require_write_key
 from app.serving import Serving
-from search.errors import SpecError
+from search.errors import HybridError, SpecError
 
 router = APIRouter()
 
@@ -20,7 +20,7 @@ WAIT_SECONDS = 30.0
 Wait = Annotated[bool, Query(description="answer only once the write is searchable (a refresh is published at once; "
                                          "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)")]
 _WRITE_RESPONSES = {401: {"description": "missing key"}, 403: {"description": "not a write key, or writes disabled"},
-                    409: {"description": "this index cannot take writes (the message says why)"},
+                    409: {"description": "this index cannot take writes, or not now (the message says why)"},
                     413: {"description": "body too large"}, 422: {"description": "invalid batch; `loc` names the item and field"}}
 NDJSON = "application/x-ndjson"
 
@@ -29,6 +29,16 @@ def _collection(serving: Serving):
     if serving.collection is None:
         raise HTTPException(status_code=409, detail=f"this index takes no writes: {serving.write_refusal}")
     return serving.collection
+
+
+def _write(write, items: list) -> int:
+    """A write's sequence number; 409 when the index cannot take it now (another process holds its log)."""
+    try:
+        return write(items)
+    except SpecError:
+        raise
+    except HybridError as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
 
 
 def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
@@ -41,15 +51,19 @@ def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
 
 async def _documents(request: Request) -> list[Any]:
     """The batch from a JSON body {"documents": [...]} or an NDJSON body (one document per line)."""
-    body = await request.body()
     ndjson = request.headers.get("content-type", "").split(";")[0].strip() == NDJSON
+    return await run_in_threadpool(_parse, await request.body(), ndjson)  # up to 16 MiB: off the event loop
+
+
+def _parse(body: bytes, ndjson: bool) -> list[Any]:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError("body", f"not UTF-8 (byte {exc.start})") from None
     if ndjson:
         documents = []
-        for line_no, line in enumerate(text.splitlines(), start=1):
+        # "\n" only: str.splitlines would also split inside strings at U+2028, U+2029 or U+0085, which JSON allows
+        for line_no, line in enumerate(text.split("\n"), start=1):
             if line.strip():
                 try:
                     documents.append(json.loads(line))
@@ -86,21 +100,21 @@ async def put_documents(request: Request, serving: ServingDep, wait: Wait = Fals
     answer (its sequence number)."""
     documents = await _documents(request)
     collection = _collection(serving)
-    seq = await run_in_threadpool(collection.upsert, documents)  # embedding and fsync: off the event loop
+    seq = await run_in_threadpool(_write, collection.upsert, documents)  # embedding and fsync: off the event loop
     return await run_in_threadpool(_written, serving, seq, len(documents), wait)
 
 
 @router.delete("/documents/{doc_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
                responses=_WRITE_RESPONSES)
 def delete_document(doc_id: str, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _collection(serving).delete([doc_id])
+    seq = _write(_collection(serving).delete, [doc_id])
     return _written(serving, seq, 1, wait)
 
 
 @router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)],
              responses=_WRITE_RESPONSES)
 def delete_documents(body: DeleteRequest, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _collection(serving).delete(body.ids)
+    seq = _write(_collection(serving).delete, body.ids)
     return _written(serving, seq, len(body.ids), wait)
 
 
@@ -108,18 +122,14 @@ def delete_documents(body: DeleteRequest, serving: ServingDep, wait: Wait = Fals
             responses={404: {"description": "no such document"}})
 def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
     """The latest acknowledged version of a document (before it is searchable, too)."""
-    doc = serving.collection.get(doc_id) if serving.collection is not None else _base_document(serving, doc_id)
+    if serving.collection is not None:
+        doc = serving.collection.get(doc_id)
+    else:
+        idx = serving.index.doc_positions.get(doc_id)
+        doc = serving.index.docs.get(idx) if idx is not None else None
     if doc is None:
         raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
     return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
-
-
-def _base_document(serving: Serving, doc_id: str) -> dict | None:
-    index = serving.index
-    try:
-        return index.docs.get(index.doc_ids.index(doc_id))
-    except ValueError:
-        return None
 
 
 @router.get("/stats", response_model=Stats)

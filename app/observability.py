@@ -6,7 +6,6 @@ import contextvars
 import json
 import logging
 import re
-import threading
 import time
 import uuid
 
@@ -31,19 +30,14 @@ class Metrics:
         self.documents = Gauge("hybrid_index_documents", "documents in the loaded index", registry=self.registry)
         self.query_cache = Counter("hybrid_query_cache_lookups", "query embedding cache lookups by result", ["result"],
                                    registry=self.registry)
-        self.query_cache_hit_ratio = Gauge("hybrid_query_cache_hit_ratio", "query embedding cache hits / lookups since start",
+        self.query_cache_hit_ratio = Gauge("hybrid_query_cache_hit_ratio", "query embedding cache hits / lookups since start (read from the cache)",
                                            registry=self.registry)
-        self._cache_counts, self._cache_lock = [0, 0], threading.Lock()  # hits, lookups: for the ratio
         self.build_info = Gauge("hybrid_index_info", "the loaded index (value 1)",
                                 ["format_version", "builder_version", "model", "faiss", "created_at"], registry=self.registry)
 
     def observe_query_cache(self, hits: int, misses: int) -> None:
         self.query_cache.labels("hit").inc(hits)
         self.query_cache.labels("miss").inc(misses)
-        with self._cache_lock:
-            self._cache_counts[0] += hits
-            self._cache_counts[1] += hits + misses
-            self.query_cache_hit_ratio.set(self._cache_counts[0] / self._cache_counts[1] if self._cache_counts[1] else 0.0)
 
     def observe_search(self, timings_ms: dict[str, float]) -> None:
         for stage, ms in timings_ms.items():

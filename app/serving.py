@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ class Reloader:
         self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
         # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
-        self._query_models: dict = {}  # the int8 query embedder of the served model (see _query_model)
+        app.state.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
+        self._int8_queries: tuple | None = None  # ((model checksum, precision), embedder): see _query_model
         self.cross_encoder, self._lock = cross_encoder, threading.Lock()
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
@@ -80,10 +82,10 @@ class Reloader:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = None, None
         try:
-            in_flight = getattr(self.app.state, "in_flight", None)
-            collection = Collection(index, self.settings.max_batch_docs, on_refresh=self._publish_snapshot,
-                                    write_threads=self.settings.write_threads,
-                                    searching=(lambda: in_flight.active > 0) if in_flight is not None else None)
+            in_flight = self.app.state.in_flight
+            collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
+                                    searching=lambda: in_flight.active > 0)
+            collection.on_refresh = functools.partial(self._publish_snapshot, collection)
         except HybridError as exc:
             refusal = str(exc)
             logger.warning("serving %s read-only: %s", index.path, refusal)
@@ -95,21 +97,27 @@ class Reloader:
                     serving.pipeline.defaults.to_string())
         return serving
 
-    def _publish_snapshot(self, snapshot: Snapshot) -> None:
+    def _publish_snapshot(self, collection: Collection, snapshot: Snapshot) -> None:
         current = self.app.state.serving
-        self._publish(snapshot.index, snapshot, current.collection, current.write_refusal)
+        if current is None or current.collection is not collection:
+            return  # a collection a reload replaced (its compaction may still finish): never put it back in service
+        self._publish(snapshot.index, snapshot, collection, current.write_refusal)
 
     def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
-        embedder = BatchingEmbedder(index.embedder) if self.batch else None
+        embedder = BatchingEmbedder(index.embedder) if self.batch else index.embedder
         query_model, precision = self._query_model(index)
-        queries = CachedEmbedder(BatchingEmbedder(query_model) if self.batch else query_model, self.query_cache,
-                                 f"{index.manifest.embedder.model_checksum}:{precision}")
+        queries = embedder if query_model is index.embedder else BatchingEmbedder(query_model) if self.batch else query_model
+        if self.query_cache.size:
+            queries = CachedEmbedder(queries, self.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
         view = snapshot if snapshot is not None else index
         pipeline = view.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
                                  cross_encoder_name=self.reranker_name, embedder=queries)
         serving = Serving(index, pipeline, view.presenter(embedder), self.rerank_evidence, collection, refusal, snapshot)
-        self.app.state.serving = serving  # a single reference assignment: the swap is atomic
-        self.app.state.metrics.describe_index(index.manifest, serving.documents)
+        previous, self.app.state.serving = self.app.state.serving, serving  # a single reference assignment: atomic
+        if previous is None or previous.index is not index:
+            self.app.state.metrics.describe_index(index.manifest, serving.documents)
+        else:  # a refresh of the same base: only the count changed
+            self.app.state.metrics.documents.set(serving.documents)
         return serving
 
     def _query_model(self, index: OpenIndex):
@@ -121,15 +129,15 @@ class Reloader:
         if precision == "fp32":
             return index.embedder, precision
         key = (index.manifest.embedder.model_checksum, precision)
-        if self._query_models.get("key") != key:
+        if self._int8_queries is None or self._int8_queries[0] != key:
             try:
                 model = OnnxEmbedder(index.path / MODEL_DIR, device="cpu", precision=precision)
             except FileNotFoundError as exc:  # an index exported before int8 models: serve its fp32 one
                 logger.warning("queries embedded in fp32: %s", exc)
                 return index.embedder, "fp32"
-            self._query_models = {"key": key, "model": model}
+            self._int8_queries = (key, model)
             logger.info("queries embedded with the %s graph of %s", precision, index.manifest.embedder.model)
-        return self._query_models["model"], precision
+        return self._int8_queries[1], precision
 
     def refresh(self) -> None:
         """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and

@@ -161,6 +161,7 @@ class Collection:
         self._start(index)
         self._write_lock = threading.Lock()
         self._compact_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._visible = threading.Condition()
         self._dirty = False
         self.seq = index.manifest.applied_sequence
@@ -223,7 +224,7 @@ class Collection:
     def _start(self, index: OpenIndex) -> None:
         """Begin on `index` as base, with nothing written on top of it yet."""
         self.index = index
-        self._base_idx = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
+        self._base_idx = index.doc_positions
         self._base_alive = np.ones(index.num_docs, dtype=bool)
         self._live: dict[str, LiveDocument] = {}
         self._vocabulary: dict[str, int] = {}  # terms of the live documents (search.segments.LiveSegment)
@@ -316,18 +317,20 @@ class Collection:
     # visibility
 
     def refresh(self) -> Snapshot:
-        """Publish the writes applied so far to searches (a no-op when nothing changed)."""
-        with self._write_lock:
-            if not self._dirty:
-                return self.snapshot
-            self._dirty = False
-            snapshot = self._build_snapshot()
-        if self.on_refresh is not None:
-            self.on_refresh(snapshot)
-        with self._visible:
-            self.snapshot = snapshot  # one reference assignment: searches see the old or the new snapshot
-            self._visible.notify_all()
-        return snapshot
+        """Publish the writes applied so far to searches (a no-op when nothing changed). One refresh at a time (the
+        refresher, `?wait=true` writes, compaction): an older snapshot is never published over a newer one."""
+        with self._refresh_lock:
+            with self._write_lock:
+                if not self._dirty:
+                    return self.snapshot
+                self._dirty = False
+                snapshot = self._build_snapshot()
+            if self.on_refresh is not None:
+                self.on_refresh(snapshot)
+            with self._visible:
+                self.snapshot = snapshot  # one reference assignment: searches see the old or the new snapshot
+                self._visible.notify_all()
+            return snapshot
 
     def _build_snapshot(self) -> Snapshot:
         """The current state, frozen (write lock held)."""

@@ -179,6 +179,11 @@ class OpenIndex:
         """External document ids by internal index (read once, on first use)."""
         return [self.docs.get(i)["id"] for i in range(self.num_docs)]
 
+    @functools.cached_property
+    def doc_positions(self) -> dict[str, int]:
+        """Internal index by external document id (built once, on first use)."""
+        return {doc_id: i for i, doc_id in enumerate(self.doc_ids)}
+
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None) -> SearchPipeline:
         """A search pipeline over this index whose defaults are the manifest's, with `overrides` (a partial

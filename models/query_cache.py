@@ -29,6 +29,10 @@ class QueryCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def hit_ratio(self) -> float:
+        looked_up = self.hits + self.misses
+        return self.hits / looked_up if looked_up else 0.0
+
     def get_many(self, keys: list[tuple]) -> list[np.ndarray | None]:
         with self._lock:
             found = [self._entries.get(key) for key in keys]

@@ -210,10 +210,10 @@ def hubness_stats(counts: np.ndarray) -> dict:
 class HubnessSearcher:
     """Exact corrected top-k over the whole corpus through the augmented inner-product index."""
 
-    def __init__(self, correction: HubnessCorrection, augmented, banks: Banks | None = None, alive: Allowed | None = None):
+    def __init__(self, correction: HubnessCorrection, augmented, banks: Banks | None = None):
         self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex (or LiveDense)
         self.banks = banks  # None: fitted before banks were kept (a live collection cannot extend the correction)
-        self.alive = alive  # the documents that exist, of a live collection (None: all)
+        self.alive = Allowed(correction.alive) if correction.alive is not None else None  # of a live collection
 
     def search(self, vector: np.ndarray, depth: int, method: str, dynamic: bool, allowed: Allowed | None = None,
                embeddings: np.ndarray | None = None) -> tuple[Ranking, np.ndarray]:
@@ -224,10 +224,9 @@ class HubnessSearcher:
         or a NumPy matvec for the top-1, measured slower in the service: both wake a second thread pool,
         OpenMP or OpenBLAS, that competes with ONNX Runtime's for the same cores.)
 
-        With a filter (`allowed`), the same coefficients (DIS decides on the raw top-1 of the whole corpus, all the
-        documents that exist, so
-        a filter never changes an admitted document's score) and the top-`depth` among the allowed documents:
-        scored exactly from `embeddings` when the cost rule says so (search.dense.DenseIndex.brute_force).
+        With a filter (`allowed`), the same coefficients (DIS decides on the raw top-1 of the whole corpus, every
+        document that exists, so a filter never changes an admitted document's score) and the top-`depth` among the
+        allowed documents: scored exactly from `embeddings` when the cost rule says so (DenseIndex.brute_force).
         """
         if dynamic and method != "none":
             raw = self._raw(vector, 1 if allowed is not None else depth, embeddings)

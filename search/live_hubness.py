@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from search.filters import Allowed
 from search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher, activation_mask, update_top_k
 from search.segments import LiveDense
 
@@ -135,23 +134,22 @@ class LiveHubnessView:
 
     def correction(self, base: HubnessCorrection, alive: np.ndarray | None) -> HubnessCorrection:
         """The correction over the joint numbering; `alive` (bool, joint): the documents that exist (None: all)."""
-        n = len(alive) if alive is not None else len(base.lse[BIAS_COLUMNS[0]]) + len(self.live_lse)
-        return HubnessCorrection(
-            base.params,
-            lse={name: np.concatenate([base.lse[name], self.live_lse[:, i]]) for i, name in enumerate(BIAS_COLUMNS)},
-            activation={bank: activation_mask(sims, idx, n) for bank, (sims, idx) in self.neighbours.items()},
-            alive=alive)
+        lse = self._joint_lse(base)
+        n = len(lse[BIAS_COLUMNS[0]])
+        return HubnessCorrection(base.params, lse,
+                                 {bank: activation_mask(sims, idx, n) for bank, (sims, idx) in self.neighbours.items()}, alive)
+
+    def _joint_lse(self, base: HubnessCorrection) -> dict[str, np.ndarray]:
+        return {name: np.concatenate([base.lse[name], self.live_lse[:, i]]) for i, name in enumerate(BIAS_COLUMNS)}
 
     def searcher(self, base: HubnessSearcher, live_vectors: np.ndarray, alive: np.ndarray | None) -> HubnessSearcher:
         """Exact corrected search over the base's augmented index and the live documents' augmented vectors."""
         augmented_live = np.hstack([live_vectors, -self.live_lse]).astype(np.float32)
-        return HubnessSearcher(self.correction(base.correction, alive), LiveDense(base.augmented, augmented_live),
-                               base.banks, Allowed(alive) if alive is not None else None)
+        return HubnessSearcher(self.correction(base.correction, alive), LiveDense(base.augmented, augmented_live), base.banks)
 
     def compacted(self, base: HubnessSearcher, alive: np.ndarray) -> tuple[HubnessCorrection, Banks]:
         """The correction and banks of the compacted base: the documents that exist (`alive`, joint), renumbered in
         order."""
-        joint = self.correction(base.correction, None)
         new_index = np.cumsum(alive) - 1
         neighbours = {}
         for bank, (sims, idx) in self.neighbours.items():
@@ -159,7 +157,7 @@ class LiveHubnessView:
             neighbours[bank] = (sims.copy(), np.where(kept, new_index[np.where(kept, idx, 0)], -1))
         n = int(alive.sum())
         correction = HubnessCorrection(
-            base.correction.params, lse={name: lse[alive] for name, lse in joint.lse.items()},
+            base.correction.params, lse={name: lse[alive] for name, lse in self._joint_lse(base.correction).items()},
             activation={bank: activation_mask(sims, idx, n) for bank, (sims, idx) in neighbours.items()})
         banks = base.banks
         return correction, Banks(banks.query, banks.gallery, banks.gallery_ids, neighbours)

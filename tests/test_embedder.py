@@ -67,7 +67,7 @@ def test_unknown_precision_lists_the_valid_ones(model):
 
 
 def test_int8_query_embeddings_agree_with_fp32(model, onnx_embedder, scifact):
-    """The service embeds queries with the int8 graph on CPU (app.settings query_precision): it must stay close."""
+    """The service can embed queries with the int8 graph (app.settings query_precision): it must stay close."""
     with (scifact / "queries.jsonl").open() as fh:
         queries = [json.loads(line)["text"] for line in itertools.islice(fh, 100)]
     int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8").encode(queries)

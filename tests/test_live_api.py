@@ -117,3 +117,24 @@ def test_an_index_that_cannot_take_writes_is_served_read_only(index_dir):
         refused = client.put("/documents", json={"documents": [{"id": "n", "text": "t"}]}, headers=WRITE)
         assert refused.status_code == 409 and "rebuild it" in refused.json()["detail"]
         assert client.get("/stats").json()["writable"] is False
+
+
+def test_ndjson_keeps_unicode_line_separators_inside_strings(index_dir):
+    with client_for(index_dir) as client:
+        line = json.dumps({"id": "u1", "text": "first\u2028second\u0085third"}, ensure_ascii=False)
+        response = client.put("/documents", content=line.encode(), headers={**WRITE, "content-type": "application/x-ndjson"})
+        assert response.status_code == 200, response.text
+        assert client.get("/documents/u1", headers=READ).json()["text"] == "first\u2028second\u0085third"
+
+
+def test_a_log_held_by_another_writer_answers_409(index_dir):
+    from indexer.live import LIVE_DIR, WAL_FILE
+    from indexer.wal import WriteAheadLog
+
+    held = WriteAheadLog(index_dir / LIVE_DIR / WAL_FILE, lock=True)  # e.g. `hybrid ingest` running on the index
+    try:
+        with client_for(index_dir) as client:
+            response = client.put("/documents", json={"documents": [{"id": "a", "text": "t"}]}, headers=WRITE)
+            assert response.status_code == 409 and "held by another process" in response.json()["detail"]
+    finally:
+        held.close()

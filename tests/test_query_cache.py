@@ -77,12 +77,12 @@ def test_the_service_counts_hits_in_metrics(tiny_index):
     assert "hybrid_query_cache_hit_ratio 0.666" in text
 
 
-def test_the_service_embeds_queries_in_int8_on_cpu_and_keeps_fp32_on_request(tiny_index):
-    index = open_index(tiny_index)
+def test_the_service_embeds_queries_with_the_precision_asked(tiny_index):
+    index = open_index(tiny_index, device="cpu")  # on CPU, auto means int8
     int8 = OnnxEmbedder(tiny_index / MODEL_DIR, device="cpu", precision="int8").encode(["cat on a mat"])[0]
     fp32 = index.embedder.encode(["cat on a mat"])[0]
     assert not np.array_equal(int8, fp32)
-    for precision, expected in (("auto", int8), ("fp32", fp32)):
+    for precision, expected in (("auto", int8), ("int8", int8), ("fp32", fp32)):
         with TestClient(create_app(Settings(query_precision=precision), index=index)) as client:
             result = client.app.state.serving.pipeline.search("cat on a mat", k=1, spec={"mode": "dense"})
         np.testing.assert_array_equal(result.vector, expected)

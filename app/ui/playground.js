@@ -365,8 +365,10 @@ async function search(page = 1) {
   }
   message("");
   document.body.classList.add("busy");
+  const ticket = ++searchTicket;
   try {
     const results = await Promise.all(bodies.map(post));
+    if (ticket !== searchTicket) return;  // a newer search was sent meanwhile: its answer is the one to show
     const [a, b] = results;
     renderHits($("column-a"), a, b);
     if (b) renderHits($("column-b"), b, a);
@@ -383,17 +385,19 @@ async function search(page = 1) {
     currentPage = page;
     requestAnimationFrame(drawLinks);
   } catch (error) {
+    if (ticket !== searchTicket) return;
     if (error.status === 401 || error.status === 403) {
       $("key-box").open = true;
       $("api-key").focus();
     }
     message(error instanceof RequestError ? error.message : `The request failed: ${error.message}`);
   } finally {
-    document.body.classList.remove("busy");
+    if (ticket === searchTicket) document.body.classList.remove("busy");
   }
 }
 
 let currentPage = 1;
+let searchTicket = 0;
 
 async function loadSummary() {
   try {
