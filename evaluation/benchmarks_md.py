@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from evaluation import filter_bench, live_bench
+from evaluation import filter_bench, live_bench, query_bench
 from evaluation.machine import cpu_model as _cpu_model
 from evaluation.report import first_stage_table
 from indexer.manifest import Manifest, read_manifest
@@ -220,7 +220,7 @@ def hubness_default_sentence(manifest: Manifest) -> str:
 
 
 def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None,
-           filters: dict | None = None, live: dict | None = None) -> str:
+           filters: dict | None = None, live: dict | None = None, query: dict | None = None) -> str:
     build = manifest.build
     lines = [
         "# Benchmarks",
@@ -331,8 +331,10 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
         lines += ["", *filter_bench.markdown(filters).rstrip("\n").splitlines()]
     if live:
         lines += ["", *live_bench.markdown(live).rstrip("\n").splitlines()]
+    if query:
+        lines += ["", *query_bench.markdown(query).rstrip("\n").splitlines()]
     lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval`, the filter and "
-              "live-write benchmarks and `hybrid bench` on scifact and regenerates this file.", ""]
+              "live-write and query-embedding benchmarks and `hybrid bench` on scifact and regenerates this file.", ""]
     return "\n".join(lines)
 
 
@@ -404,6 +406,7 @@ def _inference_sections(bench: dict) -> list[str]:
 
 if __name__ == "__main__":
     index_dir, eval_json, bench_json = map(Path, sys.argv[1:4])
-    memory, load, filters, live = (json.loads(Path(arg).read_text()) if arg else None for arg in (sys.argv[4:8] + [None] * 4)[:4])
+    memory, load, filters, live, query = (json.loads(Path(arg).read_text()) if arg else None
+                                          for arg in (sys.argv[4:9] + [None] * 5)[:5])
     sys.stdout.write(render(read_manifest(index_dir), json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory, load,
-                            filters, live))
+                            filters, live, query))

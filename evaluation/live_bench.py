@@ -43,7 +43,7 @@ def _documents(dataset: Path) -> list[dict]:
     return [{"id": d.doc_id, "title": d.title, "text": d.text, "metadata": d.metadata} for d in read_corpus(dataset)]
 
 
-def base_index(dataset: Path, workdir: Path, held_out: list[dict], kept: list[dict]) -> Path:
+def base_index(dataset: Path, workdir: Path, kept: list[dict]) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     corpus = workdir / "base.jsonl"
     corpus.write_text("".join(json.dumps({"_id": d["id"], "title": d["title"], "text": d["text"]}) + "\n" for d in kept))
@@ -175,7 +175,7 @@ def mixed_load(url: str, queries: list[str], seconds: float, searchers: int = 16
 def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> dict:
     documents = _documents(dataset)
     held_out, kept = documents[::10], [d for i, d in enumerate(documents) if i % 10]
-    base = base_index(dataset, workdir, held_out, kept)
+    base = base_index(dataset, workdir, kept)
     live_dir = workdir / "live"
     if live_dir.exists():
         shutil.rmtree(live_dir)
@@ -227,8 +227,8 @@ def markdown(report: dict) -> str:
         f"| ingest / offline | {report['ingest_ratio']:.2f}x |",
         f"| write-to-visible, p50 / p99 ({vis['samples']} single-document writes, refresh every 1 s) | "
         f"{vis['p50_ms']:.0f} / {vis['p99_ms']:.0f} ms |",
-        f"| BM25 p50, {search['live_documents']} live documents vs compacted | {p50['live bm25']:.2f} vs "
-        f"{p50['compacted bm25']:.2f} ms ({search['bm25_ratio']:.2f}x) |",
+        f"| BM25 p50, {search['live_documents']} live documents vs compacted | {p50['live bm25']:.3f} vs "
+        f"{p50['compacted bm25']:.3f} ms ({search['bm25_ratio']:.2f}x) |",
         f"| hybrid p50, live vs compacted | {p50['live hybrid']:.2f} vs {p50['compacted hybrid']:.2f} ms "
         f"({search['hybrid_ratio']:.2f}x) |",
         f"| hybrid + DBNorm (DIS) p50, live vs compacted (the fitted correction extended to the writes) | "

@@ -31,6 +31,8 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 .venv/bin/python -m evaluation.filter_bench "$BEIR_DATA/scifact" "${FILTER_WORKDIR:-indexes/scifact-metadata}" --out "$out/filters.json" > /dev/null
 # Live writes: ingest, visibility, live vs compacted, mixed load (its own index, built once).
 .venv/bin/python -m evaluation.live_bench "$BEIR_DATA/scifact" "${LIVE_WORKDIR:-indexes/scifact-live}" --out "$out/live.json" > /dev/null
+# Query embedding: fp32 vs int8 queries (quality, latency), the query cache's hit.
+.venv/bin/python -m evaluation.query_bench "$index" "$BEIR_DATA/scifact" --out "$out/query.json" > /dev/null
 .venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
-  "$out/filters.json" "$out/live.json" > docs/BENCHMARKS.md
+  "$out/filters.json" "$out/live.json" "$out/query.json" > docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md"

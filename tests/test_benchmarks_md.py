@@ -322,5 +322,16 @@ def test_live_section_states_the_measured_numbers():
               "mixed_load": load, "mixed_load_all_cores": {**load, "p50_ratio": 1.4}}
     text = markdown(report)
     assert "| ingest / offline | 0.90x |" in text and "| 540 / 1050 ms |" in text
-    assert "0.40 vs 0.30 ms (1.33x)" in text and "7.50 vs 7.00 ms (1.07x)" in text
+    assert "0.400 vs 0.300 ms (1.33x)" in text and "7.50 vs 7.00 ms (1.07x)" in text
     assert "(1.20x)" in text and "(1.40x)" in text and "400 documents written, 0 lost" in text
+
+
+def test_query_section_states_the_measured_numbers():
+    from evaluation.query_bench import markdown
+
+    report = {"split": "test", "queries": 300, "cosine_fp32_int8": {"min": 0.9862, "median": 0.993},
+              "ndcg@10": {"dense": {"fp32": 0.6451, "int8": 0.648}, "hybrid RRF": {"fp32": 0.7171, "int8": 0.7153}},
+              "embed_p50_ms": {"fp32": 6.0, "int8": 3.0, "cache hit": 0.2}}
+    text = markdown(report)
+    assert "| nDCG@10, dense | 0.6451 | 0.6480 | +0.0029 |" in text and "| nDCG@10, hybrid RRF | 0.7171 | 0.7153 | -0.0018 |" in text
+    assert "| embedding p50 | 6.00 ms | 3.00 ms | 0.50x |" in text and "0.200 ms p50, 30x faster" in text and "min 0.9862" in text
