@@ -106,7 +106,8 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         refresher.start()
         yield
         stop.set()
-        refresher.join()
+        refresher.join()  # no compaction starts after this
+        app.state.reloader.wait_for_compaction()
         serving, app.state.serving = app.state.serving, None
         if serving is not None and serving.collection is not None:
             serving.collection.close()

@@ -66,6 +66,7 @@ class Reloader:
         # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
         app.state.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
+        self._compaction: threading.Thread | None = None  # the last background compaction started
         self._int8_queries: tuple | None = None  # ((model checksum, precision), embedder): see _query_model
         self.cross_encoder, self._lock = cross_encoder, threading.Lock()
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
@@ -148,7 +149,13 @@ class Reloader:
         collection = serving.collection
         collection.refresh()
         if not collection.compacting and collection.needs_compaction(self.settings.compact_fraction, self.settings.compact_min_docs):
-            threading.Thread(target=self._compact_logged, args=(collection,), name="compaction", daemon=True).start()
+            self._compaction = threading.Thread(target=self._compact_logged, args=(collection,), name="compaction", daemon=True)
+            self._compaction.start()
+
+    def wait_for_compaction(self) -> None:
+        """At shutdown: let a background compaction finish before its collection's log is closed."""
+        if self._compaction is not None:
+            self._compaction.join()
 
     @staticmethod
     def _compact_logged(collection) -> None:
