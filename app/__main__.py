@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # opened here, not in the app's lifespan, so a bad index fails with one line and exit code 2
-        index = open_index(settings.index, verify=settings.verify, device=settings.device)
+        index = open_index(settings.index, verify=settings.verify, device=settings.device, query_precision=settings.query_precision)
     except HybridError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             handler.setFormatter(JsonFormatter())
     # Our middleware writes one structured access line per request: uvicorn's own access log would double it.
     uvicorn.run(create_app(settings, index=index), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, log_config=None)
+                access_log=False, log_config=None, http=settings.http, loop=settings.loop)
     return 0
 
 

@@ -25,26 +25,23 @@ from app.serving import Reloader, load_reranker
 from app.settings import Settings
 from app.ui import router as ui_router
 from indexer.store import OpenIndex, open_index
+from models.providers import on_gpu
 from search.errors import SpecError
 
 logger = logging.getLogger(__name__)
 _INDEXED = re.compile(r"(.*?)((?:\[\d+\])*)", re.DOTALL)
 
 
-def _on_gpu(model) -> bool:
-    return "CUDAExecutionProvider" in getattr(model, "providers", ())
-
-
 def _parallel_legs(settings: Settings, index: OpenIndex) -> bool:
     if settings.parallel_legs != "auto":
         return settings.parallel_legs == "on"
-    return _on_gpu(index.embedder)
+    return on_gpu(index.embedder)
 
 
 def _batch_queries(settings: Settings, index: OpenIndex) -> bool:
     if settings.batch_queries != "auto":
         return settings.batch_queries == "on"
-    return _on_gpu(index.embedder)
+    return on_gpu(index.embedder)
 
 
 def _refresh_loop(app: FastAPI, interval: float, stop: threading.Event) -> None:
@@ -95,8 +92,10 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             if settings.index is None:
                 raise RuntimeError("no index configured: pass --index DIR or set HYBRID_INDEX")
             logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
-            opened = open_index(settings.index, verify=settings.verify, device=settings.device)
+            opened = open_index(settings.index, verify=settings.verify, device=settings.device,
+                                query_precision=settings.query_precision)
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
+        app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
         batch = _batch_queries(settings, opened)
         app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
         app.state.reloader.open(opened)
@@ -111,6 +110,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         serving, app.state.serving = app.state.serving, None
         if serving is not None and serving.collection is not None:
             serving.collection.close()
+        app.state.search_executor.shutdown(wait=True)
         if executor is not None:
             executor.shutdown(wait=True)
         blas.restore_original_limits()

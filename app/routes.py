@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 
 from app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
 from app.security import require_api_key, require_write_key
@@ -19,15 +24,16 @@ from search.pipeline import Query
 router = APIRouter()
 
 
-def _serving(request: Request) -> Serving:
+async def _serving(request: Request) -> Serving:
     serving = request.app.state.serving  # read once: the whole request uses one index
     if serving is None:
         raise HTTPException(status_code=503, detail="index not loaded yet", headers={"Retry-After": "1"})
     return serving
 
 
-def _in_flight(request: Request):
-    yield from request.app.state.in_flight.slot()
+async def _in_flight(request: Request):
+    with request.app.state.in_flight.slot():
+        yield
 
 
 ServingDep = Annotated[Serving, Depends(_serving)]
@@ -40,31 +46,49 @@ _SEARCH_RESPONSES = {401: {"description": "missing API key"}, 403: {"description
 
 @router.post("/search", response_model=SearchResponse,
              dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
-def search(body: SearchRequest, serving: ServingDep, request: Request) -> SearchResponse:
-    # A sync route: FastAPI runs it in a worker thread, so CPU work never blocks the event loop.
-    fields, facets = _presentation(serving, body)
-    result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
-    request.app.state.metrics.observe_search(result.timings_ms)
-    return _response(serving, body, result, fields, facets)
+async def search(body: SearchRequest, serving: ServingDep, request: Request) -> Response:
+    def run() -> Response:
+        fields, facets = _presentation(serving, body)
+        result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
+        request.app.state.metrics.observe_search(result.timings_ms)
+        return _json(_response(serving, body, result, fields, facets))
+
+    return await off_loop(request, run)
 
 
 @router.post("/search/batch", response_model=BatchResponse,
              dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
-def search_batch(body: BatchRequest, serving: ServingDep, request: Request) -> BatchResponse:
+async def search_batch(body: BatchRequest, serving: ServingDep, request: Request) -> Response:
     """Up to 64 searches in one call, their queries embedded in one model run; all checked before any runs."""
-    started = time.perf_counter()
-    shown = []
-    for i, item in enumerate(body.searches):
-        try:
-            shown.append(_presentation(serving, item))
-        except SpecError as exc:
-            raise exc.within(f"searches[{i}]") from None
-    results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
-    responses = []
-    for item, result, (fields, facets) in zip(body.searches, results, shown):
-        request.app.state.metrics.observe_search(result.timings_ms)
-        responses.append(_response(serving, item, result, fields, facets))
-    return BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)})
+    def run() -> Response:
+        started = time.perf_counter()
+        shown = []
+        for i, item in enumerate(body.searches):
+            try:
+                shown.append(_presentation(serving, item))
+            except SpecError as exc:
+                raise exc.within(f"searches[{i}]") from None
+        results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
+        responses = []
+        for item, result, (fields, facets) in zip(body.searches, results, shown):
+            request.app.state.metrics.observe_search(result.timings_ms)
+            responses.append(_response(serving, item, result, fields, facets))
+        return _json(BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)}))
+
+    return await off_loop(request, run)
+
+
+async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
+    """Run a search on the service's search threads (HYBRID_SEARCH_THREADS), in the request's context (its request id
+    reaches the log lines). A plain executor future: FastAPI's own thread hop for sync routes costs more CPU per
+    request than a whole BM25 search (docs/BENCHMARKS.md, "Concurrent serving")."""
+    call = functools.partial(contextvars.copy_context().run, work)
+    return await asyncio.get_running_loop().run_in_executor(request.app.state.search_executor, call)
+
+
+def _json(model: BaseModel) -> Response:
+    """The response model as JSON, serialised once by pydantic (returning the model would validate it a second time)."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 def _presentation(serving: Serving, body: SearchRequest):

@@ -9,15 +9,18 @@ from dataclasses import dataclass
 
 from indexer.live import Collection, Snapshot
 from indexer.store import MODEL_DIR, OpenIndex, open_index
-from models.batching import BatchingCrossEncoder, BatchingEmbedder
+from models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
 from models.embedder import OnnxEmbedder
+from models.providers import on_gpu
 from models.query_cache import CachedEmbedder, QueryCache
 from search.errors import HybridError
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 
 logger = logging.getLogger(__name__)
+
+
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class Reloader:
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
         app.state.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
         self._compaction: threading.Thread | None = None  # the last background compaction started
-        self._int8_queries: tuple | None = None  # ((model checksum, precision), embedder): see _query_model
+        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, threads) -> session: see _session
         self.cross_encoder, self._lock = cross_encoder, threading.Lock()
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
@@ -105,9 +108,11 @@ class Reloader:
         self._publish(snapshot.index, snapshot, collection, current.write_refusal)
 
     def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
-        embedder = BatchingEmbedder(index.embedder) if self.batch else index.embedder
-        query_model, precision = self._query_model(index)
-        queries = embedder if query_model is index.embedder else BatchingEmbedder(query_model) if self.batch else query_model
+        precision = index.query_precision
+        served = self._served_model(index, "fp32")  # highlights compare sentences embedded like the documents
+        embedder = BatchingEmbedder(served) if self.batch else served
+        query_model = served if precision == "fp32" else self._served_model(index, precision)
+        queries = embedder if query_model is served else BatchingEmbedder(query_model) if self.batch else query_model
         if self.query_cache.size:
             queries = CachedEmbedder(queries, self.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
         view = snapshot if snapshot is not None else index
@@ -121,24 +126,27 @@ class Reloader:
             self.app.state.metrics.documents.set(serving.documents)
         return serving
 
-    def _query_model(self, index: OpenIndex):
-        """The embedder of queries and its precision: the index's own (fp32) session, or an int8 one of the same model,
-        opened once per model (a refresh or a compaction keeps it)."""
-        precision = self.settings.query_precision
-        if precision == "auto":
-            precision = "fp32" if index.dense.on_gpu else "int8"
-        if precision == "fp32":
-            return index.embedder, precision
-        key = (index.manifest.embedder.model_checksum, precision)
-        if self._int8_queries is None or self._int8_queries[0] != key:
-            try:
-                model = OnnxEmbedder(index.path / MODEL_DIR, device="cpu", precision=precision)
-            except FileNotFoundError as exc:  # an index exported before int8 models: serve its fp32 one
-                logger.warning("queries embedded in fp32: %s", exc)
-                return index.embedder, "fp32"
-            self._int8_queries = (key, model)
-            logger.info("queries embedded with the %s graph of %s", precision, index.manifest.embedder.model)
-        return self._int8_queries[1], precision
+    def _served_model(self, index: OpenIndex, precision: str):
+        """What embeds a search's texts at `precision`: on a GPU, the index's own session (fp32); on CPU, sessions
+        threaded as HYBRID_INFERENCE_THREADS says (auto: all cores for a lone search, one core each for concurrent ones)."""
+        if precision == "fp32" and (on_gpu(index.embedder) or not isinstance(index.embedder, OnnxEmbedder)):
+            return index.embedder  # a GPU needs no thread plan; an injected (torch) embedder keeps its own
+        threads = self.settings.inference_threads
+        if threads != "auto":
+            return self._session(index, precision, threads)
+        alone = index.embedder if precision == "fp32" else self._session(index, precision, None)
+        in_flight = self.app.state.in_flight
+        return LoadAwareEmbedder(alone, self._session(index, precision, 1), busy=lambda: in_flight.active > 1)
+
+    def _session(self, index: OpenIndex, precision: str, threads: int | None) -> OnnxEmbedder:
+        """A CPU session of the index's model, opened once per model, precision and thread count (refreshes and
+        compactions keep it; a reload to another model releases the previous model's)."""
+        key = (index.manifest.embedder.model_checksum, precision, threads)
+        if key not in self._sessions:
+            self._sessions = {k: v for k, v in self._sessions.items() if k[0] == key[0]}
+            self._sessions[key] = OnnxEmbedder(index.path / MODEL_DIR, device="cpu", threads=threads, precision=precision)
+            logger.info("%s session of %s on %s thread(s)", precision, index.manifest.embedder.model, threads or "all")
+        return self._sessions[key]
 
     def refresh(self) -> None:
         """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and
@@ -168,6 +176,7 @@ class Reloader:
         if not self._lock.acquire(blocking=False):
             raise ReloadInProgress("a reload is already in progress")
         try:
-            return self.open(open_index(self.settings.index, verify=self.settings.verify, device=self.settings.device))
+            return self.open(open_index(self.settings.index, verify=self.settings.verify, device=self.settings.device,
+                                         query_precision=self.settings.query_precision))
         finally:
             self._lock.release()

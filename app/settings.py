@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from indexer.store import VERIFY_MODES
-from models.onnx_export import PRECISIONS
+from models.onnx_export import PRECISIONS, QUERY_PRECISIONS
 from search.devices import DEVICES
 from search.rerank import DEFAULT_RERANK_DEPTH
 from search.spec import SearchSpec
@@ -29,6 +31,15 @@ class Settings(BaseSettings):
         "(measure with `hybrid bench`: docs/BENCHMARKS.md compares both on the machine it ran on)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
+    search_threads: int | None = Field(None, ge=1, description="threads that run searches; more in flight wait for one (up "
+                                       "to HYBRID_MAX_IN_FLIGHT). Default: cores + 1, one model run per core and one thread "
+                                       "in Python; more threads lengthen the tail (docs/BENCHMARKS.md, \"Concurrent serving\")")
+    http: Literal["auto", "h11", "httptools"] = Field("auto", description="uvicorn's HTTP parser; auto: httptools when installed")
+    loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvicorn's event loop; auto: uvloop when installed")
+    inference_threads: int | Literal["auto"] = Field(
+        "auto", description="threads of each CPU model run that embeds a query or a highlight's sentences; auto: all cores "
+        "while a search runs alone, one per search while several run (so concurrent searches never oversubscribe the cores); "
+        "N: always N")
     query_cache_size: int = Field(10_000, ge=0, description="query embeddings kept (LRU, keyed by the model's checksum and "
                                   "the query's token ids); 0: no cache")
     api_keys: str | None = Field(None, description="comma-separated read keys (search); unset, with no write keys either: "
@@ -51,9 +62,10 @@ class Settings(BaseSettings):
     log_level: str = "info"
     reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
                                  "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
-    query_precision: Literal[("auto", *PRECISIONS)] = Field(
-        "fp32", description="ONNX weights that embed queries (documents are always embedded in fp32); auto: int8 on CPU "
-        "(scifact test nDCG@10 within 0.003 of fp32) and fp32 on GPU")
+    query_precision: Literal[QUERY_PRECISIONS] = Field(
+        "auto", description="ONNX weights that embed queries (documents are always embedded in fp32); auto: int8 on CPU "
+        "(scifact test nDCG@10 within 0.003 of fp32, half the time) and fp32 on GPU; `hybrid eval` and `hybrid tune` "
+        "embed queries the same way (--query-precision)")
     reranker_precision: Literal[tuple(PRECISIONS)] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
     rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, description="first-stage hits reranked when a request does not say")
     rerank_weight: float | None = Field(None, description="interpolation weight of the cross-encoder when a request does not "
@@ -74,6 +86,25 @@ class Settings(BaseSettings):
             by_default = self.rerank_by_default and (self.rerank_weight is not None or gained is not False)
             spec["rerank"] = {"enabled": by_default, "depth": self.rerank_depth, "weight": weight}
         return spec
+
+    @field_validator("inference_threads")
+    @classmethod
+    def _at_most_the_cores(cls, threads):
+        cores = len(os.sched_getaffinity(0))
+        if threads != "auto" and not 1 <= threads <= cores:
+            raise ValueError(f"must be 'auto' or between 1 and the {cores} cores of this machine, not {threads}")
+        return threads
+
+    @property
+    def search_workers(self) -> int:
+        return self.search_threads or len(os.sched_getaffinity(0)) + 1
+
+    @model_validator(mode="after")
+    def _installed(self):
+        for setting, module in (("http", "httptools"), ("loop", "uvloop")):
+            if getattr(self, setting) == module and importlib.util.find_spec(module) is None:
+                raise ValueError(f"{setting}={module} needs the {module} package: pip install {module} (or use auto)")
+        return self
 
     @model_validator(mode="after")
     def _valid_spec(self):

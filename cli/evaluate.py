@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cli.args import add_device, add_filter, default
+from cli.args import add_device, add_filter, add_query_precision, default
 from cli.index import add_build_flags, build_options
 from evaluation.bench_suite import BenchOptions, run_bench
 from evaluation.report import console_table
@@ -27,6 +27,7 @@ def register(commands) -> None:
     p.add_argument("--rerank-depth", type=int, default=default(EvalConfig, "rerank_depth"), help="first-stage hits the reranker reorders")
     p.add_argument("--all-fusions", action="store_true", help="also every fusion the tuning record names (rrf 60, tuned rrf, each norm at its tuned alpha)")
     add_filter(p)
+    add_query_precision(p)
     p.add_argument("--out", type=Path)
     add_device(p)
     add_build_flags(p)
@@ -48,7 +49,8 @@ def register(commands) -> None:
 def run_eval(args) -> None:
     config = EvalConfig(split=args.split, pipelines=tuple(args.pipelines.split(",")), all_fusions=args.all_fusions,
                         all_hubness=args.all_hubness, tune=not args.no_tune, progress=not args.quiet,
-                        reranker=args.reranker, rerank_depth=args.rerank_depth, filter=args.filter)
+                        reranker=args.reranker, rerank_depth=args.rerank_depth, filter=args.filter,
+                        query_precision=args.query_precision)
     reports = evaluate_datasets(args.data, config, args.index, args.out, build_options(args))
     for report in reports:
         print(console_table(report))

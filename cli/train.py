@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cli.args import add_device, add_quiet, default
+from cli.args import add_device, add_query_precision, add_quiet, default
 from indexer.manifest import read_manifest
 from indexer.store import open_index
 from search.fusion import fusion_to_string
@@ -28,6 +28,7 @@ def register(commands) -> None:
     p.add_argument("--metric", choices=MEASURES, default="ndcg@10")
     p.add_argument("--out", type=Path, help="where the table and plot go (default INDEX/tuning)")
     p.add_argument("--dry-run", action="store_true", help="report only; leave the manifest unchanged")
+    add_query_precision(p)
     add_quiet(p)
     p.set_defaults(run=run_tune)
 
@@ -54,7 +55,7 @@ def run_tune(args) -> None:
     queries, qrels = training_split(args.queries, args.qrels)
     out = args.out or args.index / "tuning"
     result, evidence = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run,
-                                  progress=not args.quiet)
+                                  progress=not args.quiet, query_precision=args.query_precision)
     print(format_table(result))
     print(f"best: {fusion_to_string(result.best_fusion())} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} "
           f"queries of {args.qrels.name}, in-sample); table and plot in {out}")

@@ -97,7 +97,7 @@ def pipeline_latency(index: OpenIndex, queries: list[str], k: int = 10, warmup: 
 def ann_comparison(index: OpenIndex, queries: list[str], k: int = 10) -> dict:
     """Flat (exact) vs IVF and HNSW built from the same stored vectors: queries/s and recall@k vs flat."""
     vectors = np.asarray(index.embeddings)
-    query_vectors = index.embedder.encode(queries)
+    query_vectors = index.query_embedder.encode(queries)
     results, exact = {}, None
     for params in (FaissParams(kind="flat"), FaissParams(kind="ivf"), FaissParams(kind="hnsw")):
         build_start = time.perf_counter()

@@ -158,7 +158,7 @@ def batch_vs_single(index_dir: Path, queries: list[str], size: int = 32, rounds:
 def run(dataset: Path, workdir: Path, split: str = "test") -> dict:
     index = metadata_index(dataset, workdir)
     queries = list(split_queries(dataset, split)[0].values())
-    query_vectors = index.embedder.encode(queries)
+    query_vectors = index.query_embedder.encode(queries)
     return {"documents": index.num_docs, "queries": len(queries),
             "filter_documents": {name: index.metadata.allowed(selectivity_filter(name)).count for name in SELECTIVITIES},
             "filtered_recall": filtered_recall(index, query_vectors), "hybrid_latency": hybrid_latency(index, queries),

@@ -60,7 +60,7 @@ def write_report(index_dir: Path, queries_path: Path, split_qrels: Path | None =
         queries = read_queries(queries_path)
         if split_qrels:
             queries = {q: queries[q] for q in read_qrels(split_qrels) if q in queries}
-        report = hubness_report(index.embedder.encode(list(queries.values())), np.asarray(index.embeddings),
+        report = hubness_report(index.query_embedder.encode(list(queries.values())), np.asarray(index.embeddings),
                                 index.hubness.correction, index.doc_ids, k=k)
         default = {"hubness": index.manifest.defaults.to_dict()["hubness"], "evidence": index.manifest.evidence.get("hubness")}
     finally:

@@ -51,23 +51,28 @@ class EvalConfig:
     reranker: str | None = None  # for `+rerank` pipelines: a cross-encoder folder or name
     rerank_depth: int = DEFAULT_RERANK_DEPTH
     filter: dict | None = None  # every pipeline searches only the documents it admits (search.filters)
+    query_precision: str = "auto"  # as the service's HYBRID_QUERY_PRECISION (models.onnx_export.resolve_query_precision)
 
 
-def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool) -> str | None:
+def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool,
+                           query_precision: str = "auto") -> str | None:
     """Tune the fusion on the dataset's train (else dev) split unless already tuned; never on `eval_split`."""
     if read_manifest(index_dir).fusion_tuning:
         return None
     for split in TUNING_SPLITS:
         if split != eval_split and (dataset / "qrels" / f"{split}.tsv").is_file():
             queries, qrels = split_queries(dataset, split)
-            tune_index(index_dir, queries, qrels, dataset / "qrels" / f"{split}.tsv", progress=progress)
+            tune_index(index_dir, queries, qrels, dataset / "qrels" / f"{split}.tsv", progress=progress,
+                       query_precision=query_precision)
             return split
     return None
 
 
-def _cache_key(manifest: Manifest, spec: dict, queries: dict, k: int, reranker: dict | None = None) -> str:
-    """Everything a run depends on: index files, hubness fit, the resolved spec, queries, depth, reranker."""
-    signature = {"files": {f: v["sha256"] for f, v in manifest.files.items()},
+def _cache_key(manifest: Manifest, spec: dict, queries: dict, k: int, reranker: dict | None = None,
+               query_precision: str = "fp32") -> str:
+    """Everything a run depends on: index files, hubness fit, the resolved spec, queries, depth, reranker, the
+    weights that embedded the queries."""
+    signature = {"files": {f: v["sha256"] for f, v in manifest.files.items()}, "query_precision": query_precision,
                  "hubness": asdict(manifest.hubness.params) if manifest.hubness else None, "spec": spec,
                  "queries": sorted(queries.items()), "k": k, "reranker": reranker}
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:24]
@@ -119,8 +124,9 @@ class _Pipelines:
 
 def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Path | None = None) -> dict:
     queries, qrels = split_queries(dataset, config.split)
-    tuned_on = tune_on_labelled_split(index_dir, dataset, config.split, config.progress) if config.tune else None
-    index = open_index(index_dir, verify="size")
+    tuned_on = (tune_on_labelled_split(index_dir, dataset, config.split, config.progress, config.query_precision)
+                if config.tune else None)
+    index = open_index(index_dir, verify="size", query_precision=config.query_precision)
     names = list(config.pipelines) + (tuned_pipelines(index.manifest) if config.all_fusions else [])
     names += hubness_pipelines() if config.all_hubness else []
     cache = None
@@ -141,7 +147,7 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
         search = pipelines.get(pipeline)
         spec = search.resolve(pipeline.spec)
         report["specs"][name] = spec.to_dict()
-        key = _cache_key(index.manifest, spec.to_dict(), queries, config.k, pipelines.identity(pipeline))
+        key = _cache_key(index.manifest, spec.to_dict(), queries, config.k, pipelines.identity(pipeline), index.query_precision)
         run, rankings = _cached_run(cache, key, lambda: run_queries(search, index.doc_ids, queries, pipeline.spec, config.k,
                                                                     config.progress, name))
         per_query[name] = per_query_scores(run, qrels)

@@ -138,7 +138,7 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
     (`evidence`: why); otherwise the default is no correction: one earned with an earlier fit does not carry over
     to new betas or a new bank. Returns the new manifest."""
     started = time.perf_counter()
-    bank = index.embedder.encode(bank_texts) if bank is None else bank
+    bank = index.query_embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)
     if gallery is None:
         sample = sample_gallery(len(embeddings), gallery_size, seed)

@@ -112,7 +112,7 @@ class Snapshot:
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
         return SearchPipeline(
             LiveBM25(index.bm25, index.postings, index.manifest.bm25, self.base_alive, self.live),
-            LiveDense(index.dense, self.live.vectors), embedder or index.embedder,
+            LiveDense(index.dense, self.live.vectors), embedder or index.query_embedder,
             LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, hubness=hubness,
             reranker=reranker, metadata=self.metadata, alive=alive, **unfitted)
 
@@ -382,7 +382,7 @@ class Collection:
                         if wal.exists():
                             os.link(wal, tmp / LIVE_DIR / WAL_FILE)
                     self._reopen(open_index(path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
-                                            embedder=index.embedder), seq)
+                                            embedder=index.embedder, query_precision=index.query_precision), seq)
                 finally:
                     if held:
                         self._write_lock.release()

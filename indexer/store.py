@@ -30,6 +30,8 @@ import numpy as np
 from indexer.corpus import indexed_text
 from indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
 from models.embedder import OnnxEmbedder, TorchEmbedder
+from models.onnx_export import resolve_query_precision
+from models.providers import on_gpu
 from models.registry import resolve_model
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index
@@ -81,7 +83,7 @@ class DocStore:
     """Random access to stored documents by internal index, without loading the file."""
 
     def __init__(self, folder: Path):
-        self._offsets = np.load(folder / DOC_OFFSETS, mmap_mode="r")
+        self._offsets = np.asarray(np.load(folder / DOC_OFFSETS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
         self._fd = os.open(folder / DOCS, os.O_RDONLY)
 
     def __len__(self) -> int:
@@ -156,6 +158,15 @@ class OpenIndex:
     embedder: object  # models.embedder.Embedder
     hubness: HubnessSearcher | None = None
     metadata: MetadataColumns | None = None  # None: no filterable field
+    query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_query_precision)
+
+    @functools.cached_property
+    def query_embedder(self):
+        """What embeds queries (and query banks): the documents' embedder in fp32, else a CPU session of the same
+        model at `query_precision`, opened on first use."""
+        if self.query_precision == "fp32":
+            return self.embedder
+        return OnnxEmbedder(self.path / MODEL_DIR, device="cpu", precision=self.query_precision)
 
     @property
     def num_docs(self) -> int:
@@ -190,7 +201,7 @@ class OpenIndex:
         spec: the service's settings) merged on. `cross_encoder` enables the rerank stage; `embedder`
         replaces the index's own (e.g. a batching wrapper around it)."""
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
-        return SearchPipeline(self.bm25, self.dense, embedder or self.embedder, self.embeddings,
+        return SearchPipeline(self.bm25, self.dense, embedder or self.query_embedder, self.embeddings,
                               defaults=self.manifest.defaults.merge(overrides), executor=executor, hubness=self.hubness,
                               reranker=reranker, metadata=self.metadata)
 
@@ -202,11 +213,13 @@ class OpenIndex:
         self.docs.close()
 
 
-def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None) -> OpenIndex:
-    """Open and verify an index; queries will use the analyzer and embedder it was built with.
+def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None,
+               query_precision: str = "auto") -> OpenIndex:
+    """Open and verify an index; queries will use the analyzer and embedder it was built with, at `query_precision`
+    (auto: int8 on CPU, fp32 on a GPU; see resolve_query_precision).
 
-    `embedder` overrides the bundled ONNX embedder (e.g. the torch backend); its model checksum
-    must have been checked against the manifest by the caller (see `torch_embedder_for_index`).
+    `embedder` overrides the bundled ONNX embedder (e.g. the torch backend, which then embeds queries too); its model
+    checksum must have been checked against the manifest by the caller (see `torch_embedder_for_index`).
     """
     folder = Path(folder)
     manifest = read_manifest(folder)
@@ -215,19 +228,21 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
     dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device)
     docs = DocStore(folder)
-    embeddings = np.load(folder / EMBEDDINGS, mmap_mode="r")
+    embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
     counts = {"documents": manifest.documents, "bm25": bm25.num_docs, "dense": dense.num_docs,
               "docs": len(docs), "embeddings": len(embeddings)}
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
     embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device)
+    precision = (resolve_query_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder))
+                 if isinstance(embedder, OnnxEmbedder) else "fp32")  # a torch embedder embeds queries itself
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
     metadata = None
     if any(info.filterable for info in manifest.metadata.values()):
         metadata = MetadataColumns.load(folder, manifest.metadata, manifest.documents)
     return OpenIndex(folder, manifest, manifest.analyzer, bm25, dense, docs, embeddings, embedder,
-                     _load_hubness(folder, manifest, device), metadata)
+                     _load_hubness(folder, manifest, device), metadata, precision)
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:

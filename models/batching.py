@@ -87,6 +87,19 @@ class BatchingEmbedder:
         return self.batcher(list(texts))
 
 
+class LoadAwareEmbedder:
+    """Runs a lone request on a session that uses every core, and concurrent ones on single-threaded sessions side by
+    side: one request at a time is fastest with all cores, while several at once are fastest with one core each
+    (intra-op threads of concurrent runs would oversubscribe the cores and spin against each other)."""
+
+    def __init__(self, alone, concurrent, busy: Callable[[], bool]):
+        self.alone, self.concurrent, self.busy, self.dimension = alone, concurrent, busy, alone.dimension
+        self.token_ids = getattr(alone, "token_ids", None)  # how the model sees a text (models.query_cache)
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        return (self.concurrent if self.busy() else self.alone).encode(texts, batch_size=batch_size)
+
+
 class BatchingCrossEncoder:
     """A cross-encoder whose concurrent `score` calls (different queries) share model runs."""
 

@@ -48,6 +48,21 @@ def export_dir_for(model: ResolvedModel, cache_dir: Path, kind: str = "embedder"
     return cache_dir / f"{kind}-{slug}-{model.checksum[:16]}-v{EXPORT_FORMAT}"
 
 
+QUERY_PRECISIONS = ("auto", *PRECISIONS)
+
+
+def resolve_query_precision(requested: str, folder: Path, gpu: bool) -> str:
+    """The weights that embed queries. auto: int8 on CPU, where it halves the time of a query's embedding and moved
+    scifact test nDCG@10 by less than 0.003 (docs/BENCHMARKS.md, "Query precision"), fp32 on a GPU and for an export
+    made before int8 models; an explicit precision the export lacks is an error."""
+    if requested not in QUERY_PRECISIONS:
+        raise ConfigError(f"unknown query precision {requested!r}; valid: {', '.join(QUERY_PRECISIONS)}")
+    if requested == "auto":
+        return "int8" if not gpu and (Path(folder) / PRECISIONS["int8"]).is_file() else "fp32"
+    model_file(folder, requested)
+    return requested
+
+
 def model_file(folder: Path, precision: str) -> Path:
     """The ONNX graph of `precision` in an export folder, with an error naming the valid choices."""
     if precision not in PRECISIONS:

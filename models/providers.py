@@ -27,6 +27,11 @@ def onnx_providers(device: str = "auto") -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def on_gpu(model) -> bool:
+    """Whether an embedder or cross-encoder runs on CUDA."""
+    return "CUDAExecutionProvider" in getattr(model, "providers", ())
+
+
 def onnx_session(model_path, device: str = "auto", threads: int | None = None):
     """An ONNX Runtime session with full graph optimisation on the providers `device` resolves to."""
     import onnxruntime as ort

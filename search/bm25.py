@@ -45,6 +45,8 @@ class BM25Index:
     """Sparse precomputed BM25 scores over analysed documents."""
 
     def __init__(self, engine, analyzer: Analyzer):
+        # plain arrays over a mapping: np.memmap's per-slice overhead would cost more than a query's scoring
+        engine.scores = {name: np.asarray(v) if isinstance(v, np.ndarray) else v for name, v in engine.scores.items()}
         self._engine = engine
         self.analyzer = analyzer
         self._vocab: dict[str, int] = engine.vocab_dict

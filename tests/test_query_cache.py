@@ -78,13 +78,16 @@ def test_the_service_counts_hits_in_metrics(tiny_index):
 
 
 def test_the_service_embeds_queries_with_the_precision_asked(tiny_index):
-    index = open_index(tiny_index, device="cpu")  # on CPU, auto means int8
     int8 = OnnxEmbedder(tiny_index / MODEL_DIR, device="cpu", precision="int8").encode(["cat on a mat"])[0]
-    fp32 = index.embedder.encode(["cat on a mat"])[0]
+    fp32 = OnnxEmbedder(tiny_index / MODEL_DIR, device="cpu").encode(["cat on a mat"])[0]
     assert not np.array_equal(int8, fp32)
-    for precision, expected in (("auto", int8), ("int8", int8), ("fp32", fp32)):
-        with TestClient(create_app(Settings(query_precision=precision), index=index)) as client:
-            result = client.app.state.serving.pipeline.search("cat on a mat", k=1, spec={"mode": "dense"})
-        np.testing.assert_array_equal(result.vector, expected)
+    for precision, expected in (("auto", int8), ("int8", int8), ("fp32", fp32)):  # on CPU, auto means int8
+        index = open_index(tiny_index, device="cpu", query_precision=precision)
+        # offline tools (eval, tune, hubness fit) embed queries as the service does
+        np.testing.assert_array_equal(index.pipeline().search("cat on a mat", k=1, spec={"mode": "dense"}).vector, expected)
+        for threads in ("auto", 1, 2):  # single-threaded sessions compute the same vectors
+            with TestClient(create_app(Settings(query_precision=precision, inference_threads=threads), index=index)) as client:
+                result = client.app.state.serving.pipeline.search("cat on a mat", k=1, spec={"mode": "dense"})
+            np.testing.assert_allclose(result.vector, expected, atol=1e-6)
     with pytest.raises(ValidationError, match="query_precision"):
         Settings(query_precision="fp16")

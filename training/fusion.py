@@ -131,12 +131,13 @@ def evidence(result: TuningResult, qrels_path: Path, untuned: Fusion = SearchSpe
 
 
 def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path, metric: str = "ndcg@10",
-               out: Path | None = None, write: bool = True, progress: bool = True) -> tuple[TuningResult, dict]:
+               out: Path | None = None, write: bool = True, progress: bool = True,
+               query_precision: str = "auto") -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
     index's default only when tuning beats the untuned default out of sample. Returns the result and
     the evidence (recorded in the manifest when `write`)."""
     refuse_test_split(qrels_path)
-    index = open_index(index_dir, verify="size")
+    index = open_index(index_dir, verify="size", query_precision=query_precision)  # queries embedded as served
     pipeline = index.pipeline()
     result = tune(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
     index.close()

@@ -140,7 +140,7 @@ def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpe
         tune = labelled if tune is None else tune
         if tune and not labelled:
             raise ConfigError("--tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv")
-        vectors, embeddings = index.embedder.encode(texts), np.asarray(index.embeddings)
+        vectors, embeddings = index.query_embedder.encode(texts), np.asarray(index.embeddings)
         spread = score_spread(vectors, embeddings)
         params = scaled_params(spread, k, **(betas or {}))
         scaled = [name for name in BETA_PER_SPREAD if name not in (betas or {})]
