@@ -38,6 +38,8 @@ def register(commands) -> None:
     p.add_argument("--out", type=Path, required=True, help="model folder to write (torch weights + onnx/)")
     p.add_argument("--base-model", default=default(TrainOptions, "base_model"), help="model name or local path to start from")
     p.add_argument("--max-length", type=int, default=default(TrainOptions, "max_length"), help="query + document tokens")
+    p.add_argument("--layers", type=int, default=default(TrainOptions, "layers"),
+                   help="keep the base model's first N layers (default: all); reranking time is about proportional to N")
     p.add_argument("--negatives", type=int, default=default(TrainOptions, "negatives"), help="hard negatives per positive")
     p.add_argument("--mine-depth", type=int, default=default(TrainOptions, "mine_depth"), help="negatives are sampled from the hybrid top-N")
     p.add_argument("--epochs", type=int, default=default(TrainOptions, "epochs"))
@@ -66,7 +68,7 @@ def run_tune(args) -> None:
 
 
 def run_train_reranker(args) -> None:
-    options = TrainOptions(base_model=args.base_model, max_length=args.max_length, negatives=args.negatives,
+    options = TrainOptions(base_model=args.base_model, layers=args.layers, max_length=args.max_length, negatives=args.negatives,
                            mine_depth=args.mine_depth, epochs=args.epochs, groups_per_step=args.groups_per_step,
                            learning_rate=args.lr, dev_fraction=args.dev_fraction, seed=args.seed, device=args.device)
     queries, qrels = training_split(args.queries, args.qrels)

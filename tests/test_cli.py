@@ -61,12 +61,22 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
                      "--out", tmp_path / "rr")
     assert refused.returncode == 2 and "refusing" in refused.stderr and "test queries must never" in refused.stderr
     assert not (tmp_path / "rr").exists()
+    for layers, message in ((0, "layers must be >= 1"), (7, "--layers 7: the base model has 6 layers")):
+        refused = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
+                         "--out", tmp_path / "rr", "--layers", layers, "--quiet", "--device", "cpu")
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
+    assert not (tmp_path / "rr").exists()
 
     out = tmp_path / "rr"
     result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
-                    "--out", out, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu")
+                    "--out", out, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu",
+                    "--layers", 2)
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "training.json").read_text())
+    assert record["options"]["layers"] == 2 and json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+    from evaluation.compute_floor import graph_flops
+
+    assert graph_flops(out / "onnx" / "model.onnx").attention_matmuls == 2 * 2  # the served graph has 2 layers
     # 3 judged queries: 1 held out for tuning, 2 groups of 1 + 2 negatives per epoch, 2 epochs of one step
     assert record["data"]["dev_queries"] == 1 and record["data"]["groups_per_epoch"] == 2
     assert record["data"]["pairs"] == 2 * 2 * 3 and record["steps"] == 2

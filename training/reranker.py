@@ -46,6 +46,7 @@ WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # interpolation weig
 @dataclass(frozen=True)
 class TrainOptions:
     base_model: str = "all-MiniLM-L6-v2"
+    layers: int | None = None  # keep the base model's first N transformer layers (None: all): cost per pair ~ N
     max_length: int = 128  # query + document tokens: title and the start of the abstract; CPU time grows ~linearly
     negatives: int = 7  # hard negatives per positive
     mine_depth: int = 30
@@ -64,6 +65,8 @@ class TrainOptions:
             raise ConfigError("need negatives >= 1 and mine_depth > negatives")
         if self.max_length < 16 or self.epochs < 1 or self.groups_per_step < 1:
             raise ConfigError("max_length >= 16, epochs >= 1 and groups_per_step >= 1 are required")
+        if self.layers is not None and self.layers < 1:
+            raise ConfigError(f"layers must be >= 1 (or unset for all of the base model's), got {self.layers}")
         if not 0.0 <= self.dev_fraction < 1.0:
             raise ConfigError(f"dev_fraction must be in [0, 1), got {self.dev_fraction}")
         check_device(self.device)
@@ -158,6 +161,18 @@ def _torch_device(device: str) -> str:
     return "cpu"
 
 
+def _depth(base_path: Path, layers: int | None) -> dict:
+    """Config overrides that keep the first `layers` layers of the base model (the later layers' weights are not loaded)."""
+    if layers is None:
+        return {}
+    from transformers import AutoConfig
+
+    available = AutoConfig.from_pretrained(str(base_path)).num_hidden_layers
+    if layers > available:
+        raise ConfigError(f"--layers {layers}: the base model has {available} layers")
+    return {"num_hidden_layers": layers}
+
+
 def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
                    options: TrainOptions = TrainOptions(), split: str = "train", progress: bool = True) -> dict:
     """Train, export ONNX into `out/onnx`, tune the interpolation weight on the dev queries, and
@@ -174,6 +189,7 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     if out.exists() and not (out / TRAINING_RECORD).is_file():
         raise ConfigError(f"{out} exists and is not a `hybrid train-reranker` folder: refusing to replace it")
     base = resolve_model(options.base_model)
+    depth = _depth(base.path, options.layers)  # checked before minutes of mining
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
     rng = random.Random(options.seed)
@@ -185,7 +201,7 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     torch.manual_seed(options.seed)
     device = _torch_device(options.device)
     tokenizer = AutoTokenizer.from_pretrained(str(base.path))
-    model = AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1).to(device)
+    model = AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1, **depth).to(device)
     if options.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
