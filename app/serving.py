@@ -108,10 +108,10 @@ class Reloader:
         self._publish(snapshot.index, snapshot, collection, current.write_refusal)
 
     def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
-        precision = index.query_precision
-        served = self._served_model(index, "fp32")  # highlights compare sentences embedded like the documents
+        precision, documents = index.query_precision, index.manifest.embedder.document_precision
+        served = self._served_model(index, documents)  # highlights compare sentences embedded like the documents
         embedder = BatchingEmbedder(served) if self.batch else served
-        query_model = served if precision == "fp32" else self._served_model(index, precision)
+        query_model = served if precision == documents else self._served_model(index, precision)
         queries = embedder if query_model is served else BatchingEmbedder(query_model) if self.batch else query_model
         if self.query_cache.size:
             queries = CachedEmbedder(queries, self.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
@@ -127,14 +127,15 @@ class Reloader:
         return serving
 
     def _served_model(self, index: OpenIndex, precision: str):
-        """What embeds a search's texts at `precision`: on a GPU, the index's own session (fp32); on CPU, sessions
-        threaded as HYBRID_INFERENCE_THREADS says (auto: all cores for a lone search, one core each for concurrent ones)."""
-        if precision == "fp32" and (on_gpu(index.embedder) or not isinstance(index.embedder, OnnxEmbedder)):
+        """What embeds a search's texts at `precision`: on a GPU, the index's own session; on CPU, sessions threaded as
+        HYBRID_INFERENCE_THREADS says (auto: all cores for a lone search, one core each for concurrent ones)."""
+        own = precision == index.manifest.embedder.document_precision  # the index's own session has these weights
+        if own and (on_gpu(index.embedder) or not isinstance(index.embedder, OnnxEmbedder)):
             return index.embedder  # a GPU needs no thread plan; an injected (torch) embedder keeps its own
         threads = self.settings.inference_threads
         if threads != "auto":
             return self._session(index, precision, threads)
-        alone = index.embedder if precision == "fp32" else self._session(index, precision, None)
+        alone = index.embedder if own else self._session(index, precision, None)
         in_flight = self.app.state.in_flight
         return LoadAwareEmbedder(alone, self._session(index, precision, 1), busy=lambda: in_flight.active > 1)
 

@@ -15,6 +15,7 @@ from indexer.build import BuildOptions, build_index, index_is_current
 from indexer.corpus import read_corpus
 from indexer.live import DEFAULT_MAX_BATCH_DOCS, LIVE_DIR, Collection
 from indexer.store import open_index
+from models.onnx_export import PRECISIONS
 from models.providers import BACKENDS
 from search.analyzer import STEMMERS, STOPWORD_LISTS, Analyzer
 from search.bm25 import BM25_METHODS, BM25Params
@@ -50,6 +51,8 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("index build")
     g.add_argument("--model", default=default(BuildOptions, "model"), help="sentence-transformers model name or local path")
     g.add_argument("--backend", choices=BACKENDS, default=default(BuildOptions, "backend"), help="how documents are embedded")
+    g.add_argument("--precision", choices=PRECISIONS, default=default(BuildOptions, "precision"),
+                   help="ONNX weights that embed documents and later writes (int8: faster on CPU, see docs/BENCHMARKS.md)")
     g.add_argument("--faiss", choices=FAISS_KINDS, default=default(FaissParams, "kind"))
     g.add_argument("--nlist", type=int, default=default(FaissParams, "nlist"), help="IVF clusters (default ~4*sqrt(n))")
     g.add_argument("--nprobe", type=int, default=default(FaissParams, "nprobe"))
@@ -98,7 +101,7 @@ def run_ingest(args) -> None:
 
 def build_options(args) -> BuildOptions:
     return BuildOptions(
-        model=args.model, backend=args.backend, analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
+        model=args.model, backend=args.backend, precision=args.precision, analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
         bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
         faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, ef_search=args.ef_search,
                           flat_search_cutoff=args.flat_search_cutoff),

@@ -29,7 +29,7 @@ from indexer import store
 from indexer.corpus import corpus_file, indexed_text, read_corpus
 from indexer.manifest import MANIFEST, CorpusInfo, EmbedderInfo, FaissInfo, IndexOpenError, Manifest, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder, TorchEmbedder
-from models.onnx_export import export_onnx
+from models.onnx_export import PRECISIONS, export_onnx
 from models.providers import BACKENDS
 from models.registry import DEFAULT_MODEL, resolve_model
 from search.analyzer import Analyzer
@@ -53,6 +53,7 @@ EMBED_BATCH = 16  # documents per model run: the build's default, and the write 
 class BuildOptions:
     model: str = DEFAULT_MODEL
     backend: str = "onnx"  # how documents are embedded; queries always use the exported ONNX model
+    precision: str = "fp32"  # the ONNX weights that embed documents (and later writes): fp32 or int8
     analyzer: Analyzer = field(default_factory=Analyzer)
     bm25: BM25Params = field(default_factory=BM25Params)
     faiss: FaissParams = field(default_factory=FaissParams)
@@ -65,6 +66,10 @@ class BuildOptions:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise ConfigError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown document precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        if self.precision != "fp32" and self.backend != "onnx":
+            raise ConfigError(f"{self.precision} document embedding needs the onnx backend, not {self.backend!r}")
         check_device(self.device)
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
@@ -80,7 +85,7 @@ def _versions() -> dict:
 def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
     if options.backend == "torch":
         return TorchEmbedder(model_path, device=options.device)
-    return OnnxEmbedder(onnx_folder, device=options.device)
+    return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision)
 
 
 def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector,
@@ -179,7 +184,7 @@ def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path
         analyzer=options.analyzer,
         bm25_engine="bm25s",
         bm25=options.bm25,
-        embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend),
+        embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend, document_precision=options.precision),
         faiss=FaissInfo(factory=options.faiss.factory(num_docs), metric="inner_product",
                         built_on_gpu=use_gpu(options.device, options.faiss.kind), params=options.faiss),
         # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.

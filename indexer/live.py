@@ -198,7 +198,8 @@ class Collection:
         """On the collection's own session of `threads` cores, one caller at a time."""
         with self._embed_lock:
             if self._write_embedder is None:
-                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=threads)
+                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=threads,
+                                                    precision=self.index.manifest.embedder.document_precision)
             return self._write_embedder.encode(texts, batch_size=EMBED_BATCH)
 
     def delete(self, ids: list) -> int:
@@ -443,6 +444,7 @@ def _options_of(index: OpenIndex) -> BuildOptions:
     fields = index.manifest.metadata
     restricted = any(info.reason == "not listed in --filterable" for info in fields.values())
     return BuildOptions(model=index.manifest.embedder.model, backend=index.manifest.embedder.document_backend,
+                        precision=index.manifest.embedder.document_precision,
                         analyzer=index.analyzer, bm25=index.manifest.bm25, faiss=index.manifest.faiss.params, device="cpu",
                         progress=False, filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None)
 

@@ -52,6 +52,7 @@ class EmbedderInfo:
     pad_token: str
     pad_token_id: int
     document_backend: str
+    document_precision: str = "fp32"  # the ONNX weights that embedded the documents (and embed written ones)
 
 
 @dataclass(frozen=True)

@@ -162,9 +162,9 @@ class OpenIndex:
 
     @functools.cached_property
     def query_embedder(self):
-        """What embeds queries (and query banks): the documents' embedder in fp32, else a CPU session of the same
-        model at `query_precision`, opened on first use."""
-        if self.query_precision == "fp32":
+        """What embeds queries (and query banks): the documents' embedder when the precisions agree, else a CPU session
+        of the same model at `query_precision`, opened on first use."""
+        if self.query_precision == self.manifest.embedder.document_precision:
             return self.embedder
         return OnnxEmbedder(self.path / MODEL_DIR, device="cpu", precision=self.query_precision)
 
@@ -233,7 +233,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
               "docs": len(docs), "embeddings": len(embeddings)}
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
-    embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device)
+    embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device, precision=manifest.embedder.document_precision)
     precision = (resolve_query_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder))
                  if isinstance(embedder, OnnxEmbedder) else "fp32")  # a torch embedder embeds queries itself
     if embedder.dimension != dense.dimension:

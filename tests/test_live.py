@@ -237,3 +237,33 @@ def test_writes_embed_on_fewer_cores_while_searches_run(base_index, tmp_path):
     vectors = collection.refresh().live.vectors
     np.testing.assert_allclose(vectors[1], vectors[0], atol=1e-5)  # the same model either way
     collection.close()
+
+
+def test_documents_embedded_in_int8_stay_int8_through_writes_and_compaction(tmp_path):
+    """`hybrid index --precision int8`: built and written documents get the int8 graph's vectors, queries share it."""
+    from indexer.corpus import indexed_text
+    from indexer.store import MODEL_DIR
+    from models.embedder import OnnxEmbedder
+    from search.errors import ConfigError
+    from tests.conftest import TINY_CORPUS
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
+    build_index(corpus, tmp_path / "index", BuildOptions(progress=False, precision="int8"))
+    index = open_index(tmp_path / "index", device="cpu")
+    int8 = OnnxEmbedder(tmp_path / "index" / MODEL_DIR, device="cpu", precision="int8")
+    texts = [indexed_text(d.get("title", ""), d["text"]) for d in TINY_CORPUS]
+    assert index.manifest.embedder.document_precision == "int8"
+    np.testing.assert_allclose(index.embeddings, int8.encode(texts), atol=1e-5)
+    assert index.query_precision == "int8" and index.query_embedder is index.embedder  # auto on CPU: one session
+    collection = Collection(index)
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    np.testing.assert_allclose(collection.refresh().live.vectors[0], int8.encode(["quantum cat"])[0], atol=1e-5)
+    collection.compact()
+    compacted = collection.snapshot.index
+    assert compacted.manifest.embedder.document_precision == "int8" and compacted.query_precision == "int8"
+    np.testing.assert_allclose(compacted.embeddings[-1], int8.encode(["quantum cat"])[0], atol=1e-5)
+    collection.close()
+    with pytest.raises(ConfigError, match="int8 document embedding needs the onnx backend"):
+        BuildOptions(backend="torch", precision="int8")
+    with pytest.raises(ConfigError, match="valid: fp32, int8"):
+        BuildOptions(precision="fp16")
