@@ -6,7 +6,8 @@ noise hits them alike. Next to it, the compute floor: what the model alone would
         [--baseline PATH] [--out serving.json] [--markdown]
 
 `--baseline PATH` adds the service as it was before this work: a checkout of commit b7fc9f3
-(`git worktree add --detach PATH b7fc9f3`), served from the same environment through PYTHONPATH.
+(`git worktree add --detach PATH b7fc9f3`), served from the same environment through PYTHONPATH, without httptools
+and uvloop (it did not depend on them; uvicorn falls back to h11 and asyncio when their import fails).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -62,11 +64,15 @@ def run(index_dir: Path, dataset: Path, split: str = "test", clients=(1, 4, 16, 
     texts = list(queries.values())
     bodies = [json.dumps({"query": q, "k": 10}).encode() for q in texts]
     configurations = dict(CONFIGURATIONS)
-    if baseline is not None:
-        configurations = {"before (b7fc9f3)": {"PYTHONPATH": str(baseline), "HYBRID_QUERY_PRECISION": "fp32"}, **configurations}
     peaks = machine_peaks()
-    results: dict[str, dict] = {name: {} for name in configurations}
     with ExitStack() as servers:
+        if baseline is not None:
+            hidden = Path(servers.enter_context(tempfile.TemporaryDirectory()))
+            for package in ("httptools", "uvloop"):
+                (hidden / package).mkdir()
+                (hidden / package / "__init__.py").write_text("raise ImportError('not a dependency before this change')\n")
+            configurations = {"before (b7fc9f3)": {"PYTHONPATH": f"{baseline}{os.pathsep}{hidden}"}, **configurations}
+        results: dict[str, dict] = {name: {} for name in configurations}
         urls = {name: servers.enter_context(running_server(index_dir, {"HYBRID_VERIFY": "size", **env}))[0]
                 for name, env in configurations.items()}
         for n in clients:
@@ -128,7 +134,7 @@ def markdown(report: dict) -> str:
 
 def _env(env: dict) -> str:
     shown = {k: v for k, v in env.items() if k != "PYTHONPATH"}
-    source = "the previous commit's code" if "PYTHONPATH" in env else ""
+    source = "the previous commit's code, h11 and asyncio" if "PYTHONPATH" in env else ""
     settings = ", ".join(f"`{k}={v}`" for k, v in shown.items())
     return ", ".join(filter(None, (source, settings))) or "no setting"
 

@@ -63,6 +63,10 @@ class OnnxCrossEncoder(_PairScorer):
         self._session = onnx_session(model_file(folder, precision), device, threads)
         self.providers = self._session.get_providers()
 
+    def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
+        """Tokens of each (query, text) pair as the model reads it: truncated to max_length, unpadded."""
+        return [sum(e.attention_mask) for e in self._tokenizer.encode_batch(list(pairs))]
+
     def score_pairs(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
         def batch_scores(batch: list[tuple[str, str]]) -> np.ndarray:
             feeds = encoding_feeds(self._tokenizer.encode_batch(batch), self._inputs)

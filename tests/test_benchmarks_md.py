@@ -335,3 +335,48 @@ def test_query_section_states_the_measured_numbers():
     text = markdown(report)
     assert "| nDCG@10, dense | 0.6451 | 0.6480 | +0.0029 |" in text and "| nDCG@10, hybrid RRF | 0.7171 | 0.7153 | -0.0018 |" in text
     assert "| embedding p50 | 6.00 ms | 3.00 ms | 0.50x |" in text and "0.200 ms p50, 30x faster" in text and "min 0.9862" in text
+
+
+def _load(rps: float, p50: float, p99: float) -> dict:
+    return {"requests": 1000, "errors": 0, "throughput_rps": rps, "p50_ms": p50, "p95_ms": p99 - 1, "p99_ms": p99}
+
+
+def test_serving_section_states_ratios_and_the_floor():
+    from evaluation.serving_bench import markdown
+
+    before = {"1": _load(100.0, 9.0, 18.0), "16": _load(112.0, 140.0, 250.0)}
+    after = {"1": _load(175.0, 5.5, 9.0), "16": _load(224.0, 70.0, 93.0)}
+    fp32 = {"1": _load(118.0, 8.1, 15.0), "16": _load(159.0, 99.0, 136.0)}
+    h11 = {"1": _load(150.0, 6.5, 13.0), "16": _load(230.0, 67.0, 99.0)}
+    model = {"fp32": {"measured_ms": 8.0, "floor_ms": 5.0, "fraction": 0.625, "mean_tokens": 22.8, "gflop": 0.491,
+                      "model_only_per_s": 250.0, "serving_floor_per_s": 400.0},
+             "int8": {"measured_ms": 3.5, "floor_ms": 1.75, "fraction": 0.5, "mean_tokens": 22.8, "gflop": 0.491,
+                      "model_only_per_s": 560.0, "serving_floor_per_s": 1120.0}}
+    report = {"split": "test", "queries": 300, "seconds": 10.0, "clients": [1, 16],
+              "peaks": {"cores": 2, "fp32_gflops_1": 96.0, "int8_gops_1": 282.0},
+              "configurations": {"before (b7fc9f3)": {"PYTHONPATH": "/x"}, "default": {}, "fp32 queries": {"HYBRID_QUERY_PRECISION": "fp32"},
+                                 "h11 + asyncio": {"HYBRID_HTTP": "h11", "HYBRID_LOOP": "asyncio"}},
+              "results": {"before (b7fc9f3)": before, "default": after, "fp32 queries": fp32, "h11 + asyncio": h11}, "query_model": model}
+    text = markdown(report)
+    assert "| default | 175, 5.5 / 9 | 224, 70.0 / 93 | 0 |" in text
+    assert "1 clients 1.75x, 16 clients 2.00x" in text  # 175 / 100, 224 / 112
+    assert "| fp32 | 8.00 | 5.00 | 62% | 250 | 400 |" in text
+    assert "default serves 224 req/s, 40% of what the int8 query model alone allows" in text  # 224 / 560
+    assert "`HYBRID_HTTP=h11`, `HYBRID_LOOP=asyncio`" in text and "the previous commit's code, h11 and asyncio" in text
+
+
+def test_rerank_section_lists_quality_latency_and_floor():
+    from evaluation.rerank_bench import markdown
+
+    def latency(ms: float, floor: float) -> dict:
+        return {"measured_ms": ms, "floor_ms": floor, "fraction": round(floor / ms, 3)}
+
+    report = {"split": "test", "queries": 300, "depth": 50, "hybrid_ndcg@10": 0.73,
+              "peaks": {"cores": 2, "fp32_gflops_2": 190.0, "int8_gops_2": 560.0},
+              "rerankers": {"6 layers": {"layers": 6, "ndcg@10": {"fp32": 0.752, "int8": 0.75},
+                                         "latency": {"fp32": latency(1500.0, 600.0), "int8": latency(1100.0, 200.0)}},
+                            "2 layers": {"layers": 2, "ndcg@10": {"fp32": 0.745, "int8": 0.744},
+                                         "latency": {"fp32": latency(500.0, 200.0), "int8": latency(280.0, 70.0)}}}}
+    text = markdown(report)
+    assert "| 2 layers | 2 | int8 | 0.7440 | 280 | 70 | 25% |" in text and "| 6 layers | 6 | fp32 | 0.7520 | 1500 | 600 | 40% |" in text
+    assert "first stage alone 0.7300" in text and "190 GFLOP/s fp32, 560 GOP/s int8 on 2 cores" in text
