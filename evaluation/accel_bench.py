@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from evaluation.bench import percentiles
+from evaluation.compute_floor import pairs_floor, peak
 from indexer.store import OpenIndex, torch_embedder_for_index
 from models.batching import BatchingEmbedder
 from models.cross_encoder import load_cross_encoder
@@ -54,8 +55,9 @@ def embedding_throughput(index: OpenIndex, n: int = 256, batch_size: int = 32) -
 
 
 def rerank_latency(index: OpenIndex, reranker: str, queries: list[str], depth: int = DEFAULT_RERANK_DEPTH, n: int = 20,
-                   device: str = "cpu") -> dict:
-    """Time to score the hybrid top-`depth` of a query: torch vs ONNX fp32 vs ONNX int8, same candidates."""
+                   device: str = "cpu", peaks: dict | None = None) -> dict:
+    """Time to score the hybrid top-`depth` of a query: torch vs ONNX fp32 vs ONNX int8, same candidates; with `peaks`
+    (compute_floor.machine_peaks), each ONNX model's fraction of the compute floor."""
     models = {"torch": load_cross_encoder(reranker, backend="torch", device=device),
               "onnx_fp32": load_cross_encoder(reranker, device=device),
               "onnx_int8": load_cross_encoder(reranker, device=device, precision="int8")}
@@ -66,6 +68,9 @@ def rerank_latency(index: OpenIndex, reranker: str, queries: list[str], depth: i
               for name, values in times.items()}
     report.update(depth=depth, queries=len(inputs), max_length=models["onnx_fp32"].max_length,
                   providers=models["onnx_fp32"].providers)
+    if peaks is not None:
+        report["floor"] = {precision: pairs_floor(models[f"onnx_{precision}"], inputs, peak(peaks, precision, peaks["cores"]),
+                                                  report[f"onnx_{precision}"]["p50_ms"], peaks["cores"]) for precision in ("fp32", "int8")}
     return report
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from evaluation.loadgen import closed_loop
 from evaluation.server import running_server
 from indexer.corpus import indexed_text
 from indexer.store import OpenIndex
@@ -119,36 +121,6 @@ def http_load(index_dir, queries: list[str], concurrency_levels=(1, 4, 16), requ
 
     Each level sends a bounded number of requests (and stops early at the time limit).
     """
-    from concurrent.futures import ThreadPoolExecutor as Pool
-
-    import httpx
-
+    bodies = [json.dumps({"query": q, "k": 10}).encode() for q in queries]
     with running_server(index_dir, {"HYBRID_VERIFY": "size"}) as (url, _):
-        report = {}
-        with httpx.Client(base_url=url, timeout=30, limits=httpx.Limits(max_connections=max(concurrency_levels))) as client:
-            for concurrency in concurrency_levels:
-                stop_at = time.monotonic() + time_limit_s
-                tickets = iter(range(requests_per_level))  # next() on a shared iterator is atomic in CPython
-                latencies, errors = [], []
-
-                def worker():
-                    for i in tickets:
-                        if time.monotonic() > stop_at:
-                            return
-                        start = time.perf_counter()
-                        try:
-                            ok = client.post("/search", json={"query": queries[i % len(queries)], "k": 10}).status_code == 200
-                        except httpx.HTTPError:
-                            ok = False
-                        latencies.append((time.perf_counter() - start) * 1000)
-                        errors.append(not ok)
-
-                started = time.perf_counter()
-                with Pool(max_workers=concurrency) as pool:
-                    for future in [pool.submit(worker) for _ in range(concurrency)]:
-                        future.result()
-                wall = time.perf_counter() - started
-                report[f"{concurrency} clients"] = {"requests": len(latencies), "errors": sum(errors),
-                                                    "throughput_rps": round(len(latencies) / wall, 1), **percentiles(latencies)}
-        return report
-
+        return {f"{n} clients": closed_loop(url, bodies, n, requests_per_level, time_limit_s) for n in concurrency_levels}

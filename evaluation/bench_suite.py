@@ -15,6 +15,7 @@ from evaluation.accel_bench import (
     rerank_latency,
 )
 from evaluation.bench import ann_comparison, bm25_throughput, http_load, hubness_overhead, pipeline_latency
+from evaluation.compute_floor import embedding_floor, machine_peaks
 from evaluation.machine import describe_machine
 from indexer.corpus import split_queries
 from indexer.store import open_index
@@ -44,10 +45,13 @@ def run_bench(index_dir: Path, dataset: Path, options: BenchOptions = BenchOptio
     report["dense_indexes"] = ann_comparison(index, texts)
     report["query_embedding"] = query_embedding_latency(index, texts)
     report["embedding_throughput"] = embedding_throughput(index)
+    peaks = machine_peaks()
+    report["compute_floor"] = {"peaks": peaks, **embedding_floor(index, texts, report["query_embedding"]["onnx"]["p50_ms"],
+                                                                 report["embedding_throughput"]["passages_per_s"], peaks)}
     if options.batching_seconds > 0:
         report["batching"] = batching_tradeoff(index, texts, seconds=options.batching_seconds)
     if options.reranker:
-        report["rerank_latency"] = rerank_latency(index, options.reranker, texts, device="cpu")
+        report["rerank_latency"] = rerank_latency(index, options.reranker, texts, device="cpu", peaks=peaks)
         report["reranker_training"] = training_record(options.reranker)
     if options.faiss_vectors:
         report["faiss_cpu_vs_gpu"] = faiss_cpu_vs_gpu(options.faiss_vectors)

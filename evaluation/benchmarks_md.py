@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from evaluation import filter_bench, live_bench, query_bench
+from evaluation import filter_bench, live_bench, query_bench, rerank_bench, serving_bench
 from evaluation.machine import cpu_model as _cpu_model
 from evaluation.report import first_stage_table
 from indexer.manifest import Manifest, read_manifest
@@ -194,6 +194,18 @@ def faiss_device_sentence(faiss: dict) -> str:
     return f"FAISS saw {faiss['gpus']} GPU(s), but this run recorded no GPU rows."
 
 
+def compute_floor_sentence(floor: dict) -> str:
+    """The fp32 model on all cores against its floor (evaluation.compute_floor): a query, and passages while indexing."""
+    peaks, query, passage = floor["peaks"], floor["query"], floor["passage"]
+    cores = peaks["cores"]
+    return (f"Compute floor (FLOPs read off the ONNX graph over the real token counts, GEMM peak measured in the same run: "
+            f"{peaks['fp32_gflops_1']:.0f} GFLOP/s fp32 on one core, {peaks[f'fp32_gflops_{cores}']:.0f} on {cores}): a query "
+            f"({query['mean_tokens']:.0f} tokens, {query['gflop']:.3f} GFLOP) takes {query['measured_ms']:.2f} ms vs a floor of "
+            f"{query['floor_ms']:.2f} ms ({query['fraction']:.0%} of peak: one short sequence cannot keep {cores} cores' GEMMs "
+            f"full); indexing ({passage['mean_tokens']:.0f} tokens per passage, {passage['gflop']:.2f} GFLOP) runs at "
+            f"{passage['measured_per_s']:.1f} passages/s vs a floor of {passage['floor_per_s']:.1f} ({passage['fraction']:.0%} of peak).")
+
+
 def fusion_sentence(manifest: Manifest) -> str:
     """Which fusion `hybrid` is and why, from the manifest's evidence (what `hybrid tune` decided)."""
     fusion = fusion_to_string(manifest.defaults.fusion)
@@ -220,7 +232,8 @@ def hubness_default_sentence(manifest: Manifest) -> str:
 
 
 def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | None = None, load: dict | None = None,
-           filters: dict | None = None, live: dict | None = None, query: dict | None = None) -> str:
+           filters: dict | None = None, live: dict | None = None, query: dict | None = None, serving: dict | None = None,
+           rerank: dict | None = None) -> str:
     build = manifest.build
     lines = [
         "# Benchmarks",
@@ -331,10 +344,11 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
         lines += ["", *filter_bench.markdown(filters).rstrip("\n").splitlines()]
     if live:
         lines += ["", *live_bench.markdown(live).rstrip("\n").splitlines()]
-    if query:
-        lines += ["", *query_bench.markdown(query).rstrip("\n").splitlines()]
+    for report, section in ((query, query_bench), (serving, serving_bench), (rerank, rerank_bench)):
+        if report:
+            lines += ["", *section.markdown(report).rstrip("\n").splitlines()]
     lines += ["", "## Reproduce", "", "`REBUILD=1 bash scripts/benchmarks.sh` runs `hybrid index`, `hybrid eval`, the filter and "
-              "live-write and query-embedding benchmarks and `hybrid bench` on scifact and regenerates this file.", ""]
+              "live-write, query-embedding, serving and reranker benchmarks and `hybrid bench` on scifact and regenerates this file.", ""]
     return "\n".join(lines)
 
 
@@ -374,6 +388,10 @@ def _inference_sections(bench: dict) -> list[str]:
         for name in ("torch", "onnx_fp32", "onnx_int8"):
             v = rerank[name]
             lines.append(f"| {name} | {v['p50_ms']:.0f} | {v['p95_ms']:.0f} | {v['pairs_per_s']:.0f} |")
+        if "floor" in rerank:
+            lines += ["", "Against the compute floor (the pairs' FLOPs at the GEMM peak of all cores): " + "; ".join(
+                f"{precision} {v['measured_ms']:.0f} ms vs {v['floor_ms']:.0f} ms, {v['fraction']:.0%} of peak"
+                for precision, v in rerank["floor"].items()) + "."]
     embedding = bench.get("query_embedding")
     if embedding:
         lines += ["", f"## Query embedding, one query at a time ({embedding['queries']} test queries, interleaved)", "",
@@ -382,6 +400,9 @@ def _inference_sections(bench: dict) -> list[str]:
                   f"| sentence-transformers (torch) | {embedding['torch']['p50_ms']:.2f} | {embedding['torch']['p95_ms']:.2f} |",
                   "", f"torch / ONNX p50: {embedding['torch_over_onnx_p50']:.2f}x. Passage embedding throughput (indexing, "
                   f"batch 32): {bench['embedding_throughput']['passages_per_s']:.1f} passages/s on {bench['embedding_throughput']['providers']}."]
+    floor = bench.get("compute_floor")
+    if floor:
+        lines += ["", compute_floor_sentence(floor)]
     batching = bench.get("batching")
     if batching:
         lines += ["", "## Micro-batching of concurrent queries (in-process hybrid search, k=10, closed loop)", "",
@@ -406,7 +427,7 @@ def _inference_sections(bench: dict) -> list[str]:
 
 if __name__ == "__main__":
     index_dir, eval_json, bench_json = map(Path, sys.argv[1:4])
-    memory, load, filters, live, query = (json.loads(Path(arg).read_text()) if arg else None
-                                          for arg in (sys.argv[4:9] + [None] * 5)[:5])
+    memory, load, filters, live, query, serving, rerank = (json.loads(Path(arg).read_text()) if arg else None
+                                                           for arg in (sys.argv[4:11] + [None] * 7)[:7])
     sys.stdout.write(render(read_manifest(index_dir), json.loads(eval_json.read_text()), json.loads(bench_json.read_text()), memory, load,
-                            filters, live, query))
+                            filters, live, query, serving, rerank))

@@ -124,6 +124,29 @@ def stage(flops_per_item: float, peak_gflops: float, measured_ms: float | None =
     return row
 
 
-def token_counts(tokenizer_encode, texts: list) -> np.ndarray:
-    """Tokens of each text (or (query, passage) pair) as the model sees them: truncated, unpadded."""
-    return np.array([sum(e.attention_mask) for e in tokenizer_encode(texts)])
+def embedding_floor(index, queries: list[str], query_p50_ms: float, passages_per_s: float, peaks: dict,
+                    passages: int = 256) -> dict:
+    """The index's fp32 model on all cores against the floor: one query at a time (p50), and passages in batches (the
+    indexing rate, over the first `passages` documents as `accel_bench.embedding_throughput` embeds them)."""
+    from indexer.store import MODEL_DIR
+    from models.onnx_export import model_file
+
+    flops = graph_flops(model_file(index.path / MODEL_DIR, "fp32"))
+    cores = peaks["cores"]
+    documents = [index.doc_text(i) for i in range(min(passages, index.num_docs))]
+    rows = {}
+    for name, texts, measured in (("query", queries, {"measured_ms": query_p50_ms}),
+                                  ("passage", documents, {"items_per_s": passages_per_s})):
+        lengths = [len(ids) for ids in index.embedder.token_ids(texts)]
+        rows[name] = {**stage(float(np.mean([flops.forward(n) for n in lengths])), peak(peaks, "fp32", cores), threads=cores,
+                              **measured), "mean_tokens": round(float(np.mean(lengths)), 1)}
+    return rows
+
+
+def pairs_floor(model, inputs: list[tuple[str, list[str]]], peak_gflops: float, measured_ms: float, threads: int) -> dict:
+    """Reranking a query's candidates (`inputs`: (query, texts) per query) with an ONNX cross-encoder against its floor."""
+    from models.onnx_export import model_file
+
+    flops = graph_flops(model_file(model.folder, "fp32"))
+    work = float(np.mean([sum(flops.forward(n) for n in model.token_counts([(q, t) for t in texts])) for q, texts in inputs]))
+    return stage(work, peak_gflops, measured_ms=measured_ms, threads=threads)

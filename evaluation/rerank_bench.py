@@ -15,12 +15,12 @@ import statistics
 import time
 from pathlib import Path
 
-from evaluation.compute_floor import graph_flops, machine_peaks, peak, stage
+from evaluation.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
 from evaluation.runner import run_queries
 from indexer.corpus import split_queries
 from indexer.store import open_index
 from models.cross_encoder import CachingCrossEncoder, load_cross_encoder, rerank_weight
-from models.onnx_export import ONNX_SUBDIR, model_file, training_record
+from models.onnx_export import model_file, training_record
 from search.rerank import DEFAULT_RERANK_DEPTH
 from training.metrics import evaluate
 
@@ -39,12 +39,12 @@ def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], split: str =
     for name, folder in rerankers.items():
         record = training_record(folder) or {}
         weight = rerank_weight(folder)
-        flops = graph_flops(model_file(Path(folder) / ONNX_SUBDIR, "fp32"))
-        entry = {"path": str(folder), "layers": flops.attention_matmuls // 2, "weight": weight,
+        entry = {"path": str(folder), "weight": weight,
                  "training_s": record.get("seconds", {}).get("training"), "max_length": None, "ndcg@10": {}}
         for precision in PRECISIONS:
             model = load_cross_encoder(folder, device="cpu", precision=precision)
             entry["max_length"] = model.max_length
+            entry["layers"] = graph_flops(model_file(model.folder, "fp32")).attention_matmuls // 2
             pipeline = index.pipeline({"rerank": {"depth": depth, "weight": weight}}, cross_encoder=CachingCrossEncoder(model))
             reranked, _ = run_queries(pipeline, index.doc_ids, queries, {"rerank": {"enabled": True}})
             entry["ndcg@10"][precision] = _ndcg(reranked, qrels)
@@ -62,11 +62,8 @@ def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], split: str =
             times[key].append((time.perf_counter() - start) * 1000)
     cores = len(os.sched_getaffinity(0))
     for (name, precision), model in models.items():
-        flops = graph_flops(model_file(Path(rerankers[name]) / ONNX_SUBDIR, "fp32"))
-        work = statistics.fmean(sum(flops.forward(n) for n in model.token_counts([(q, t) for t in candidates]))
-                                for q, candidates in inputs)
-        report["rerankers"][name].setdefault("latency", {})[precision] = stage(
-            work, peak(report["peaks"], precision, cores), measured_ms=statistics.median(times[(name, precision)]), threads=cores)
+        report["rerankers"][name].setdefault("latency", {})[precision] = pairs_floor(
+            model, inputs, peak(report["peaks"], precision, cores), statistics.median(times[(name, precision)]), cores)
     index.close()
     return report
 

@@ -52,7 +52,7 @@ class _PairScorer:
 
 class OnnxCrossEncoder(_PairScorer):
     def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32"):
-        folder = Path(folder)
+        self.folder = folder = Path(folder)  # the export: its graphs, config and tokenizer
         self.config = json.loads((folder / CROSS_ENCODER_CONFIG).read_text())
         if int(self.config["num_labels"]) != 1:
             raise ConfigError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")

@@ -33,6 +33,14 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 .venv/bin/python -m evaluation.live_bench "$BEIR_DATA/scifact" "${LIVE_WORKDIR:-indexes/scifact-live}" --out "$out/live.json" > /dev/null
 # Query embedding: fp32 vs int8 queries (quality, latency), the query cache's hit.
 .venv/bin/python -m evaluation.query_bench "$index" "$BEIR_DATA/scifact" --out "$out/query.json" > /dev/null
+# Concurrent serving, configurations side by side at 1/4/16/64 clients; BASELINE=PATH (a checkout of b7fc9f3) adds the
+# service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh
+.venv/bin/python -m evaluation.serving_bench "$index" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
+# Rerankers side by side: the 6-layer one above and one of its first 2 layers (trained when missing or asked for).
+small="${SMALL_RERANKER:-models_out/scifact-reranker-l2}"
+[ -f "$small/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" --layers 2 \
+  --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$small" --quiet
+.venv/bin/python -m evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "2 layers=$small" --out "$out/rerank.json" > /dev/null
 .venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
-  "$out/filters.json" "$out/live.json" "$out/query.json" > docs/BENCHMARKS.md
+  "$out/filters.json" "$out/live.json" "$out/query.json" "$out/serving.json" "$out/rerank.json" > docs/BENCHMARKS.md
 echo "wrote docs/BENCHMARKS.md"

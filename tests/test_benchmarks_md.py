@@ -380,3 +380,14 @@ def test_rerank_section_lists_quality_latency_and_floor():
     text = markdown(report)
     assert "| 2 layers | 2 | int8 | 0.7440 | 280 | 70 | 25% |" in text and "| 6 layers | 6 | fp32 | 0.7520 | 1500 | 600 | 40% |" in text
     assert "first stage alone 0.7300" in text and "190 GFLOP/s fp32, 560 GOP/s int8 on 2 cores" in text
+
+
+def test_compute_floor_sentence_quotes_fractions():
+    from evaluation.benchmarks_md import compute_floor_sentence
+
+    floor = {"peaks": {"cores": 2, "fp32_gflops_1": 96.0, "fp32_gflops_2": 190.0},
+             "query": {"mean_tokens": 22.8, "gflop": 0.491, "measured_ms": 5.2, "floor_ms": 2.58, "fraction": 0.496},
+             "passage": {"mean_tokens": 250.0, "gflop": 5.6, "measured_per_s": 17.5, "floor_per_s": 33.9, "fraction": 0.516}}
+    text = compute_floor_sentence(floor)
+    assert "takes 5.20 ms vs a floor of 2.58 ms (50% of peak" in text and "17.5 passages/s vs a floor of 33.9 (52% of peak)" in text
+    assert "96 GFLOP/s fp32 on one core, 190 on 2" in text
