@@ -31,8 +31,9 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 .venv/bin/python -m evaluation.filter_bench "$BEIR_DATA/scifact" "${FILTER_WORKDIR:-indexes/scifact-metadata}" --out "$out/filters.json" > /dev/null
 # Live writes: ingest, visibility, live vs compacted, mixed load (its own index, built once).
 .venv/bin/python -m evaluation.live_bench "$BEIR_DATA/scifact" "${LIVE_WORKDIR:-indexes/scifact-live}" --out "$out/live.json" > /dev/null
-# Query embedding: fp32 vs int8 queries (quality, latency), the query cache's hit.
-.venv/bin/python -m evaluation.query_bench "$index" "$BEIR_DATA/scifact" --out "$out/query.json" > /dev/null
+# Query embedding: fp32 vs int8 queries (quality, latency), the query cache's hit; documents in int8 (its own index).
+[ -f "$index-int8/manifest.json" ] && [ -z "${REBUILD:-}" ] || .venv/bin/hybrid index "$BEIR_DATA/scifact" --out "$index-int8" --precision int8 --quiet
+.venv/bin/python -m evaluation.query_bench "$index" "$BEIR_DATA/scifact" --int8-index "$index-int8" --out "$out/query.json" > /dev/null
 # Concurrent serving, configurations side by side at 1/4/16/64 clients; BASELINE=PATH (a checkout of b7fc9f3) adds the
 # service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh
 .venv/bin/python -m evaluation.serving_bench "$index" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null

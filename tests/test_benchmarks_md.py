@@ -391,3 +391,14 @@ def test_compute_floor_sentence_quotes_fractions():
     text = compute_floor_sentence(floor)
     assert "takes 5.20 ms vs a floor of 2.58 ms (50% of peak" in text and "17.5 passages/s vs a floor of 33.9 (52% of peak)" in text
     assert "96 GFLOP/s fp32 on one core, 190 on 2" in text
+
+
+def test_query_section_adds_int8_documents_when_measured():
+    from evaluation.query_bench import markdown
+
+    report = {"split": "test", "queries": 300, "cosine_fp32_int8": {"min": 0.9862, "median": 0.993},
+              "ndcg@10": {"dense": {"fp32": 0.6451, "int8": 0.648}}, "embed_p50_ms": {"fp32": 6.0, "int8": 3.0, "cache hit": 0.2},
+              "documents": {"ndcg@10": {"dense": {"fp32": 0.648, "int8": 0.645}}, "passages_per_s": {"fp32": 20.0, "int8": 35.0},
+                            "passages": 256, "rounds": 3}}
+    text = markdown(report)
+    assert "| nDCG@10, dense | 0.6480 | 0.6450 | -0.0030 |" in text and "| indexing, passages/s | 20.0 | 35.0 | 1.75x |" in text
