@@ -7,6 +7,7 @@ from pathlib import Path
 
 from cli.args import add_device, add_filter, add_query_precision, default
 from cli.index import add_build_flags, build_options
+from evaluation import gpu_bench
 from evaluation.bench_suite import BenchOptions, run_bench
 from evaluation.report import console_table
 from evaluation.suite import EvalConfig, evaluate_datasets, summary_table
@@ -42,6 +43,9 @@ def register(commands) -> None:
     p.add_argument("--reranker", help="also time reranking the hybrid top 50: torch vs ONNX fp32 vs ONNX int8")
     p.add_argument("--batching-seconds", type=float, default=default(BenchOptions, "batching_seconds"), help="per load level of the batching trade-off (0: skip)")
     p.add_argument("--faiss-vectors", type=int, default=default(BenchOptions, "faiss_vectors"), help="also FAISS flat/IVF search on N synthetic vectors, CPU vs GPU (0: skip)")
+    p.add_argument("--gpu", action="store_true", help="run every GPU row instead (passage embedding, query embedding, FAISS "
+                   "GPU vs CPU on --faiss-vectors or 1,000,000 vectors, reranking with --reranker) and write them into --markdown-file")
+    p.add_argument("--markdown-file", type=Path, default=Path("docs/BENCHMARKS.md"), help="where --gpu writes its section")
     add_device(p)
     p.set_defaults(run=run_bench_command)
 
@@ -60,6 +64,14 @@ def run_eval(args) -> None:
 
 
 def run_bench_command(args) -> None:
+    if args.gpu:
+        report = gpu_bench.run(args.index, args.data, args.split, args.reranker, args.faiss_vectors or 1_000_000)
+        gpu_bench.write_section(args.markdown_file, gpu_bench.markdown(report))
+        print(json.dumps(report, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2))
+        print(f"wrote the GPU section of {args.markdown_file}")
+        return
     options = BenchOptions(split=args.split, http_requests=args.http_requests, reranker=args.reranker,
                            batching_seconds=args.batching_seconds, faiss_vectors=args.faiss_vectors, device=args.device)
     report = run_bench(args.index, args.data, options)
