@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from models.batching import length_sorted
+from models.batching import length_sorted, sequence_batch
 from models.onnx_export import (
     CROSS_ENCODER_CONFIG,
     ONNX_SUBDIR,
@@ -62,6 +62,7 @@ class OnnxCrossEncoder(_PairScorer):
                                          int(self.config["pad_token_id"]), self.config["pad_token"])
         self._session = onnx_session(model_file(folder, precision), device, threads)
         self.providers = self._session.get_providers()
+        self.precision = precision
 
     def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
         """Tokens of each (query, text) pair as the model reads it: truncated to max_length, unpadded."""
@@ -72,7 +73,7 @@ class OnnxCrossEncoder(_PairScorer):
             feeds = encoding_feeds(self._tokenizer.encode_batch(batch), self._inputs)
             return self._session.run(None, feeds)[0][:, 0]
 
-        return length_sorted(batch_scores, pairs, batch_size, np.empty(len(pairs), np.float32))
+        return length_sorted(batch_scores, pairs, sequence_batch(self.precision, batch_size), np.empty(len(pairs), np.float32))
 
 
 class TorchCrossEncoder(_PairScorer):

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from models.batching import length_sorted
+from models.batching import length_sorted, sequence_batch
 from models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file, st_dimension
 from models.providers import encoding_feeds, load_tokenizer, onnx_session, torch_device
 
@@ -39,12 +39,14 @@ class OnnxEmbedder:
                                          int(self.config["pad_token_id"]), self.config["pad_token"])
         self._session = onnx_session(model_file(folder, precision), device, threads)
         self.providers = self._session.get_providers()
+        self.precision = precision
 
     def _encode_batch(self, texts: Sequence[str]) -> np.ndarray:
         feeds = encoding_feeds(self._tokenizer.encode_batch(list(texts)), self._inputs)
         return self._session.run(None, feeds)[0]
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        batch_size = sequence_batch(self.precision, batch_size)
         return length_sorted(self._encode_batch, texts, batch_size, np.empty((len(texts), self.dimension), np.float32))
 
     def token_ids(self, texts: Sequence[str]) -> list[tuple[int, ...]]:

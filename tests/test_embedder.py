@@ -72,3 +72,10 @@ def test_int8_query_embeddings_agree_with_fp32(model, onnx_embedder, scifact):
         queries = [json.loads(line)["text"] for line in itertools.islice(fh, 100)]
     int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8").encode(queries)
     assert (int8 * onnx_embedder.encode(queries)).sum(axis=1).min() >= 0.98
+
+
+def test_int8_vectors_do_not_depend_on_the_batch(model, scifact):
+    """int8 activations are quantised per tensor: batched runs would share one scale across texts (and padding)."""
+    int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8")
+    texts = scifact_texts(scifact, 6) + ["vitamin D deficiency"]
+    np.testing.assert_array_equal(int8.encode(texts, batch_size=32), np.stack([int8.encode([t])[0] for t in texts]))

@@ -116,7 +116,7 @@ def test_every_mode_returns_the_brute_force_filtered_ranking(meta, queries, sele
         pipeline = index.pipeline()
         assert pipeline.dense.brute_force(pipeline.allowed(filter_)) == (path == "brute force")
         for query in queries:
-            vector = index.embedder.encode([query])[0]
+            vector = index.query_embedder.encode([query])[0]
             legs = brute_force(index, query, vector, mask, depth=100)
             for mode in ("bm25", "dense"):
                 result = pipeline.search(query, k=10, spec={"mode": mode, "filter": filter_})
@@ -151,7 +151,7 @@ def test_hubness_corrected_and_reranked_results_honour_the_filter(meta, queries,
     pipeline = index.pipeline(cross_encoder=LengthScorer())
     for dynamic in (False, True):
         for query in queries[:6]:
-            vector = index.embedder.encode([query])[0]
+            vector = index.query_embedder.encode([query])[0]
             result = pipeline.search(query, k=10, spec={"mode": "dense", "hubness": {"method": "qbnorm", "dynamic": dynamic},
                                                         "filter": filter_})
             raw_top1 = int(np.argmax(np.asarray(index.embeddings) @ vector))  # DIS decides on the whole corpus
@@ -214,7 +214,7 @@ def test_ann_indexes_with_a_selector_and_the_cost_rule(meta, queries):
     allowed = index.metadata.allowed(SELECTIVITY["10%"][0])
     found = []
     for query in queries:
-        vector = index.embedder.encode([query])[0]
+        vector = index.query_embedder.encode([query])[0]
         exact = top_k(vectors @ vector, 10, candidates=allowed.ids).doc_idx
         got = hnsw.search(vector, 10, allowed).doc_idx
         assert allowed.mask[got].all()
@@ -321,6 +321,6 @@ def test_semantic_highlight_for_a_purely_dense_match(client, meta):
     for hit in dense_only:
         sentence = hit["highlight"]["semantic"]
         assert hit["text"][sentence["start"]:sentence["end"]].startswith(sentence["text"][:10].split("&")[0])
-        vector = index.embedder.encode([query])[0]
+        vector = index.query_embedder.encode([query])[0]
         expected = float(index.embedder.encode([hit["text"][sentence["start"]:sentence["end"]]])[0] @ vector)
         assert sentence["score"] == pytest.approx(expected, abs=1e-4)
