@@ -39,7 +39,7 @@ def register(commands) -> None:
     p.add_argument("--base-model", default=default(TrainOptions, "base_model"), help="model name or local path to start from")
     p.add_argument("--max-length", type=int, default=default(TrainOptions, "max_length"), help="query + document tokens")
     p.add_argument("--layers", type=int, default=default(TrainOptions, "layers"),
-                   help="keep the base model's first N layers (default: all); reranking time is about proportional to N")
+                   help="keep N of the base model's layers, the first N-1 and the last (default: all); reranking time is about proportional to N")
     p.add_argument("--negatives", type=int, default=default(TrainOptions, "negatives"), help="hard negatives per positive")
     p.add_argument("--mine-depth", type=int, default=default(TrainOptions, "mine_depth"), help="negatives are sampled from the hybrid top-N")
     p.add_argument("--epochs", type=int, default=default(TrainOptions, "epochs"))

@@ -46,7 +46,7 @@ WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # interpolation weig
 @dataclass(frozen=True)
 class TrainOptions:
     base_model: str = "all-MiniLM-L6-v2"
-    layers: int | None = None  # keep the base model's first N transformer layers (None: all): cost per pair ~ N
+    layers: int | None = None  # keep N of the base model's transformer layers, the first N-1 and the last (None: all)
     max_length: int = 128  # query + document tokens: title and the start of the abstract; CPU time grows ~linearly
     negatives: int = 7  # hard negatives per positive
     mine_depth: int = 30
@@ -161,16 +161,29 @@ def _torch_device(device: str) -> str:
     return "cpu"
 
 
-def _depth(base_path: Path, layers: int | None) -> dict:
-    """Config overrides that keep the first `layers` layers of the base model (the later layers' weights are not loaded)."""
-    if layers is None:
-        return {}
-    from transformers import AutoConfig
+def _check_layers(base_path: Path, layers: int | None) -> None:
+    if layers is not None:
+        from transformers import AutoConfig
 
-    available = AutoConfig.from_pretrained(str(base_path)).num_hidden_layers
-    if layers > available:
-        raise ConfigError(f"--layers {layers}: the base model has {available} layers")
-    return {"num_hidden_layers": layers}
+        available = AutoConfig.from_pretrained(str(base_path)).num_hidden_layers
+        if layers > available:
+            raise ConfigError(f"--layers {layers}: the base model has {available} layers")
+
+
+def _keep_layers(model, layers: int | None) -> None:
+    """Keep the first `layers` - 1 transformer layers and the last one. The last layer is the one that gathers the
+    sentence into [CLS], which the classification head reads: in all-MiniLM-L6-v2 (trained with mean pooling) [CLS]
+    barely varies across inputs below it (std 0.001 after the first two layers, 0.22 after layers 1 and 6, 0.25 after
+    all six), and a head over the first layers alone did not learn (listwise loss stayed at chance)."""
+    if layers is None:
+        return
+    import torch
+
+    stack = getattr(getattr(model.base_model, "encoder", None), "layer", None)
+    if stack is None:
+        raise ConfigError(f"--layers needs a BERT-style encoder (encoder.layer); {type(model.base_model).__name__} has none")
+    model.base_model.encoder.layer = torch.nn.ModuleList([*stack[: layers - 1], stack[-1]])
+    model.config.num_hidden_layers = layers
 
 
 def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
@@ -189,7 +202,7 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     if out.exists() and not (out / TRAINING_RECORD).is_file():
         raise ConfigError(f"{out} exists and is not a `hybrid train-reranker` folder: refusing to replace it")
     base = resolve_model(options.base_model)
-    depth = _depth(base.path, options.layers)  # checked before minutes of mining
+    _check_layers(base.path, options.layers)  # before minutes of mining
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
     rng = random.Random(options.seed)
@@ -201,7 +214,9 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     torch.manual_seed(options.seed)
     device = _torch_device(options.device)
     tokenizer = AutoTokenizer.from_pretrained(str(base.path))
-    model = AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1, **depth).to(device)
+    model = AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1)
+    _keep_layers(model, options.layers)
+    model = model.to(device)
     if options.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
     trainable = [p for p in model.parameters() if p.requires_grad]
