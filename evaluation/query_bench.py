@@ -101,8 +101,9 @@ def markdown(report: dict) -> str:
         for name, values in docs["ndcg@10"].items():
             lines.append(f"| nDCG@10, {name} | {values['fp32']:.4f} | {values['int8']:.4f} | {values['int8'] - values['fp32']:+.4f} |")
         lines += [f"| indexing, passages/s | {rate['fp32']:.1f} | {rate['int8']:.1f} | {rate['int8'] / rate['fp32']:.2f}x |", "",
-                  f"Indexing rate: the first {docs['passages']} scifact passages embedded by each graph on all cores, batches of "
-                  f"{EMBED_BATCH}, median of {docs['rounds']} alternating rounds.", ""]
+                  f"Indexing rate: the first {docs['passages']} scifact passages embedded by each graph on all cores (fp32 in "
+                  f"batches of {EMBED_BATCH}, int8 one passage per run: see models.batching.sequence_batch), median of "
+                  f"{docs['rounds']} alternating rounds.", ""]
     return "\n".join(lines)
 
 

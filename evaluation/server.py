@@ -18,16 +18,18 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(index_dir: Path | str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0):
-    """Yield (base url, process) once /ready answers 200; terminate the server on exit."""
+def running_server(index_dir: Path | str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0,
+                   cwd: Path | str | None = None):
+    """Yield (base url, process) once /ready answers 200; terminate the server on exit. `cwd`: where the server runs
+    (`python -m app` imports the package from there first, before PYTHONPATH)."""
     import httpx  # a dev dependency: only benchmarks and tests start servers
 
     port = free_port()
     # Benchmarks repeat their queries: with the query cache on they would time the cache, not the model (a cache hit
     # has its own row), so it is off unless `env` turns it on.
-    environment = {**os.environ, "HYBRID_INDEX": str(index_dir), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
+    environment = {**os.environ, "HYBRID_INDEX": str(Path(index_dir).resolve()), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
                    "HYBRID_LOG_LEVEL": "warning", "HYBRID_QUERY_CACHE_SIZE": "0", **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", "app"], env=environment,
+    process = subprocess.Popen([sys.executable, "-m", "app"], env=environment, cwd=cwd,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -73,7 +73,8 @@ def run(index_dir: Path, dataset: Path, split: str = "test", clients=(1, 4, 16, 
                 (hidden / package / "__init__.py").write_text("raise ImportError('not a dependency before this change')\n")
             configurations = {"before (b7fc9f3)": {"PYTHONPATH": f"{baseline}{os.pathsep}{hidden}"}, **configurations}
         results: dict[str, dict] = {name: {} for name in configurations}
-        urls = {name: servers.enter_context(running_server(index_dir, {"HYBRID_VERIFY": "size", **env}))[0]
+        urls = {name: servers.enter_context(running_server(index_dir, {"HYBRID_VERIFY": "size", **env},
+                                                           cwd=baseline if "PYTHONPATH" in env else None))[0]
                 for name, env in configurations.items()}
         for n in clients:
             for name, url in urls.items():
