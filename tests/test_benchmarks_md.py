@@ -399,6 +399,10 @@ def test_query_section_adds_int8_documents_when_measured():
     report = {"split": "test", "queries": 300, "cosine_fp32_int8": {"min": 0.9862, "median": 0.993},
               "ndcg@10": {"dense": {"fp32": 0.6451, "int8": 0.648}}, "embed_p50_ms": {"fp32": 6.0, "int8": 3.0, "cache hit": 0.2},
               "documents": {"ndcg@10": {"dense": {"fp32": 0.648, "int8": 0.645}}, "passages_per_s": {"fp32": 20.0, "int8": 35.0},
-                            "passages": 256, "rounds": 3}}
+                            "passages": 256, "rounds": 3, "floor": {"fp32": {"fraction": 0.5}, "int8": {"fraction": 0.25}}},
+              "floor": {"peaks": {"cores": 2, "fp32_gflops_2": 190.0, "int8_gops_2": 560.0}, "fp32": {"fraction": 0.4},
+                        "int8": {"fraction": 0.2}}}
     text = markdown(report)
     assert "| nDCG@10, dense | 0.6480 | 0.6450 | -0.0030 |" in text and "| indexing, passages/s | 20.0 | 35.0 | 1.75x |" in text
+    assert "| fraction of the compute floor | 40% | 20% | |" in text and "| fraction of the compute floor | 50% | 25% | |" in text
+    assert "(190 GFLOP/s fp32, 560 GOP/s int8)" in text
