@@ -81,7 +81,7 @@ async def search_batch(body: BatchRequest, serving: ServingDep, request: Request
 async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
     """Run a search on the service's search threads (HYBRID_SEARCH_THREADS), in the request's context (its request id
     reaches the log lines). A plain executor future: FastAPI's own thread hop for sync routes costs more CPU per
-    request than a whole BM25 search (docs/BENCHMARKS.md, "Concurrent serving")."""
+    request than a whole BM25 search (py-spy, 16 clients, cached queries: 16% of the GIL-held samples, BM25 7.5%)."""
     call = functools.partial(contextvars.copy_context().run, work)
     return await asyncio.get_running_loop().run_in_executor(request.app.state.search_executor, call)
 

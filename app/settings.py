@@ -33,7 +33,8 @@ class Settings(BaseSettings):
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
     search_threads: int | None = Field(None, ge=1, description="threads that run searches; more in flight wait for one (up "
                                        "to HYBRID_MAX_IN_FLIGHT). Default: cores + 1, one model run per core and one thread "
-                                       "in Python; more threads lengthen the tail (docs/BENCHMARKS.md, \"Concurrent serving\")")
+                                       "in Python; more threads lengthen the tail (16 clients, fp32 queries, 2 cores: p99 136 ms with 2 "
+                                       "threads, 189 with 16, 221 with 64)")
     http: Literal["auto", "h11", "httptools"] = Field("auto", description="uvicorn's HTTP parser; auto: httptools when installed")
     loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvicorn's event loop; auto: uvloop when installed")
     inference_threads: int | Literal["auto"] = Field(

@@ -18,7 +18,7 @@ from search.dense import DenseIndex, FaissParams, build_faiss_index, gpu_count
 from search.rerank import DEFAULT_RERANK_DEPTH
 
 
-def _interleaved_ms(calls: dict, inputs: list, warmup: int = 3) -> dict[str, list[float]]:
+def interleaved_ms(calls: dict, inputs: list, warmup: int = 3) -> dict[str, list[float]]:
     """Time every call on every input, alternating calls input by input so noise hits all alike."""
     for x in inputs[:warmup]:
         for call in calls.values():
@@ -35,7 +35,7 @@ def _interleaved_ms(calls: dict, inputs: list, warmup: int = 3) -> dict[str, lis
 def query_embedding_latency(index: OpenIndex, queries: list[str], n: int = 200) -> dict:
     """One query at a time, as served: the index's ONNX embedder vs sentence-transformers (torch)."""
     torch_embedder = torch_embedder_for_index(index.path, device="cpu")
-    times = _interleaved_ms({"onnx": lambda q: index.embedder.encode([q]), "torch": lambda q: torch_embedder.encode([q])},
+    times = interleaved_ms({"onnx": lambda q: index.embedder.encode([q]), "torch": lambda q: torch_embedder.encode([q])},
                             queries[:n])
     report = {name: percentiles(values) for name, values in times.items()}
     report["torch_over_onnx_p50"] = round(report["torch"]["p50_ms"] / report["onnx"]["p50_ms"], 2)
@@ -63,7 +63,7 @@ def rerank_latency(index: OpenIndex, reranker: str, queries: list[str], depth: i
               "onnx_int8": load_cross_encoder(reranker, device=device, precision="int8")}
     pipeline = index.pipeline()
     inputs = [(q, [index.doc_text(int(d)) for d in pipeline.search(q, k=depth).ranking.doc_idx]) for q in queries[:n]]
-    times = _interleaved_ms({name: (lambda x, m=m: m.score(*x)) for name, m in models.items()}, inputs)
+    times = interleaved_ms({name: (lambda x, m=m: m.score(*x)) for name, m in models.items()}, inputs)
     report = {name: {**percentiles(values), "pairs_per_s": round(depth * 1000 / statistics.median(values), 1)}
               for name, values in times.items()}
     report.update(depth=depth, queries=len(inputs), max_length=models["onnx_fp32"].max_length,

@@ -124,6 +124,14 @@ def stage(flops_per_item: float, peak_gflops: float, measured_ms: float | None =
     return row
 
 
+def texts_floor(flops: GraphFlops, embedder, texts: list[str], peak_gflops: float, threads: int, **measured) -> dict:
+    """An embedder's work on `texts` (real token counts, no padding) against the floor; `measured`: `measured_ms` per
+    text or `items_per_s`, as `stage` takes them."""
+    lengths = [len(ids) for ids in embedder.token_ids(texts)]
+    return {**stage(float(np.mean([flops.forward(n) for n in lengths])), peak_gflops, threads=threads, **measured),
+            "mean_tokens": round(float(np.mean(lengths)), 1)}
+
+
 def embedding_floor(index, queries: list[str], query_p50_ms: float, passages_per_s: float, peaks: dict,
                     passages: int = 256) -> dict:
     """The index's fp32 model on all cores against the floor: one query at a time (p50), and passages in batches (the
@@ -134,13 +142,8 @@ def embedding_floor(index, queries: list[str], query_p50_ms: float, passages_per
     flops = graph_flops(model_file(index.path / MODEL_DIR, "fp32"))
     cores = peaks["cores"]
     documents = [index.doc_text(i) for i in range(min(passages, index.num_docs))]
-    rows = {}
-    for name, texts, measured in (("query", queries, {"measured_ms": query_p50_ms}),
-                                  ("passage", documents, {"items_per_s": passages_per_s})):
-        lengths = [len(ids) for ids in index.embedder.token_ids(texts)]
-        rows[name] = {**stage(float(np.mean([flops.forward(n) for n in lengths])), peak(peaks, "fp32", cores), threads=cores,
-                              **measured), "mean_tokens": round(float(np.mean(lengths)), 1)}
-    return rows
+    return {"query": texts_floor(flops, index.embedder, queries, peak(peaks, "fp32", cores), cores, measured_ms=query_p50_ms),
+            "passage": texts_floor(flops, index.embedder, documents, peak(peaks, "fp32", cores), cores, items_per_s=passages_per_s)}
 
 
 def pairs_floor(model, inputs: list[tuple[str, list[str]]], peak_gflops: float, measured_ms: float, threads: int) -> dict:

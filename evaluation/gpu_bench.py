@@ -11,7 +11,7 @@ import statistics
 import time
 from pathlib import Path
 
-from evaluation.accel_bench import _interleaved_ms, faiss_cpu_vs_gpu, rerank_latency
+from evaluation.accel_bench import interleaved_ms, faiss_cpu_vs_gpu, rerank_latency
 from evaluation.bench import percentiles
 from evaluation.machine import describe_machine
 from indexer.corpus import split_queries
@@ -50,7 +50,7 @@ def run(index_dir: Path, dataset: Path, split: str = "test", reranker: str | Non
         index.embedder.encode(documents, batch_size=batch_size)
         rates.append(len(documents) / (time.perf_counter() - start))
     cpu = OnnxEmbedder(index_dir / MODEL_DIR, device="cpu")
-    times = _interleaved_ms({"gpu": lambda q: index.embedder.encode([q]), "cpu": lambda q: cpu.encode([q])}, texts[:200])
+    times = interleaved_ms({"gpu": lambda q: index.embedder.encode([q]), "cpu": lambda q: cpu.encode([q])}, texts[:200])
     report = {"machine": describe_machine(), "index": str(index_dir),
               "passage_embedding": {"passages_per_s": round(statistics.median(rates), 1), "passages": passages,
                                     "batch_size": batch_size},

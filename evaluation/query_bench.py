@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.compute_floor import graph_flops, machine_peaks, peak, stage
+from evaluation.accel_bench import interleaved_ms
+from evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from evaluation.runner import run_queries
 from indexer.corpus import split_queries
 from indexer.build import EMBED_BATCH
@@ -45,15 +46,8 @@ def run(index_dir: Path, dataset: Path, split: str = "test") -> dict:
     cosines = (embedders["fp32"].encode(texts) * embedders["int8"].encode(texts)).sum(axis=1)
     cached = CachedEmbedder(index.embedder, QueryCache(len(texts)), "fp32")
     cached.encode(texts)  # every query in the cache: what follows are hits
-    calls = {**{p: (lambda e: lambda q: e.encode([q]))(e) for p, e in embedders.items()}, "cache hit": lambda q: cached.encode([q])}
-    for call in calls.values():
-        call(texts[0])  # warm up
-    times = {name: [] for name in calls}
-    for text in texts:
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call(text)
-            times[name].append((time.perf_counter() - start) * 1000)
+    calls = {**{p: (lambda q, e=e: e.encode([q])) for p, e in embedders.items()}, "cache hit": lambda q: cached.encode([q])}
+    times = interleaved_ms(calls, texts, warmup=1)
     p50 = {name: round(statistics.median(v), 3) for name, v in times.items()}
     return {"split": split, "queries": len(texts), "ndcg@10": quality,
             "cosine_fp32_int8": {"min": round(float(cosines.min()), 4), "median": round(float(np.median(cosines)), 4)},
@@ -64,11 +58,8 @@ def _floor(index_dir: Path, stages: dict) -> dict:
     """Each precision's stage (embedder, texts, measured) on all cores against the compute floor of its graph."""
     peaks = machine_peaks()
     flops = graph_flops(model_file(index_dir / MODEL_DIR, "fp32"))
-    rows = {}
-    for precision, (embedder, texts, measured) in stages.items():
-        work = float(np.mean([flops.forward(len(ids)) for ids in embedder.token_ids(texts)]))
-        rows[precision] = stage(work, peak(peaks, precision, peaks["cores"]), threads=peaks["cores"], **measured)
-    return {"peaks": peaks, **rows}
+    return {"peaks": peaks, **{precision: texts_floor(flops, embedder, texts, peak(peaks, precision, peaks["cores"]), peaks["cores"],
+                                                      **measured) for precision, (embedder, texts, measured) in stages.items()}}
 
 
 DOCUMENT_SPECS = {"dense": {"mode": "dense"}, "hybrid RRF": {"fusion": {"method": "rrf", "rrf_k": 60}}}
@@ -91,8 +82,7 @@ def documents(fp32_dir: Path, int8_dir: Path, dataset: Path, split: str = "test"
             rates[precision].append(len(texts) / (time.perf_counter() - start))
     per_s = {p: round(statistics.median(r), 1) for p, r in rates.items()}
     return {"ndcg@10": quality, "passages_per_s": per_s, "passages": passages, "rounds": rounds,
-            "floor": _floor(fp32_dir, {p: (index.embedder, texts, {"items_per_s": per_s[p]}) for p, index in indexes.items()}),
-            "build_s": {p: index.manifest.build["total_s"] for p, index in indexes.items()}}
+            "floor": _floor(fp32_dir, {p: (index.embedder, texts, {"items_per_s": per_s[p]}) for p, index in indexes.items()})}
 
 
 def markdown(report: dict) -> str:

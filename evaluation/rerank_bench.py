@@ -12,9 +12,9 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
+from evaluation.accel_bench import interleaved_ms
 from evaluation.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
 from evaluation.runner import run_queries
 from indexer.corpus import split_queries
@@ -39,27 +39,18 @@ def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], split: str =
     for name, folder in rerankers.items():
         record = training_record(folder) or {}
         weight = rerank_weight(folder)
-        entry = {"path": str(folder), "weight": weight,
-                 "training_s": record.get("seconds", {}).get("training"), "max_length": None, "ndcg@10": {}}
+        entry = {"path": str(folder), "weight": weight, "training_s": record.get("seconds", {}).get("training"), "ndcg@10": {}}
         for precision in PRECISIONS:
             model = load_cross_encoder(folder, device="cpu", precision=precision)
-            entry["max_length"] = model.max_length
-            entry["layers"] = graph_flops(model_file(model.folder, "fp32")).attention_matmuls // 2
             pipeline = index.pipeline({"rerank": {"depth": depth, "weight": weight}}, cross_encoder=CachingCrossEncoder(model))
             reranked, _ = run_queries(pipeline, index.doc_ids, queries, {"rerank": {"enabled": True}})
             entry["ndcg@10"][precision] = _ndcg(reranked, qrels)
             models[(name, precision)] = model
+        entry |= {"max_length": model.max_length, "layers": graph_flops(model_file(model.folder, "fp32")).attention_matmuls // 2}
         report["rerankers"][name] = entry
     texts = list(queries.values())[:latency_queries]
     inputs = [(q, [index.doc_text(int(d)) for d in first_stage.search(q, k=depth).ranking.doc_idx]) for q in texts]
-    times = {key: [] for key in models}
-    for key, model in models.items():
-        model.score(*inputs[0])  # warm up
-    for query, candidates in inputs:
-        for key, model in models.items():
-            start = time.perf_counter()
-            model.score(query, candidates)
-            times[key].append((time.perf_counter() - start) * 1000)
+    times = interleaved_ms({key: (lambda x, m=model: m.score(*x)) for key, model in models.items()}, inputs, warmup=1)
     cores = len(os.sched_getaffinity(0))
     for (name, precision), model in models.items():
         report["rerankers"][name].setdefault("latency", {})[precision] = pairs_floor(

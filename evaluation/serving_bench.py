@@ -17,11 +17,11 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from evaluation.compute_floor import graph_flops, machine_peaks, peak, stage
+from evaluation.accel_bench import interleaved_ms
+from evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from evaluation.loadgen import closed_loop
 from evaluation.server import running_server
 from indexer.corpus import split_queries
@@ -42,20 +42,10 @@ def model_floor(index_dir: Path, texts: list[str], peaks: dict) -> dict:
     """Query embedding on one core (as each concurrent search runs it), fp32 and int8, against the floor."""
     folder = Path(index_dir) / MODEL_DIR
     flops = graph_flops(model_file(folder, "fp32"))
-    rows = {}
-    for precision in ("fp32", "int8"):
-        embedder = OnnxEmbedder(folder, device="cpu", threads=1, precision=precision)
-        lengths = [len(ids) for ids in embedder.token_ids(texts)]
-        embedder.encode(texts[:5])
-        times = []
-        for text in texts:
-            start = time.perf_counter()
-            embedder.encode([text])
-            times.append((time.perf_counter() - start) * 1000)
-        mean_flops = statistics.fmean(flops.forward(n) for n in lengths)
-        rows[precision] = {**stage(mean_flops, peak(peaks, precision, 1), measured_ms=statistics.median(times)),
-                           "mean_tokens": round(statistics.fmean(lengths), 1)}
-    return rows
+    embedders = {p: OnnxEmbedder(folder, device="cpu", threads=1, precision=p) for p in ("fp32", "int8")}
+    times = interleaved_ms({p: (lambda q, e=e: e.encode([q])) for p, e in embedders.items()}, texts)
+    return {p: texts_floor(flops, e, texts, peak(peaks, p, 1), 1, measured_ms=statistics.median(times[p]))
+            for p, e in embedders.items()}
 
 
 def run(index_dir: Path, dataset: Path, split: str = "test", clients=(1, 4, 16, 64), seconds: float = 10.0,
