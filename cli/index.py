@@ -21,6 +21,7 @@ from search.analyzer import STEMMERS, STOPWORD_LISTS, Analyzer
 from search.bm25 import BM25_METHODS, BM25Params
 from search.dense import FAISS_KINDS, FaissParams
 from search.errors import ConfigError
+from training.reembed import reembed_index
 
 
 def register(commands) -> None:
@@ -40,6 +41,17 @@ def register(commands) -> None:
     p.add_argument("--batch-docs", type=int, default=DEFAULT_MAX_BATCH_DOCS, help="documents per logged batch")
     add_device(p)
     p.set_defaults(run=run_ingest)
+
+    p = commands.add_parser("reembed", help="embed an index's documents again with another model (e.g. from train-embedder or adapt): "
+                            "new FAISS index, hubness refitted, fusion re-tuned; published atomically")
+    p.add_argument("index", type=Path)
+    p.add_argument("--model", required=True, help="sentence-transformers model name or local path")
+    p.add_argument("--precision", choices=PRECISIONS, help="ONNX weights that embed the documents (default: the index's)")
+    p.add_argument("--queries", type=Path, help="queries of the split the fusion was tuned on (default: queries.jsonl beside its qrels)")
+    p.add_argument("--keep-fusion", action="store_true", help="keep the fusion tuned for the previous model instead of re-tuning it")
+    add_device(p)
+    add_quiet(p)
+    p.set_defaults(run=run_reembed)
 
     p = commands.add_parser("download-beir", help="fetch a BEIR dataset if it is not on disk")
     p.add_argument("name")
@@ -97,6 +109,13 @@ def run_ingest(args) -> None:
         collection.close()
     print(f"{written} documents upserted, {deleted} ids deleted in {time.perf_counter() - started:.1f} s; logged up to "
           f"sequence {collection.seq} in {args.index / LIVE_DIR} (a running service picks them up on restart or reload)")
+
+
+def run_reembed(args) -> None:
+    started = time.perf_counter()
+    report = reembed_index(args.index, args.model, args.precision, args.device, args.queries, args.keep_fusion, progress=not args.quiet)
+    print(json.dumps(report, indent=2))
+    print(f"re-embedded {report['documents']} documents of {args.index} with {args.model} in {time.perf_counter() - started:.1f} s")
 
 
 def build_options(args) -> BuildOptions:

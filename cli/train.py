@@ -1,4 +1,4 @@
-"""`hybrid tune` (fusion) and `hybrid train-reranker`: fitting on a labelled train/dev split, never test."""
+"""`hybrid tune` (fusion), `hybrid train-reranker` and `hybrid train-embedder`: fitting on a labelled train/dev split, never test."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from indexer.manifest import read_manifest
 from indexer.store import open_index
 from search.fusion import fusion_to_string
 from models.cross_encoder import weight_evidence
+from training.embedder import EmbedderOptions, train_embedder
 from training.fusion import format_table, tune_index
 from training.metrics import MEASURES, format_evidence
 from training.reranker import TrainOptions, train_reranker
@@ -52,6 +53,43 @@ def register(commands) -> None:
     add_quiet(p)
     p.set_defaults(run=run_train_reranker)
 
+    p = commands.add_parser("train-embedder", help="fine-tune the index's dense encoder on a train split with hard negatives from the hybrid retriever")
+    p.add_argument("index", type=Path, help="index whose encoder is tuned and whose hybrid retriever mines the hard negatives")
+    _add_split(p)
+    p.add_argument("--out", type=Path, required=True, help="model folder to write (sentence-transformers + training.json)")
+    add_embedder_training_flags(p)
+    p.set_defaults(run=run_train_embedder)
+
+
+def add_embedder_training_flags(p) -> None:
+    g = p.add_argument_group("embedder training")
+    g.add_argument("--epochs", type=int, default=default(EmbedderOptions, "epochs"), help="at most; the best held-out epoch is kept")
+    g.add_argument("--batch-size", type=int, default=default(EmbedderOptions, "batch_size"),
+                   help="examples per step (the others' documents are in-batch negatives)")
+    g.add_argument("--hard-negatives", type=int, default=default(EmbedderOptions, "hard_negatives"), help="per example")
+    g.add_argument("--mine-depth", type=int, default=default(EmbedderOptions, "mine_depth"), help="hard negatives are sampled from the hybrid top-N")
+    g.add_argument("--lr", type=float, default=default(EmbedderOptions, "learning_rate"))
+    g.add_argument("--dev-fraction", type=float, default=default(EmbedderOptions, "dev_fraction"), help="queries held out to choose the epoch")
+    g.add_argument("--eval-depth", type=int, default=default(EmbedderOptions, "eval_depth"),
+                   help="held-out queries are scored over their hybrid top-N pooled")
+    g.add_argument("--seed", type=int, default=default(EmbedderOptions, "seed"))
+    add_device(g, help="training (and mining) device")
+    add_quiet(g)
+
+
+def embedder_options(args) -> EmbedderOptions:
+    return EmbedderOptions(epochs=args.epochs, batch_size=args.batch_size, hard_negatives=args.hard_negatives, mine_depth=args.mine_depth,
+                           learning_rate=args.lr, dev_fraction=args.dev_fraction, eval_depth=args.eval_depth, seed=args.seed,
+                           device=args.device)
+
+
+def _report_embedder(record: dict, out: Path) -> None:
+    held_out = record["held_out"]
+    print(json.dumps({k: v for k, v in record.items() if k != "loss"}, indent=2))
+    print(f"held-out {held_out['metric']} (dense, {record['data']['held_out_queries']} queries): base {held_out['before']:.4f} -> "
+          f"{held_out['after']:.4f} (epoch {held_out['best_epoch']}); model saved to {out}; "
+          f"re-embed an index with it: hybrid reembed INDEX --model {out}")
+
 
 def run_tune(args) -> None:
     queries, qrels = training_split(args.queries, args.qrels)
@@ -79,3 +117,10 @@ def run_train_reranker(args) -> None:
     if evidence:
         print(format_evidence(evidence))
     print(f"reranker saved to {args.out} (ONNX in {args.out / 'onnx'}); serve it with HYBRID_RERANKER={args.out}")
+
+
+def run_train_embedder(args) -> None:
+    options = embedder_options(args)
+    queries, qrels = training_split(args.queries, args.qrels)
+    index = open_index(args.index, verify="size", device=args.device)
+    _report_embedder(train_embedder(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet), args.out)

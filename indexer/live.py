@@ -368,11 +368,11 @@ class Collection:
             index = self.index
             path = index.path
             with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.compact-") as work:
-                corpus, vectors = _current_corpus(index, base_alive, live, Path(work))
+                corpus, vectors = current_corpus(index, base_alive, live, Path(work))
                 held = False
                 try:
                     with publish_dir(path) as tmp:
-                        manifest = build_into(tmp, corpus, _options_of(index), index.path / MODEL_DIR,
+                        manifest = build_into(tmp, corpus, build_options_of(index), index.path / MODEL_DIR,
                                               json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
                         _carry_over(state, manifest, tmp, vectors)
                         write_manifest(tmp, manifest)
@@ -422,7 +422,7 @@ class Collection:
             self._wal = None
 
 
-def _current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
+def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
     """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors."""
     corpus = work / "corpus.jsonl"
     alive = np.flatnonzero(base_alive)
@@ -439,7 +439,7 @@ def _current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDoc
     return corpus, vectors
 
 
-def _options_of(index: OpenIndex) -> BuildOptions:
+def build_options_of(index: OpenIndex) -> BuildOptions:
     """The build options the index was made with (the filterable fields it kept, when they were restricted)."""
     fields = index.manifest.metadata
     restricted = any(info.reason == "not listed in --filterable" for info in fields.values())

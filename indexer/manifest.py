@@ -53,6 +53,7 @@ class EmbedderInfo:
     pad_token_id: int
     document_backend: str
     document_precision: str = "fp32"  # the ONNX weights that embedded the documents (and embed written ones)
+    training: dict | None = None  # a fine-tuned model's recipe and held-out result (models.onnx_export.embedder_recipe)
 
 
 @dataclass(frozen=True)

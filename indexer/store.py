@@ -32,7 +32,7 @@ from indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
 from models.embedder import OnnxEmbedder, TorchEmbedder
 from models.onnx_export import resolve_query_precision
 from models.providers import on_gpu
-from models.registry import resolve_model
+from models.registry import ResolvedModel, resolve_model
 from search.analyzer import Analyzer
 from search.bm25 import BM25Index
 from search.dense import DenseIndex
@@ -265,8 +265,8 @@ def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearc
     return HubnessSearcher(correction, augmented, banks)
 
 
-def torch_embedder_for_index(folder: Path | str, device: str = "auto") -> TorchEmbedder:
-    """The sentence-transformers embedder of the index's model, after checking its checksum."""
+def index_model(folder: Path | str) -> ResolvedModel:
+    """The torch model the index was built with, after checking its checksum against the manifest."""
     spec = read_manifest(Path(folder)).embedder
     model = resolve_model(spec.model)
     if model.checksum != spec.model_checksum:
@@ -274,4 +274,9 @@ def torch_embedder_for_index(folder: Path | str, device: str = "auto") -> TorchE
             f"model {spec.model!r} resolves to weights with checksum {model.checksum[:12]}, "
             f"but the index was built with {spec.model_checksum[:12]}: queries would not match documents"
         )
-    return TorchEmbedder(model.path, device=device)
+    return model
+
+
+def torch_embedder_for_index(folder: Path | str, device: str = "auto") -> TorchEmbedder:
+    """The sentence-transformers embedder of the index's model, after checking its checksum."""
+    return TorchEmbedder(index_model(folder).path, device=device)

@@ -35,7 +35,7 @@ POOLING_MODES = ("mean", "cls")
 OPSET = 17
 EXPORT_FORMAT = 2  # bump when the folder layout changes, so cached exports are redone
 ONNX_SUBDIR = "onnx"  # where `hybrid train-reranker` puts the export beside the torch weights
-TRAINING_RECORD = "training.json"  # written by `hybrid train-reranker`: recipe, losses, tuned interpolation
+TRAINING_RECORD = "training.json"  # written by `hybrid train-reranker`, `train-embedder` and `adapt`: recipe, losses, held-out results
 
 
 def default_cache_dir() -> Path:
@@ -178,6 +178,7 @@ def _export_embedder(model: ResolvedModel, out: Path) -> None:
         "inputs": input_names,
         "pad_token": tokenizer.pad_token,
         "pad_token_id": tokenizer.pad_token_id,
+        "training": embedder_recipe(model.path),
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
 
@@ -219,6 +220,17 @@ def training_record(name_or_path: str | Path) -> dict | None:
         if record.is_file():
             return json.loads(record.read_text())
     return None
+
+
+def embedder_recipe(path: Path | str) -> dict | None:
+    """What an index's manifest keeps of a fine-tuned embedder's training.json (training.embedder): the recipe, the
+    base model and the held-out result. None for any other model."""
+    record = training_record(path)
+    if not record or record.get("kind") != "embedder":
+        return None
+    held_out = record["held_out"]
+    return {"recipe": record["data"]["recipe"], "base_model": record["base_model"],
+            "held_out": {k: held_out[k] for k in ("metric", "before", "after", "best_epoch")}}
 
 
 def _positions_max_length(tokenizer, hf_config) -> int:

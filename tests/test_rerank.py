@@ -165,7 +165,7 @@ def test_tuned_weight_is_served_unless_overridden(tmp_path):
 
 
 def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
-    from training.reranker import split_dev
+    from training.splits import split_dev
 
     queries = {f"q{i}": "text" for i in range(10)}
     qrels = {**{f"q{i}": {"d": 1} for i in range(9)}, "q9": {"d": 0}, "unknown": {"d": 1}}  # q9: no relevant doc

@@ -37,6 +37,7 @@ from search.devices import check_device
 from search.errors import ConfigError
 from search.rerank import DEFAULT_RERANK_DEPTH
 from training.metrics import chosen_out_of_sample, per_query_scores
+from training.splits import split_dev
 
 logger = logging.getLogger(__name__)
 
@@ -84,14 +85,6 @@ class MinedQuery:
     query_id: str
     positives: tuple[int, ...]  # document indices
     pool: tuple[int, ...]  # hard-negative candidates: hybrid top-`mine_depth` minus every judged document
-
-
-def split_dev(queries: dict[str, str], qrels: dict[str, dict[str, int]], fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Judged queries with a relevant document, shuffled and split into (train, dev) by query."""
-    judged = sorted(q for q, rels in qrels.items() if q in queries and any(r > 0 for r in rels.values()))
-    random.Random(seed).shuffle(judged)
-    dev = min(len(judged) - 1, max(1, round(fraction * len(judged)))) if fraction > 0 and len(judged) > 1 else 0  # keep one to train
-    return sorted(judged[dev:]), sorted(judged[:dev])
 
 
 def mine(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], query_ids: list[str], mine_depth: int,
@@ -258,6 +251,7 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
         tokenizer.save_pretrained(tmp)
         window = max(1, len(losses) // 10)
         record = {
+            "kind": "reranker",
             "base_model": {"name": base.name, "checksum": base.checksum},
             "options": asdict(options),
             "data": {"split": split, "queries": len({g.query_id for g in groups}), "dev_queries": len(dev_ids),

@@ -1,0 +1,220 @@
+"""Encoder adaptation: the contrastive loss, `hybrid train-embedder` on a tiny synthetic corpus, and `hybrid reembed`."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from tests.conftest import write_jsonl
+
+TOPICS = {
+    "volcano": "lava magma eruption crater ash basalt caldera vent",
+    "orchard": "apple pear blossom harvest cider graft pruning fruit",
+    "glacier": "ice moraine crevasse meltwater fjord snowpack calving",
+    "violin": "bow string rosin fingerboard sonata concerto luthier",
+    "bakery": "dough yeast crust oven flour sourdough knead pastry",
+    "satellite": "orbit antenna telemetry launch payload transponder",
+}
+
+
+def synthetic_corpus(docs_per_topic: int = 5, seed: int = 0):
+    """Documents drawn from a few topic vocabularies, and queries that name one document's words: nothing scifact-like."""
+    rng = random.Random(seed)
+    corpus, queries, qrels = [], {}, {}
+    for topic, words in TOPICS.items():
+        vocabulary = words.split()
+        for i in range(docs_per_topic):
+            picked = rng.sample(vocabulary, 5)
+            doc_id = f"{topic}-{i}"
+            corpus.append({"_id": doc_id, "title": f"{topic} note {i}", "text": f"The {topic} record mentions {', '.join(picked)}."})
+            queries[f"q-{doc_id}"] = f"{picked[0]} and {picked[1]} {topic}"
+            qrels[f"q-{doc_id}"] = {doc_id: 1}
+    return corpus, queries, qrels
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A BEIR-layout folder (corpus, queries, train qrels) and its index."""
+    from indexer.build import BuildOptions, build_index
+
+    root = tmp_path_factory.mktemp("synthetic")
+    corpus, queries, qrels = synthetic_corpus()
+    write_jsonl(root / "corpus.jsonl", corpus)
+    write_jsonl(root / "queries.jsonl", [{"_id": q, "text": t} for q, t in queries.items()])
+    (root / "qrels").mkdir()
+    lines = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q, rels in qrels.items() for d, r in rels.items()]
+    (root / "qrels" / "train.tsv").write_text("\n".join(lines) + "\n")
+    (root / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    build_index(root / "corpus.jsonl", root / "index", BuildOptions(progress=False))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(synthetic):
+    from indexer.store import open_index
+    from training.embedder import EmbedderOptions, train_embedder
+
+    _, queries, qrels = synthetic_corpus()
+    options = EmbedderOptions(epochs=2, batch_size=4, mine_depth=5, eval_depth=10, dev_fraction=0.2, learning_rate=1e-4, device="cpu")
+    index = open_index(synthetic / "index", verify="size")
+    record = train_embedder(index, queries, qrels, synthetic / "model", options, progress=False)
+    index.close()
+    return synthetic / "model", record
+
+
+def test_contrastive_loss_is_cross_entropy_over_the_batch_with_masked_columns():
+    import torch
+
+    from training.embedder import contrastive_loss
+
+    q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 0.8]]), dim=-1)
+    d = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), dim=-1)
+    mask = torch.tensor([[False, False, True], [False, False, False]])  # column 2 is relevant to query 0 too
+    s = 20.0 * (q @ d.T).numpy()
+    row0 = -(s[0, 0] - math.log(math.exp(s[0, 0]) + math.exp(s[0, 1])))
+    row1 = -(s[1, 1] - math.log(np.exp(s[1]).sum()))
+    assert float(contrastive_loss(q, d, mask, 20.0)) == pytest.approx((row0 + row1) / 2, rel=1e-5)
+
+
+def test_relevant_mask_hides_other_relevant_columns_but_never_the_own_positive():
+    from training.embedder import Example, relevant_mask
+
+    batch = [Example("a", 0, (5,)), Example("b", 1, (0,))]
+    columns = [0, 1, 5, 0]
+    mask = relevant_mask(batch, columns, {"a": frozenset({0, 1}), "b": frozenset({1})})
+    assert mask.tolist() == [[False, True, False, True], [False, False, False, False]]
+
+
+def test_options_are_validated():
+    from search.errors import ConfigError
+    from training.embedder import EmbedderOptions
+
+    for bad in ({"batch_size": 1}, {"dev_fraction": 0.0}, {"hard_negatives": 5, "mine_depth": 5}, {"device": "tpu"}):
+        with pytest.raises(ConfigError):
+            EmbedderOptions(**bad)
+
+
+def test_train_embedder_selects_on_held_out_queries_and_records_the_recipe(trained):
+    from sentence_transformers import SentenceTransformer
+
+    folder, record = trained
+    saved = json.loads((folder / "training.json").read_text())
+    assert saved["kind"] == "embedder" and saved["data"]["recipe"] == "supervised"
+    held_out = saved["held_out"]
+    assert held_out["per_epoch"][0]["epoch"] == 0 and len(held_out["per_epoch"]) >= 2
+    best = max(held_out["per_epoch"], key=lambda row: row["ndcg@10"])
+    assert held_out["after"] == best["ndcg@10"] >= held_out["before"]  # the base model is a candidate too
+    assert saved["data"]["held_out_queries"] == 6 and len(saved["data"]["held_out_ids"]) == 6  # 20% of 30, recorded
+    assert len(saved["loss"]["curve"]) == sum(1 for row in held_out["per_epoch"][1:]) * (24 // 4)  # 24 examples, batch 4
+    assert SentenceTransformer(str(folder), device="cpu").encode(["lava"]).shape == (1, 384)
+
+
+def test_reembed_swaps_the_dense_half_and_serves_what_torch_computes(synthetic, trained, tmp_path):
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from indexer.manifest import read_manifest
+    from indexer.store import open_index
+    from training.reembed import reembed_index
+
+    folder, record = trained
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+    before = read_manifest(index_dir)
+    report = reembed_index(index_dir, str(folder), device="cpu", progress=False)
+    after = read_manifest(index_dir)
+    assert after.embedder.model == str(folder) and after.embedder.model_checksum != before.embedder.model_checksum
+    assert after.embedder.training["recipe"] == "supervised"
+    assert after.embedder.training["held_out"]["after"] == record["held_out"]["after"]
+    assert report["from"]["model_checksum"] == before.embedder.model_checksum
+    for unchanged in ("docs.jsonl", "bm25/data.csc.index.npy"):
+        assert after.files[unchanged]["sha256"] == before.files[unchanged]["sha256"]
+
+    index = open_index(index_dir, query_precision="fp32")
+    texts = [index.doc_text(i) for i in range(index.num_docs)]
+    reference = SentenceTransformer(str(folder), device="cpu").encode(texts, normalize_embeddings=True)
+    assert np.min(np.sum(reference * index.embeddings, axis=1)) >= 0.999  # served documents = torch's vectors
+    queries = ["lava crater", "sourdough oven"]
+    served = index.query_embedder.encode(queries)
+    torch_queries = SentenceTransformer(str(folder), device="cpu").encode(queries, normalize_embeddings=True)
+    assert np.min(np.sum(served * torch_queries, axis=1)) >= 0.999
+    hits = index.pipeline().search("lava crater", k=3, spec={"mode": "dense"}).ranking
+    assert np.allclose(hits.scores, np.sort(index.embeddings @ served[0])[::-1][:3], atol=1e-5)
+    index.close()
+
+
+def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, trained, tmp_path):
+    import shutil
+
+    from indexer.live import Collection
+    from indexer.manifest import read_manifest
+    from indexer.store import open_index
+    from training.fusion import tune_index
+    from training.reembed import reembed_index
+    from training.splits import training_split
+
+    folder, _ = trained
+    root = tmp_path / "beir"
+    shutil.copytree(synthetic, root, ignore=lambda folder, names: ["model"] if folder == str(synthetic) else [])
+    index_dir = root / "index"
+    queries, qrels = training_split(root / "queries.jsonl", root / "qrels" / "train.tsv")
+    tune_index(index_dir, queries, qrels, root / "qrels" / "train.tsv", progress=False)
+    collection = Collection(open_index(index_dir, verify="size"))
+    collection.upsert([{"id": "new-1", "title": "lava tube", "text": "A cave of basalt left by flowing lava."}])
+    collection.delete(["volcano-0"])
+    seq = collection.seq
+    collection.close()
+
+    report = reembed_index(index_dir, str(folder), device="cpu", progress=False)
+    manifest = read_manifest(index_dir)
+    assert manifest.applied_sequence == seq and not (index_dir / "live" / "wal.log").exists()
+    assert report["fusion"]["decision"] in ("tuned", "kept the untuned default")
+    assert manifest.fusion_tuning.tuned_at >= read_manifest(synthetic / "index").created_at
+    index = open_index(index_dir)
+    assert "new-1" in index.doc_positions and "volcano-0" not in index.doc_positions
+    assert index.num_docs == 30
+    index.close()
+
+
+def test_reembed_asks_for_the_queries_of_a_tuned_fusion_it_cannot_find(synthetic, trained, tmp_path):
+    import shutil
+
+    from indexer.manifest import read_manifest, update_manifest
+    from search.errors import ConfigError
+    from training.reembed import reembed_index
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+
+    def fake_tuning(manifest):
+        from indexer.manifest import FusionTuning
+
+        manifest.fusion_tuning = FusionTuning("ndcg@10", 0.5, 3, str(tmp_path / "gone" / "qrels" / "train.tsv"), 100, {}, 60.0)
+
+    update_manifest(index_dir, fake_tuning)
+    with pytest.raises(ConfigError, match="--keep-fusion"):
+        reembed_index(index_dir, str(trained[0]), device="cpu", progress=False)
+    assert read_manifest(index_dir).embedder.model == read_manifest(synthetic / "index").embedder.model  # checked before any work
+
+
+def test_cli_refuses_test_qrels_and_reembeds_with_a_report(synthetic, trained, tmp_path):
+    import shutil
+
+    from tests.test_cli import hybrid
+
+    refused = hybrid("train-embedder", synthetic / "index", "--queries", synthetic / "queries.jsonl", "--qrels",
+                     synthetic / "qrels" / "test.tsv", "--out", tmp_path / "model")
+    assert refused.returncode == 2 and "test queries must never" in refused.stderr and not (tmp_path / "model").exists()
+    refused = hybrid("train-embedder", synthetic / "index", "--queries", synthetic / "queries.jsonl", "--qrels",
+                     synthetic / "qrels" / "train.tsv", "--out", tmp_path / "model", "--batch-size", 64, "--quiet")
+    assert refused.returncode == 2 and "fewer than one batch of 64" in refused.stderr and not (tmp_path / "model").exists()
+
+    shutil.copytree(synthetic / "index", tmp_path / "index")
+    result = hybrid("reembed", tmp_path / "index", "--model", trained[0], "--device", "cpu", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "re-embedded 30 documents" in result.stdout and '"recipe": "supervised"' in result.stdout

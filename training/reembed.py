@@ -1,0 +1,69 @@
+"""`hybrid reembed`: swap an index's dense half for another model (indexer.reembed), then redo what was fitted to
+the old model's scores, the way it was done: a hubness correction is refitted on the same bank (betas rescaled to
+the new scores, re-tuned when they were tuned, the default kept only if it still wins), and a tuned fusion is
+re-tuned on the same labelled split. Each lands in the manifest as a fresh fit would."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from indexer.hubness import DEFAULT_PSEUDO_SIZE
+from indexer.manifest import Manifest, read_manifest
+from indexer.reembed import reembed
+from search.errors import ConfigError
+from search.spec import HubnessSpec
+from training.fusion import tune_index
+from training.hubness import DefaultRefused, fit_from_bank
+from training.splits import training_split
+
+logger = logging.getLogger(__name__)
+
+
+def fusion_split(manifest: Manifest, queries: Path | None) -> tuple[Path, Path] | None:
+    """(queries, qrels) the fusion was tuned on, to tune it again; None when it was not tuned. The qrels path is
+    recorded; the queries are `queries`, or the BEIR layout's queries.jsonl beside qrels/."""
+    if manifest.fusion_tuning is None:
+        return None
+    qrels = Path(manifest.fusion_tuning.qrels)
+    queries = queries or qrels.parent.parent / "queries.jsonl"
+    if not qrels.is_file() or not queries.is_file():
+        raise ConfigError(f"the fusion was tuned on {qrels}; to re-tune it for the new model, both it and the queries must be "
+                          f"readable (looked for {queries}): pass --queries, or --keep-fusion to keep the old fusion")
+    return queries, qrels
+
+
+def refit_hubness(index_dir: Path, old: Manifest) -> dict:
+    """Fit the old correction's method on its bank again, for the new model's scores; returns what happened."""
+    fitted, default = old.hubness, old.defaults.hubness
+    bank = fitted.bank
+    source = "pseudo" if bank["kind"].startswith("pseudo") else bank["source"]
+    candidate = default if default.method != "none" else HubnessSpec("qbnorm")
+    kwargs = {"k": fitted.params.k, "split_qrels": bank.get("split"), "tune": fitted.tuning is not None,
+              "gallery_size": fitted.gallery["size"], "pseudo_size": bank.get("size", DEFAULT_PSEUDO_SIZE)}
+    try:
+        fit_from_bank(index_dir, source, candidate, set_default=default.method != "none", **kwargs)
+        return {"bank": bank["kind"], "default": default.method}
+    except DefaultRefused as refused:  # the correction no longer helps this model: fitted, but not the default
+        fit_from_bank(index_dir, source, candidate, **kwargs)
+        return {"bank": bank["kind"], "default": "none", "was": default.method, "why": str(refused)}
+
+
+def reembed_index(index_dir: Path | str, model: str, precision: str | None = None, device: str = "auto",
+                  queries: Path | None = None, keep_fusion: bool = False, progress: bool = True) -> dict:
+    """Re-embed, refit and re-tune; returns a report of each step."""
+    index_dir = Path(index_dir)
+    old = read_manifest(index_dir)
+    split = None if keep_fusion else fusion_split(old, queries)  # checked before minutes of embedding
+    manifest = reembed(index_dir, model, precision, device, progress=progress)
+    report = {"documents": manifest.documents, "model": model, "from": manifest.build["reembedded_from"],
+              "training": manifest.embedder.training}
+    if old.hubness is not None:
+        report["hubness"] = refit_hubness(index_dir, old)
+    if split is not None:
+        split_queries, qrels = training_split(*split)
+        _, evidence = tune_index(index_dir, split_queries, qrels, split[1], old.fusion_tuning.metric, progress=progress)
+        report["fusion"] = evidence
+    elif old.fusion_tuning is not None:
+        report["fusion"] = "kept as tuned for the previous model (--keep-fusion)"
+    return report
