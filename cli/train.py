@@ -10,22 +10,32 @@ from indexer.manifest import read_manifest
 from indexer.store import open_index
 from search.fusion import fusion_to_string
 from models.cross_encoder import weight_evidence
-from training.embedder import EmbedderOptions, train_embedder
-from training.fusion import format_table, tune_index
+from training.embedder import EmbedderOptions, adapt_embedder, train_embedder
+from training.pseudo import RECIPES
+from search.errors import ConfigError
+from training.fusion import format_table, pseudo_split, tune_index
 from training.metrics import MEASURES, format_evidence
 from training.reranker import TrainOptions, train_reranker
 from training.splits import training_split
 
 
-def _add_split(p) -> None:
-    p.add_argument("--queries", type=Path, required=True, help="queries.jsonl (only the queries judged in --qrels are read)")
-    p.add_argument("--qrels", type=Path, required=True, help="qrels TSV of a training or dev split (never test)")
+def _add_split(p, required: bool = True) -> None:
+    p.add_argument("--queries", type=Path, required=required, help="queries.jsonl (only the queries judged in --qrels are read)")
+    p.add_argument("--qrels", type=Path, required=required, help="qrels TSV of a training or dev split (never test)")
+
+
+def _add_pseudo(p) -> None:
+    p.add_argument("--max-queries", type=int, default=2000, help="pseudo-queries kept after the filter")
+    p.add_argument("--filter-depth", type=int, default=10, help="a pseudo-query is kept only if its document is in the hybrid top-N")
 
 
 def register(commands) -> None:
-    p = commands.add_parser("tune", help="choose the fusion (alpha, normalisation, rrf_k) on labelled training queries")
+    p = commands.add_parser("tune", help="choose the fusion (alpha, normalisation, rrf_k) on labelled training queries, or pseudo-queries")
     p.add_argument("index", type=Path)
-    _add_split(p)
+    _add_split(p, required=False)
+    p.add_argument("--pseudo", choices=RECIPES, help="no labels: tune on pseudo-queries of this recipe cut from the index's documents "
+                   "(see `hybrid adapt`) instead of --queries/--qrels")
+    _add_pseudo(p)
     p.add_argument("--metric", choices=MEASURES, default="ndcg@10")
     p.add_argument("--out", type=Path, help="where the table and plot go (default INDEX/tuning)")
     p.add_argument("--dry-run", action="store_true", help="report only; leave the manifest unchanged")
@@ -60,6 +70,15 @@ def register(commands) -> None:
     add_embedder_training_flags(p)
     p.set_defaults(run=run_train_embedder)
 
+    p = commands.add_parser("adapt", help="fine-tune the index's dense encoder without labels, on pseudo-queries cut from its own documents")
+    p.add_argument("index", type=Path, help="index whose documents give the pseudo-queries and whose encoder is tuned")
+    p.add_argument("--out", type=Path, required=True, help="model folder to write (sentence-transformers + training.json)")
+    p.add_argument("--recipe", choices=RECIPES, default="ict",
+                   help="title: titles as queries; ict: a sentence of the body as the query (inverse cloze task); both")
+    _add_pseudo(p)
+    add_embedder_training_flags(p)
+    p.set_defaults(run=run_adapt)
+
 
 def add_embedder_training_flags(p) -> None:
     g = p.add_argument_group("embedder training")
@@ -92,13 +111,19 @@ def _report_embedder(record: dict, out: Path) -> None:
 
 
 def run_tune(args) -> None:
-    queries, qrels = training_split(args.queries, args.qrels)
+    if (args.pseudo is None) == (args.queries is None or args.qrels is None) or (args.pseudo and (args.queries or args.qrels)):
+        raise ConfigError("give either --queries and --qrels (a labelled split) or --pseudo RECIPE (no labels)")
+    if args.pseudo:
+        queries, qrels, split = pseudo_split(args.index, args.pseudo, args.max_queries, args.filter_depth, args.query_precision,
+                                             progress=not args.quiet)
+    else:
+        (queries, qrels), split = training_split(args.queries, args.qrels), args.qrels
     out = args.out or args.index / "tuning"
-    result, evidence = tune_index(args.index, queries, qrels, args.qrels, args.metric, out, write=not args.dry_run,
+    result, evidence = tune_index(args.index, queries, qrels, split, args.metric, out, write=not args.dry_run,
                                   progress=not args.quiet, query_precision=args.query_precision)
     print(format_table(result))
     print(f"best: {fusion_to_string(result.best_fusion())} ({args.metric} {result.best()[args.metric]:.4f} on {len(queries)} "
-          f"queries of {args.qrels.name}, in-sample); table and plot in {out}")
+          f"queries of {Path(split).name}, in-sample); table and plot in {out}")
     print(format_evidence(evidence))
     if not args.dry_run:
         print(f"recorded in {args.index / 'manifest.json'}; the index's default fusion is now "
@@ -124,3 +149,10 @@ def run_train_embedder(args) -> None:
     queries, qrels = training_split(args.queries, args.qrels)
     index = open_index(args.index, verify="size", device=args.device)
     _report_embedder(train_embedder(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet), args.out)
+
+
+def run_adapt(args) -> None:
+    options = embedder_options(args)
+    index = open_index(args.index, verify="size", device=args.device)
+    record = adapt_embedder(index, args.out, options, args.recipe, args.max_queries, args.filter_depth, progress=not args.quiet)
+    _report_embedder(record, args.out)

@@ -218,3 +218,62 @@ def test_cli_refuses_test_qrels_and_reembeds_with_a_report(synthetic, trained, t
     result = hybrid("reembed", tmp_path / "index", "--model", trained[0], "--device", "cpu", "--quiet")
     assert result.returncode == 0, result.stderr
     assert "re-embedded 30 documents" in result.stdout and '"recipe": "supervised"' in result.stdout
+
+
+def test_sentences_keep_query_sized_sentences_only():
+    from training.pseudo import sentences
+
+    text = "Short one. This sentence has exactly six words. Another valid sentence of five words! 3 words here."
+    assert sentences(text) == ["This sentence has exactly six words.", "Another valid sentence of five words!"]
+
+
+def test_pseudo_queries_are_kept_only_where_the_hybrid_finds_their_document(synthetic):
+    from indexer.store import open_index
+    from search.errors import ConfigError
+    from training.pseudo import generate
+
+    index = open_index(synthetic / "index", verify="size")
+    pseudo = generate(index, "both", max_queries=100, filter_depth=3, seed=1, progress=False)
+    assert set(pseudo.stats["kept"]) == {"title", "ict"} and pseudo.stats["documents_seen"] == 30
+    assert sum(pseudo.stats["kept"].values()) == len(pseudo.queries) <= sum(pseudo.stats["generated"].values())
+    pipeline = index.pipeline()
+    for qid, text in pseudo.queries.items():
+        (doc_id,) = pseudo.qrels[qid]
+        assert qid.endswith(doc_id) and index.doc_positions[doc_id] in pipeline.search(text, k=3).ranking.doc_idx.tolist()
+    assert generate(index, "both", max_queries=100, filter_depth=3, seed=1, progress=False).queries == pseudo.queries  # seeded
+    assert len(generate(index, "ict", max_queries=4, filter_depth=3, progress=False).queries) == 4
+    with pytest.raises(ConfigError, match="valid: title, ict, both"):
+        generate(index, "bogus", 10, 3)
+    index.close()
+
+
+def test_adapt_trains_on_pseudo_queries_and_records_them(synthetic, tmp_path):
+    from indexer.store import open_index
+    from training.embedder import EmbedderOptions, adapt_embedder
+
+    index = open_index(synthetic / "index", verify="size")
+    options = EmbedderOptions(epochs=1, batch_size=4, mine_depth=5, eval_depth=10, device="cpu")
+    record = adapt_embedder(index, tmp_path / "adapted", options, recipe="ict", max_queries=20, filter_depth=5, progress=False)
+    index.close()
+    assert record["data"]["recipe"] == "pseudo:ict" and record["data"]["pseudo"]["kept"]["ict"] == 20
+    assert record["data"]["held_out_queries"] == 4 and record["data"]["examples_per_epoch"] == 16
+    assert json.loads((tmp_path / "adapted" / "training.json").read_text())["held_out"] == record["held_out"]
+
+
+def test_tune_on_pseudo_queries_records_how_to_make_them_again(synthetic, tmp_path):
+    import shutil
+
+    from indexer.manifest import read_manifest
+    from tests.test_cli import hybrid
+    from training.pseudo import parse_source
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+    both = hybrid("tune", index_dir, "--pseudo", "title", "--queries", synthetic / "queries.jsonl", "--qrels", synthetic / "qrels" / "train.tsv")
+    assert both.returncode == 2 and "either --queries and --qrels" in both.stderr
+    result = hybrid("tune", index_dir, "--pseudo", "both", "--max-queries", 12, "--filter-depth", 3, "--quiet")
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(index_dir)
+    assert manifest.fusion_tuning.qrels == "pseudo:both:12:3" and manifest.fusion_tuning.queries == 12
+    assert parse_source(manifest.fusion_tuning.qrels) == ("both", 12, 3) and parse_source("qrels/train.tsv") is None
+    assert manifest.evidence["fusion"]["split"] == "pseudo:both:12:3"

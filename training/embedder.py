@@ -39,6 +39,7 @@ from search.devices import check_device
 from search.errors import ConfigError
 from training.metrics import per_query_scores
 from training.reranker import MinedQuery, mine
+from training.pseudo import generate
 from training.splits import split_dev
 
 logger = logging.getLogger(__name__)
@@ -230,3 +231,13 @@ def train_embedder(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     return fine_tune(index, queries, qrels, train_ids, dev_ids, out, options, {"recipe": "supervised", "split": split}, progress)
 
+
+
+def adapt_embedder(index: OpenIndex, out: Path | str, options: EmbedderOptions = EmbedderOptions(), recipe: str = "ict",
+                   max_queries: int = 2000, filter_depth: int = 10, progress: bool = True) -> dict:
+    """`hybrid adapt`: fine-tune on filtered pseudo-queries (training.pseudo), no labels anywhere; a slice of the
+    pseudo-queries is held out for the epoch selection."""
+    pseudo = generate(index, recipe, max_queries, filter_depth, options.seed, progress)
+    train_ids, dev_ids = split_dev(pseudo.queries, pseudo.qrels, options.dev_fraction, options.seed)
+    return fine_tune(index, pseudo.queries, pseudo.qrels, train_ids, dev_ids, out, options,
+                     {"recipe": f"pseudo:{recipe}", "split": "pseudo-queries", "pseudo": pseudo.stats}, progress)

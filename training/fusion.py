@@ -26,6 +26,7 @@ from search.normalize import NORMALIZERS
 from search.pipeline import SearchPipeline
 from search.spec import SearchSpec
 from training.metrics import chosen_out_of_sample, evaluate, per_query_scores
+from training.pseudo import generate, source_name
 from training.splits import refuse_test_split
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def format_table(result: TuningResult) -> str:
     return "\n".join([f"{'configuration (in-sample)':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
 
 
-def evidence(result: TuningResult, qrels_path: Path, untuned: Fusion = SearchSpec().fusion) -> dict:
+def evidence(result: TuningResult, qrels_path: Path | str, untuned: Fusion = SearchSpec().fusion) -> dict:
     """Before/after on held-out queries: the untuned default vs tuning cross-validated, and the decision
     (a tie keeps the untuned default)."""
     before, after = result.value_of(untuned), result.cross_validated()
@@ -130,7 +131,18 @@ def evidence(result: TuningResult, qrels_path: Path, untuned: Fusion = SearchSpe
             "decision": "tuned" if after > before else "kept untuned"}
 
 
-def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path, metric: str = "ndcg@10",
+def pseudo_split(index_dir: Path, recipe: str, max_queries: int, filter_depth: int, query_precision: str = "auto",
+                 progress: bool = True) -> tuple[dict[str, str], dict[str, dict[str, int]], str]:
+    """Pseudo-queries of the index's documents (training.pseudo) as a split to tune on, and its recorded name."""
+    index = open_index(index_dir, verify="size", query_precision=query_precision)
+    try:
+        pseudo = generate(index, recipe, max_queries, filter_depth, progress=progress)
+    finally:
+        index.close()
+    return pseudo.queries, pseudo.qrels, source_name(recipe, max_queries, filter_depth)
+
+
+def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path | str, metric: str = "ndcg@10",
                out: Path | None = None, write: bool = True, progress: bool = True,
                query_precision: str = "auto") -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the

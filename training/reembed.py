@@ -6,6 +6,7 @@ re-tuned on the same labelled split. Each lands in the manifest as a fresh fit w
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from indexer.hubness import DEFAULT_PSEUDO_SIZE
@@ -13,24 +14,30 @@ from indexer.manifest import Manifest, read_manifest
 from indexer.reembed import reembed
 from search.errors import ConfigError
 from search.spec import HubnessSpec
-from training.fusion import tune_index
+from training.fusion import pseudo_split, tune_index
 from training.hubness import DefaultRefused, fit_from_bank
+from training.pseudo import parse_source
 from training.splits import training_split
 
 logger = logging.getLogger(__name__)
 
 
-def fusion_split(manifest: Manifest, queries: Path | None) -> tuple[Path, Path] | None:
-    """(queries, qrels) the fusion was tuned on, to tune it again; None when it was not tuned. The qrels path is
-    recorded; the queries are `queries`, or the BEIR layout's queries.jsonl beside qrels/."""
+def fusion_split(manifest: Manifest, queries: Path | None) -> Callable[[Path], tuple[dict, dict, Path | str]] | None:
+    """How to make again the split the fusion was tuned on, for an index folder: (queries, qrels, split name); None when
+    it was not tuned. Pseudo-queries are cut again from the index (training.pseudo); a labelled split is read from its
+    recorded qrels and `queries`, or the BEIR layout's queries.jsonl beside qrels/."""
     if manifest.fusion_tuning is None:
         return None
-    qrels = Path(manifest.fusion_tuning.qrels)
+    source = manifest.fusion_tuning.qrels
+    pseudo = parse_source(source)
+    if pseudo is not None:
+        return lambda index_dir: pseudo_split(index_dir, *pseudo, progress=False)
+    qrels = Path(source)
     queries = queries or qrels.parent.parent / "queries.jsonl"
     if not qrels.is_file() or not queries.is_file():
         raise ConfigError(f"the fusion was tuned on {qrels}; to re-tune it for the new model, both it and the queries must be "
                           f"readable (looked for {queries}): pass --queries, or --keep-fusion to keep the old fusion")
-    return queries, qrels
+    return lambda index_dir: (*training_split(queries, qrels), qrels)
 
 
 def refit_hubness(index_dir: Path, old: Manifest) -> dict:
@@ -61,8 +68,7 @@ def reembed_index(index_dir: Path | str, model: str, precision: str | None = Non
     if old.hubness is not None:
         report["hubness"] = refit_hubness(index_dir, old)
     if split is not None:
-        split_queries, qrels = training_split(*split)
-        _, evidence = tune_index(index_dir, split_queries, qrels, split[1], old.fusion_tuning.metric, progress=progress)
+        _, evidence = tune_index(index_dir, *split(index_dir), old.fusion_tuning.metric, progress=progress)
         report["fusion"] = evidence
     elif old.fusion_tuning is not None:
         report["fusion"] = "kept as tuned for the previous model (--keep-fusion)"
