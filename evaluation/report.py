@@ -104,4 +104,16 @@ def console_table(report: dict) -> str:
     for name, metrics in report["pipelines"].items():
         lines.append(f"{name:<{name_width}}" + "".join(f"{metrics[c]:>{w}.4f}" if isinstance(metrics[c], float) else f"{metrics[c]:>{w}}"
                                                        for c, w in zip(columns, widths)))
-    return "\n".join(lines + first_stage_table(report["pipelines"]))
+    return "\n".join(lines + first_stage_table(report["pipelines"]) + baseline_index_table(report.get("baseline_index")))
+
+
+def baseline_index_table(comparison: dict | None, metric: str = "ndcg@10") -> list[str]:
+    """Lines comparing each pipeline with the same pipeline on a baseline index (`hybrid eval --baseline-index`)."""
+    if not comparison:
+        return []
+    lines = [f"against {comparison['index']} ({comparison['model']}), {metric}, paired randomisation test:"]
+    for name, row in comparison["pipelines"].items():
+        lines.append(f"  {name:<22}{row['baseline'][metric]:.4f} -> {row['baseline'][metric] + row[f'{metric}_delta']:.4f} "
+                     f"({row[f'{metric}_delta']:+.4f}, p = {row['p_value']:.4f}; {row['wins']}/{row['ties']}/{row['losses']} "
+                     "wins/ties/losses)")
+    return lines

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from evaluation.report import (
+    baseline_index_table,
     compare_to_baseline,
     first_stage_table,
     markdown_table,
@@ -52,6 +53,7 @@ class EvalConfig:
     rerank_depth: int = DEFAULT_RERANK_DEPTH
     filter: dict | None = None  # every pipeline searches only the documents it admits (search.filters)
     query_precision: str = "auto"  # as the service's HYBRID_QUERY_PRECISION (models.onnx_export.resolve_query_precision)
+    baseline_index: Path | None = None  # every first-stage pipeline also runs there and is compared (e.g. before `hybrid reembed`)
 
 
 def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool,
@@ -141,21 +143,15 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
     per_query = {}
     pipelines = _Pipelines(config, index)
     for name in dict.fromkeys(names):
-        pipeline = parse_pipeline(name)
-        if config.filter is not None:
-            pipeline = replace(pipeline, spec={**pipeline.spec, "filter": config.filter})
-        search = pipelines.get(pipeline)
-        spec = search.resolve(pipeline.spec)
-        report["specs"][name] = spec.to_dict()
-        key = _cache_key(index.manifest, spec.to_dict(), queries, config.k, pipelines.identity(pipeline), index.query_precision)
-        run, rankings = _cached_run(cache, key, lambda: run_queries(search, index.doc_ids, queries, pipeline.spec, config.k,
-                                                                    config.progress, name))
-        per_query[name] = per_query_scores(run, qrels)
+        spec, run, rankings, per_query[name] = _score(pipelines, name, config, queries, qrels, cache)
+        report["specs"][name] = spec
         report["pipelines"][name] = {m: round(sum(v.values()) / len(qrels), 4) for m, v in per_query[name].items()}
         report["pipelines"][name]["n10_skewness"] = hubness_stats(k_occurrence(rankings, index.num_docs, 10))["skewness"]
         if out:
             write_trec_run(run, out / "runs" / f"{name.replace(':', '_').replace('+', '_').replace('@', '_')}.trec", name)
     index.close()
+    if config.baseline_index:
+        report["baseline_index"] = _against_baseline_index(config, names, queries, qrels, cache, per_query)
     baseline = "bm25" if "bm25" in per_query else next(iter(per_query))
     comparison = compare_to_baseline(per_query, baseline)
     for spec, c in comparison.items():
@@ -167,9 +163,43 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
         (out / "report.json").write_text(json.dumps(report, indent=2))
         metrics_only = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
         (out / "report.md").write_text(markdown_table(metrics_only, comparison, baseline)
-                                       + "".join(line + "\n" for line in first_stage_table(report["pipelines"])))
+                                       + "".join(line + "\n" for line in first_stage_table(report["pipelines"])
+                                                 + baseline_index_table(report.get("baseline_index"))))
         plot_charts(report, comparison, out, baseline)
     return report
+
+
+def _score(pipelines: _Pipelines, name: str, config: EvalConfig, queries: dict, qrels: dict, cache: Path | None):
+    """One pipeline's resolved spec, run (cached), rankings and per-query metrics on `pipelines.index`."""
+    index = pipelines.index
+    pipeline = parse_pipeline(name)
+    if config.filter is not None:
+        pipeline = replace(pipeline, spec={**pipeline.spec, "filter": config.filter})
+    search = pipelines.get(pipeline)
+    spec = search.resolve(pipeline.spec).to_dict()
+    key = _cache_key(index.manifest, spec, queries, config.k, pipelines.identity(pipeline), index.query_precision)
+    run, rankings = _cached_run(cache, key, lambda: run_queries(search, index.doc_ids, queries, pipeline.spec, config.k,
+                                                                config.progress, name))
+    return spec, run, rankings, per_query_scores(run, qrels)
+
+
+def _against_baseline_index(config: EvalConfig, names: list[str], queries: dict, qrels: dict, cache: Path | None,
+                            per_query: dict, metric: str = "ndcg@10") -> dict:
+    """Each first-stage pipeline run on `config.baseline_index` too (its own defaults: its tuned fusion), and the
+    paired randomisation test of this index's row against that one."""
+    index = open_index(config.baseline_index, verify="size", query_precision=config.query_precision)
+    pipelines = _Pipelines(replace(config, reranker=None), index)
+    rows = {}
+    for name in (n for n in names if not parse_pipeline(n).reranks):
+        *_, base = _score(pipelines, name, config, queries, qrels, cache)
+        c = compare_to_baseline({"base": base, name: per_query[name]}, "base", metric)[name]
+        before, after = (float(np.mean(list(scores[metric].values()))) for scores in (base, per_query[name]))
+        rows[name] = {"baseline": {m: round(sum(v.values()) / len(qrels), 4) for m, v in base.items()},
+                      f"{metric}_delta": round(after - before, 4), "p_value": round(c["p_value"], 4),
+                      **{k: c[k] for k in ("wins", "ties", "losses")}}
+    model = index.manifest.embedder
+    index.close()
+    return {"index": str(config.baseline_index), "model": model.model, "model_checksum": model.model_checksum, "pipelines": rows}
 
 
 def first_stage_comparisons(per_query: dict[str, dict[str, dict[str, float]]], metric: str = "ndcg@10") -> dict[str, dict]:

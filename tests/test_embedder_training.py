@@ -277,3 +277,22 @@ def test_tune_on_pseudo_queries_records_how_to_make_them_again(synthetic, tmp_pa
     assert manifest.fusion_tuning.qrels == "pseudo:both:12:3" and manifest.fusion_tuning.queries == 12
     assert parse_source(manifest.fusion_tuning.qrels) == ("both", 12, 3) and parse_source("qrels/train.tsv") is None
     assert manifest.evidence["fusion"]["split"] == "pseudo:both:12:3"
+
+
+def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained, tmp_path):
+    import shutil
+
+    from evaluation.suite import EvalConfig, evaluate_dataset
+    from training.reembed import reembed_index
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+    reembed_index(index_dir, str(trained[0]), device="cpu", progress=False)
+    config = EvalConfig(pipelines=("bm25", "dense"), tune=False, progress=False, baseline_index=synthetic / "index")
+    report = evaluate_dataset(synthetic, index_dir, config)
+    base = evaluate_dataset(synthetic, synthetic / "index", EvalConfig(pipelines=("bm25", "dense"), tune=False, progress=False))
+    rows = report["baseline_index"]["pipelines"]
+    assert rows["bm25"]["ndcg@10_delta"] == 0 and rows["bm25"]["ties"] == 30 and rows["bm25"]["p_value"] == 1.0  # BM25 is untouched
+    assert rows["dense"]["baseline"]["ndcg@10"] == base["pipelines"]["dense"]["ndcg@10"]
+    assert rows["dense"]["ndcg@10_delta"] == pytest.approx(report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4)
+    assert rows["dense"]["wins"] + rows["dense"]["ties"] + rows["dense"]["losses"] == 30
