@@ -9,6 +9,7 @@ from cli.args import add_device, add_filter, add_query_precision, default
 from cli.index import add_build_flags, build_options
 from evaluation import gpu_bench
 from evaluation.bench_suite import BenchOptions, run_bench
+from evaluation.benchmarks_md import write_section
 from evaluation.report import console_table
 from evaluation.suite import EvalConfig, evaluate_datasets, summary_table
 
@@ -27,7 +28,7 @@ def register(commands) -> None:
     p.add_argument("--reranker", help="cross-encoder for `+rerank` pipelines (e.g. a `hybrid train-reranker` folder)")
     p.add_argument("--rerank-depth", type=int, default=default(EvalConfig, "rerank_depth"), help="first-stage hits the reranker reorders")
     p.add_argument("--all-fusions", action="store_true", help="also every fusion the tuning record names (rrf 60, tuned rrf, each norm at its tuned alpha)")
-    p.add_argument("--baseline-index", type=Path, help="also run each first-stage pipeline on this index (e.g. the same corpus "
+    p.add_argument("--baseline-index", type=Path, help="also run each pipeline on this index (e.g. the same corpus "
                    "with the base model) and compare it with a paired randomisation test")
     add_filter(p)
     add_query_precision(p)
@@ -68,7 +69,7 @@ def run_eval(args) -> None:
 def run_bench_command(args) -> None:
     if args.gpu:
         report = gpu_bench.run(args.index, args.data, args.split, args.reranker, args.faiss_vectors or 1_000_000)
-        gpu_bench.write_section(args.markdown_file, gpu_bench.markdown(report))
+        write_section(args.markdown_file, gpu_bench.markdown(report))
         print(json.dumps(report, indent=2))
         if args.out:
             args.out.write_text(json.dumps(report, indent=2))

@@ -6,7 +6,6 @@ synthetic vectors on GPU vs CPU, and reranking the hybrid top 50 (with --reranke
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 from pathlib import Path
@@ -85,20 +84,3 @@ def markdown(report: dict) -> str:
         lines += ["", f"Reranking the hybrid top {rerank['depth']} on the GPU ({rerank['queries']} queries): " + ", ".join(
             f"{name} p50 {rerank[name]['p50_ms']:.0f} ms" for name in ("torch", "onnx_fp32", "onnx_int8")) + "."]
     return "\n".join(lines) + "\n"
-
-
-def write_section(document: Path, section: str) -> None:
-    """Put `section` in place of the document's GPU section, or before its "## Reproduce" section (else at the end)."""
-    text = document.read_text() if document.exists() else ""
-    body = section.rstrip("\n") + "\n\n"
-    pattern = re.compile(re.escape(SECTION) + r".*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: body, text, count=1)
-    elif "\n## Reproduce" in text:
-        head, _, tail = text.partition("\n## Reproduce")
-        text = f"{head}\n{body}## Reproduce{tail}"
-    else:
-        text = f"{text.rstrip()}\n\n{body}" if text else body
-    tmp = document.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(document)

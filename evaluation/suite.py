@@ -53,7 +53,7 @@ class EvalConfig:
     rerank_depth: int = DEFAULT_RERANK_DEPTH
     filter: dict | None = None  # every pipeline searches only the documents it admits (search.filters)
     query_precision: str = "auto"  # as the service's HYBRID_QUERY_PRECISION (models.onnx_export.resolve_query_precision)
-    baseline_index: Path | None = None  # every first-stage pipeline also runs there and is compared (e.g. before `hybrid reembed`)
+    baseline_index: Path | None = None  # every pipeline also runs there and is compared (e.g. before `hybrid reembed`)
 
 
 def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool,
@@ -185,12 +185,12 @@ def _score(pipelines: _Pipelines, name: str, config: EvalConfig, queries: dict, 
 
 def _against_baseline_index(config: EvalConfig, names: list[str], queries: dict, qrels: dict, cache: Path | None,
                             per_query: dict, metric: str = "ndcg@10") -> dict:
-    """Each first-stage pipeline run on `config.baseline_index` too (its own defaults: its tuned fusion), and the
+    """Each pipeline run on `config.baseline_index` too (its own defaults: its tuned fusion; the same reranker), and the
     paired randomisation test of this index's row against that one."""
     index = open_index(config.baseline_index, verify="size", query_precision=config.query_precision)
-    pipelines = _Pipelines(replace(config, reranker=None), index)
+    pipelines = _Pipelines(config, index)
     rows = {}
-    for name in (n for n in names if not parse_pipeline(n).reranks):
+    for name in names:
         *_, base = _score(pipelines, name, config, queries, qrels, cache)
         c = compare_to_baseline({"base": base, name: per_query[name]}, "base", metric)[name]
         before, after = (float(np.mean(list(scores[metric].values()))) for scores in (base, per_query[name]))

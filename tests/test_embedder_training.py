@@ -288,7 +288,7 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
     reembed_index(index_dir, str(trained[0]), device="cpu", progress=False)
-    config = EvalConfig(pipelines=("bm25", "dense"), tune=False, progress=False, baseline_index=synthetic / "index")
+    config = EvalConfig(pipelines=("bm25", "dense", "hybrid"), tune=False, progress=False, baseline_index=synthetic / "index")
     report = evaluate_dataset(synthetic, index_dir, config)
     base = evaluate_dataset(synthetic, synthetic / "index", EvalConfig(pipelines=("bm25", "dense"), tune=False, progress=False))
     rows = report["baseline_index"]["pipelines"]
@@ -296,3 +296,13 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     assert rows["dense"]["baseline"]["ndcg@10"] == base["pipelines"]["dense"]["ndcg@10"]
     assert rows["dense"]["ndcg@10_delta"] == pytest.approx(report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4)
     assert rows["dense"]["wins"] + rows["dense"]["ties"] + rows["dense"]["losses"] == 30
+
+    from evaluation.adapt_bench import SECTION, markdown
+
+    text = markdown([("supervised", trained[1], report)], [("titles", report)])
+    assert text.startswith(SECTION)
+    dense = rows["dense"]
+    after = dense["baseline"]["ndcg@10"] + dense["ndcg@10_delta"]
+    assert (f"| supervised | dense | {dense['baseline']['ndcg@10']:.4f} | {after:.4f} | {dense['ndcg@10_delta']:+.4f} | "
+            f"{dense['p_value']:.4f} |") in text
+    assert "| titles | rrf:60 |" in text and f"| supervised | supervised | 24 | 6 " in text

@@ -2,7 +2,8 @@
 
 import pytest
 
-from evaluation.gpu_bench import SECTION, check_gpu, markdown, write_section
+from evaluation.benchmarks_md import write_section
+from evaluation.gpu_bench import SECTION, check_gpu, markdown
 from evaluation.machine import describe_machine
 from search.dense import gpu_count
 from tests.test_cli import hybrid
