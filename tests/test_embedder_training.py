@@ -173,7 +173,9 @@ def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, t
     report = reembed_index(index_dir, str(folder), device="cpu", progress=False)
     manifest = read_manifest(index_dir)
     assert manifest.applied_sequence == seq and not (index_dir / "live" / "wal.log").exists()
-    assert report["fusion"]["decision"] in ("tuned", "kept the untuned default")
+    assert report["fusion"]["decision"] in ("tuned", "kept untuned")
+    # the model trained on this split: only the 6 queries it held out choose the fusion for it
+    assert report["fusion"]["queries"] == 6 and read_manifest(index_dir).fusion_tuning.queries == 6
     assert manifest.fusion_tuning.tuned_at >= read_manifest(synthetic / "index").created_at
     index = open_index(index_dir)
     assert "new-1" in index.doc_positions and "volcano-0" not in index.doc_positions

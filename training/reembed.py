@@ -12,6 +12,7 @@ from pathlib import Path
 from indexer.hubness import DEFAULT_PSEUDO_SIZE
 from indexer.manifest import Manifest, read_manifest
 from indexer.reembed import reembed
+from models.onnx_export import training_record
 from search.errors import ConfigError
 from search.spec import HubnessSpec
 from training.fusion import pseudo_split, tune_index
@@ -22,10 +23,12 @@ from training.splits import training_split
 logger = logging.getLogger(__name__)
 
 
-def fusion_split(manifest: Manifest, queries: Path | None) -> Callable[[Path], tuple[dict, dict, Path | str]] | None:
+def fusion_split(manifest: Manifest, queries: Path | None, model: str) -> Callable[[Path], tuple[dict, dict, Path | str]] | None:
     """How to make again the split the fusion was tuned on, for an index folder: (queries, qrels, split name); None when
     it was not tuned. Pseudo-queries are cut again from the index (training.pseudo); a labelled split is read from its
-    recorded qrels and `queries`, or the BEIR layout's queries.jsonl beside qrels/."""
+    recorded qrels and `queries`, or the BEIR layout's queries.jsonl beside qrels/. When `model` was trained on that
+    split (`hybrid train-embedder`), only the queries it held out are kept: on the others its dense scores are
+    in-sample, and a fusion tuned there would trust the dense leg more than new queries warrant."""
     if manifest.fusion_tuning is None:
         return None
     source = manifest.fusion_tuning.qrels
@@ -37,7 +40,18 @@ def fusion_split(manifest: Manifest, queries: Path | None) -> Callable[[Path], t
     if not qrels.is_file() or not queries.is_file():
         raise ConfigError(f"the fusion was tuned on {qrels}; to re-tune it for the new model, both it and the queries must be "
                           f"readable (looked for {queries}): pass --queries, or --keep-fusion to keep the old fusion")
-    return lambda index_dir: (*training_split(queries, qrels), qrels)
+    record = training_record(model) or {}
+    held_out = record.get("data", {}).get("held_out_ids") if record.get("data", {}).get("split") == qrels.stem else None
+
+    def read(index_dir: Path) -> tuple[dict, dict, Path]:
+        split_queries, split_qrels = training_split(queries, qrels)
+        if held_out is not None:
+            split_queries = {q: split_queries[q] for q in held_out if q in split_queries}
+            split_qrels = {q: split_qrels[q] for q in split_queries}
+            logger.info("re-tuning the fusion on the %d queries of %s that %s held out", len(split_queries), qrels, model)
+        return split_queries, split_qrels, qrels
+
+    return read
 
 
 def refit_hubness(index_dir: Path, old: Manifest) -> dict:
@@ -61,7 +75,7 @@ def reembed_index(index_dir: Path | str, model: str, precision: str | None = Non
     """Re-embed, refit and re-tune; returns a report of each step."""
     index_dir = Path(index_dir)
     old = read_manifest(index_dir)
-    split = None if keep_fusion else fusion_split(old, queries)  # checked before minutes of embedding
+    split = None if keep_fusion else fusion_split(old, queries, model)  # checked before minutes of embedding
     manifest = reembed(index_dir, model, precision, device, progress=progress)
     report = {"documents": manifest.documents, "model": model, "from": manifest.build["reembedded_from"],
               "training": manifest.embedder.training}
