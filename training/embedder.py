@@ -118,14 +118,15 @@ class HeldOut:
         self.pool = sorted(pool)
         self.texts = [index.doc_text(i) for i in self.pool]
         self.pool_ids = [index.doc_ids[i] for i in self.pool]
-        self.queries = queries
-        self.qrels = qrels
+        self.queries, self.qrels, self.progress = queries, qrels, progress
 
     def score(self, model, batch_size: int = 32) -> float:
         """Mean nDCG@10 of the held-out queries under `model` (sentence-transformers)."""
-        docs = model.encode(self.texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
+        docs = model.encode(self.texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                            show_progress_bar=self.progress)
         qids = list(self.queries)
-        vectors = model.encode([self.queries[q] for q in qids], batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
+        vectors = model.encode([self.queries[q] for q in qids], batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                               show_progress_bar=False)
         scores = vectors @ docs.T
         top = np.argsort(-scores, axis=1)[:, :100]
         run = {q: {self.pool_ids[j]: float(scores[i, j]) for j in top[i]} for i, q in enumerate(qids)}
