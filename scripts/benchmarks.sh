@@ -44,4 +44,30 @@ small="${SMALL_RERANKER:-models_out/scifact-reranker-l2}"
 .venv/bin/python -m evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "2 layers=$small" --out "$out/rerank.json" > /dev/null
 .venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
   "$out/filters.json" "$out/live.json" "$out/query.json" "$out/serving.json" "$out/rerank.json" > docs/BENCHMARKS.md
+# Encoder adaptation (models trained when missing or asked for): supervised on the train split, and label-free on
+# title / inverse-cloze pseudo-queries mined with an untuned index (no qrels anywhere); each model's index re-embedded
+# (`hybrid reembed`) and compared with its base; the fusion tuned on pseudo-queries against RRF. Spliced in last.
+queries=(--queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv")
+embedder="${EMBEDDER:-models_out/scifact-embedder}"
+[ -f "$embedder/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-embedder "$index" "${queries[@]}" --out "$embedder" --quiet
+rm -rf "$index-adapted" && cp -r "$index" "$index-adapted" && .venv/bin/hybrid reembed "$index-adapted" --model "$embedder" --quiet > /dev/null
+.venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --index "$index-adapted" --baseline-index "$index" --no-tune --quiet --reranker "$reranker" \
+  --pipelines bm25,dense,hybrid,rrf:60,hybrid+rerank --out "$out/adapt/supervised" > /dev/null
+.venv/bin/hybrid index "$BEIR_DATA/scifact" --out "$index-untuned" --skip-if-current --quiet
+adapted=()
+for recipe in title ict; do
+  model="models_out/scifact-adapt-$recipe"
+  [ -f "$model/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid adapt "$index-untuned" --out "$model" --recipe "$recipe" \
+    --max-queries 1000 --epochs 2 --eval-depth 20 --quiet
+  rm -rf "$index-$recipe" && cp -r "$index-untuned" "$index-$recipe" && .venv/bin/hybrid reembed "$index-$recipe" --model "$model" --quiet > /dev/null
+  .venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --index "$index-$recipe" --baseline-index "$index-untuned" --no-tune --quiet \
+    --pipelines bm25,dense,hybrid --out "$out/adapt/$recipe" > /dev/null
+  rm -rf "$index-pseudo-$recipe" && cp -r "$index-untuned" "$index-pseudo-$recipe"
+  .venv/bin/hybrid tune "$index-pseudo-$recipe" --pseudo "$recipe" --max-queries 1000 --quiet > /dev/null
+  .venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --index "$index-pseudo-$recipe" --baseline-index "$index-untuned" --no-tune --quiet \
+    --pipelines hybrid --out "$out/adapt/pseudo-$recipe" > /dev/null
+  adapted+=(--model "$recipe pseudo-queries=$model:$out/adapt/$recipe/scifact/report.json"
+            --pseudo-tuned "$recipe=$out/adapt/pseudo-$recipe/scifact/report.json")
+done
+.venv/bin/python -m evaluation.adapt_bench --model "supervised=$embedder:$out/adapt/supervised/scifact/report.json" "${adapted[@]}" > /dev/null
 echo "wrote docs/BENCHMARKS.md"
