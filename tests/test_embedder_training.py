@@ -308,3 +308,42 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     assert (f"| supervised | dense | {dense['baseline']['ndcg@10']:.4f} | {after:.4f} | {dense['ndcg@10_delta']:+.4f} | "
             f"{dense['p_value']:.4f} |") in text
     assert "| titles | rrf:60 |" in text and f"| supervised | supervised | 24 | 6 " in text
+
+
+def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp_path):
+    import shutil
+
+    from indexer.manifest import read_manifest
+    from search.spec import HubnessSpec
+    from training.hubness import fit_from_bank
+    from training.reembed import reembed_index
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+    fit_from_bank(index_dir, "pseudo", HubnessSpec("dbnorm"), set_default=True, force=True, gallery_size=10, pseudo_size=12)
+    before = read_manifest(index_dir)
+    report = reembed_index(index_dir, str(trained[0]), device="cpu", progress=False)
+    after = read_manifest(index_dir)
+    assert report["hubness"] == {"bank": before.hubness.bank["kind"], "default": "dbnorm"}
+    assert after.defaults.hubness == HubnessSpec("dbnorm") and after.evidence["hubness"]["decision"] == "forced"
+    assert after.hubness.bank == before.hubness.bank and after.hubness.gallery["size"] == 10
+    assert after.hubness.params.beta != before.hubness.params.beta  # rescaled to the new model's score spread
+    assert all(name.startswith(after.hubness.folder) or not name.startswith("hubness") for name in after.files)
+    assert (index_dir / after.hubness.folder).is_dir()
+
+
+def test_reembed_publishes_nothing_when_writes_arrive_meanwhile(synthetic, trained, tmp_path, monkeypatch):
+    import shutil
+
+    from indexer import reembed as module
+    from indexer.manifest import read_manifest
+    from search.errors import HybridError
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+    sizes = iter([0, 128])  # the log grew between the start and the publish
+    monkeypatch.setattr(module, "_size", lambda path: next(sizes))
+    with pytest.raises(HybridError, match="written while re-embedding; nothing changed"):
+        module.reembed(index_dir, str(trained[0]), device="cpu", progress=False)
+    assert read_manifest(index_dir).embedder.model_checksum == read_manifest(synthetic / "index").embedder.model_checksum
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]  # no temporary folder left behind

@@ -62,8 +62,9 @@ def refit_hubness(index_dir: Path, old: Manifest) -> dict:
     candidate = default if default.method != "none" else HubnessSpec("qbnorm")
     kwargs = {"k": fitted.params.k, "split_qrels": bank.get("split"), "tune": fitted.tuning is not None,
               "gallery_size": fitted.gallery["size"], "pseudo_size": bank.get("size", DEFAULT_PSEUDO_SIZE)}
+    forced = old.evidence.get("hubness", {}).get("decision") == "forced"  # a default set without a win stays one
     try:
-        fit_from_bank(index_dir, source, candidate, set_default=default.method != "none", **kwargs)
+        fit_from_bank(index_dir, source, candidate, set_default=default.method != "none", force=forced, **kwargs)
         return {"bank": bank["kind"], "default": default.method}
     except DefaultRefused as refused:  # the correction no longer helps this model: fitted, but not the default
         fit_from_bank(index_dir, source, candidate, **kwargs)
