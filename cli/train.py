@@ -58,6 +58,8 @@ def register(commands) -> None:
     p.add_argument("--lr", type=float, default=default(TrainOptions, "learning_rate"))
     p.add_argument("--dev-fraction", type=float, default=default(TrainOptions, "dev_fraction"),
                    help="judged queries held out to tune the interpolation weight with the fused score (0: plain reranking)")
+    p.add_argument("--teacher", help="a reranker (e.g. a 6-layer `hybrid train-reranker` folder) whose scores the model also learns "
+                   "to match over each group: distillation, for a small --layers model")
     p.add_argument("--seed", type=int, default=default(TrainOptions, "seed"))
     add_device(p, help="training (and mining) device")
     add_quiet(p)
@@ -133,7 +135,8 @@ def run_tune(args) -> None:
 def run_train_reranker(args) -> None:
     options = TrainOptions(base_model=args.base_model, layers=args.layers, max_length=args.max_length, negatives=args.negatives,
                            mine_depth=args.mine_depth, epochs=args.epochs, groups_per_step=args.groups_per_step,
-                           learning_rate=args.lr, dev_fraction=args.dev_fraction, seed=args.seed, device=args.device)
+                           learning_rate=args.lr, dev_fraction=args.dev_fraction, teacher=args.teacher, seed=args.seed,
+                           device=args.device)
     queries, qrels = training_split(args.queries, args.qrels)
     index = open_index(args.index, verify="size", device=args.device)
     record = train_reranker(index, queries, qrels, args.out, options, split=args.qrels.stem, progress=not args.quiet)

@@ -99,6 +99,14 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
     assert "rerank" in body["timings_ms"]
     assert body["spec"]["rerank"] == {"enabled": True, "depth": 50, "weight": record["interpolation"]["weight"]}
 
+    student = tmp_path / "student"
+    result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
+                    "--out", student, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu",
+                    "--layers", 1, "--teacher", out)
+    assert result.returncode == 0, result.stderr
+    distilled = json.loads((student / "training.json").read_text())
+    assert distilled["options"]["teacher"] == str(out) and distilled["loss"]["first_10pct"] > 0
+
 
 def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, capsys):
     from cli import main

@@ -322,3 +322,29 @@ def test_weight_evidence_reads_the_training_record(tmp_path):
     (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {"weight": 0.3, "dev": {
         "queries": 9, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.6, "interpolated": 0.76}}}}))  # an older record
     assert weight_evidence(tmp_path)["decision"] == "rerank by default at weight 0.3"
+
+
+def test_distillation_loss_is_the_kl_divergence_from_the_teachers_group_softmax():
+    import torch
+
+    from training.reranker import distillation_loss
+
+    student = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
+    teacher = torch.tensor([[1.0, 1.0, -2.0], [3.0, 0.0, 0.0]])
+
+    def softmax(x):
+        e = np.exp(x - x.max())
+        return e / e.sum()
+
+    expected = np.mean([sum(t * np.log(t / s)) for t, s in zip(map(softmax, teacher.numpy()), map(softmax, student.numpy()))])
+    assert float(distillation_loss(student, teacher)) == pytest.approx(expected, rel=1e-5)
+    assert float(distillation_loss(teacher, teacher)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_teacher_scores_follow_each_groups_order_positive_first():
+    from tests.conftest import LengthScorer
+    from training.reranker import Group, teacher_scores
+
+    texts = {0: "a", 1: "bbb", 2: "cc"}
+    scores = teacher_scores(LengthScorer(), [Group("q", 1, (0, 2)), Group("q", 0, (2, 1))], {"q": "query"}, texts.get, 3)
+    assert np.allclose(scores.numpy(), [[0.03, 0.01, 0.02], [0.01, 0.02, 0.03]])

@@ -8,7 +8,9 @@ hybrid top-`mine_depth` that the qrels do not mark relevant, sampled afresh ever
 listwise softmax cross-entropy over each group (the positive must outscore its own hard negatives),
 which suits small training sets better than pointwise BCE. The classifier head starts from scratch
 on top of the base model's encoder; the word embeddings are frozen (most of the parameters, little to
-gain from a few thousand pairs, and the optimiser step on them dominates CPU time).
+gain from a few thousand pairs, and the optimiser step on them dominates CPU time). With a `teacher` (a larger
+reranker, e.g. our 6-layer one for a `--layers 2` model), the loss adds the KL divergence from the teacher's
+softmax over each group to the model's: distillation on our own mined groups.
 
 Then the dev queries' hybrid top-`DEFAULT_RERANK_DEPTH` are scored by the exported model and the
 interpolation weight (search.rerank.interpolate) that maximises their nDCG@10 is recorded: a small
@@ -26,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from common.publish import publish_dir
@@ -58,6 +61,7 @@ class TrainOptions:
     weight_decay: float = 0.01
     freeze_embeddings: bool = True
     dev_fraction: float = 0.2  # judged queries held out to tune the interpolation weight (0: plain reranking)
+    teacher: str | None = None  # a reranker whose scores over each group the model also learns to match (distillation)
     seed: int = 13
     device: str = "auto"
 
@@ -144,6 +148,24 @@ def tune_interpolation(index: OpenIndex, model, queries: dict[str, str], qrels: 
                     "grid": {f"{w:g}": v for w, v in grid.items()}}}
 
 
+def teacher_scores(teacher, batch: list[Group], queries: dict[str, str], doc_text, group_size: int):
+    """The teacher's logits for each group's documents, as a (groups, group_size) tensor (positive first)."""
+    import torch
+
+    rows = [teacher.score(queries[g.query_id], [doc_text(d) for d in (g.positive, *g.negatives)]) for g in batch]
+    return torch.tensor(np.stack(rows), dtype=torch.float32).view(len(batch), group_size)
+
+
+def distillation_loss(student, teacher):
+    """KL divergence from the teacher's softmax over each group to the student's: the student learns how much the
+    teacher prefers each document, not only which one is relevant (a denser signal for a small model)."""
+    import torch
+
+    teacher = teacher.to(student.device)
+    return torch.nn.functional.kl_div(torch.log_softmax(student, -1), torch.log_softmax(teacher, -1), log_target=True,
+                                      reduction="batchmean")
+
+
 def _torch_device(device: str) -> str:
     import torch
 
@@ -219,6 +241,7 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
 
     group_size = 1 + options.negatives
+    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
     losses = []
     model.train()
     bar = tqdm(total=steps, desc="training", disable=not progress)
@@ -233,6 +256,8 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
             logits = model(**encoded).logits.view(len(batch), group_size)
             # the positive is column 0 of every group
             loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=device))
+            if teacher is not None:
+                loss = loss + distillation_loss(logits, teacher_scores(teacher, batch, queries, doc_text, group_size))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             optimizer.step()
