@@ -30,7 +30,8 @@ def synthetic_corpus(docs_per_topic: int = 5, seed: int = 0):
         for i in range(docs_per_topic):
             picked = rng.sample(vocabulary, 5)
             doc_id = f"{topic}-{i}"
-            corpus.append({"_id": doc_id, "title": f"{topic} note {i}", "text": f"The {topic} record mentions {', '.join(picked)}."})
+            text = f"The {topic} record mentions {', '.join(picked[:3])}. It also notes {picked[3]} and {picked[4]} at the {topic} site."
+            corpus.append({"_id": doc_id, "title": f"{topic} note {i}", "text": text})
             queries[f"q-{doc_id}"] = f"{picked[0]} and {picked[1]} {topic}"
             qrels[f"q-{doc_id}"] = {doc_id: 1}
     return corpus, queries, qrels
@@ -242,6 +243,9 @@ def test_pseudo_queries_are_kept_only_where_the_hybrid_finds_their_document(synt
     for qid, text in pseudo.queries.items():
         (doc_id,) = pseudo.qrels[qid]
         assert qid.endswith(doc_id) and index.doc_positions[doc_id] in pipeline.search(text, k=3).ranking.doc_idx.tolist()
+        doc = index.docs.get(index.doc_positions[doc_id])
+        passage = pseudo.passages[qid]  # the document without the query: titles for their body, a sentence for the rest
+        assert text not in passage and (passage == doc["text"] if "-title-" in qid else passage.startswith(doc["title"] + " "))
     assert generate(index, "both", max_queries=100, filter_depth=3, seed=1, progress=False).queries == pseudo.queries  # seeded
     assert len(generate(index, "ict", max_queries=4, filter_depth=3, progress=False).queries) == 4
     with pytest.raises(ConfigError, match="valid: title, ict, both"):
@@ -347,3 +351,13 @@ def test_reembed_publishes_nothing_when_writes_arrive_meanwhile(synthetic, train
         module.reembed(index_dir, str(trained[0]), device="cpu", progress=False)
     assert read_manifest(index_dir).embedder.model_checksum == read_manifest(synthetic / "index").embedder.model_checksum
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]  # no temporary folder left behind
+
+
+def test_examples_carry_the_cut_passage_of_a_pseudo_query():
+    from training.embedder import sample_examples
+    from training.reranker import MinedQuery
+
+    mined = [MinedQuery("p1", (3,), (5, 6)), MinedQuery("q2", (4,), (7,))]
+    examples = sample_examples(mined, {"p1": "a title", "q2": "real"}, 1, random.Random(0), {"p1": "body only"})
+    assert [(e.query, e.positive, e.positive_text) for e in examples] == [("a title", 3, "body only"), ("real", 4, None)]
+    assert examples[0].negatives[0] in (5, 6) and examples[1].negatives == (7,)

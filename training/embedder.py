@@ -80,11 +80,14 @@ class Example:
     query: str
     positive: int  # document index
     negatives: tuple[int, ...]
+    positive_text: str | None = None  # what the positive reads as (None: the indexed document; a pseudo-query's is cut out)
 
 
-def sample_examples(mined: list[MinedQuery], queries: dict[str, str], hard_negatives: int, rng: random.Random) -> list[Example]:
-    """One example per (query, relevant document), with fresh negatives from the query's pool (too small a pool: skipped)."""
-    return [Example(queries[m.query_id], positive, tuple(rng.sample(m.pool, hard_negatives)))
+def sample_examples(mined: list[MinedQuery], queries: dict[str, str], hard_negatives: int, rng: random.Random,
+                    passages: dict[str, str] | None = None) -> list[Example]:
+    """One example per (query, relevant document), with fresh negatives from the query's pool (too small a pool: skipped);
+    `passages` gives a query's positive text in place of its document's."""
+    return [Example(queries[m.query_id], positive, tuple(rng.sample(m.pool, hard_negatives)), (passages or {}).get(m.query_id))
             for m in mined if len(m.pool) >= hard_negatives for positive in m.positives]
 
 
@@ -109,14 +112,17 @@ def contrastive_loss(queries, documents, mask, scale: float):
 class HeldOut:
     """Held-out queries scored by dense retrieval over a fixed pool of documents (see the module docstring)."""
 
-    def __init__(self, index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], depth: int, progress: bool):
+    def __init__(self, index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], depth: int, progress: bool,
+                 passages: dict[str, str] | None = None):
         pipeline = index.pipeline()
         positions = index.doc_positions
         pool = {positions[d] for rels in qrels.values() for d in rels if d in positions}
         for text in tqdm(queries.values(), desc="held-out pool", disable=not progress):
             pool.update(pipeline.search(text, k=depth).ranking.doc_idx.tolist())
         self.pool = sorted(pool)
-        self.texts = [index.doc_text(i) for i in self.pool]
+        # a pseudo-query's document is scored as it was trained on: without the query's own words
+        cut = {positions[d]: passages[q] for q in queries if q in (passages or {}) for d in qrels[q] if d in positions}
+        self.texts = [cut.get(i) or index.doc_text(i) for i in self.pool]
         self.pool_ids = [index.doc_ids[i] for i in self.pool]
         self.queries, self.qrels, self.progress = queries, qrels, progress
 
@@ -135,9 +141,10 @@ class HeldOut:
 
 
 def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], train_ids: list[str], dev_ids: list[str],
-              out: Path | str, options: EmbedderOptions, data: dict, progress: bool = True) -> dict:
+              out: Path | str, options: EmbedderOptions, data: dict, progress: bool = True, passages: dict[str, str] | None = None) -> dict:
     """Train the index's encoder on `train_ids` (their qrels' relevant documents are the positives), select the epoch on
-    `dev_ids`, publish the model folder at `out` atomically and return the training record; `data` describes the data."""
+    `dev_ids`, publish the model folder at `out` atomically and return the training record; `data` describes the data.
+    `passages`: a query's positive text in place of its document's (pseudo-queries: the document without the query)."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import batch_to_device
@@ -150,13 +157,13 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
     base = index_model(index.path)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
     rng = random.Random(options.seed)
-    examples = sample_examples(mined, queries, options.hard_negatives, rng)
+    examples = sample_examples(mined, queries, options.hard_negatives, rng, passages)
     if len(examples) < options.batch_size:
         raise ConfigError(f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
                           "need more judged queries (or a smaller --batch-size)")
     positions = index.doc_positions
     relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
-    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress)
+    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
     prepared = time.perf_counter()
 
     torch.manual_seed(options.seed)
@@ -178,14 +185,15 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
         return torch.nn.functional.normalize(model(features)["sentence_embedding"], dim=-1)
 
     for epoch in range(1, options.epochs + 1):
-        order = examples if epoch == 1 else sample_examples(mined, queries, options.hard_negatives, rng)  # fresh negatives
+        order = examples if epoch == 1 else sample_examples(mined, queries, options.hard_negatives, rng, passages)  # fresh negatives
         rng.shuffle(order)
         model.train()
         for start in tqdm(range(0, steps_per_epoch * options.batch_size, options.batch_size), desc=f"epoch {epoch}", disable=not progress):
             batch = order[start : start + options.batch_size]
             columns = [e.positive for e in batch] + [d for e in batch for d in e.negatives]
             mask = relevant_mask(batch, columns, relevant).to(device)
-            loss = contrastive_loss(embed([e.query for e in batch]), embed([doc_text(d) for d in columns]), mask, options.scale)
+            texts = [e.positive_text or doc_text(e.positive) for e in batch] + [doc_text(d) for d in columns[len(batch):]]
+            loss = contrastive_loss(embed([e.query for e in batch]), embed(texts), mask, options.scale)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -241,4 +249,4 @@ def adapt_embedder(index: OpenIndex, out: Path | str, options: EmbedderOptions =
     pseudo = generate(index, recipe, max_queries, filter_depth, options.seed, progress)
     train_ids, dev_ids = split_dev(pseudo.queries, pseudo.qrels, options.dev_fraction, options.seed)
     return fine_tune(index, pseudo.queries, pseudo.qrels, train_ids, dev_ids, out, options,
-                     {"recipe": f"pseudo:{recipe}", "split": "pseudo-queries", "pseudo": pseudo.stats}, progress)
+                     {"recipe": f"pseudo:{recipe}", "split": "pseudo-queries", "pseudo": pseudo.stats}, progress, pseudo.passages)
