@@ -3,7 +3,7 @@ training.json (`hybrid train-embedder`, `hybrid adapt`) and the `hybrid eval --b
 re-embedded with it (`hybrid reembed`), plus reports of indexes whose fusion `hybrid tune --pseudo` chose.
 
     python -m evaluation.adapt_bench --model supervised=MODEL_DIR:REPORT_JSON [--model ...] \\
-        [--pseudo-tuned LABEL=REPORT_JSON ...] [--markdown-file docs/BENCHMARKS.md]
+        [--pseudo-tuned LABEL=REPORT_JSON ...] [--note TEXT ...] [--markdown-file docs/BENCHMARKS.md]
 
 scripts/benchmarks.sh runs the commands and then this.
 """
@@ -48,8 +48,9 @@ def _test_rows(label: str, report: dict) -> list[str]:
     return rows
 
 
-def markdown(models: list[tuple[str, dict, dict]], pseudo_tuned: list[tuple[str, dict]]) -> str:
-    """`models`: (label, training record, eval report with baseline_index); `pseudo_tuned`: (label, eval report)."""
+def markdown(models: list[tuple[str, dict, dict]], pseudo_tuned: list[tuple[str, dict]], notes: list[str] = ()) -> str:
+    """`models`: (label, training record, eval report with baseline_index); `pseudo_tuned`: (label, eval report);
+    `notes`: how this run was made, one paragraph each."""
     lines = [SECTION, "", "Training (held-out nDCG@10: dense retrieval of the held-out queries over their pooled hybrid top-N; "
              "epoch 0 is the base model):", "",
              "| model | recipe | examples per epoch | held-out queries | epochs run | held-out nDCG@10 by epoch | minutes | peak GiB | device |",
@@ -73,6 +74,8 @@ def markdown(models: list[tuple[str, dict, dict]], pseudo_tuned: list[tuple[str,
             fusion = fusion_to_string(fusion_from_dict(report["defaults"]["fusion"]))
             lines.append(f"| {label} | {fusion} | {before:.4f} | {before + row[f'{METRIC}_delta']:.4f} | {row[f'{METRIC}_delta']:+.4f} | "
                          f"{row['p_value']:.4f} | {row['wins']}/{row['ties']}/{row['losses']} |")
+    for note in notes:
+        lines += ["", note]
     return "\n".join(lines) + "\n"
 
 
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=_pair, action="append", default=[], help="LABEL=MODEL_DIR:REPORT_JSON")
     parser.add_argument("--pseudo-tuned", type=_pair, action="append", default=[], help="LABEL=REPORT_JSON")
+    parser.add_argument("--note", action="append", default=[], help="a paragraph on how this run was made (repeatable)")
     parser.add_argument("--markdown-file", type=Path, default=Path("docs/BENCHMARKS.md"))
     args = parser.parse_args(argv)
     models = []
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         folder, _, report = value.rpartition(":")
         models.append((label, json.loads((Path(folder) / "training.json").read_text()), json.loads(Path(report).read_text())))
     pseudo = [(label, json.loads(Path(report).read_text())) for label, report in args.pseudo_tuned]
-    section = markdown(models, pseudo)
+    section = markdown(models, pseudo, args.note)
     write_section(args.markdown_file, section)
     print(section)
 
