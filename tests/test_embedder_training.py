@@ -311,7 +311,7 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     after = dense["baseline"]["ndcg@10"] + dense["ndcg@10_delta"]
     assert (f"| supervised | dense | {dense['baseline']['ndcg@10']:.4f} | {after:.4f} | {dense['ndcg@10_delta']:+.4f} | "
             f"{dense['p_value']:.4f} |") in text
-    assert "| titles | rrf:60 |" in text and f"| supervised | supervised | 24 | 6 " in text
+    assert "| titles | rrf:60 |" in text and "| supervised | supervised | 24 | 6 " in text
 
 
 def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp_path):

@@ -77,15 +77,26 @@ def search(page, query: str = QUERY):
     page.wait_for_selector("#column-a .hit")
 
 
+def wait_until(page, expression: str, timeout_ms: int = 10_000) -> None:
+    """Poll `expression` with one synchronous evaluation at a time: the page's CSP forbids eval, which Playwright's
+    wait_for_function races against when it re-runs a string predicate (microsoft/playwright#36982)."""
+    waited = 0
+    while not page.evaluate(expression):
+        if waited >= timeout_ms:
+            raise AssertionError(f"still false after {timeout_ms} ms: {expression}")
+        page.wait_for_timeout(25)
+        waited += 25
+
+
 def test_the_page_paints_fast_and_is_served_with_a_strict_policy(page, server):
     response = page.goto("/ui")
     policy = response.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "unsafe-inline" not in policy
-    page.wait_for_function("performance.getEntriesByName('first-contentful-paint').length > 0")
+    wait_until(page, "performance.getEntriesByName('first-contentful-paint').length > 0")
     first_paint = page.evaluate("performance.getEntriesByName('first-contentful-paint')[0].startTime")
     print(f"first contentful paint: {first_paint:.0f} ms")
     assert first_paint < FIRST_PAINT_BUDGET_MS
-    page.wait_for_function("!document.getElementById('summary').textContent.startsWith('Loading')")
+    wait_until(page, "!document.getElementById('summary').textContent.startsWith('Loading')")
     assert "301 documents" in page.text_content("#summary")
 
 
@@ -146,7 +157,7 @@ def test_a_missing_key_opens_the_key_prompt_and_an_empty_query_sends_nothing(pag
     page.fill("#q", QUERY)
     page.click("button[type=submit]")
     page.wait_for_selector("#message:not([hidden])")
-    page.wait_for_function("document.getElementById('message').textContent.startsWith('401')")
+    wait_until(page, "document.getElementById('message').textContent.startsWith('401')")
     assert page.get_attribute("#key-box", "open") is not None
     assert page.evaluate("document.activeElement.id") == "api-key"
 
@@ -195,7 +206,7 @@ def test_an_invalid_request_names_the_field(page):
     page.fill("#filter", '{"no_such_field": 1}')
     page.fill("#q", QUERY)
     page.click("button[type=submit]")
-    page.wait_for_function("document.getElementById('message').textContent.startsWith('422')")
+    wait_until(page, "document.getElementById('message').textContent.startsWith('422')")
     assert "filter" in page.text_content("#message")
     page.fill("#filter", "{not json")
     page.click("button[type=submit]")
