@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from evaluation.benchmarks_md import write_section
+from evaluation.report import write_section
 from search.fusion import fusion_from_dict, fusion_to_string
 
 SECTION = "## Encoder adaptation (`hybrid train-embedder`, `hybrid adapt`, `hybrid reembed`)"

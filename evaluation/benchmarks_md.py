@@ -425,25 +425,6 @@ def _inference_sections(bench: dict) -> list[str]:
     return lines
 
 
-def write_section(document: Path, section: str) -> None:
-    """Put `section` (markdown starting with its "## " heading) in place of the document's section of that heading, or
-    before its "## Reproduce" section (else at the end): one benchmark's rows rewritten without re-running the rest."""
-    text = document.read_text() if document.exists() else ""
-    body = section.rstrip("\n") + "\n\n"
-    heading = section.split("\n", 1)[0]
-    pattern = re.compile("^" + re.escape(heading) + r"$.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: body, text, count=1)
-    elif "\n## Reproduce" in text:
-        head, _, tail = text.partition("\n## Reproduce")
-        text = f"{head}\n{body}## Reproduce{tail}"
-    else:
-        text = f"{text.rstrip()}\n\n{body}" if text else body
-    tmp = document.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(document)
-
-
 if __name__ == "__main__":
     index_dir, eval_json, bench_json = map(Path, sys.argv[1:4])
     memory, load, filters, live, query, serving, rerank = (json.loads(Path(arg).read_text()) if arg else None

@@ -162,3 +162,10 @@ def test_ingest_writes_the_log_that_search_and_the_service_read(tiny_index, tmp_
     assert "d2" not in [h["id"] for h in dogs["hits"]]
     nothing = hybrid("ingest", tmp_path / "index")
     assert nothing.returncode == 2 and "nothing to do" in nothing.stderr
+
+
+def test_the_cli_imports_without_the_dev_dependencies():
+    """The docker image installs no dev extras: `hybrid` must start without httpx, ranx or pytest."""
+    code = "import sys\nfor name in ('httpx', 'ranx', 'pytest', 'hypothesis'): sys.modules[name] = None\nimport cli"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

@@ -2,7 +2,7 @@
 
 import pytest
 
-from evaluation.benchmarks_md import write_section
+from evaluation.report import write_section
 from evaluation.gpu_bench import SECTION, check_gpu, markdown
 from evaluation.machine import describe_machine
 from search.dense import gpu_count
