@@ -9,8 +9,7 @@ from cli.args import add_device, add_filter, add_query_precision, default
 from cli.index import add_build_flags, build_options
 from evaluation import gpu_bench
 from evaluation.bench_suite import BenchOptions, run_bench
-from evaluation.report import write_section
-from evaluation.report import console_table
+from evaluation.report import console_table, write_section
 from evaluation.suite import EvalConfig, evaluate_datasets, summary_table
 
 

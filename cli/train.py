@@ -8,11 +8,11 @@ from pathlib import Path
 from cli.args import add_device, add_query_precision, add_quiet, default
 from indexer.manifest import read_manifest
 from indexer.store import open_index
+from search.errors import ConfigError
 from search.fusion import fusion_to_string
 from models.cross_encoder import weight_evidence
 from training.embedder import EmbedderOptions, adapt_embedder, train_embedder
 from training.pseudo import RECIPES
-from search.errors import ConfigError
 from training.fusion import format_table, pseudo_split, tune_index
 from training.metrics import MEASURES, format_evidence
 from training.reranker import TrainOptions, train_reranker

@@ -151,7 +151,7 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
             write_trec_run(run, out / "runs" / f"{name.replace(':', '_').replace('+', '_').replace('@', '_')}.trec", name)
     index.close()
     if config.baseline_index:
-        report["baseline_index"] = _against_baseline_index(config, names, queries, qrels, cache, per_query)
+        report["baseline_index"] = _against_baseline_index(config, queries, qrels, cache, per_query)
     baseline = "bm25" if "bm25" in per_query else next(iter(per_query))
     comparison = compare_to_baseline(per_query, baseline)
     for spec, c in comparison.items():
@@ -183,23 +183,28 @@ def _score(pipelines: _Pipelines, name: str, config: EvalConfig, queries: dict, 
     return spec, run, rankings, per_query_scores(run, qrels)
 
 
-def _against_baseline_index(config: EvalConfig, names: list[str], queries: dict, qrels: dict, cache: Path | None,
+def _against_baseline_index(config: EvalConfig, queries: dict, qrels: dict, cache: Path | None,
                             per_query: dict, metric: str = "ndcg@10") -> dict:
     """Each pipeline run on `config.baseline_index` too (its own defaults: its tuned fusion; the same reranker), and the
     paired randomisation test of this index's row against that one."""
     index = open_index(config.baseline_index, verify="size", query_precision=config.query_precision)
     pipelines = _Pipelines(config, index)
     rows = {}
-    for name in names:
+    for name in per_query:
         *_, base = _score(pipelines, name, config, queries, qrels, cache)
-        c = compare_to_baseline({"base": base, name: per_query[name]}, "base", metric)[name]
-        before, after = (float(np.mean(list(scores[metric].values()))) for scores in (base, per_query[name]))
         rows[name] = {"baseline": {m: round(sum(v.values()) / len(qrels), 4) for m, v in base.items()},
-                      f"{metric}_delta": round(after - before, 4), "p_value": round(c["p_value"], 4),
-                      **{k: c[k] for k in ("wins", "ties", "losses")}}
+                      **paired_change(base, per_query[name], metric)}
     model = index.manifest.embedder
     index.close()
     return {"index": str(config.baseline_index), "model": model.model, "model_checksum": model.model_checksum, "pipelines": rows}
+
+
+def paired_change(before: dict, after: dict, metric: str = "ndcg@10") -> dict:
+    """`after`'s change in mean `metric` over `before` (per-query scores of the same queries), the paired randomisation
+    test's p-value and the per-query wins/ties/losses."""
+    c = compare_to_baseline({"before": before, "after": after}, "before", metric)["after"]
+    delta = np.mean(list(after[metric].values())) - np.mean(list(before[metric].values()))
+    return {f"{metric}_delta": round(float(delta), 4), "p_value": round(c["p_value"], 4), **{k: c[k] for k in ("wins", "ties", "losses")}}
 
 
 def first_stage_comparisons(per_query: dict[str, dict[str, dict[str, float]]], metric: str = "ndcg@10") -> dict[str, dict]:
@@ -209,10 +214,7 @@ def first_stage_comparisons(per_query: dict[str, dict[str, dict[str, float]]], m
         stage = parse_pipeline(spec).first_stage
         if stage is None or stage not in per_query:
             continue
-        c = compare_to_baseline({stage: per_query[stage], spec: per_query[spec]}, stage, metric)[spec]
-        delta = np.mean(list(per_query[spec][metric].values())) - np.mean(list(per_query[stage][metric].values()))
-        out[spec] = {"first_stage": stage, f"{metric}_delta": round(float(delta), 4), "p_value": round(c["p_value"], 4),
-                     **{k: c[k] for k in ("wins", "ties", "losses")}}
+        out[spec] = {"first_stage": stage, **paired_change(per_query[stage], per_query[spec], metric)}
     return out
 
 

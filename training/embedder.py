@@ -34,11 +34,10 @@ from tqdm import tqdm
 from common.publish import publish_dir
 from indexer.store import OpenIndex, index_model
 from models.onnx_export import TRAINING_RECORD
-from models.providers import torch_device
 from search.devices import check_device
 from search.errors import ConfigError
 from training.metrics import per_query_scores
-from training.reranker import MinedQuery, mine
+from training.reranker import MinedQuery, mine, training_device
 from training.pseudo import generate
 from training.splits import split_dev
 
@@ -167,7 +166,7 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
     prepared = time.perf_counter()
 
     torch.manual_seed(options.seed)
-    device = torch_device(options.device) or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = training_device(options.device)
     model = SentenceTransformer(str(base.path), device=device)
     per_epoch = [{"epoch": 0, METRIC: held_out.score(model)}]
     logger.info("held-out %s of the base model: %.4f", METRIC, per_epoch[0][METRIC])

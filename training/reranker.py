@@ -166,7 +166,9 @@ def distillation_loss(student, teacher):
                                       reduction="batchmean")
 
 
-def _torch_device(device: str) -> str:
+def training_device(device: str) -> str:
+    """The torch device to train on: CUDA when asked for (or auto) and torch sees it, else the CPU (with a warning
+    when a GPU was asked for)."""
     import torch
 
     if check_device(device) != "cpu" and torch.cuda.is_available():
@@ -227,7 +229,7 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
     mined_at = time.perf_counter()
 
     torch.manual_seed(options.seed)
-    device = _torch_device(options.device)
+    device = training_device(options.device)
     tokenizer = AutoTokenizer.from_pretrained(str(base.path))
     model = AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1)
     _keep_layers(model, options.layers)
