@@ -116,6 +116,9 @@ class Manifest:
     metadata: dict[str, FieldInfo] = field(default_factory=dict)
     # The last live write (indexer.live) this base holds: a compaction's; its log replays only what follows.
     applied_sequence: int = 0
+    # A shard of a sharded index (indexer.shards): which one, of how many, and the corpus-wide BM25 statistics its
+    # scores were computed with. None: a whole index.
+    shard: dict | None = None
 
     @property
     def documents(self) -> int:
@@ -130,7 +133,7 @@ class Manifest:
             "fusion_tuning": asdict(self.fusion_tuning) if self.fusion_tuning else None,
             "hubness": asdict(self.hubness) if self.hubness else None, "evidence": self.evidence,
             "metadata": {name: info.to_dict() for name, info in self.metadata.items()},
-            "applied_sequence": self.applied_sequence,
+            "applied_sequence": self.applied_sequence, "shard": self.shard,
             "files": self.files, "build": self.build,
         }
 
@@ -162,6 +165,7 @@ class Manifest:
                 evidence=data.get("evidence", {}),
                 metadata={name: FieldInfo(**info) for name, info in data.get("metadata", {}).items()},
                 applied_sequence=data.get("applied_sequence", 0),
+                shard=data.get("shard"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None

@@ -70,6 +70,11 @@ class BM25Index:
         return cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
 
     @property
+    def engine(self):
+        """The bm25s engine (its score matrix is replaced for a shard's corpus-wide statistics: indexer.shards)."""
+        return self._engine
+
+    @property
     def vocabulary_size(self) -> int:
         return len(self._vocab)
 

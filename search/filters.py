@@ -119,6 +119,13 @@ class KeywordColumn:
     def present(self) -> np.ndarray:
         return np.diff(self.offsets) > 0
 
+    def take(self, docs: np.ndarray) -> "KeywordColumn":
+        """The rows of `docs` (in that order), over the same vocabulary."""
+        starts, stops = self.offsets[docs], self.offsets[np.asarray(docs) + 1]
+        entries = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if len(docs) else np.empty(0, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(stops - starts)]).astype(np.int64)
+        return KeywordColumn(self.vocab, offsets, self.value_ids[entries.astype(np.int64)])
+
     def _docs_where(self, entry_hit: np.ndarray) -> np.ndarray:
         mask = np.zeros(len(self.offsets) - 1, dtype=bool)
         mask[self.entry_doc[entry_hit]] = True
@@ -159,6 +166,9 @@ class ValueColumn:
         if high is not None:
             mask &= (self.values <= high) if high_inclusive else (self.values < high)
         return mask
+
+    def take(self, docs: np.ndarray) -> "ValueColumn":
+        return ValueColumn(self.values[docs], self.present[docs])
 
     def counts(self, docs: np.ndarray) -> list[tuple, int]:
         values = self.values[docs][self.present[docs]]
@@ -285,6 +295,10 @@ class MetadataColumns:
             pairs.sort(key=lambda pair: -pair[1])  # stable: equal counts keep value order
             out[name] = [{"value": value, "count": count} for value, count in pairs[:size]]
         return out
+
+    def take(self, docs: np.ndarray) -> "MetadataColumns":
+        """The columns of `docs` (in that order): a shard's (indexer.shards)."""
+        return MetadataColumns(self.fields, {name: column.take(docs) for name, column in self.columns.items()}, len(docs))
 
     def check_facets(self, names, path: str = "facets") -> list[str]:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

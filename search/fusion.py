@@ -125,6 +125,7 @@ class Candidates:
     scores: dict[str, np.ndarray]
     ranks: dict[str, np.ndarray]
     floors: dict[str, float]  # theoretical minimum of each retriever's scores (for tmm)
+    rankings: dict[str, Ranking] | None = None  # each retriever's top-depth list, as it ranked it
 
     def __len__(self) -> int:
         return len(self.doc_idx)
@@ -136,7 +137,7 @@ class Candidates:
         doc_idx = np.unique(np.concatenate([r.doc_idx for r in rankings.values()]))
         ranks = {name: _ranks_in(r, doc_idx) for name, r in rankings.items()}
         scores = {name: np.asarray(score_of[name](doc_idx), dtype=np.float64) for name in rankings}
-        return cls(doc_idx, scores, ranks, {**THEORETICAL_MIN, **(floors or {})})
+        return cls(doc_idx, scores, ranks, {**THEORETICAL_MIN, **(floors or {})}, rankings)
 
 
 def _ranks_in(ranking: Ranking, doc_idx: np.ndarray) -> np.ndarray:

@@ -176,11 +176,17 @@ class HubnessCorrection:
 
     def score_floor(self, coef: np.ndarray) -> float:
         """A lower bound of corrected scores (cosine floor -1 minus the largest bias of a document that exists): for tmm."""
-        return -1.0 - float(sum(c * self._max_bias[name] for c, name in zip(coef, BIAS_COLUMNS) if c))
+        return score_floor(coef, self.max_bias)
 
     @functools.cached_property
-    def _max_bias(self) -> dict[str, float]:
+    def max_bias(self) -> dict[str, float]:
+        """Per bias column, its largest value over the documents that exist."""
         return {name: float((lse if self.alive is None else lse[self.alive]).max()) for name, lse in self.lse.items()}
+
+
+def score_floor(coef: np.ndarray, max_bias: dict[str, float]) -> float:
+    """-1 (the cosine floor) minus the largest bias the coefficients can subtract."""
+    return -1.0 - float(sum(c * max_bias[name] for c, name in zip(coef, BIAS_COLUMNS) if c))
 
 
 def augment_documents(vectors: np.ndarray, correction: HubnessCorrection) -> np.ndarray:
@@ -235,10 +241,21 @@ class HubnessSearcher:
                 return raw, coef
         else:
             coef = self.correction.coefficients(method, False, None)
+        return self.search_with(vector, depth, coef, allowed, embeddings), coef
+
+    def search_with(self, vector: np.ndarray, depth: int, coef: np.ndarray, allowed: Allowed | None = None,
+                    embeddings: np.ndarray | None = None) -> Ranking:
+        """The corrected top-`depth` (of the allowed documents) with the bias coefficients given: a shard searches with
+        the coefficients its coordinator chose from the whole corpus (search.sharded)."""
         if allowed is not None and self.augmented.brute_force(allowed):
             corrected = lambda ids: self.correction.corrected(embeddings[ids] @ vector, ids, coef)  # noqa: E731
-            return exact_top_k(corrected, allowed.ids, depth), coef
-        return self.augmented.search(augment_query(vector, coef), depth, allowed), coef
+            return exact_top_k(corrected, allowed.ids, depth)
+        return self.augmented.search(augment_query(vector, coef), depth, allowed)
+
+    def raw_top1(self, vector: np.ndarray, embeddings: np.ndarray) -> tuple[int, float] | None:
+        """(document, cosine) of the uncorrected best document that exists, which decides a dynamic variant's banks."""
+        raw = self._raw(vector, 1, embeddings)
+        return (int(raw.doc_idx[0]), float(raw.scores[0])) if len(raw) else None
 
     def _raw(self, vector: np.ndarray, depth: int, embeddings) -> Ranking:
         """The uncorrected top-`depth` of the documents that exist (by the same cost rule as a filter)."""

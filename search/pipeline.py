@@ -88,7 +88,7 @@ class SearchResult:
         return {"fused": float(fused.scores[at]), **parts}
 
 
-class _Stopwatch:
+class Stopwatch:
     def __init__(self):
         self.timings: dict[str, float] = {}
 
@@ -146,16 +146,19 @@ class SearchPipeline:
         allowed = self._admitted(filter_)
         return allowed if self.alive is None else Allowed(allowed.mask & self.alive.mask)
 
-    def _bm25_leg(self, query: str, depth: int, clock: _Stopwatch, allowed: Allowed | None = None):
+    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None):
         scores = clock.time("bm25", self.bm25.scores, query)
         return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
 
-    def _dense_leg(self, query: str, depth: int, clock: _Stopwatch, hubness: HubnessSpec, allowed: Allowed | None = None,
-                   vector: np.ndarray | None = None):
-        """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked; among the
-        allowed documents only, scored exactly when they are few (see DenseIndex.brute_force)."""
+    def dense_leg(self, query: str, depth: int, clock: Stopwatch, hubness: HubnessSpec, allowed: Allowed | None = None,
+                  vector: np.ndarray | None = None, coef: np.ndarray | None = None):
+        """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked (with `coef` when the
+        caller chose them: a shard's coordinator); among the allowed documents only, scored exactly when they are few
+        (see DenseIndex.brute_force)."""
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
+        if hubness.method != "none" and coef is not None:
+            return vector, clock.time("dense", self.hubness.search_with, vector, depth, coef, allowed, self.embeddings), coef
         if hubness.method != "none":
             ranking, coef = clock.time("dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic, allowed,
                                        self.embeddings)
@@ -164,18 +167,19 @@ class SearchPipeline:
             return vector, clock.time("dense", exact_top_k, lambda ids: self.embeddings[ids] @ vector, allowed.ids, depth), None
         return vector, clock.time("dense", self.dense.search, vector, depth, allowed), None
 
-    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(), clock: _Stopwatch | None = None,
-                   allowed: Allowed | None = None, vector: np.ndarray | None = None) -> tuple[Candidates, np.ndarray]:
+    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(), clock: Stopwatch | None = None,
+                   allowed: Allowed | None = None, vector: np.ndarray | None = None,
+                   coef: np.ndarray | None = None) -> tuple[Candidates, np.ndarray]:
         """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
         (corrected) cosine; and the query vector."""
-        clock = clock or _Stopwatch()
+        clock = clock or Stopwatch()
         if self.executor is not None:
-            bm25_future = self.executor.submit(self._bm25_leg, query, depth, clock, allowed)
-            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness, allowed, vector)
+            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed)
+            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
             bm25_scores, bm25_ranking = bm25_future.result()
         else:
-            bm25_scores, bm25_ranking = self._bm25_leg(query, depth, clock, allowed)
-            vector, dense_ranking, coef = self._dense_leg(query, depth, clock, hubness, allowed, vector)
+            bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed)
+            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
         if coef is None:
             dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
         else:
@@ -200,16 +204,16 @@ class SearchPipeline:
             raise SpecError("query", "must be a non-empty string")
         k, offset = check_k(k), check_offset(offset)
         started = time.perf_counter()
-        clock = _Stopwatch()
+        clock = Stopwatch()
         allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else self.alive
         rerank = spec.rerank
         # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`
         single_depth = max(offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
         fused = None
         if spec.mode == "bm25":
-            ranking = self._bm25_leg(query, single_depth, clock, allowed)[1]
+            ranking = self.bm25_leg(query, single_depth, clock, allowed)[1]
         elif spec.mode == "dense":
-            vector, ranking, _ = self._dense_leg(query, single_depth, clock, spec.hubness, allowed, vector)
+            vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector)
         else:
             candidates, vector = self.candidates(query, spec.depth, spec.hubness, clock, allowed, vector)
             fused = clock.time("fusion", fuse, candidates, spec.fusion)
