@@ -13,13 +13,16 @@ from pydantic import ValidationError
 from app.main import create_app
 from app.observability import JsonFormatter
 from app.settings import Settings
-from indexer.store import VERIFY_MODES, open_index
+from app.serving import open_configured
+from indexer.store import VERIFY_MODES
 from search.devices import DEVICES
 from search.errors import HybridError
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hybrid serve", description="serve POST /search over HTTP")
+def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None):
+    """(Settings, parsed flags) of `hybrid serve`'s flags over HYBRID_* variables; prints why and exits 2 when invalid
+    or when no index is given. `parser` may carry more flags (cluster.serve's)."""
+    parser = parser or argparse.ArgumentParser(prog="hybrid serve", description="serve POST /search over HTTP")
     parser.add_argument("--index", type=Path, help="index folder (env HYBRID_INDEX)")
     parser.add_argument("--host", help="bind address (env HYBRID_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (env HYBRID_PORT, default 8000)")
@@ -27,19 +30,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verify", choices=VERIFY_MODES, help="index file check at startup (default full)")
     parser.add_argument("--log-format", choices=("json", "text"), default="json", help="log lines as JSON objects (default) or text")
     args = parser.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k != "log_format" and v is not None}
+    overrides = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
-        print(f"error: invalid settings: {problems}", file=sys.stderr)
-        return 2
+        parser.exit(2, f"error: invalid settings: {problems}\n")
     if settings.index is None:
-        print("error: no index given: pass --index DIR or set HYBRID_INDEX", file=sys.stderr)
-        return 2
+        parser.exit(2, "error: no index given: pass --index DIR or set HYBRID_INDEX\n")
+    return settings, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings, args = parse_settings(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # opened here, not in the app's lifespan, so a bad index fails with one line and exit code 2
-        index = open_index(settings.index, verify=settings.verify, device=settings.device, query_precision=settings.query_precision)
+        index = open_configured(settings)
     except HybridError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

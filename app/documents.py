@@ -125,8 +125,7 @@ def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
     if serving.collection is not None:
         doc = serving.collection.get(doc_id)
     else:
-        idx = serving.index.doc_positions.get(doc_id)
-        doc = serving.index.docs.get(idx) if idx is not None else None
+        doc = serving.index.document_by_id(doc_id)
     if doc is None:
         raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
     return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))

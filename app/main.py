@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import signal
@@ -21,10 +22,10 @@ from app.observability import Metrics, RequestContext
 from app.documents import router as documents_router
 from app.routes import router
 from app.security import InFlightLimit, load_api_keys, load_write_keys
-from app.serving import Reloader, load_reranker
+from app.serving import Reloader, load_reranker, open_configured
 from app.settings import Settings
 from app.ui import router as ui_router
-from indexer.store import OpenIndex, open_index
+from indexer.store import OpenIndex
 from models.providers import on_gpu
 from search.errors import SpecError
 
@@ -78,8 +79,10 @@ def _path(field: str) -> list:
     return parts
 
 
-def create_app(settings: Settings | None = None, index: OpenIndex | None = None, cross_encoder=None) -> FastAPI:
-    """Build the app; the index (and the reranker's cross-encoder) are opened once at startup unless injected (tests)."""
+def create_app(settings: Settings | None = None, index: OpenIndex | None = None, cross_encoder=None, opener=None) -> FastAPI:
+    """Build the app; the index (and the reranker's cross-encoder) are opened once at startup unless injected (tests).
+    `opener()` opens the index at startup and on each reload (default: the settings' index, whole or sharded, in this
+    process; cluster.serve passes one whose shards answer from Ray Serve)."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -92,12 +95,11 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             if settings.index is None:
                 raise RuntimeError("no index configured: pass --index DIR or set HYBRID_INDEX")
             logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
-            opened = open_index(settings.index, verify=settings.verify, device=settings.device,
-                                query_precision=settings.query_precision)
+            opened = (opener or functools.partial(open_configured, settings))()
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
         app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
         batch = _batch_queries(settings, opened)
-        app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
+        app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch, opener)
         app.state.reloader.open(opened)
         _reload_on_sighup(app)
         stop = threading.Event()

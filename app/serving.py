@@ -8,7 +8,8 @@ import threading
 from dataclasses import dataclass
 
 from indexer.live import Collection, Snapshot
-from indexer.store import MODEL_DIR, OpenIndex, open_index
+from indexer.shards import ShardedIndex, open_any
+from indexer.store import MODEL_DIR, OpenIndex
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
 from models.embedder import OnnxEmbedder
@@ -45,6 +46,11 @@ class Serving:
         return {**self.index.manifest.evidence, **({"rerank": self.rerank_evidence} if self.rerank_evidence else {})}
 
 
+def open_configured(settings):
+    """The index the settings name, whole or sharded (opened in this process)."""
+    return open_any(settings.index, verify=settings.verify, device=settings.device, query_precision=settings.query_precision)
+
+
 def load_reranker(settings, batch: bool = False):
     """The cross-encoder the settings name, loaded once for the life of the service (reloads keep it)."""
     if not settings.reranker:
@@ -64,8 +70,9 @@ class Reloader:
     the last of them finishes. A failed reload leaves the current index in service.
     """
 
-    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False):
+    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False, opener=None):
         self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
+        self.opener = opener or functools.partial(open_configured, settings)  # what a reload opens
         # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
         app.state.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
@@ -85,14 +92,10 @@ class Reloader:
     def open(self, index: OpenIndex) -> Serving:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = None, None
-        try:
-            in_flight = self.app.state.in_flight
-            collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
-                                    searching=lambda: in_flight.active > 0)
-            collection.on_refresh = functools.partial(self._publish_snapshot, collection)
-        except HybridError as exc:
-            refusal = str(exc)
-            logger.warning("serving %s read-only: %s", index.path, refusal)
+        if isinstance(index, ShardedIndex):
+            refusal = index.read_only_reason
+        else:
+            collection, refusal = self._collection(index)
         previous = getattr(self.app.state, "serving", None)
         serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
         if previous is not None and previous.collection is not None and previous.collection is not collection:
@@ -100,6 +103,18 @@ class Reloader:
         logger.info("serving %s: %d documents, built %s, defaults %s", index.path, serving.documents, index.manifest.created_at,
                     serving.pipeline.defaults.to_string())
         return serving
+
+    def _collection(self, index: OpenIndex) -> tuple[Collection | None, str | None]:
+        """The live collection that takes the index's writes, or why it takes none."""
+        try:
+            in_flight = self.app.state.in_flight
+            collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
+                                    searching=lambda: in_flight.active > 0)
+            collection.on_refresh = functools.partial(self._publish_snapshot, collection)
+            return collection, None
+        except HybridError as exc:
+            logger.warning("serving %s read-only: %s", index.path, exc)
+            return None, str(exc)
 
     def _publish_snapshot(self, collection: Collection, snapshot: Snapshot) -> None:
         current = self.app.state.serving
@@ -177,7 +192,6 @@ class Reloader:
         if not self._lock.acquire(blocking=False):
             raise ReloadInProgress("a reload is already in progress")
         try:
-            return self.open(open_index(self.settings.index, verify=self.settings.verify, device=self.settings.device,
-                                         query_precision=self.settings.query_precision))
+            return self.open(self.opener())
         finally:
             self._lock.release()

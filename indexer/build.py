@@ -14,6 +14,7 @@ import platform
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -123,8 +124,11 @@ def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) ->
     return np.load(folder / store.EMBEDDINGS)
 
 
-def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions()) -> Manifest:
-    """Build the index for `corpus` at `out` (replacing any index there) and return its manifest."""
+def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions(),
+                embed: Callable[[Path, Path], np.ndarray] | None = None) -> Manifest:
+    """Build the index for `corpus` at `out` (replacing any index there) and return its manifest. `embed(folder,
+    onnx_folder)`, when given, embeds the documents stored in `folder` (e.g. on a Ray cluster: cluster.build) and returns
+    one vector per document in their order, in place of this process's embedder."""
     started = time.perf_counter()
     source = corpus_file(corpus)
     out = Path(out).resolve()
@@ -134,18 +138,21 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
     model = resolve_model(options.model)
     onnx_folder = export_onnx(model, options.onnx_cache)
     embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
-    embedder = _make_embedder(options, onnx_folder, model.path)
+    embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None
 
     with publish_dir(out) as tmp:
-        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started)
+        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started,
+                              embed=embed)
     logger.info("index of %d documents published at %s", manifest.documents, out)
     return manifest
 
 
 def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path, embedder_spec: dict, *, embedder=None,
-               vectors: np.ndarray | None = None, started: float | None = None) -> Manifest:
+               vectors: np.ndarray | None = None, started: float | None = None,
+               embed: Callable[[Path, Path], np.ndarray] | None = None) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
-    Documents are embedded with `embedder`, or take `vectors` (one row per document, in corpus order) as given."""
+    Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
+    in corpus order) as given."""
     started = time.perf_counter() if started is None else started
     timings = {}
     t = time.perf_counter()
@@ -163,6 +170,8 @@ def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path
     del tokens
 
     t = time.perf_counter()
+    if vectors is None and embed is not None:
+        vectors = embed(tmp, onnx_folder)
     if vectors is None:
         vectors = _embed_documents(tmp, embedder, options.batch_size, options.progress)
     else:

@@ -17,6 +17,7 @@ nothing is embedded again. The folder is published atomically, like a build.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -125,6 +126,7 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
                     "documents": index.num_docs, "bm25_statistics": stats, "source": str(source),
                     "source_created_at": manifest.created_at, "model": manifest.embedder.model,
                     "model_checksum": manifest.embedder.model_checksum, "shards": listing}
+            shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR)  # what the coordinator embeds queries with
             write_atomic(tmp / SHARDS_FILE, json.dumps(info, indent=2))
     finally:
         index.close()
@@ -265,6 +267,9 @@ class ShardSearcher:
     def documents(self, positions) -> list[dict]:
         return [self.index.docs.get(int(i)) for i in self._local(positions)]
 
+    def document_by_id(self, doc_id: str) -> dict | None:
+        return self.index.document_by_id(doc_id)
+
     def facet_counts(self, names: list[str], positions) -> dict[str, list]:
         local = self._local(positions)
         return {name: self.index.metadata.columns[name].counts(local) for name in names}
@@ -302,10 +307,9 @@ class ShardedIndex:
             self.owner[shard["positions"]] = i
         if (self.owner < 0).any():
             raise IndexOpenError(f"{self.path}: {int((self.owner < 0).sum())} documents belong to no shard")
-        self.embedder = OnnxEmbedder(self.path / self.info["shards"][0]["folder"] / store.MODEL_DIR, device=device,
+        self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device,
                                      precision=first.embedder.document_precision)
-        self.query_precision = resolve_query_precision(query_precision, self.path / self.info["shards"][0]["folder"] /
-                                                       store.MODEL_DIR, on_gpu(self.embedder))
+        self.query_precision = resolve_query_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
         self.hubness = None
         if first.hubness is not None:
             biases = [shard["max_bias"] for shard in described if shard["max_bias"] is not None]
@@ -318,16 +322,19 @@ class ShardedIndex:
     def num_docs(self) -> int:
         return self.info["documents"]
 
-    @property
+    @functools.cached_property
     def query_embedder(self):
         if self.query_precision == self.manifest.embedder.document_precision:
             return self.embedder
 
-        return OnnxEmbedder(self.path / self.info["shards"][0]["folder"] / store.MODEL_DIR, device="cpu",
-                            precision=self.query_precision)
+        return OnnxEmbedder(self.path / store.MODEL_DIR, device="cpu", precision=self.query_precision)
 
     def document(self, position: int) -> dict:
         return self.shards.clients[int(self.owner[position])].documents(np.array([position]))[0]
+
+    def document_by_id(self, doc_id: str) -> dict | None:
+        """The stored document with this id, from the shard its hash names."""
+        return self.shards.clients[int(shard_of([doc_id], len(self.shards))[0])].document_by_id(doc_id)
 
     def doc_text(self, position: int) -> str:
         doc = self.document(position)

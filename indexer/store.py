@@ -195,6 +195,10 @@ class OpenIndex:
         """Internal index by external document id (built once, on first use)."""
         return {doc_id: i for i, doc_id in enumerate(self.doc_ids)}
 
+    def document_by_id(self, doc_id: str) -> dict | None:
+        idx = self.doc_positions.get(doc_id)
+        return self.docs.get(idx) if idx is not None else None
+
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None) -> SearchPipeline:
         """A search pipeline over this index whose defaults are the manifest's, with `overrides` (a partial

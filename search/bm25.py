@@ -56,8 +56,13 @@ class BM25Index:
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> "BM25Index":
         import bm25s
 
+        corpus_tokens = list(corpus_tokens)
+        # term ids in sorted term order: bm25s numbers terms by set iteration, which differs between processes
+        # (string hashing is salted), so two builds of one corpus would write different files
+        vocab = {term: i for i, term in enumerate(sorted({term for tokens in corpus_tokens for term in tokens}))}
         engine = bm25s.BM25(method=params.method, k1=params.k1, b=params.b, delta=params.delta)
-        engine.index(list(corpus_tokens), show_progress=False)
+        engine.index(bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab),
+                     show_progress=False)
         return cls(engine, analyzer)
 
     def save(self, folder: Path) -> None:
