@@ -6,12 +6,14 @@ import argparse
 import json
 import os
 import resource
+import tempfile
 import time
 from pathlib import Path
 
 from cli.args import add_device, add_quiet, default
 from evaluation.beir import ensure_dataset
 from indexer.build import BuildOptions, build_index, index_is_current
+from indexer.shards import check_shard_count, split_index
 from indexer.corpus import read_corpus
 from indexer.live import DEFAULT_MAX_BATCH_DOCS, LIVE_DIR, Collection
 from indexer.store import open_index
@@ -32,7 +34,20 @@ def register(commands) -> None:
                    help="do nothing when --out already holds an index of this corpus (same sha256; build options are not compared)")
     add_device(p)
     add_build_flags(p)
+    g = p.add_argument_group("scale-out")
+    g.add_argument("--shards", type=int, help="split the built index into N shards by a stable hash of the id "
+                   "(corpus-wide BM25 statistics in each; serve them with `hybrid serve --ray`)")
+    g.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="embed the documents on a Ray cluster (none: start a local Ray instance); needs the ray extra")
+    g.add_argument("--embed-actors", type=int, default=1, help="with --ray: embedding actors (one ONNX session each; "
+                   "one GPU each when the cluster has as many GPUs)")
     p.set_defaults(run=run_index)
+
+    p = commands.add_parser("shard", help="split a built index into N shards (corpus-wide BM25 statistics, hubness kept)")
+    p.add_argument("index", type=Path)
+    p.add_argument("--shards", type=int, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(run=run_shard)
 
     p = commands.add_parser("ingest", help="write documents into an index's live collection offline (as PUT /documents does)")
     p.add_argument("index", type=Path)
@@ -136,7 +151,27 @@ def run_index(args) -> None:
         print(f"{args.out} is current (same corpus checksum): build skipped")
         return
     started = time.perf_counter()
-    manifest = build_index(args.corpus, args.out, build_options(args))
+    embed = None
+    if args.ray is not None:
+        from cluster.build import ray_embed  # Ray is an optional extra
+
+        embed = ray_embed(args.ray or None, args.embed_actors, args.precision, args.device, args.batch_size)
+    if args.shards is None:
+        manifest = build_index(args.corpus, args.out, build_options(args), embed=embed)
+    else:
+        check_shard_count(args.shards)
+        with tempfile.TemporaryDirectory(prefix=f".{args.out.name}.whole-", dir=args.out.resolve().parent) as work:
+            manifest = build_index(args.corpus, Path(work) / "index", build_options(args), embed=embed)
+            split_index(Path(work) / "index", args.out, args.shards, verify="size")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
-    print(f"indexed {manifest.documents} documents into {args.out} in {time.perf_counter() - started:.1f} s "
+    into = f"{args.out} ({args.shards} shards)" if args.shards else args.out
+    print(f"indexed {manifest.documents} documents into {into} in {time.perf_counter() - started:.1f} s "
           f"(peak memory {peak:.0f} MiB); stages: {json.dumps(manifest.build)}")
+
+
+def run_shard(args) -> None:
+    started = time.perf_counter()
+    info = split_index(args.index, args.out, args.shards)
+    sizes = ", ".join(str(shard["documents"]) for shard in info["shards"])
+    print(f"split {info['documents']} documents of {args.index} into {len(info['shards'])} shards at {args.out} "
+          f"({sizes} documents) in {time.perf_counter() - started:.1f} s")

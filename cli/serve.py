@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cli.args import add_device, add_filter
 from indexer.live import current_view
-from indexer.store import open_index
+from indexer.shards import ShardedIndex, open_any
 from models.cross_encoder import load_cross_encoder, rerank_weight
 from models.onnx_export import PRECISIONS
 from search.errors import ConfigError
@@ -42,7 +42,11 @@ def register(commands) -> None:
     p.set_defaults(run=run_search)
 
 
-def run_serve(args) -> None:
+def run_serve(args) -> int | None:
+    if any(option == "--ray" or option.startswith("--ray=") for option in args.options):
+        from cluster.serve import main  # sharded serving on Ray Serve (the ray extra)
+
+        return main(args.options)
     # The service is its own program (app/__main__.py): exec it, so signals such as SIGHUP reach it directly.
     os.execv(sys.executable, [sys.executable, "-m", "app", *args.options])
 
@@ -57,12 +61,12 @@ def run_search(args) -> None:
         spec["filter"] = args.filter
     if args.highlight:
         spec["highlight"] = True
-    index = open_index(args.index, verify="size", device=args.device)
+    index = open_any(args.index, verify="size", device=args.device)
     model, reranking = None, {}
     if args.reranker:
         model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
         reranking = {"rerank": {"enabled": True, "weight": rerank_weight(args.reranker, args.rerank_weight)}}
-    view = current_view(index)  # with the documents written through the API or `hybrid ingest`
+    view = index if isinstance(index, ShardedIndex) else current_view(index)  # with the writes of the API or `hybrid ingest`
     pipeline = view.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "")
     presenter = view.presenter()
     fields = presenter.check_fields(args.fields, "--fields")

@@ -330,26 +330,35 @@ class ShardedIndex:
         return OnnxEmbedder(self.path / store.MODEL_DIR, device="cpu", precision=self.query_precision)
 
     def document(self, position: int) -> dict:
-        return self.shards.clients[int(self.owner[position])].documents(np.array([position]))[0]
+        return self.documents(np.array([position]))[0]
+
+    def documents(self, positions: np.ndarray) -> list[dict]:
+        """Stored documents by position: one call to each shard that holds some."""
+        positions = np.asarray(positions, dtype=np.int64)
+        owners = self.owner[positions]
+        answers = self.shards.some("documents", {int(i): (positions[owners == i],) for i in np.unique(owners)})
+        taken = {int(i): iter(docs) for i, docs in answers.items()}
+        return [next(taken[int(i)]) for i in owners]
+
+    def doc_texts(self, positions: np.ndarray) -> list[str]:
+        return [indexed_text(doc["title"], doc["text"]) for doc in self.documents(positions)]
 
     def document_by_id(self, doc_id: str) -> dict | None:
         """The stored document with this id, from the shard its hash names."""
         return self.shards.clients[int(shard_of([doc_id], len(self.shards))[0])].document_by_id(doc_id)
 
-    def doc_text(self, position: int) -> str:
-        doc = self.document(position)
-        return indexed_text(doc["title"], doc["text"])
-
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None):
 
-        reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
+        reranker = (Reranker(cross_encoder, None, cross_encoder_name, texts_of=self.doc_texts)
+                    if cross_encoder is not None else None)
         return ShardedPipeline(self.shards, embedder or self.query_embedder, self.manifest.defaults.merge(overrides),
                                self.hubness, self.metadata, reranker)
 
     def presenter(self, embedder=None):
 
-        return Presenter(self.document, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata)
+        return Presenter(self.document, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata,
+                         documents=self.documents)
 
     def close(self) -> None:
         for searcher in self._own:

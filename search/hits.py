@@ -26,8 +26,10 @@ class Presenter:
     """Turns search results of one index into hits; created once per index, shared by requests."""
 
     def __init__(self, document: Callable[[int], dict], analyzer: Analyzer, embedder, fields: Sequence[str],
-                 metadata: MetadataColumns | None):
-        self.document, self.embedder, self.metadata = document, embedder, metadata
+                 metadata: MetadataColumns | None, documents: Callable[[np.ndarray], list[dict]] | None = None):
+        """`documents`, when given, reads a page's documents at once (a sharded index: one call per shard)."""
+        self.embedder, self.metadata = embedder, metadata
+        self.documents = documents or (lambda ids: [document(int(i)) for i in ids])
         self.highlighter = Highlighter(analyzer)
         self.fields = sorted(fields)  # every metadata field of the corpus
 
@@ -56,8 +58,8 @@ class Presenter:
         hits, docs = [], []
         explain = explain and result.explainable
         terms = self.highlighter.query_terms(query) if result.spec.highlight.enabled else None
-        for position in result.page:
-            doc = self.document(int(result.ranking.doc_idx[position]))
+        page = self.documents(result.ranking.doc_idx[result.page.start:result.page.stop])
+        for position, doc in zip(result.page, page):
             docs.append(doc)
             hit = {"id": doc["id"], "score": float(result.ranking.scores[position]), "rank": position + 1, "title": doc["title"]}
             if include_text:

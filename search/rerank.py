@@ -59,13 +59,16 @@ class Reranked:
 class Reranker:
     """A cross-encoder (models.cross_encoder.CrossEncoder) over the index's document texts."""
 
-    def __init__(self, model, text_of: Callable[[int], str], name: str = ""):
-        self.model, self.text_of, self.name = model, text_of, name
+    def __init__(self, model, text_of: Callable[[int], str], name: str = "",
+                 texts_of: Callable[[np.ndarray], list[str]] | None = None):
+        """`texts_of`, when given, reads many documents' texts at once (a sharded index: one call per shard)."""
+        self.model, self.name = model, name
+        self.texts_of = texts_of or (lambda ids: [text_of(int(i)) for i in ids])
 
     def rerank(self, query: str, candidates: Ranking, depth: int, weight: float) -> Reranked:
         """Rerank the top `depth` of `candidates` (ties keep the first-stage order); keep the rest below."""
         head = candidates.head(depth)
-        texts = [self.text_of(int(i)) for i in head.doc_idx]
+        texts = self.texts_of(head.doc_idx)
         logits = np.asarray(self.model.score(query, texts), dtype=np.float32)
         final = interpolate(logits, head.scores, weight)
         order = np.argsort(-final, kind="stable")
