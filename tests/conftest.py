@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 BEIR_DATA = Path(os.environ.get("BEIR_DATA", REPO.parent / "shared" / "data" / "beir"))
 SCIFACT = BEIR_DATA / "scifact"
 SLICE_DOCS = 500
+SHARDED_SLICE = 200  # documents of the sharded fixtures
 
 TINY_CORPUS = [
     {"_id": "d1", "title": "Cats", "text": "The cat sat on the mat. Cats like warm mats."},
@@ -76,3 +77,37 @@ def scifact_slice_index(scifact_slice, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("scifact-index") / "index"
     build_index(scifact_slice, out, BuildOptions(progress=False))
     return out
+
+
+def with_metadata(i: int, doc: dict) -> dict:
+    return {**doc, "metadata": {"year": 1990 + i % 30, "tags": ["a", "b", "c"][: 1 + i % 3] if i % 4 else ["z"], "flag": i % 2 == 0}}
+
+
+@pytest.fixture(scope="session")
+def whole_index(scifact, tmp_path_factory):
+    """A scifact slice with metadata and a fitted hubness correction."""
+    from indexer.build import BuildOptions, build_index
+    from indexer.hubness import fit_hubness
+    from indexer.store import open_index
+    from search.hubness import HubnessParams
+
+    root = tmp_path_factory.mktemp("shards")
+    with (scifact / "corpus.jsonl").open() as fh:
+        docs = [with_metadata(i, json.loads(line)) for i, line in enumerate(itertools.islice(fh, SHARDED_SLICE))]
+    build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
+    fit_hubness(open_index(root / "index"), sample_queries(scifact, 40, 0), {"source": "test"}, HubnessParams(), gallery_size=40)
+    return root / "index"
+
+
+@pytest.fixture(scope="session")
+def sharded_index(whole_index, tmp_path_factory):
+    from indexer.shards import split_index
+
+    out = tmp_path_factory.mktemp("sharded") / "index"
+    split_index(whole_index, out, 3)
+    return out
+
+
+def sample_queries(scifact, count: int, skip: int) -> list[str]:
+    with (scifact / "queries.jsonl").open() as fh:
+        return [json.loads(line)["text"] for line in itertools.islice(fh, skip, skip + count)]

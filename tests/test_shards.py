@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import subprocess
 import sys
@@ -15,16 +14,13 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from indexer.build import BuildOptions, build_index
-from indexer.hubness import fit_hubness
 from indexer.shards import SHARDS_FILE, global_bm25, open_sharded, read_shards, shard_of, split_index
 from indexer.store import open_index
 from search.analyzer import Analyzer
 from search.bm25 import BM25Params
 from search.errors import ConfigError, HybridError, SpecError
-from search.hubness import HubnessParams
-from tests.conftest import REPO, write_jsonl
+from tests.conftest import REPO, SHARDED_SLICE as SLICE, sample_queries
 
-SLICE = 200
 # Every mode, both fusions, tmm floors under a correction, static and dynamic hubness, filters of each field type.
 SPECS = [
     {"mode": "bm25"}, {"mode": "dense"}, {"mode": "hybrid"},
@@ -39,33 +35,6 @@ SPECS = [
     {"mode": "dense", "filter": {"flag": True}},
     {"mode": "bm25", "filter": {"$not": {"tags": "z"}}},
 ]
-
-
-def with_metadata(i: int, doc: dict) -> dict:
-    return {**doc, "metadata": {"year": 1990 + i % 30, "tags": ["a", "b", "c"][: 1 + i % 3] if i % 4 else ["z"], "flag": i % 2 == 0}}
-
-
-@pytest.fixture(scope="session")
-def whole_index(scifact, tmp_path_factory):
-    """A scifact slice with metadata and a fitted hubness correction."""
-    root = tmp_path_factory.mktemp("shards")
-    with (scifact / "corpus.jsonl").open() as fh:
-        docs = [with_metadata(i, json.loads(line)) for i, line in enumerate(itertools.islice(fh, SLICE))]
-    build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
-    fit_hubness(open_index(root / "index"), sample_queries(scifact, 40, 0), {"source": "test"}, HubnessParams(), gallery_size=40)
-    return root / "index"
-
-
-@pytest.fixture(scope="session")
-def sharded_index(whole_index, tmp_path_factory):
-    out = tmp_path_factory.mktemp("sharded") / "index"
-    split_index(whole_index, out, 3)
-    return out
-
-
-def sample_queries(scifact, count: int, skip: int) -> list[str]:
-    with (scifact / "queries.jsonl").open() as fh:
-        return [json.loads(line)["text"] for line in itertools.islice(fh, skip, skip + count)]
 
 
 def test_split_puts_each_document_in_the_shard_its_id_hashes_to(whole_index, sharded_index):

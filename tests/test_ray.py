@@ -1,0 +1,92 @@
+"""Ray scale-out on a local Ray instance (2 CPUs, loopback only, started and stopped here): a Ray-built index is the
+single-process build, and a 3-shard index served through Ray Serve answers like the whole index."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+
+from evaluation.server import free_port
+from indexer.build import BuildOptions, build_index
+from indexer.manifest import update_manifest
+from indexer.shards import split_index
+from indexer.store import open_index
+from tests.conftest import sample_queries, write_jsonl
+from tests.test_shards import SPECS
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hybrid-retrieval[ray]')")
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def test_a_ray_built_index_is_the_single_process_build(local_ray, scifact, tmp_path):
+    from cluster.build import ray_embed
+
+    with (scifact / "corpus.jsonl").open() as fh:
+        corpus = write_jsonl(tmp_path / "corpus.jsonl", [json.loads(line) for line in itertools.islice(fh, 120)])
+    single = build_index(corpus, tmp_path / "single", BuildOptions(progress=False))
+    distributed = build_index(corpus, tmp_path / "ray", BuildOptions(progress=False), embed=ray_embed(actors=2, block_docs=16))
+    assert single.counts == distributed.counts and single.embedder == distributed.embedder
+    different = {path for path, entry in single.files.items() if distributed.files[path]["sha256"] != entry["sha256"]}
+    # every file but the embeddings and the FAISS index over them is byte for byte the same
+    assert different <= {"embeddings.npy", "dense.faiss"}
+    assert {path for path in single.files if path.startswith(("bm25/", "postings/"))} and not {
+        path for path in different if path.startswith(("bm25/", "postings/", "docs"))}
+    np.testing.assert_allclose(np.load(tmp_path / "ray" / "embeddings.npy"), np.load(tmp_path / "single" / "embeddings.npy"),
+                               rtol=0, atol=1e-6)
+
+
+def search(client, query, spec, k=20, headers=None):
+    response = client.post("/search", json={"query": query, "k": k, **spec}, headers=headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_ray_serve_answers_like_the_whole_index(local_ray, whole_index, scifact, tmp_path):
+    from app.settings import Settings
+    from cluster.serve import run
+
+    whole_index = shutil.copytree(whole_index, tmp_path / "whole")  # its defaults change below
+    sharded_index = tmp_path / "sharded"
+    split_index(whole_index, sharded_index, 3)
+    port = free_port()
+    settings = Settings(index=sharded_index, host="127.0.0.1", port=port, api_keys="reader", write_keys="writer", verify="size")
+    run(settings, None, replicas=2, block=False)
+    whole = open_index(whole_index)
+    pipeline, reader = whole.pipeline(), {"X-API-Key": "reader"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        for spec in SPECS:
+            for query in sample_queries(scifact, 4, 100):
+                expected = pipeline.search(query, 20, dict(spec))
+                served = search(client, query, spec, headers=reader)
+                assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in expected.ranking.doc_idx], spec
+                np.testing.assert_allclose([hit["score"] for hit in served["hits"]], expected.ranking.scores, rtol=0, atol=1e-5)
+        assert client.post("/search", json={"query": "cells"}).status_code == 401  # keys hold on the ingress
+        refused = client.put("/documents", json={"documents": [{"id": "x", "text": "new"}]}, headers={"X-API-Key": "writer"})
+        assert refused.status_code == 409 and "sharded index takes no writes" in refused.json()["detail"]
+        assert 'hybrid_requests_total{path="/search",status="200"}' in client.get("/metrics").text
+
+        # hot reload: the index is split again with another default; the ingress reopens it, the replicas follow
+        update_manifest(whole_index, lambda m: setattr(m, "defaults", m.defaults.merge({"fusion": {"method": "cc", "alpha": 0.3}})))
+        split_index(whole_index, sharded_index, 3)
+        reloaded = client.post("/admin/reload", headers={"X-API-Key": "writer"})
+        assert reloaded.status_code == 200, reloaded.text
+        assert client.get("/ready").json()["defaults"]["fusion"]["method"] == "cc"
+        retuned = open_index(whole_index).pipeline()
+        query = sample_queries(scifact, 1, 150)[0]
+        served = search(client, query, {}, headers=reader)
+        assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in retuned.search(query, 20).ranking.doc_idx]
