@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import signal
 import threading
-import time
 from pathlib import Path
 
 from cluster import connect, require_ray
@@ -161,16 +161,17 @@ def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0,
     connect(address, num_cpus)
     from ray import serve
 
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    serve.start(http_options={"host": settings.host, "port": settings.port}, proxy_location="HeadOnly")
     handle = serve.run(application(settings, replicas, replica_cpus), name=APP_NAME, route_prefix="/")
     logger.info("serving %s on Ray Serve at http://%s:%d (%d replica(s) per shard)", settings.index, settings.host,
                 settings.port, replicas)
     if block:
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            serve.shutdown()
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: stop.set())
+        stop.wait()
+        serve.delete(APP_NAME)  # the application would outlive this process on a cluster it joined
+        logger.info("stopped serving %s", settings.index)
     return handle
 
 
