@@ -15,7 +15,8 @@ from search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
 
-FAISS_KINDS = ("flat", "ivf", "hnsw")
+FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
+IVF_KINDS = ("ivf", "ivfpq")
 FLAT_GATHER_CUTOFF = 1_000
 
 
@@ -25,6 +26,7 @@ class FaissParams:
     nlist: int | None = None  # ivf: number of clusters (default ~4*sqrt(n))
     nprobe: int = 16  # ivf: clusters visited per query
     hnsw_m: int = 32  # hnsw: links per node
+    pq_m: int = 48  # ivfpq: sub-quantizers, each coding dimension / pq_m dimensions in one byte (must divide the dimension)
     ef_construction: int = 200
     ef_search: int = 128
     # A filtered search whose filter admits at most this many documents scores them all exactly (brute force)
@@ -35,12 +37,16 @@ class FaissParams:
     def __post_init__(self):
         if self.kind not in FAISS_KINDS:
             raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
+        if isinstance(self.pq_m, bool) or not isinstance(self.pq_m, int) or self.pq_m < 1:
+            raise ConfigError(f"pq_m must be an integer >= 1, got {self.pq_m!r}")
         if isinstance(self.flat_search_cutoff, bool) or not isinstance(self.flat_search_cutoff, int) or self.flat_search_cutoff < 0:
             raise ConfigError(f"flat_search_cutoff must be an integer >= 0, got {self.flat_search_cutoff!r}")
 
     def factory(self, num_vectors: int) -> str:
         if self.kind == "ivf":
             return f"IVF{self.resolved_nlist(num_vectors)},Flat"
+        if self.kind == "ivfpq":  # 8-bit codes: pq_m bytes a vector in memory (docs/SCALING.md)
+            return f"IVF{self.resolved_nlist(num_vectors)},PQ{self.pq_m}x8"
         if self.kind == "hnsw":
             return f"HNSW{self.hnsw_m},Flat"
         return "Flat"
@@ -77,6 +83,8 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     import faiss
 
     n, dim = vectors.shape
+    if params.kind == "ivfpq" and dim % params.pq_m:
+        raise ConfigError(f"--pq-m {params.pq_m} does not divide the embedding dimension {dim}")
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
     if params.kind == "hnsw":
         index.hnsw.efConstruction = params.ef_construction
@@ -100,7 +108,7 @@ class DenseIndex:
         self.params = params
         self.num_docs = index.ntotal
         self.dimension = index.d
-        if params.kind == "ivf":
+        if params.kind in IVF_KINDS:
             faiss.extract_index_ivf(index).nprobe = params.nprobe
         if params.kind == "hnsw":
             index.hnsw.efSearch = params.ef_search
@@ -146,7 +154,7 @@ class DenseIndex:
         import faiss
 
         boost = 1.0 / max(allowed.fraction, 1e-9)
-        if self.params.kind == "ivf":
+        if self.params.kind in IVF_KINDS:
             nlist = faiss.extract_index_ivf(self._index).nlist
             return faiss.SearchParametersIVF(sel=selector, nprobe=min(nlist, math.ceil(self.params.nprobe * boost)))
         if self.params.kind == "hnsw":

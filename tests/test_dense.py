@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from search.dense import DenseIndex, FaissParams, build_faiss_index
+from search.errors import ConfigError
 
 
 def unit_vectors(n, dim, seed):
@@ -66,3 +67,21 @@ def test_unknown_kind_and_device_list_valid_values():
     with pytest.raises(ValueError, match="valid: auto, cpu, gpu"):
         build_faiss_index(DOCS, FaissParams(), device="tpu")
 
+
+
+def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact():
+    import faiss
+
+    rng = np.random.default_rng(3)
+    docs = unit_vectors(6000, 64, seed=4)
+    queries = docs[:50] + 0.05 * rng.standard_normal((50, 64)).astype(np.float32)
+    params = FaissParams(kind="ivfpq", nlist=16, nprobe=16, pq_m=16)
+    index = build_faiss_index(docs, params, "cpu")
+    assert params.factory(6000) == "IVF16,PQ16x8"
+    assert faiss.extract_index_ivf(index).code_size == 16  # bytes a vector, vs 64 * 4 for flat
+    found = [r.doc_idx for r in DenseIndex(index, params, "cpu").search_batch(queries, 10)]
+    exact, _ = brute_force_top_k(queries, docs, 10)
+    recall = np.mean([len(set(f) & set(e)) / 10 for f, e in zip(found, exact)])
+    assert recall >= 0.3 and np.mean([i in f for i, f in enumerate(found)]) >= 0.9, recall  # random: 10 / 6000
+    with pytest.raises(ConfigError, match="does not divide"):
+        build_faiss_index(docs, FaissParams(kind="ivfpq", pq_m=10), "cpu")
