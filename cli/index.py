@@ -86,6 +86,8 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hnsw-m", type=int, default=default(FaissParams, "hnsw_m"))
     g.add_argument("--pq-m", type=int, default=default(FaissParams, "pq_m"),
                    help="ivfpq: bytes a vector (sub-quantizers; must divide the dimension)")
+    g.add_argument("--pq-refine", type=int, default=default(FaissParams, "pq_refine"),
+                   help="ivfpq: candidates fetched per result and rescored exactly with the stored vectors")
     g.add_argument("--ef-search", type=int, default=default(FaissParams, "ef_search"))
     g.add_argument("--bm25-method", choices=BM25_METHODS, default=default(BM25Params, "method"))
     g.add_argument("--k1", type=float, default=default(BM25Params, "k1"))
@@ -139,7 +141,8 @@ def build_options(args) -> BuildOptions:
     return BuildOptions(
         model=args.model, backend=args.backend, precision=args.precision, analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
         bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
-        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, pq_m=args.pq_m, ef_search=args.ef_search,
+        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, pq_m=args.pq_m, pq_refine=args.pq_refine,
+                          ef_search=args.ef_search,
                           flat_search_cutoff=args.flat_search_cutoff),
         device=args.device, batch_size=args.batch_size, progress=not args.quiet, filterable=args.filterable)
 

@@ -108,10 +108,9 @@ def batching_tradeoff(index: OpenIndex, queries: list[str], clients=(1, 4, 16), 
     return report
 
 
-def faiss_cpu_vs_gpu(num_vectors: int = 1_000_000, dimension: int = 384, num_queries: int = 1000, k: int = 10,
-                     seed: int = 0) -> dict:
-    """Batched search throughput of flat and IVF indexes on CPU and, when faiss sees one, GPU (synthetic unit vectors)."""
-    # Clustered, like real embeddings (uniform random vectors have no structure for IVF to exploit).
+def clustered_unit_vectors(num_vectors: int, dimension: int, num_queries: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors around num_vectors / 500 centres, and queries near some of them: clustered, like real embeddings
+    (uniform random vectors have no structure for IVF to exploit)."""
     rng = np.random.default_rng(seed)
     centers = rng.standard_normal((max(1, num_vectors // 500), dimension), dtype=np.float32)
     centers /= np.linalg.norm(centers, axis=1, keepdims=True)
@@ -120,6 +119,13 @@ def faiss_cpu_vs_gpu(num_vectors: int = 1_000_000, dimension: int = 384, num_que
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     queries = vectors[rng.choice(num_vectors, num_queries, replace=False)]
     queries = queries + rng.standard_normal(queries.shape, dtype=np.float32) * np.float32(0.1 / np.sqrt(dimension))
+    return vectors, queries
+
+
+def faiss_cpu_vs_gpu(num_vectors: int = 1_000_000, dimension: int = 384, num_queries: int = 1000, k: int = 10,
+                     seed: int = 0) -> dict:
+    """Batched search throughput of flat and IVF indexes on CPU and, when faiss sees one, GPU (synthetic unit vectors)."""
+    vectors, queries = clustered_unit_vectors(num_vectors, dimension, num_queries, seed)
     devices = ["cpu"] + (["gpu"] if gpu_count() else [])
     report = {"vectors": num_vectors, "dimension": dimension, "queries": num_queries, "gpus": gpu_count(), "results": {}}
     exact = None

@@ -137,6 +137,9 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
     (vectors, ids): e.g. the banks of another fit. `default`, when given, becomes the index's hubness default
     (`evidence`: why); otherwise the default is no correction: one earned with an earlier fit does not carry over
     to new betas or a new bank. Returns the new manifest."""
+    if index.manifest.faiss.params.kind == "ivfpq":
+        raise ConfigError("a hubness correction searches vectors augmented with its biases, which product quantization "
+                          "would blur: fit it on an index built with --faiss flat, ivf or hnsw")
     started = time.perf_counter()
     bank = index.query_embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)

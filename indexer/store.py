@@ -230,9 +230,9 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     verify_files(folder, manifest, verify)
     _warn_on_stemmer_change(manifest)
     bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
-    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device)
-    docs = DocStore(folder)
     embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
+    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device, embeddings)
+    docs = DocStore(folder)
     counts = {"documents": manifest.documents, "bm25": bm25.num_docs, "dense": dense.num_docs,
               "docs": len(docs), "embeddings": len(embeddings)}
     if len(set(counts.values())) != 1:

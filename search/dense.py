@@ -27,6 +27,7 @@ class FaissParams:
     nprobe: int = 16  # ivf: clusters visited per query
     hnsw_m: int = 32  # hnsw: links per node
     pq_m: int = 48  # ivfpq: sub-quantizers, each coding dimension / pq_m dimensions in one byte (must divide the dimension)
+    pq_refine: int = 4  # ivfpq: candidates fetched per result, rescored exactly with the stored vectors
     ef_construction: int = 200
     ef_search: int = 128
     # A filtered search whose filter admits at most this many documents scores them all exactly (brute force)
@@ -37,8 +38,10 @@ class FaissParams:
     def __post_init__(self):
         if self.kind not in FAISS_KINDS:
             raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
-        if isinstance(self.pq_m, bool) or not isinstance(self.pq_m, int) or self.pq_m < 1:
-            raise ConfigError(f"pq_m must be an integer >= 1, got {self.pq_m!r}")
+        for name in ("pq_m", "pq_refine"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if isinstance(self.flat_search_cutoff, bool) or not isinstance(self.flat_search_cutoff, int) or self.flat_search_cutoff < 0:
             raise ConfigError(f"flat_search_cutoff must be an integer >= 0, got {self.flat_search_cutoff!r}")
 
@@ -102,10 +105,14 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
 class DenseIndex:
     """Searches a FAISS index; queries are unit vectors from the index's own embedder."""
 
-    def __init__(self, index, params: FaissParams, device: str = "auto"):
+    def __init__(self, index, params: FaissParams, device: str = "auto", vectors: np.ndarray | None = None):
+        """`vectors`: the stored document vectors, with which an ivfpq index's approximate candidates (`pq_refine` per
+        result) are rescored exactly, so its scores are cosines like every other kind's."""
         import faiss
 
         self.params = params
+        self.refine = params.pq_refine if params.kind == "ivfpq" and vectors is not None else 1
+        self.vectors = vectors
         self.num_docs = index.ntotal
         self.dimension = index.d
         if params.kind in IVF_KINDS:
@@ -121,17 +128,22 @@ class DenseIndex:
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(f"query vectors must have shape (n, {self.dimension}), got {queries.shape}")
+        fetch = depth * self.refine
         if allowed is None:
-            scores, ids = self._index.search(queries, min(depth, self.num_docs))
+            scores, ids = self._index.search(queries, min(fetch, self.num_docs))
         else:
             if self.on_gpu:
                 raise ValueError("GPU FAISS indexes take no selector: filtered searches on GPU are brute force")
             selector = faiss_selector(allowed)
-            scores, ids = self._index.search(queries, min(depth, allowed.count), params=self._filtered_params(selector, allowed, depth))
+            scores, ids = self._index.search(queries, min(fetch, allowed.count), params=self._filtered_params(selector, allowed, fetch))
         rankings = []
-        for row_scores, row_ids in zip(scores, ids):
+        for query, row_scores, row_ids in zip(queries, scores, ids):
             keep = row_ids >= 0  # FAISS pads with -1 when fewer results exist
-            rankings.append(Ranking(row_ids[keep].astype(np.int64), row_scores[keep]))
+            found = row_ids[keep].astype(np.int64)
+            if self.refine > 1:
+                rankings.append(exact_top_k(lambda ids, q=query: self.vectors[ids] @ q, np.sort(found), depth))
+            else:
+                rankings.append(Ranking(found, row_scores[keep]))
         return rankings
 
     def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:

@@ -79,9 +79,17 @@ def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact():
     index = build_faiss_index(docs, params, "cpu")
     assert params.factory(6000) == "IVF16,PQ16x8"
     assert faiss.extract_index_ivf(index).code_size == 16  # bytes a vector, vs 64 * 4 for flat
-    found = [r.doc_idx for r in DenseIndex(index, params, "cpu").search_batch(queries, 10)]
     exact, _ = brute_force_top_k(queries, docs, 10)
-    recall = np.mean([len(set(f) & set(e)) / 10 for f, e in zip(found, exact)])
-    assert recall >= 0.3 and np.mean([i in f for i, f in enumerate(found)]) >= 0.9, recall  # random: 10 / 6000
+
+    def recall(rankings):
+        return np.mean([len(set(r.doc_idx) & set(e)) / 10 for r, e in zip(rankings, exact)])
+
+    approximate = DenseIndex(index, params, "cpu").search_batch(queries, 10)
+    refined = DenseIndex(index, params, "cpu", vectors=docs).search_batch(queries, 10)  # 4 candidates a result, rescored
+    assert recall(approximate) >= 0.3 and np.mean([i in r.doc_idx for i, r in enumerate(approximate)]) >= 0.9  # random: 10 / 6000
+    assert recall(refined) > recall(approximate)
+    for query, ranking in zip(queries, refined):  # exact cosines, best first
+        np.testing.assert_allclose(ranking.scores, docs[ranking.doc_idx] @ query, rtol=1e-5)
+        assert list(ranking.scores) == sorted(ranking.scores, reverse=True)
     with pytest.raises(ConfigError, match="does not divide"):
         build_faiss_index(docs, FaissParams(kind="ivfpq", pq_m=10), "cpu")
