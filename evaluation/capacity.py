@@ -1,11 +1,11 @@
 """What a document costs: the measured inputs of docs/SCALING.md's capacity plan.
 
-    python -m evaluation.capacity INDEX [--vectors 100000] [--queries 200] [--markdown]
+    python -m evaluation.capacity INDEX [--vectors 100000] [--queries 200] [--bm25-sizes 50000 100000 200000] [--markdown]
 
 1. Bytes a document of each part of a built index (from its manifest's file sizes).
 2. Each FAISS index kind over --vectors clustered synthetic unit vectors of the index's dimension: bytes a vector,
-   build seconds a million vectors, one-query search latency on one thread and recall@10 against flat; with the
-   search time per vector scanned, which is what sizes a shard.
+   build seconds a million vectors, one-query search latency on one thread and recall@10 against flat.
+3. BM25 query latency over synthetic corpora of --bm25-sizes documents: what sizes a shard.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 
 from evaluation.accel_bench import clustered_unit_vectors
 from evaluation.bench import percentiles
+from evaluation.report import write_section
 from indexer.manifest import read_manifest
 from search.dense import DenseIndex, FaissParams, build_faiss_index
 
@@ -70,6 +71,30 @@ def faiss_rows(dimension: int, vectors: int, queries: int) -> dict:
     return {"vectors": vectors, "queries": queries, "kinds": rows}
 
 
+def bm25_rows(sizes: list[int], queries: int = 200, doc_terms: int = 100, vocabulary: int = 100_000, seed: int = 0) -> dict:
+    """BM25 (bm25s) query latency as the corpus grows: synthetic documents of Zipf-distributed terms (as text is),
+    queries of 5 terms drawn the same way; one query at a time."""
+    from search.analyzer import Analyzer
+    from search.bm25 import BM25Index, BM25Params
+
+    rng = np.random.default_rng(seed)
+    words = np.array([f"t{i}" for i in range(vocabulary)])
+    draw = lambda n: words[np.minimum(rng.zipf(1.2, n), vocabulary) - 1]  # noqa: E731
+    corpus = [list(draw(doc_terms)) for _ in range(max(sizes))]
+    probe = [" ".join(draw(5)) for _ in range(queries)]
+    analyzer = Analyzer(stopwords="none", stemmer="none")
+    rows = {}
+    for size in sizes:
+        index = BM25Index.build(corpus[:size], analyzer, BM25Params())
+        times = []
+        for query in probe:
+            started = time.perf_counter()
+            index.search(query, 100)
+            times.append((time.perf_counter() - started) * 1000)
+        rows[size] = percentiles(times)
+    return {"doc_terms": doc_terms, "vocabulary": vocabulary, "queries": queries, "sizes": rows}
+
+
 def markdown(report: dict) -> str:
     parts, kinds = report["index"], report["faiss"]
     lines = ["## Capacity inputs (`python -m evaluation.capacity`)", "",
@@ -85,6 +110,13 @@ def markdown(report: dict) -> str:
     for kind, row in kinds["kinds"].items():
         lines.append(f"| {kind} | {row['factory']} | {row['bytes_per_vector']:.0f} | {row['build_s_per_million']:.0f} | "
                      f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['recall@10']:.4f} |")
+    bm25 = report["bm25"]
+    lines += ["", f"BM25 (bm25s, the top 100) over synthetic documents of {bm25['doc_terms']} Zipf-distributed terms "
+              f"({bm25['vocabulary']:,}-term vocabulary), 5-term queries one at a time: it scores into an array of every "
+              "document, so a query costs time in proportion to the shard's documents.", "",
+              "| documents | p50 ms | p99 ms | p50 µs per 1,000 documents |", "|---:|---:|---:|---:|"]
+    for size, row in bm25["sizes"].items():
+        lines.append(f"| {int(size):,} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['p50_ms'] * 1000 / (int(size) / 1000):.1f} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -94,13 +126,18 @@ def main() -> None:
     parser.add_argument("index", type=Path)
     parser.add_argument("--vectors", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--bm25-sizes", type=int, nargs="+", default=[50_000, 100_000, 200_000])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--benchmarks", type=Path, help="write the section into this markdown file in place (docs/BENCHMARKS.md)")
     args = parser.parse_args()
     parts = index_bytes(args.index)
-    report = {"index": parts, "faiss": faiss_rows(parts["dimension"], args.vectors, args.queries)}
+    report = {"index": parts, "faiss": faiss_rows(parts["dimension"], args.vectors, args.queries),
+              "bm25": bm25_rows(args.bm25_sizes)}
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
+    if args.benchmarks:
+        write_section(args.benchmarks, markdown(report))
     print(markdown(report) if args.markdown else json.dumps(report, indent=2))
 
 

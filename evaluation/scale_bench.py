@@ -28,6 +28,7 @@ import numpy as np
 
 from evaluation.accel_bench import interleaved_ms
 from evaluation.bench import percentiles
+from evaluation.report import write_section
 from evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from evaluation.server import free_port, running_server
 from indexer.build import BuildOptions, build_index
@@ -102,6 +103,30 @@ def coordinator_rows(index_dir: Path, work: Path, queries: list[str], shard_coun
     return {"queries": len(queries), "rows": rows}
 
 
+class _Echo:
+    def ping(self, payload):
+        return payload
+
+
+def call_rows(calls: int = 200, fan_out: int = 8) -> dict:
+    """What one call costs, side by side: a Ray Serve deployment handle vs a plain Ray actor (a query vector as the
+    payload), one at a time and `fan_out` at once (a query's calls to its shards)."""
+    import ray
+    from ray import serve
+
+    handle = serve.run(serve.deployment(_Echo, name="echo").bind(), name="echo", route_prefix=None)
+    actor = ray.remote(_Echo).remote()
+    payload = np.zeros(384, dtype=np.float32)
+    one = {"Serve handle": lambda _: handle.ping.remote(payload).result(), "Ray actor": lambda _: ray.get(actor.ping.remote(payload))}
+    many = {"Serve handle": lambda _: [r.result() for r in [handle.ping.remote(payload) for _ in range(fan_out)]],
+            "Ray actor": lambda _: ray.get([actor.ping.remote(payload) for _ in range(fan_out)])}
+    single, fanned = interleaved_ms(one, list(range(calls)), warmup=20), interleaved_ms(many, list(range(calls // 4)), warmup=5)
+    serve.delete("echo")
+    ray.kill(actor)
+    return {"fan_out": fan_out, "rows": {name: {"one_p50_ms": round(float(np.median(single[name])), 2),
+                                                 "fan_out_p50_ms": round(float(np.median(fanned[name])), 2)} for name in one}}
+
+
 def serve_rows(index_dir: Path, work: Path, queries: list[str], shard_counts: list[int]) -> dict:
     """Ray Serve (one replica a shard) against the whole index served by `hybrid serve`, interleaved query by query."""
     import httpx
@@ -115,6 +140,8 @@ def serve_rows(index_dir: Path, work: Path, queries: list[str], shard_counts: li
     rows = {}
     port = free_port()
     try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
+        rows["calls"] = call_rows()
         with running_server(index_dir) as (whole_url, _), httpx.Client(timeout=60) as client:
             for count in shard_counts:
                 run(Settings(index=work / f"shards-{count}", host="127.0.0.1", port=port, verify="size",
@@ -168,11 +195,18 @@ def markdown(report: dict) -> str:
     lines += ["", "Over HTTP on loopback: Ray Serve (one replica a shard, the ingress running the service's app) beside "
               "`hybrid serve` of the whole index, requests alternating query by query:", "",
               "| shards | whole p50 ms | Ray Serve p50 ms | Ray Serve p99 ms | overhead p50 ms |", "|---:|---:|---:|---:|---:|"]
-    for count, row in report["serving"].items():
+    serving = dict(report["serving"])
+    calls = serving.pop("calls")
+    for count, row in serving.items():
         whole_row = row["hybrid serve, whole"]
         ray_row = next(v for k, v in row.items() if k.startswith("Ray Serve"))
         lines.append(f"| {count} | {whole_row['p50_ms']:.1f} | {ray_row['p50_ms']:.1f} | {ray_row['p99_ms']:.1f} | "
                      f"{ray_row['p50_ms'] - whole_row['p50_ms']:.1f} |")
+    lines += ["", f"Where the Ray Serve overhead goes: one call with a query vector as its payload, a Serve deployment handle "
+              f"vs a plain Ray actor, interleaved; one at a time, and {calls['fan_out']} at once (a query's calls to "
+              f"{calls['fan_out']} shards):", "", f"| call | one p50 ms | {calls['fan_out']} at once p50 ms |", "|---|---:|---:|"]
+    for name, row in calls["rows"].items():
+        lines.append(f"| {name} | {row['one_p50_ms']:.2f} | {row['fan_out_p50_ms']:.2f} |")
     lines.append("")
     return "\n".join(lines)
 
@@ -187,10 +221,13 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--benchmarks", type=Path, help="write the section into this markdown file in place (docs/BENCHMARKS.md)")
     args = parser.parse_args()
     report = run_all(args.index, args.dataset, args.build_docs, args.rounds, args.queries, args.shards)
     if args.out:
         args.out.write_text(json.dumps(report, indent=2, default=str))
+    if args.benchmarks:
+        write_section(args.benchmarks, markdown(report))
     print(markdown(report) if args.markdown else json.dumps(report, indent=2, default=str))
 
 
