@@ -175,6 +175,14 @@ def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0,
     return handle
 
 
+def serve_index(index: Path, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, **settings):
+    """Deploy the sharded index at `index` on the connected Ray cluster without blocking (benchmarks, tests);
+    `settings`: other service settings (app.settings.Settings fields)."""
+    from app.settings import Settings
+
+    return run(Settings(index=index, host=host, port=port, **settings), None, replicas, block=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`hybrid serve --ray [ADDRESS] --replicas R ...` (the other flags are `hybrid serve`'s)."""
     from app.__main__ import parse_settings

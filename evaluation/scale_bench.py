@@ -133,8 +133,7 @@ def serve_rows(index_dir: Path, work: Path, queries: list[str], shard_counts: li
     import ray
     from ray import serve
 
-    from app.settings import Settings
-    from cluster.serve import APP_NAME, run
+    from cluster.serve import APP_NAME, serve_index
 
     ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     rows = {}
@@ -144,8 +143,7 @@ def serve_rows(index_dir: Path, work: Path, queries: list[str], shard_counts: li
         rows["calls"] = call_rows()
         with running_server(index_dir) as (whole_url, _), httpx.Client(timeout=60) as client:
             for count in shard_counts:
-                run(Settings(index=work / f"shards-{count}", host="127.0.0.1", port=port, verify="size",
-                             query_cache_size=0), None, replicas=1, block=False)
+                serve_index(work / f"shards-{count}", port=port, verify="size", query_cache_size=0)
                 urls = {"hybrid serve, whole": whole_url, f"Ray Serve, {count} shards": f"http://127.0.0.1:{port}"}
                 calls = {name: (lambda q, u=url: client.post(f"{u}/search", json={"query": q, "k": 10}).raise_for_status())
                          for name, url in urls.items()}

@@ -186,14 +186,19 @@ def _from_version_1(data: dict) -> dict:
     return data
 
 
-def read_manifest(folder: Path | str) -> Manifest:
-    path = Path(folder) / MANIFEST
+def read_json(path: Path, missing: str):
+    """The JSON document at `path`; IndexOpenError saying `missing` when there is none, or what is wrong with it."""
     if not path.is_file():
-        raise IndexOpenError(f"{folder} is not an index: no {MANIFEST} (build one with `hybrid index`)")
+        raise IndexOpenError(missing)
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise IndexOpenError(f"{path} is not valid JSON: {exc}") from None
+
+
+def read_manifest(folder: Path | str) -> Manifest:
+    path = Path(folder) / MANIFEST
+    data = read_json(path, f"{folder} is not an index: no {MANIFEST} (build one with `hybrid index`)")
     return Manifest.from_dict(data, str(path))
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from common.publish import publish_dir, write_atomic
 from indexer import store
 from indexer.corpus import indexed_text
-from indexer.manifest import IndexOpenError, read_manifest, write_manifest
+from indexer.manifest import IndexOpenError, read_json, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder
 from models.onnx_export import resolve_query_precision
 from models.providers import on_gpu
@@ -73,12 +73,7 @@ def is_sharded(folder: Path | str) -> bool:
 def read_shards(folder: Path | str) -> dict:
     """The shards.json of a sharded index, after checking its format."""
     path = Path(folder) / SHARDS_FILE
-    if not path.is_file():
-        raise IndexOpenError(f"{folder} is not a sharded index: no {SHARDS_FILE} (make one with `hybrid shard`)")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise IndexOpenError(f"{path} is not valid JSON: {exc}") from None
+    data = read_json(path, f"{folder} is not a sharded index: no {SHARDS_FILE} (make one with `hybrid shard`)")
     if not isinstance(data, dict) or data.get("format") != SHARDS_FORMAT or data.get("format_version") != SHARDS_FORMAT_VERSION:
         raise IndexOpenError(f"{path}: not a {SHARDS_FORMAT} file of version {SHARDS_FORMAT_VERSION}")
     return data

@@ -57,15 +57,13 @@ def search(client, query, spec, k=20, headers=None):
 
 
 def test_ray_serve_answers_like_the_whole_index(local_ray, whole_index, scifact, tmp_path):
-    from app.settings import Settings
-    from cluster.serve import run
+    from cluster.serve import serve_index
 
     whole_index = shutil.copytree(whole_index, tmp_path / "whole")  # its defaults change below
     sharded_index = tmp_path / "sharded"
     split_index(whole_index, sharded_index, 3)
     port = free_port()
-    settings = Settings(index=sharded_index, host="127.0.0.1", port=port, api_keys="reader", write_keys="writer", verify="size")
-    run(settings, None, replicas=2, block=False)
+    serve_index(sharded_index, port=port, replicas=2, api_keys="reader", write_keys="writer", verify="size")
     whole = open_index(whole_index)
     pipeline, reader = whole.pipeline(), {"X-API-Key": "reader"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
