@@ -70,4 +70,7 @@ for recipe in title ict; do
             --pseudo-tuned "$recipe=$out/adapt/pseudo-$recipe/scifact/report.json")
 done
 .venv/bin/python -m evaluation.adapt_bench --model "supervised=$embedder:$out/adapt/supervised/scifact/report.json" "${adapted[@]}" > /dev/null
+# Scale-out (the ray extra): bytes a document, FAISS kinds and BM25 by corpus size; Ray builds, the coordinator, Ray Serve
+.venv/bin/python -m evaluation.capacity "$index-untuned" --out "$out/capacity.json" --benchmarks docs/BENCHMARKS.md > /dev/null
+.venv/bin/python -m evaluation.scale_bench "$index-untuned" "$BEIR_DATA/scifact" --out "$out/scale.json" --benchmarks docs/BENCHMARKS.md > /dev/null
 echo "wrote docs/BENCHMARKS.md"
