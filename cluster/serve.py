@@ -112,14 +112,15 @@ class RemoteShard:
         return self._call("facet_counts", names, positions)
 
 
-def open_remote(folder: Path, handles: list, device: str = "auto", query_precision: str = "auto") -> ShardedIndex:
+def open_remote(folder: Path, handles: list, device: str = "auto", query_precision: str = "auto",
+                verify: str = "full") -> ShardedIndex:
     """The coordinator's view of the sharded index at `folder`, its shards answering through `handles`."""
     info = read_shards(folder)
     if len(handles) != len(info["shards"]):
         raise ConfigError(f"{folder} now has {len(info['shards'])} shards and {len(handles)} shard deployments run: "
                           "redeploy (`hybrid serve --ray` again) to change the number of shards")
     clients = [RemoteShard(handle, shard_version(Path(folder) / shard["folder"])) for handle, shard in zip(handles, info["shards"])]
-    return ShardedIndex(folder, clients, device, query_precision)
+    return ShardedIndex(folder, clients, device, query_precision, verify=verify)
 
 
 def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
@@ -143,7 +144,7 @@ def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
     def build_app():  # evaluated in the ingress replica: the handles and the coordinator live there
         def opener():
             handles = [serve.get_deployment_handle(name, app_name=APP_NAME) for name in names]
-            return open_remote(folder, handles, settings.device, settings.query_precision)
+            return open_remote(folder, handles, settings.device, settings.query_precision, settings.verify)
         return create_app(settings, opener=opener)
 
     class Ingress:

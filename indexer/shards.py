@@ -117,11 +117,12 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
                 listing.append({"folder": shard_folder(i), "documents": int(len(positions)),
                                 "positions_sha256": store.sha256_file(folder / POSITIONS)})
                 logger.info("shard %d of %d: %d documents", i + 1, shards, len(positions))
+            shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR)  # what the coordinator embeds queries with
             info = {"format": SHARDS_FORMAT, "format_version": SHARDS_FORMAT_VERSION, "hash": HASH,
                     "documents": index.num_docs, "bm25_statistics": stats, "source": str(source),
                     "source_created_at": manifest.created_at, "model": manifest.embedder.model,
-                    "model_checksum": manifest.embedder.model_checksum, "shards": listing}
-            shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR)  # what the coordinator embeds queries with
+                    "model_checksum": manifest.embedder.model_checksum,
+                    "model_files": store.file_inventory(tmp / store.MODEL_DIR, prefix=f"{store.MODEL_DIR}/"), "shards": listing}
             write_atomic(tmp / SHARDS_FILE, json.dumps(info, indent=2))
     finally:
         index.close()
@@ -281,13 +282,15 @@ class ShardedIndex:
     read_only_reason = "a sharded index takes no writes: write to the whole index, then split it again (`hybrid shard`)"
 
     def __init__(self, folder: Path | str, clients: list, device: str = "auto", query_precision: str = "auto",
-                 own: list | None = None):
-
+                 own: list | None = None, verify: str = "full"):
         self.path = Path(folder)
         self.info = read_shards(self.path)
+        store.verify_inventory(self.path, self.info["model_files"], verify)  # the query model is the shards' model
         if len(clients) != len(self.info["shards"]):
             raise IndexOpenError(f"{self.path} has {len(self.info['shards'])} shards, {len(clients)} clients were given")
         first = read_manifest(self.path / self.info["shards"][0]["folder"])
+        if first.embedder.model_checksum != self.info["model_checksum"]:
+            raise IndexOpenError(f"{self.path}: shard-000 was embedded with another model than {SHARDS_FILE} names: split again")
         self.manifest = replace(first, counts={**first.counts, "documents": self.info["documents"]},
                                 shard={"shards": len(clients), "hash": self.info["hash"]})
         self.analyzer = first.analyzer
@@ -367,7 +370,7 @@ def open_sharded(folder: Path | str, verify: str = "full", device: str = "auto",
     info = read_shards(folder)
     searchers = [ShardSearcher(store.open_index(folder / shard["folder"], verify=verify, device=device,
                                                 query_precision=query_precision)) for shard in info["shards"]]
-    return ShardedIndex(folder, searchers, device, query_precision, own=searchers)
+    return ShardedIndex(folder, searchers, device, query_precision, own=searchers, verify=verify)
 
 
 def open_any(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "auto"):

@@ -121,11 +121,16 @@ class DocStoreWriter:
 
 def verify_files(folder: Path, manifest: Manifest, mode: str = "full") -> None:
     """Check that every file of the manifest exists with its size (and checksum, in `full` mode)."""
+    verify_inventory(folder, manifest.files, mode)
+
+
+def verify_inventory(folder: Path, files: dict[str, dict], mode: str = "full") -> None:
+    """Check that every file of an inventory (file_inventory) exists with its size (and checksum, in `full` mode)."""
     if mode not in VERIFY_MODES:
         raise ConfigError(f"unknown verify mode {mode!r}; valid: {', '.join(VERIFY_MODES)}")
     if mode == "none":
         return
-    for rel, expected in manifest.files.items():
+    for rel, expected in files.items():
         path = folder / rel
         if not path.is_file():
             raise IndexOpenError(f"index file missing: {path}")

@@ -195,3 +195,11 @@ def test_bm25_files_do_not_depend_on_the_process(tmp_path):
         assert path.read_bytes() == (tmp_path / "2" / path.name).read_bytes(), path.name
     assert shard_of(["d1", "d2"], 7).tolist() == [int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big") % 7
                                                   for i in ("d1", "d2")]
+
+
+def test_the_query_model_of_a_sharded_index_is_verified(whole_index, tmp_path):
+    split_index(whole_index, tmp_path / "sharded", 2)
+    model = next((tmp_path / "sharded" / "model").glob("*.onnx"))
+    model.write_bytes(model.read_bytes()[:-1])
+    with pytest.raises(HybridError, match="model"):
+        open_sharded(tmp_path / "sharded", verify="size")
