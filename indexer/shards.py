@@ -103,6 +103,10 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
             raise ConfigError(f"{source} is itself a shard: split the whole index instead")
         _check_no_pending_writes(index)
         owner = shard_of(index.doc_ids, shards)
+        empty = np.flatnonzero(np.bincount(owner, minlength=shards) == 0)
+        if len(empty):  # nothing could ever be written to it: a sharded index is read-only
+            raise ConfigError(f"{shards} shards of {index.num_docs} documents would leave shard(s) "
+                              f"{', '.join(map(str, empty[:10]))} empty: use fewer shards")
         postings = index.postings
         stats = {"documents": index.num_docs, "avgdl": float(np.mean(postings.lengths)) if index.num_docs else 0.0}
         df = dict(zip(index.bm25.vocabulary, postings.document_frequency()[list(index.bm25.vocabulary.values())].tolist()))
@@ -324,7 +328,6 @@ class ShardedIndex:
     def query_embedder(self):
         if self.query_precision == self.manifest.embedder.document_precision:
             return self.embedder
-
         return OnnxEmbedder(self.path / store.MODEL_DIR, device="cpu", precision=self.query_precision)
 
     def document(self, position: int) -> dict:

@@ -146,6 +146,8 @@ def test_the_service_serves_a_sharded_index_read_only(whole_index, sharded_index
 def test_split_refuses_what_it_cannot_split(whole_index, sharded_index, tmp_path, tiny_index):
     with pytest.raises(ConfigError, match="from 1 to"):
         split_index(whole_index, tmp_path / "out", 0)
+    with pytest.raises(ConfigError, match="empty: use fewer shards"):
+        split_index(tiny_index, tmp_path / "out", 8)  # 6 documents
     with pytest.raises(ConfigError, match="another folder"):
         split_index(whole_index, whole_index, 2)
     (tmp_path / "taken").mkdir()
