@@ -30,9 +30,14 @@ def test_serve_through_a_head_and_a_worker_node(whole_index, scifact, tmp_path):
     subprocess.run([*cluster, "start", str(ray_port)], check=True, cwd=REPO, env=env, capture_output=True)
     server = None
     try:
-        status = subprocess.run([str(REPO / ".venv" / "bin" / "ray"), "status", "--address", f"127.0.0.1:{ray_port}"],
-                                cwd=REPO, env=env, capture_output=True, text=True)
-        assert status.stdout.count(" node_") == 2, status.stdout  # the head and the worker
+        deadline = time.monotonic() + 60
+        while True:  # the status lags a node's registration by a few seconds
+            status = subprocess.run([str(REPO / ".venv" / "bin" / "ray"), "status", "--address", f"127.0.0.1:{ray_port}"],
+                                    cwd=REPO, env=env, capture_output=True, text=True).stdout
+            if status.count(" node_") == 2 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert status.count(" node_") == 2, status  # the head and the worker
         server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--ray", f"127.0.0.1:{ray_port}", "--index",
                                    str(sharded), "--port", str(http_port), "--replicas", "2"], cwd=REPO, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
