@@ -156,20 +156,26 @@ def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
     return ingress.bind(*shards)
 
 
+def _stop_on_signals(stop: threading.Event) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+
 def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None,
         block: bool = True):
     """Deploy on the cluster at `address` (a local instance when None) and serve HTTP on the settings' host and port."""
     connect(address, num_cpus)
     from ray import serve
 
+    stop = threading.Event()
+    if block:  # Ray's driver installs its own SIGTERM handler (exit status 15): ours replace it, before and after deploying
+        _stop_on_signals(stop)
     serve.start(http_options={"host": settings.host, "port": settings.port}, proxy_location="HeadOnly")
     handle = serve.run(application(settings, replicas, replica_cpus), name=APP_NAME, route_prefix="/")
     logger.info("serving %s on Ray Serve at http://%s:%d (%d replica(s) per shard)", settings.index, settings.host,
                 settings.port, replicas)
     if block:
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
+        _stop_on_signals(stop)
         stop.wait()
         serve.delete(APP_NAME)  # the application would outlive this process on a cluster it joined
         logger.info("stopped serving %s", settings.index)
