@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import numpy as np
 
 from evaluation.accel_bench import clustered_unit_vectors
 from evaluation.bench import percentiles
-from evaluation.report import write_section
+from evaluation.report import add_output_flags, emit
 from indexer.manifest import read_manifest
 from search.dense import DenseIndex, FaissParams, build_faiss_index
 
@@ -127,18 +126,12 @@ def main() -> None:
     parser.add_argument("--vectors", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--bm25-sizes", type=int, nargs="+", default=[50_000, 100_000, 200_000])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--benchmarks", type=Path, help="write the section into this markdown file in place (docs/BENCHMARKS.md)")
+    add_output_flags(parser)
     args = parser.parse_args()
     parts = index_bytes(args.index)
     report = {"index": parts, "faiss": faiss_rows(parts["dimension"], args.vectors, args.queries),
               "bm25": bm25_rows(args.bm25_sizes)}
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
-    if args.benchmarks:
-        write_section(args.benchmarks, markdown(report))
-    print(markdown(report) if args.markdown else json.dumps(report, indent=2))
+    emit(report, markdown, args)
 
 
 if __name__ == "__main__":

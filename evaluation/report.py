@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import re
 from pathlib import Path
 
@@ -137,3 +139,20 @@ def write_section(document: Path, section: str) -> None:
     tmp = document.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(document)
+
+
+def add_output_flags(parser) -> None:
+    """A benchmark's output flags (`emit` acts on them)."""
+    parser.add_argument("--out", type=Path, help="write the JSON report here")
+    parser.add_argument("--markdown", action="store_true", help="print the markdown section instead of the JSON")
+    parser.add_argument("--benchmarks", type=Path, help="write the section into this markdown file in place (docs/BENCHMARKS.md)")
+
+
+def emit(report: dict, render, args) -> None:
+    """A benchmark's ending, as its `add_output_flags` flags say: the JSON report to --out, the section `render(report)`
+    into --benchmarks in place, and the section or the JSON printed."""
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2, default=str))
+    if args.benchmarks:
+        write_section(args.benchmarks, render(report))
+    print(render(report) if args.markdown else json.dumps(report, indent=2, default=str))

@@ -9,13 +9,13 @@ floor (FLOPs of its graph over the real pair token counts; GEMM peaks measured i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
 
 from evaluation.accel_bench import interleaved_ms
 from evaluation.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
+from evaluation.report import add_output_flags, emit
 from evaluation.runner import run_queries
 from indexer.corpus import split_queries
 from indexer.store import open_index
@@ -91,14 +91,10 @@ def main() -> None:
     parser.add_argument("rerankers", nargs="+", help="NAME=DIR: a `hybrid train-reranker` folder")
     parser.add_argument("--split", default="test")
     parser.add_argument("--latency-queries", type=int, default=30)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--markdown", action="store_true")
+    add_output_flags(parser)
     args = parser.parse_args()
     rerankers = {name: Path(folder) for name, folder in (item.split("=", 1) for item in args.rerankers)}
-    report = run(args.index, args.dataset, rerankers, args.split, args.latency_queries)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
-    print(markdown(report) if args.markdown else json.dumps(report, indent=2))
+    emit(run(args.index, args.dataset, rerankers, args.split, args.latency_queries), markdown, args)
 
 
 if __name__ == "__main__":

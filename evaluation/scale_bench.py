@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import tempfile
@@ -28,7 +27,7 @@ import numpy as np
 
 from evaluation.accel_bench import interleaved_ms
 from evaluation.bench import percentiles
-from evaluation.report import write_section
+from evaluation.report import add_output_flags, emit
 from evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from evaluation.server import free_port, running_server
 from indexer.build import BuildOptions, build_index
@@ -217,16 +216,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--markdown", action="store_true")
-    parser.add_argument("--benchmarks", type=Path, help="write the section into this markdown file in place (docs/BENCHMARKS.md)")
+    add_output_flags(parser)
     args = parser.parse_args()
     report = run_all(args.index, args.dataset, args.build_docs, args.rounds, args.queries, args.shards)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2, default=str))
-    if args.benchmarks:
-        write_section(args.benchmarks, markdown(report))
-    print(markdown(report) if args.markdown else json.dumps(report, indent=2, default=str))
+    emit(report, markdown, args)
 
 
 if __name__ == "__main__":
