@@ -16,13 +16,13 @@ def sequence_batch(precision: str, batch_size: int) -> int:
 
 
 def length_sorted(run_batch: Callable[[list], np.ndarray], texts: Sequence, batch_size: int,
-                  out: np.ndarray) -> np.ndarray:
+                  out: np.ndarray, map_batches: Callable = map) -> np.ndarray:
     """Fill `out` (one row per text, or per (query, text) pair) batch by batch, batching inputs of
-    similar length together (less padding)."""
+    similar length together (less padding). `map_batches` runs the batches (an executor's map: side by side)."""
     order = np.argsort([len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts], kind="stable")
-    for start in range(0, len(order), batch_size):
-        idx = order[start : start + batch_size]
-        out[idx] = run_batch([texts[i] for i in idx])
+    batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    for idx, rows in zip(batches, map_batches(lambda idx: run_batch([texts[i] for i in idx]), batches)):
+        out[idx] = rows
     return out
 
 

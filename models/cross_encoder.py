@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -27,7 +29,7 @@ from models.onnx_export import (
     trained_max_length,
     training_record,
 )
-from models.providers import BACKENDS, encoding_feeds, load_tokenizer, onnx_session, torch_device
+from models.providers import BACKENDS, encoding_feeds, load_tokenizer, onnx_providers, onnx_session, torch_device
 from models.registry import resolve_model
 from search.errors import ConfigError, SpecError
 from search.rerank import check_weight
@@ -60,9 +62,16 @@ class OnnxCrossEncoder(_PairScorer):
         self._inputs = list(self.config["inputs"])
         self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
                                          int(self.config["pad_token_id"]), self.config["pad_token"])
-        self._session = onnx_session(model_file(folder, precision), device, threads)
-        self.providers = self._session.get_providers()
         self.precision = precision
+        if threads is not None and threads < 1:
+            raise ConfigError(f"reranker threads must be at least 1 (or unset for every core), got {threads}")
+        # On CPU, pair batches run side by side, each on one core (a single-threaded session shared by `threads`
+        # workers, all cores by default): a 128-token pair is too small a product to split across cores well, and the
+        # pool keeps concurrent reranks from oversubscribing them (docs/BENCHMARKS.md, "Rerankers").
+        self.workers = 1 if "CUDAExecutionProvider" in onnx_providers(device) else threads or len(os.sched_getaffinity(0))
+        self._session = onnx_session(model_file(folder, precision), device, 1 if self.workers > 1 else threads)
+        self.providers = self._session.get_providers()
+        self._runs = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None
 
     def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
         """Tokens of each (query, text) pair as the model reads it: truncated to max_length, unpadded."""
@@ -73,7 +82,11 @@ class OnnxCrossEncoder(_PairScorer):
             feeds = encoding_feeds(self._tokenizer.encode_batch(batch), self._inputs)
             return self._session.run(None, feeds)[0][:, 0]
 
-        return length_sorted(batch_scores, pairs, sequence_batch(self.precision, batch_size), np.empty(len(pairs), np.float32))
+        size = sequence_batch(self.precision, batch_size)
+        if self._runs is None:
+            return length_sorted(batch_scores, pairs, size, np.empty(len(pairs), np.float32))
+        size = min(size, -(-len(pairs) // self.workers))  # every worker gets a share
+        return length_sorted(batch_scores, pairs, max(1, size), np.empty(len(pairs), np.float32), self._runs.map)
 
 
 class TorchCrossEncoder(_PairScorer):

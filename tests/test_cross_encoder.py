@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -60,6 +61,21 @@ def test_scores_do_not_depend_on_batching(export, pairs):
     single = np.array([model.score(query, [t])[0] for t in texts[:6]])
     np.testing.assert_allclose(batched, single, atol=1e-4)
     assert model.score(query, []).shape == (0,)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_runs_side_by_side_score_like_one_run_at_a_time(export, pairs, precision):
+    query, texts = pairs
+    serial = OnnxCrossEncoder(export, device="cpu", threads=1, precision=precision)
+    parallel = OnnxCrossEncoder(export, device="cpu", threads=3, precision=precision)
+    assert (serial.workers, parallel.workers) == (1, 3)
+    expected = serial.score(query, texts, batch_size=4)
+    with ThreadPoolExecutor(4) as callers:  # concurrent reranks share the workers
+        answers = list(callers.map(lambda _: parallel.score(query, texts, batch_size=4), range(4)))
+    for scores in answers:  # int8 runs one pair at a time either way: the same products, bit for bit
+        np.testing.assert_allclose(scores, expected, atol=1e-4 if precision == "fp32" else 0)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        OnnxCrossEncoder(export, device="cpu", threads=0)
 
 
 def test_loader_finds_the_export_and_rejects_bad_options(cross_encoder_dir, export):
