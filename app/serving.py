@@ -55,7 +55,8 @@ def load_reranker(settings, batch: bool = False):
     """The cross-encoder the settings name, loaded once for the life of the service (reloads keep it)."""
     if not settings.reranker:
         return None
-    model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision)
+    model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision,
+                               workers=settings.reranker_workers)
     return BatchingCrossEncoder(model) if batch else model
 
 

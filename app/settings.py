@@ -68,6 +68,9 @@ class Settings(BaseSettings):
         "(scifact test nDCG@10 within 0.003 of fp32, half the time) and fp32 on GPU; `hybrid eval` and `hybrid tune` "
         "embed queries the same way (--query-precision)")
     reranker_precision: Literal[tuple(PRECISIONS)] = Field("fp32", description="ONNX weights of the reranker; int8 is for CPU")
+    reranker_workers: int | None = Field(None, ge=1, description="cross-encoder runs side by side on CPU, each on one core "
+                                         "(a request's pairs are spread over them; concurrent requests share them); "
+                                         "default: one per core")
     rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, description="first-stage hits reranked when a request does not say")
     rerank_weight: float | None = Field(None, description="interpolation weight of the cross-encoder when a request does not "
                                         "say (1: its logit alone); default: the weight `hybrid train-reranker` tuned on "

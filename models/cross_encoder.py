@@ -53,23 +53,26 @@ class _PairScorer:
 
 
 class OnnxCrossEncoder(_PairScorer):
-    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32"):
+    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32",
+                 workers: int | None = None):
+        """On CPU, `workers` runs go side by side (default: one per core), each on `threads` intra-op threads (default:
+        1 beside other workers, all cores alone): a 128-token pair is too small a product to split across cores well,
+        and one pool per model keeps concurrent reranks from oversubscribing them (docs/BENCHMARKS.md, "Rerankers")."""
         self.folder = folder = Path(folder)  # the export: its graphs, config and tokenizer
         self.config = json.loads((folder / CROSS_ENCODER_CONFIG).read_text())
         if int(self.config["num_labels"]) != 1:
             raise ConfigError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")
+        for name, value in (("threads", threads), ("workers", workers)):
+            if value is not None and value < 1:
+                raise ConfigError(f"reranker {name} must be at least 1 (or unset for the default), got {value}")
         self.max_length = int(self.config["max_length"])
         self._inputs = list(self.config["inputs"])
         self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
                                          int(self.config["pad_token_id"]), self.config["pad_token"])
         self.precision = precision
-        if threads is not None and threads < 1:
-            raise ConfigError(f"reranker threads must be at least 1 (or unset for every core), got {threads}")
-        # On CPU, pair batches run side by side, each on one core (a single-threaded session shared by `threads`
-        # workers, all cores by default): a 128-token pair is too small a product to split across cores well, and the
-        # pool keeps concurrent reranks from oversubscribing them (docs/BENCHMARKS.md, "Rerankers").
-        self.workers = 1 if "CUDAExecutionProvider" in onnx_providers(device) else threads or len(os.sched_getaffinity(0))
-        self._session = onnx_session(model_file(folder, precision), device, 1 if self.workers > 1 else threads)
+        on_cpu = "CUDAExecutionProvider" not in onnx_providers(device)
+        self.workers = (workers or len(os.sched_getaffinity(0))) if on_cpu else 1
+        self._session = onnx_session(model_file(folder, precision), device, threads or (1 if self.workers > 1 else None))
         self.providers = self._session.get_providers()
         self._runs = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None
 
@@ -109,7 +112,7 @@ class TorchCrossEncoder(_PairScorer):
 
 
 def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: str = "auto",
-                       precision: str = "fp32") -> CrossEncoder:
+                       precision: str = "fp32", workers: int | None = None) -> CrossEncoder:
     """A cross-encoder from an ONNX export folder, a `hybrid train-reranker` folder, or any
     sentence-transformers CrossEncoder name or path (exported to the ONNX cache on first use)."""
     if backend not in BACKENDS:
@@ -121,9 +124,9 @@ def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: 
     path = Path(name_or_path).expanduser()
     for folder in (path, path / ONNX_SUBDIR):
         if (folder / CROSS_ENCODER_CONFIG).is_file():
-            return OnnxCrossEncoder(folder, device, precision=precision)
+            return OnnxCrossEncoder(folder, device, precision=precision, workers=workers)
     logger.info("no ONNX export at %s: exporting (needs torch)", name_or_path)
-    return OnnxCrossEncoder(export_cross_encoder(resolve_model(str(name_or_path))), device, precision=precision)
+    return OnnxCrossEncoder(export_cross_encoder(resolve_model(str(name_or_path))), device, precision=precision, workers=workers)
 
 
 def rerank_weight(name_or_path: str | Path, override: float | None = None) -> float:

@@ -66,16 +66,17 @@ def test_scores_do_not_depend_on_batching(export, pairs):
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_runs_side_by_side_score_like_one_run_at_a_time(export, pairs, precision):
     query, texts = pairs
-    serial = OnnxCrossEncoder(export, device="cpu", threads=1, precision=precision)
-    parallel = OnnxCrossEncoder(export, device="cpu", threads=3, precision=precision)
+    serial = OnnxCrossEncoder(export, device="cpu", threads=1, workers=1, precision=precision)
+    parallel = OnnxCrossEncoder(export, device="cpu", workers=3, precision=precision)
     assert (serial.workers, parallel.workers) == (1, 3)
     expected = serial.score(query, texts, batch_size=4)
     with ThreadPoolExecutor(4) as callers:  # concurrent reranks share the workers
         answers = list(callers.map(lambda _: parallel.score(query, texts, batch_size=4), range(4)))
     for scores in answers:  # int8 runs one pair at a time either way: the same products, bit for bit
         np.testing.assert_allclose(scores, expected, atol=1e-4 if precision == "fp32" else 0)
-    with pytest.raises(ValueError, match="threads must be at least 1"):
-        OnnxCrossEncoder(export, device="cpu", threads=0)
+    for bad in ({"threads": 0}, {"workers": -1}):
+        with pytest.raises(ValueError, match=f"{next(iter(bad))} must be at least 1"):
+            OnnxCrossEncoder(export, device="cpu", **bad)
 
 
 def test_loader_finds_the_export_and_rejects_bad_options(cross_encoder_dir, export):

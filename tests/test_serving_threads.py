@@ -28,6 +28,9 @@ def test_thread_settings_are_validated():
         Settings(inference_threads=CORES + 1)
     with pytest.raises(ValidationError, match="search_threads"):
         Settings(search_threads=0)
+    assert Settings(reranker_workers="3").reranker_workers == 3  # as HYBRID_RERANKER_WORKERS gives it
+    with pytest.raises(ValidationError, match="reranker_workers"):
+        Settings(reranker_workers=0)
     assert Settings().search_workers == CORES + 1
     assert Settings(search_threads=7).search_workers == 7
     with pytest.raises(ValidationError, match="'auto', 'h11' or 'httptools'"):
