@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from indexer.live import Collection, Snapshot
-from indexer.shards import ShardedIndex, open_any
+from indexer.shards import ShardedCollection, ShardedIndex, open_any
 from indexer.store import MODEL_DIR, OpenIndex
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
 from models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
@@ -92,11 +92,7 @@ class Reloader:
 
     def open(self, index: OpenIndex) -> Serving:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
-        collection, refusal = None, None
-        if isinstance(index, ShardedIndex):
-            refusal = index.read_only_reason
-        else:
-            collection, refusal = self._collection(index)
+        collection, refusal = self._collection(index)
         previous = getattr(self.app.state, "serving", None)
         serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
         if previous is not None and previous.collection is not None and previous.collection is not collection:
@@ -105,12 +101,15 @@ class Reloader:
                     serving.pipeline.defaults.to_string())
         return serving
 
-    def _collection(self, index: OpenIndex) -> tuple[Collection | None, str | None]:
+    def _collection(self, index: OpenIndex | ShardedIndex) -> tuple[Collection | ShardedCollection | None, str | None]:
         """The live collection that takes the index's writes, or why it takes none."""
         try:
             in_flight = self.app.state.in_flight
-            collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
-                                    searching=lambda: in_flight.active > 0)
+            if isinstance(index, ShardedIndex):  # each shard's writer embeds its own documents
+                collection = ShardedCollection(index, self.settings.max_batch_docs)
+            else:
+                collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
+                                        searching=lambda: in_flight.active > 0)
             collection.on_refresh = functools.partial(self._publish_snapshot, collection)
             return collection, None
         except HybridError as exc:

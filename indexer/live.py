@@ -29,7 +29,7 @@ from common.publish import publish_dir
 from indexer.build import EMBED_BATCH, BuildOptions, build_into
 from indexer.hubness import correction_folder_name, write_correction
 from indexer.corpus import indexed_text
-from indexer.manifest import Manifest, write_manifest
+from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
 from indexer.wal import WriteAheadLog
 from models.embedder import OnnxEmbedder
@@ -153,6 +153,8 @@ class Collection:
         says searches are running: then each chunk of a batch goes to a session on half the cores, so writes cannot
         take every core from searches (docs/BENCHMARKS.md, "Live writes", measures both)."""
         self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
+        # what else a compaction writes into the new base folder before its manifest: on_compact(state, manifest, folder)
+        self.on_compact = None
         self.write_threads, self.searching = write_threads, searching
         self._write_embedder = None
         self._embed_lock = threading.Lock()
@@ -173,9 +175,12 @@ class Collection:
 
     # writes
 
-    def upsert(self, documents: list) -> int:
-        """Validate every document (SpecError naming `documents[i].field`), embed, log durably, apply; the sequence number."""
+    def upsert(self, documents: list, positions: list[int] | None = None) -> int:
+        """Validate every document (SpecError naming `documents[i].field`), embed, log durably, apply; the sequence
+        number. `positions`: in a shard, each document's position in the whole sharded index (logged with it)."""
         checked = self._check_batch(documents)
+        if positions is not None:
+            checked = [{**doc, "position": int(position)} for doc, position in zip(checked, positions, strict=True)]
         texts = [indexed_text(doc["title"], doc["text"]) for doc in checked]
         vectors = self._embed(texts)
         hubness = self._hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
@@ -206,7 +211,7 @@ class Collection:
         if not isinstance(ids, list) or not ids:
             raise SpecError("ids", "must be a non-empty list of document ids")
         for i, doc_id in enumerate(ids):
-            _check_id(doc_id, f"ids[{i}]")
+            check_id(doc_id, f"ids[{i}]")
         return self._log_and_apply({"op": "delete", "ids": [str(doc_id) for doc_id in ids]})
 
     def _log_and_apply(self, record: dict, prepared: Prepared | None = None) -> int:
@@ -246,7 +251,7 @@ class Collection:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
                 self._live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens,
-                                                              vectors[-1], self._vocabulary)
+                                                              vectors[-1], self._vocabulary, doc.get("position", -1))
                 self._keys[doc["id"]], self._next_key = self._next_key, self._next_key + 1
             if self._hubness is not None:
                 prepared = prepared or self._hubness.prepare(ids, np.stack(vectors))
@@ -271,38 +276,7 @@ class Collection:
         return idx if idx is not None and self._base_alive[idx] else -1
 
     def _check_batch(self, documents) -> list[dict]:
-        if not isinstance(documents, list) or not documents:
-            raise SpecError("documents", "must be a non-empty list of documents")
-        if len(documents) > self.max_batch_docs:
-            raise SpecError("documents", f"at most {self.max_batch_docs} documents per batch (HYBRID_MAX_BATCH_DOCS), got {len(documents)}")
-        types = {name: info.type for name, info in self.index.manifest.metadata.items()}
-        seen: dict[str, int] = {}
-        checked = []
-        for i, doc in enumerate(documents):
-            where = f"documents[{i}]"
-            if not isinstance(doc, dict):
-                raise SpecError(where, "must be an object with id, text and optionally title and metadata")
-            unknown = set(doc) - {"id", "title", "text", "metadata"}
-            if unknown:
-                raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown field; valid: id, title, text, metadata")
-            doc_id = _check_id(doc.get("id"), f"{where}.id")
-            if doc_id in seen:
-                raise SpecError(f"{where}.id", f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
-            seen[doc_id] = i
-            if "text" not in doc or not isinstance(doc["text"], str):
-                raise SpecError(f"{where}.text", "required: a string")
-            title = doc.get("title") or ""
-            if not isinstance(title, str):
-                raise SpecError(f"{where}.title", "must be a string")
-            if not (doc["text"].strip() or title.strip()):
-                raise SpecError(f"{where}.text", "the document has neither text nor title")
-            metadata = doc.get("metadata") or {}
-            if not isinstance(metadata, dict):
-                raise SpecError(f"{where}.metadata", "must be an object")
-            for name, value in metadata.items():
-                check_value(types.get(name), value, f"{where}.metadata.{name}")
-            checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": metadata})
-        return checked
+        return check_batch(documents, self.max_batch_docs, self.index.manifest.metadata)
 
     # reads
 
@@ -314,6 +288,21 @@ class Collection:
                 return {"id": live.doc_id, "title": live.title, "text": live.text, "metadata": live.metadata}
             idx = self._base_idx.get(doc_id)
             return self.index.docs.get(idx) if idx is not None and self._base_alive[idx] else None
+
+    def follow(self) -> Snapshot:
+        """Apply and publish what another process logged since (a replica serving a shard that a writer elsewhere
+        takes writes for). A compaction there replaced the base and cut the log: then the index is opened again."""
+        path = self.index.path
+        with self._write_lock:
+            on_disk = read_manifest(path)
+            if on_disk.created_at != self.index.manifest.created_at:
+                index, self.seq = self.index, max(self.seq, on_disk.applied_sequence)
+                self._reopen(open_index(path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
+                                        embedder=index.embedder, query_precision=index.query_precision), on_disk.applied_sequence)
+            for record in WriteAheadLog.replay(path / LIVE_DIR / WAL_FILE):  # a torn tail is an append in progress
+                if record["seq"] > self.seq:
+                    self._apply(record)
+        return self.refresh()
 
     # visibility
 
@@ -375,6 +364,8 @@ class Collection:
                         manifest = build_into(tmp, corpus, build_options_of(index), index.path / MODEL_DIR,
                                               json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
                         _carry_over(state, manifest, tmp, vectors)
+                        if self.on_compact is not None:
+                            self.on_compact(state, manifest, tmp)
                         write_manifest(tmp, manifest)
                         self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
                         held = True
@@ -471,7 +462,43 @@ def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarra
     new.hubness = replace(old.hubness, folder=name, activation={b: int(m.sum()) for b, m in correction.activation.items()})
 
 
-def _check_id(doc_id, where: str) -> str:
+def check_batch(documents, max_batch_docs: int, fields: dict) -> list[dict]:
+    """A write batch, checked whole: SpecError naming `documents[i].field` of the first problem."""
+    if not isinstance(documents, list) or not documents:
+        raise SpecError("documents", "must be a non-empty list of documents")
+    if len(documents) > max_batch_docs:
+        raise SpecError("documents", f"at most {max_batch_docs} documents per batch (HYBRID_MAX_BATCH_DOCS), got {len(documents)}")
+    types = {name: info.type for name, info in fields.items()}
+    seen: dict[str, int] = {}
+    checked = []
+    for i, doc in enumerate(documents):
+        where = f"documents[{i}]"
+        if not isinstance(doc, dict):
+            raise SpecError(where, "must be an object with id, text and optionally title and metadata")
+        unknown = set(doc) - {"id", "title", "text", "metadata"}
+        if unknown:
+            raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown field; valid: id, title, text, metadata")
+        doc_id = check_id(doc.get("id"), f"{where}.id")
+        if doc_id in seen:
+            raise SpecError(f"{where}.id", f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
+        seen[doc_id] = i
+        if "text" not in doc or not isinstance(doc["text"], str):
+            raise SpecError(f"{where}.text", "required: a string")
+        title = doc.get("title") or ""
+        if not isinstance(title, str):
+            raise SpecError(f"{where}.title", "must be a string")
+        if not (doc["text"].strip() or title.strip()):
+            raise SpecError(f"{where}.text", "the document has neither text nor title")
+        metadata = doc.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise SpecError(f"{where}.metadata", "must be an object")
+        for name, value in metadata.items():
+            check_value(types.get(name), value, f"{where}.metadata.{name}")
+        checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": metadata})
+    return checked
+
+
+def check_id(doc_id, where: str) -> str:
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id).strip() == "":
         raise SpecError(where, "required: a non-empty string (or integer) id")
     doc_id = str(doc_id)

@@ -22,7 +22,8 @@ import hashlib
 import json
 import logging
 import shutil
-from dataclasses import replace
+import threading
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import faiss
@@ -31,18 +32,20 @@ import numpy as np
 from common.publish import publish_dir, write_atomic
 from indexer import store
 from indexer.corpus import indexed_text
+from indexer.live import Collection, Snapshot, check_batch, check_id, current_view
 from indexer.manifest import IndexOpenError, read_json, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder
 from models.onnx_export import resolve_query_precision
 from models.providers import on_gpu
 from search.bm25 import BM25Index
 from search.dense import build_faiss_index
-from search.errors import ConfigError, HybridError
+from search.errors import ConfigError, HybridError, SpecError
 from search.hubness import HubnessCorrection, augment_documents
 from search.hits import Presenter
-from search.pipeline import Stopwatch
-from search.postings import Postings
+from search.pipeline import SearchPipeline, Stopwatch
+from search.postings import POSTINGS_DIR, Postings
 from search.rerank import Reranker
+from search.segments import CorpusStatistics, LiveBM25, LiveSegment
 from search.sharded import ShardedColumns, ShardedHubness, ShardedPipeline, ShardGroup
 from search.spec import HubnessSpec
 
@@ -135,8 +138,6 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
 
 def _check_no_pending_writes(index: store.OpenIndex) -> None:
     """Writes in the index's log that no compaction folded into it yet would be lost by the split."""
-    from indexer.live import current_view  # the live-writes layer sits above the store
-
     view = current_view(index)
     if view is not index and view.changed:
         raise HybridError(f"{index.path} has live writes that are not compacted into it yet: compact it first "
@@ -158,6 +159,7 @@ def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df
         writer.close()
     bm25 = global_bm25(tokens, index.analyzer, manifest.bm25, df, stats)
     bm25.save(folder / store.BM25_DIR)
+    Postings.from_tokens(tokens, bm25.vocabulary).save(folder)  # what writes score with (search.segments.LiveBM25)
     np.save(folder / POSITIONS, positions)
     vectors = np.ascontiguousarray(index.embeddings[positions], dtype=np.float32)
     np.save(folder / store.EMBEDDINGS, vectors)
@@ -210,87 +212,198 @@ def global_bm25(tokens: list[list[str]], analyzer, params, df: dict[str, int], s
     return bm25
 
 
-class ShardSearcher:
-    """One shard's half of a sharded search (search.sharded.ShardClient), over an opened shard folder. Answers use the
-    whole index's numbering (positions); everything passed in and out is plain data, so it can cross processes."""
+@dataclass(frozen=True)
+class _ShardView:
+    """What a shard's searches read, as of one snapshot: its pipeline, and the position of each document (base then
+    live numbering)."""
 
-    def __init__(self, index: store.OpenIndex):
+    key: object  # the snapshot (or the index, for a shard without a collection) this view was made of
+    index: store.OpenIndex
+    snapshot: Snapshot | None
+    pipeline: SearchPipeline
+    positions: np.ndarray
+
+    @classmethod
+    def of(cls, index: store.OpenIndex, snapshot: Snapshot | None) -> "_ShardView":
+        positions = np.load(index.path / POSITIONS)
+        if len(positions) != index.num_docs:
+            raise IndexOpenError(f"{index.path}: {POSITIONS} has {len(positions)} entries for {index.num_docs} documents")
+        if snapshot is None:
+            return cls(index, index, None, index.pipeline(), positions)
+        live = np.array([doc.position for doc in snapshot.live.docs], dtype=np.int64)
+        # fusion, rerank and the defaults are the coordinator's: a shard only runs legs
+        return cls(snapshot, index, snapshot, snapshot.pipeline(), np.concatenate([positions, live]))
+
+    @functools.cached_property
+    def bm25(self) -> LiveBM25:
+        """BM25 over the documents that exist, to score with the whole corpus's statistics."""
+        snapshot = self.snapshot
+        alive = snapshot.base_alive if snapshot is not None else np.ones(self.index.num_docs, dtype=bool)
+        live = snapshot.live if snapshot is not None else LiveSegment([], self.index.dense.dimension, {})
+        return LiveBM25(self.index.bm25, self.index.postings, self.index.manifest.bm25, alive, live)
+
+    def local(self, positions) -> tuple[np.ndarray, np.ndarray]:
+        """The local number of each of `positions`, and whether this shard holds it."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if not len(self.positions):
+            return np.zeros(len(positions), dtype=np.int64), np.zeros(len(positions), dtype=bool)
+        local = np.minimum(np.searchsorted(self.positions, positions), len(self.positions) - 1)
+        return local, self.positions[local] == positions
+
+    def document(self, local: int) -> dict:
+        return self.snapshot.document(local) if self.snapshot is not None else self.index.docs.get(local)
+
+
+class ShardSearcher:
+    """One shard's half of a sharded search (search.sharded.ShardClient), over an opened shard folder, and the shard's
+    writes when it has a `collection` (indexer.live: the writer's, or a follower's that `follow` keeps up with the
+    writer's log). Answers use the whole index's numbering (positions); everything passed in and out is plain data,
+    so it can cross processes."""
+
+    def __init__(self, index: store.OpenIndex, collection: Collection | None = None):
         if index.manifest.shard is None:
             raise IndexOpenError(f"{index.path} is not a shard (its manifest has no shard section)")
-        self.index = index
-        self.positions = np.load(index.path / POSITIONS)
-        if len(self.positions) != index.num_docs:
-            raise IndexOpenError(f"{index.path}: {POSITIONS} has {len(self.positions)} entries for {index.num_docs} documents")
-        # fusion, rerank and the defaults are the coordinator's: a shard only runs legs
-        self.pipeline = index.pipeline()
+        self.index, self.collection = index, collection
+        if collection is not None:
+            collection.on_compact = _keep_positions
+        self._view = _ShardView.of(index, collection.snapshot if collection is not None else None)
+
+    def view(self, min_seq: list[int] | int = 0) -> _ShardView:
+        """The current view, after catching up with the writer's log when it is older than `min_seq` (a follower;
+        a list: by shard, this shard's entry)."""
+        collection = self.collection
+        if collection is None:
+            return self._view
+        if isinstance(min_seq, list):
+            min_seq = min_seq[self.index.manifest.shard["index"]]
+        snapshot = collection.snapshot
+        if snapshot.seq < min_seq:
+            snapshot = collection.follow() if collection.seq < min_seq else collection.refresh()
+        view = self._view
+        if view.key is not snapshot:
+            view = self._view = _ShardView.of(snapshot.index, snapshot)
+        return view
 
     def describe(self) -> dict:
-        hubness = self.index.hubness
-        return {"shard": self.index.manifest.shard, "created_at": self.index.manifest.created_at,
-                "documents": self.index.num_docs, "positions": self.positions,
+        view = self.view()
+        hubness = view.index.hubness
+        written = view.index.manifest.applied_sequence > 0 or (self.collection is not None and self.collection.seq > 0)
+        return {"shard": view.index.manifest.shard, "created_at": view.index.manifest.created_at,
+                "documents_alive": view.snapshot.documents if view.snapshot is not None else view.index.num_docs,
+                "positions": view.positions, "written": written,
+                "seq": self.collection.seq if self.collection is not None else 0,
                 "max_bias": hubness.correction.max_bias if hubness is not None else None}
 
-    def _local(self, positions) -> np.ndarray:
-        positions = np.asarray(positions, dtype=np.int64)
-        local = np.searchsorted(self.positions, positions)
-        if len(positions) and (local.max() >= len(self.positions) or not np.array_equal(self.positions[local], positions)):
-            raise KeyError("positions not in this shard")
-        return local
-
-    def _global(self, ranking) -> dict:
-        return {"positions": self.positions[ranking.doc_idx], "scores": ranking.scores}
+    @staticmethod
+    def _global(view: _ShardView, ranking) -> dict:
+        return {"positions": view.positions[ranking.doc_idx], "scores": ranking.scores}
 
     def search(self, request: dict) -> dict:
         """One leg (mode bm25 or dense: its local top-`depth`), or both (hybrid: the local candidates, each with both
-        scores, and each leg's local list) of the documents the request's filter admits."""
-
-        pipe, clock = self.pipeline, Stopwatch()
+        scores, and each leg's local list) of the documents the request's filter admits. BM25 scores with the
+        request's corpus statistics when it has them (a sharded index that took writes)."""
+        view, clock = self.view(request.get("min_seq", 0)), Stopwatch()
+        pipe = view.pipeline
+        if request.get("statistics") is not None:
+            pipe = pipe.with_bm25(view.bm25.with_statistics(request["statistics"]))
         allowed = pipe.allowed(request["filter"])
         query, depth, coef = request["query"], request["depth"], request["coef"]
         hubness = HubnessSpec(method=request.get("hubness", "none"))
         if request["mode"] == "bm25":
-            return self._global(pipe.bm25_leg(query, depth, clock, allowed)[1])
+            return self._global(view, pipe.bm25_leg(query, depth, clock, allowed)[1])
         if request["mode"] == "dense":
-            return self._global(pipe.dense_leg(query, depth, clock, hubness, allowed, request["vector"], coef)[1])
+            return self._global(view, pipe.dense_leg(query, depth, clock, hubness, allowed, request["vector"], coef)[1])
         candidates, _ = pipe.candidates(query, depth, hubness, clock, allowed, request["vector"], coef)
-        legs = {leg: self._global(ranking) for leg, ranking in candidates.rankings.items()}
-        return {"positions": self.positions[candidates.doc_idx], "scores": candidates.scores, **legs}
+        legs = {leg: self._global(view, ranking) for leg, ranking in candidates.rankings.items()}
+        return {"positions": view.positions[candidates.doc_idx], "scores": candidates.scores, **legs}
+
+    def statistics(self, terms: list[str], min_seq: list[int] | int = 0) -> CorpusStatistics:
+        """This shard's part of the corpus statistics (search.segments.CorpusStatistics)."""
+        return self.view(min_seq).bm25.statistics(terms)
 
     def raw_top1(self, vector: np.ndarray) -> dict | None:
-        top = self.index.hubness.raw_top1(vector, self.index.embeddings)
+        view = self.view()
+        top = view.index.hubness.raw_top1(vector, view.index.embeddings)
         if top is None:
             return None
-        activation = self.index.hubness.correction.activation
-        return {"position": int(self.positions[top[0]]), "score": top[1],
+        activation = view.index.hubness.correction.activation
+        return {"position": int(view.positions[top[0]]), "score": top[1],
                 **{bank: bool(activation[bank][top[0]]) for bank in ("query", "gallery")}}
 
-    def documents(self, positions) -> list[dict]:
-        return [self.index.docs.get(int(i)) for i in self._local(positions)]
+    def documents(self, positions, min_seq: list[int] | int = 0) -> list[dict | None]:
+        """The stored documents at `positions`; None for a position this shard does not hold."""
+        view = self.view(min_seq)
+        local, held = view.local(positions)
+        return [view.document(int(i)) if h else None for i, h in zip(local, held)]
 
     def document_by_id(self, doc_id: str) -> dict | None:
-        return self.index.document_by_id(doc_id)
+        """The latest acknowledged version of a document (read-your-writes, before any refresh)."""
+        return self.collection.get(doc_id) if self.collection is not None else self.index.document_by_id(doc_id)
 
-    def facet_counts(self, names: list[str], positions) -> dict[str, list]:
-        local = self._local(positions)
-        return {name: self.index.metadata.columns[name].counts(local) for name in names}
+    def facet_counts(self, names: list[str], positions, min_seq: list[int] | int = 0) -> dict[str, list]:
+        """Facet counts over the documents at `positions` that this shard holds."""
+        view = self.view(min_seq)
+        local, held = view.local(positions)
+        local = local[held]
+        metadata = view.snapshot.metadata if view.snapshot is not None else view.index.metadata
+        return {name: metadata.columns[name].counts(local) for name in names}
+
+    # writes (the shard's writer)
+
+    def upsert(self, documents: list[dict], positions: list[int]) -> int:
+        return self._writer().upsert(documents, positions)
+
+    def delete(self, ids: list[str]) -> int:
+        return self._writer().delete(ids)
+
+    def refresh(self) -> int:
+        return self._writer().refresh().seq
+
+    def needs_compaction(self, fraction: float, min_docs: int) -> bool:
+        return self._writer().needs_compaction(fraction, min_docs)
+
+    def compact(self) -> int:
+        return self._writer().compact().seq
+
+    def stats(self) -> dict:
+        return self._writer().stats()
+
+    def _writer(self) -> Collection:
+        if self.collection is None:
+            raise HybridError(f"{self.index.path} was opened read-only")
+        return self.collection
 
     def close(self) -> None:
-        self.index.close()
+        if self.collection is not None:
+            self.collection.close()
+        (self.collection.index if self.collection is not None else self.index).close()
+
+
+def _keep_positions(state: Snapshot, manifest, folder: Path) -> None:
+    """A shard's compaction keeps each document's position in the whole index (alive base documents in order, then
+    live ones, as the compacted base numbers them) and its shard section."""
+    base = np.load(state.index.path / POSITIONS)[state.base_alive]
+    np.save(folder / POSITIONS, np.concatenate([base, np.array([doc.position for doc in state.live.docs], dtype=np.int64)]))
+    manifest.files[POSITIONS] = {"bytes": (folder / POSITIONS).stat().st_size, "sha256": store.sha256_file(folder / POSITIONS)}
+    manifest.shard = state.index.manifest.shard
 
 
 class ShardedIndex:
     """The coordinator's side of a sharded index: what the service and `hybrid search` use in place of an OpenIndex
     (pipeline, presenter, manifest, embedder), with the shards answering through `clients` (in process: ShardSearcher;
-    Ray Serve deployments: cluster.serve). Queries are embedded here, once, with the index's model."""
+    Ray Serve deployments: cluster.serve). Queries are embedded here, once, with the index's model.
 
-    read_only_reason = "a sharded index takes no writes: write to the whole index, then split it again (`hybrid shard`)"
+    `writers` (one per shard, in shard order) take the writes (`collection`); without them, or when the shards cannot
+    take writes, the index is read-only and `read_only_reason` says why. Once any shard has taken a write, the
+    corpus's BM25 statistics are no longer the split's: each BM25 leg first sums the shards' statistics of the query's
+    terms (search.segments.CorpusStatistics) and every shard scores with them, as Elasticsearch's DFS query does."""
 
     def __init__(self, folder: Path | str, clients: list, device: str = "auto", query_precision: str = "auto",
-                 own: list | None = None, verify: str = "full"):
+                 own: list | None = None, verify: str = "full", writers: list | None = None):
         self.path = Path(folder)
         self.info = read_shards(self.path)
         store.verify_inventory(self.path, self.info["model_files"], verify)  # the query model is the shards' model
-        if len(clients) != len(self.info["shards"]):
+        if len(clients) != len(self.info["shards"]) or (writers is not None and len(writers) != len(clients)):
             raise IndexOpenError(f"{self.path} has {len(self.info['shards'])} shards, {len(clients)} clients were given")
         first = read_manifest(self.path / self.info["shards"][0]["folder"])
         if first.embedder.model_checksum != self.info["model_checksum"]:
@@ -299,16 +412,24 @@ class ShardedIndex:
                                 shard={"shards": len(clients), "hash": self.info["hash"]})
         self.analyzer = first.analyzer
         self.shards = ShardGroup(clients)
+        self.writers = ShardGroup(writers) if writers is not None else None
         self._own = own or []  # shards opened in this process, closed with it
         described = self.shards.all("describe")
-        self.owner = np.full(self.info["documents"], -1, dtype=np.int32)
+        split_documents = self.info["documents"]  # positions below it are the split's; written documents get later ones
+        self.owner = np.full(split_documents, -1, dtype=np.int32)
         for i, shard in enumerate(described):
-            if shard["shard"]["index"] != i or shard["shard"]["corpus_documents"] != self.info["documents"]:
-                raise IndexOpenError(f"{self.path}: shard {i} answers as shard {shard['shard']['index']} of a "
-                                     f"{shard['shard']['corpus_documents']}-document index")
-            self.owner[shard["positions"]] = i
-        if (self.owner < 0).any():
+            if shard["shard"]["index"] != i or shard["shard"]["shards"] != len(clients):
+                raise IndexOpenError(f"{self.path}: shard {i} answers as shard {shard['shard']['index']} of "
+                                     f"{shard['shard']['shards']}")
+            positions = np.asarray(shard["positions"])
+            self.owner[positions[positions < split_documents]] = i
+        self.written = any(shard["written"] for shard in described)
+        if not self.written and (self.owner < 0).any():
             raise IndexOpenError(f"{self.path}: {int((self.owner < 0).sum())} documents belong to no shard")
+        # per shard, the writer's sequence number that searches must see (a replica catches up with its log first)
+        self.visible = [int(shard["seq"]) for shard in described]
+        self.next_position = max([split_documents, *(int(np.max(d["positions"], initial=-1)) + 1 for d in described)])
+        self.documents_count = sum(int(shard["documents_alive"]) for shard in described)
         self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device,
                                      precision=first.embedder.document_precision)
         self.query_precision = resolve_query_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
@@ -318,7 +439,18 @@ class ShardedIndex:
             self.hubness = ShardedHubness(first.hubness.params, {name: max(b[name] for b in biases) for name in biases[0]})
         self.metadata = None
         if any(info.filterable for info in first.metadata.values()):
-            self.metadata = ShardedColumns(first.metadata, self.shards, lambda docs: self.owner[docs])
+            self.metadata = ShardedColumns(first.metadata, self.shards, self.owners, self.consistency)
+        self.read_only_reason = self._read_only_reason()
+
+    def _read_only_reason(self) -> str | None:
+        if self.hubness is not None:
+            return ("a sharded index with a fitted hubness correction takes no writes (its shards do not carry the banks "
+                    "that extend it to new documents): split an index without one, or write to the whole index and split again")
+        missing = [shard["folder"] for shard in self.info["shards"]
+                   if not (self.path / shard["folder"] / POSTINGS_DIR).is_dir()]
+        if missing:
+            return f"{', '.join(missing[:3])} were split before shards took writes (no {POSTINGS_DIR}/): split the index again"
+        return "this sharded index was opened read-only" if self.writers is None else None
 
     @property
     def num_docs(self) -> int:
@@ -330,34 +462,60 @@ class ShardedIndex:
             return self.embedder
         return OnnxEmbedder(self.path / store.MODEL_DIR, device="cpu", precision=self.query_precision)
 
+    def consistency(self, query: str | None = None) -> dict:
+        """What a shard request carries once the index took writes: the writer sequence number each shard must have
+        caught up with (`min_seq`, by shard) and, for a BM25 leg of `query`, the corpus statistics of its terms."""
+        if not self.written:
+            return {}
+        extras: dict = {"min_seq": list(self.visible)}
+        if query is not None:
+            terms = self.analyzer.analyze(query)
+            extras["statistics"] = CorpusStatistics.total(self.shards.all("statistics", terms, extras["min_seq"]))
+        return extras
+
+    def owners(self, positions: np.ndarray) -> np.ndarray:
+        """The shard of each position (-1: written since the split, which shard is not recorded here)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        out = np.full(len(positions), -1, dtype=np.int32)
+        split = positions < len(self.owner)
+        out[split] = self.owner[positions[split]]
+        return out
+
     def document(self, position: int) -> dict:
         return self.documents(np.array([position]))[0]
 
     def documents(self, positions: np.ndarray) -> list[dict]:
-        """Stored documents by position: one call to each shard that holds some."""
+        """Stored documents by position: one call to each shard that holds some (every shard, for written ones)."""
         positions = np.asarray(positions, dtype=np.int64)
-        owners = self.owner[positions]
-        answers = self.shards.some("documents", {int(i): (positions[owners == i],) for i in np.unique(owners)})
-        taken = {int(i): iter(docs) for i, docs in answers.items()}
-        return [next(taken[int(i)]) for i in owners]
+        owners = self.owners(positions)
+        min_seq = self.consistency().get("min_seq", 0)
+        asked = {int(i): (positions if i < 0 else positions[owners == i], min_seq) for i in np.unique(owners)}
+        if -1 in asked:
+            asked = {i: (positions, min_seq) for i in range(len(self.shards))}
+        answers = self.shards.some("documents", asked)
+        found: dict[int, dict] = {}
+        for i, (asked_positions, _) in asked.items():
+            found.update((int(p), doc) for p, doc in zip(asked_positions, answers[i]) if doc is not None)
+        return [found[int(p)] for p in positions]
 
     def doc_texts(self, positions: np.ndarray) -> list[str]:
         return [indexed_text(doc["title"], doc["text"]) for doc in self.documents(positions)]
 
+    def owner_of(self, doc_id: str) -> int:
+        return int(shard_of([doc_id], len(self.shards))[0])
+
     def document_by_id(self, doc_id: str) -> dict | None:
         """The stored document with this id, from the shard its hash names."""
-        return self.shards.clients[int(shard_of([doc_id], len(self.shards))[0])].document_by_id(doc_id)
+        return self.shards.clients[self.owner_of(doc_id)].document_by_id(doc_id)
 
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None):
-
         reranker = (Reranker(cross_encoder, None, cross_encoder_name, texts_of=self.doc_texts)
                     if cross_encoder is not None else None)
         return ShardedPipeline(self.shards, embedder or self.query_embedder, self.manifest.defaults.merge(overrides),
-                               self.hubness, self.metadata, reranker)
+                               self.hubness, self.metadata, reranker, self.consistency)
 
     def presenter(self, embedder=None):
-
         return Presenter(self.document, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata,
                          documents=self.documents)
 
@@ -365,15 +523,133 @@ class ShardedIndex:
         for searcher in self._own:
             searcher.close()
         self.shards.close()
+        if self.writers is not None:
+            self.writers.close()
+
+
+@dataclass(frozen=True)
+class ShardedSnapshot:
+    """What the service serves of a sharded index as of a refresh (the shards hold the documents' snapshots)."""
+
+    index: ShardedIndex
+    seq: int
+    documents: int
+
+    def pipeline(self, *args, **kwargs):
+        return self.index.pipeline(*args, **kwargs)
+
+    def presenter(self, embedder=None):
+        return self.index.presenter(embedder)
+
+
+class ShardedCollection:
+    """Writes to a sharded index (the service's collection of it): each document goes to the shard its id hashes to,
+    whose writer validates, embeds and logs it durably (indexer.live), with the next position of the whole index,
+    given here in write order so the shards number written documents as one index would. A batch is validated
+    whole before any shard sees it; then each shard's part is durable on its own. One write at a time.
+
+    Sequence numbers are the sum of the shards' writers' own (durable, and growing with every write); a refresh
+    publishes every shard's writes, and searches then carry each shard's sequence number, so a replica that follows
+    the writer's log catches up before it answers."""
+
+    def __init__(self, index: ShardedIndex, max_batch_docs: int, on_refresh=None):
+        if index.read_only_reason is not None:
+            raise HybridError(index.read_only_reason)
+        self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
+        self._lock = threading.Lock()
+        self._compact_lock = threading.Lock()
+        self._acked = list(index.visible)
+        self.snapshot = ShardedSnapshot(index, sum(index.visible), index.documents_count)
+
+    @property
+    def seq(self) -> int:
+        return sum(self._acked)
+
+    def upsert(self, documents: list) -> int:
+        checked = check_batch(documents, self.max_batch_docs, self.index.manifest.metadata)
+        owners = shard_of([doc["id"] for doc in checked], len(self.index.shards))
+        with self._lock:
+            positions = np.arange(self.index.next_position, self.index.next_position + len(checked))
+            parts = {int(s): ([checked[i] for i in np.flatnonzero(owners == s)], positions[owners == s].tolist())
+                     for s in np.unique(owners)}
+            self.index.next_position += len(checked)  # positions of a failed batch stay unused: only order matters
+            return self._write("upsert", parts)
+
+    def delete(self, ids: list) -> int:
+        if not isinstance(ids, list) or not ids:
+            raise SpecError("ids", "must be a non-empty list of document ids")
+        for i, doc_id in enumerate(ids):
+            check_id(doc_id, f"ids[{i}]")
+        ids = [str(doc_id) for doc_id in ids]
+        owners = shard_of(ids, len(self.index.shards))
+        with self._lock:
+            return self._write("delete", {int(s): ([ids[i] for i in np.flatnonzero(owners == s)],) for s in np.unique(owners)})
+
+    def _write(self, method: str, parts: dict[int, tuple]) -> int:
+        """(lock held) Each shard's part to its writer; the sequence number once all of them are durable."""
+        self.index.written = True  # from now on BM25 legs sum the shards' statistics
+        for shard, seq in self.index.writers.some(method, parts).items():
+            self._acked[shard] = seq
+        return self.seq
+
+    def get(self, doc_id: str) -> dict | None:
+        return self.index.writers.clients[self.index.owner_of(doc_id)].document_by_id(doc_id)
+
+    def refresh(self) -> ShardedSnapshot:
+        with self._lock:
+            acked = list(self._acked)
+        if acked == self.index.visible and self.snapshot.seq == sum(acked):
+            return self.snapshot
+        self.index.writers.all("refresh")
+        self.index.visible = acked
+        stats = self.index.writers.all("stats")
+        snapshot = ShardedSnapshot(self.index, sum(acked), sum(s["documents"] for s in stats))
+        if self.on_refresh is not None:
+            self.on_refresh(snapshot)
+        self.snapshot = snapshot
+        return snapshot
+
+    def wait_visible(self, seq: int, timeout: float) -> bool:
+        return self.snapshot.seq >= seq  # a refresh publishes every shard at once: nothing to wait for after it
+
+    def needs_compaction(self, fraction: float, min_docs: int) -> bool:
+        return any(self.index.writers.all("needs_compaction", fraction, min_docs))
+
+    @property
+    def compacting(self) -> bool:
+        return self._compact_lock.locked()
+
+    def compact(self) -> ShardedSnapshot:
+        """Compact every shard that changed (each in place, atomically, while writes continue)."""
+        with self._compact_lock:
+            self.index.writers.all("compact")
+        return self.refresh()
+
+    def stats(self) -> dict:
+        parts = self.index.writers.all("stats")
+        totals = {key: sum(part[key] for part in parts) for key in ("documents", "base_documents", "deleted_base_documents",
+                                                                     "live_documents")}
+        return {**totals, "last_sequence": self.seq, "visible_sequence": self.snapshot.seq}
+
+    def close(self) -> None:
+        """The shards' writers are closed with the index."""
+
+
+def open_shard(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "fp32") -> ShardSearcher:
+    """A shard folder, with its collection (the writes its log holds, and the next ones) when shards can take writes."""
+    index = store.open_index(folder, verify=verify, device=device, query_precision=query_precision)
+    writable = index.manifest.hubness is None and (index.path / POSTINGS_DIR).is_dir()
+    return ShardSearcher(index, Collection(index) if writable else None)
 
 
 def open_sharded(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "auto") -> ShardedIndex:
-    """A sharded index with every shard opened in this process (the Ray Serve deployment opens them in replicas)."""
+    """A sharded index with every shard opened in this process, each its own writer (the Ray Serve deployment opens
+    them in replicas: cluster.serve)."""
     folder = Path(folder)
     info = read_shards(folder)
-    searchers = [ShardSearcher(store.open_index(folder / shard["folder"], verify=verify, device=device,
-                                                query_precision=query_precision)) for shard in info["shards"]]
-    return ShardedIndex(folder, searchers, device, query_precision, own=searchers, verify=verify)
+    searchers = [open_shard(folder / shard["folder"], verify, device, query_precision) for shard in info["shards"]]
+    writers = searchers if all(searcher.collection is not None for searcher in searchers) else None
+    return ShardedIndex(folder, searchers, device, query_precision, own=searchers, verify=verify, writers=writers)
 
 
 def open_any(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "auto"):

@@ -3,6 +3,7 @@ and the spec it applied."""
 
 from __future__ import annotations
 
+import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -117,6 +118,12 @@ class SearchPipeline:
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.no_hubness_reason = no_hubness_reason
         self.defaults = self._servable(defaults)
+
+    def with_bm25(self, bm25) -> "SearchPipeline":
+        """This pipeline with another BM25 scorer (a shard's, scoring with its whole corpus's statistics)."""
+        clone = copy.copy(self)
+        clone.bm25 = bm25
+        return clone
 
     def resolve(self, overrides: dict | None = None) -> SearchSpec:
         """The defaults with a request's partial spec merged on, checked against what this index can do."""

@@ -39,15 +39,16 @@ class LiveDocument:
     tfs: np.ndarray  # int64: their frequencies
     length: int  # analysed tokens
     vector: np.ndarray  # unit vector from the index's embedder
+    position: int = -1  # in a shard: the document's position in the whole sharded index (indexer.shards)
 
     @classmethod
     def analysed(cls, doc_id: str, title: str, text: str, metadata: dict, tokens: list[str], vector: np.ndarray,
-                 vocabulary: dict[str, int]) -> "LiveDocument":
+                 vocabulary: dict[str, int], position: int = -1) -> "LiveDocument":
         """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms."""
         counts = Counter(tokens)
         term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int64, count=len(counts))
         return cls(doc_id, title, text, metadata, term_ids, np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
-                   len(tokens), np.asarray(vector, dtype=np.float32))
+                   len(tokens), np.asarray(vector, dtype=np.float32), position)
 
 
 _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
@@ -88,9 +89,31 @@ def check_live_method(params: BM25Params) -> None:
                           "rebuild it with --bm25-method lucene to accept writes")
 
 
+@dataclass(frozen=True)
+class CorpusStatistics:
+    """The BM25 statistics of a corpus (or of one shard's part of it: shards' parts add up to the corpus's): the
+    documents that exist, their total length in tokens, and the document frequency of some terms."""
+
+    documents: int
+    length: int
+    df: dict[str, int]
+
+    @property
+    def avgdl(self) -> float:
+        return self.length / max(1, self.documents)
+
+    @classmethod
+    def total(cls, parts: list["CorpusStatistics"]) -> "CorpusStatistics":
+        df: Counter = Counter()
+        for part in parts:
+            df.update(part.df)
+        return cls(sum(p.documents for p in parts), sum(p.length for p in parts), dict(df))
+
+
 class LiveBM25:
     """BM25 (Lucene variant) over alive base documents and live ones, with the statistics of exactly those:
-    rankings equal a fresh build's of the same documents."""
+    rankings equal a fresh build's of the same documents. A shard scores with its whole corpus's statistics instead
+    (`scores(query, statistics)`), so a document's score does not depend on the shard that holds it."""
 
     def __init__(self, base: BM25Index, postings: Postings, params: BM25Params, base_alive: np.ndarray, live: LiveSegment):
         check_live_method(params)
@@ -99,45 +122,71 @@ class LiveBM25:
         self.base_docs = len(base_alive)
         self.num_docs = self.base_docs + len(live)
         self.collection_size = int(base_alive.sum()) + len(live)
-        total_length = int(postings.lengths[base_alive].sum()) + int(live.lengths.sum())
-        self.avgdl = total_length / max(1, self.collection_size)
+        self.total_length = int(postings.lengths[base_alive].sum()) + int(live.lengths.sum())
+        self.avgdl = self.total_length / max(1, self.collection_size)
         self._base_df = postings.document_frequency(base_alive)
         self._all_alive = bool(base_alive.all())
-        # the length normalisation of every document, once per snapshot: k1 * (1 - b + b * |d| / avgdl)
-        self._base_norm = params.k1 * (1.0 - params.b + params.b * np.asarray(postings.lengths, dtype=np.float64) / self.avgdl)
-        self._live_norm = params.k1 * (1.0 - params.b + params.b * live.lengths.astype(np.float64) / self.avgdl)
-        # A term's base weights are the same for every query of this snapshot: computed once (the compacted index has
-        # them precomputed; this keeps a live collection's BM25 close to it).
+        # Per average length (this snapshot's, or a corpus's that a shard is given), the length normalisation of every
+        # document, k1 * (1 - b + b * |d| / avgdl), and a term's base weights: the same for every query until it changes.
+        self._norms = functools.lru_cache(maxsize=2)(self._compute_norms)
         self._base_weights = functools.lru_cache(maxsize=TERM_WEIGHT_CACHE)(self._compute_base_weights)
 
-    def idf(self, df: int) -> float:
-        return float(np.log(1.0 + (self.collection_size - df + 0.5) / (df + 0.5)))
+    def df(self, term: str) -> int:
+        """Documents that exist and contain `term`."""
+        term_id = self._vocab.get(term)
+        return (int(self._base_df[term_id]) if term_id is not None else 0) + len(self.live.postings(term)[0])
 
-    def scores(self, query: str) -> np.ndarray:
+    def statistics(self, terms) -> CorpusStatistics:
+        """This segment's statistics, with the document frequencies of `terms`."""
+        return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
+
+    def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
         """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches:
-        sum over query terms t of idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)) (search.postings)."""
+        sum over query terms t of idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)) (search.postings), with the
+        document count, avgdl and document frequencies of `statistics` (default: of this segment)."""
+        n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
         out = np.zeros(self.num_docs, dtype=np.float64)
         for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
             term_id = self._vocab.get(term)
             live_idx, live_tf = self.live.postings(term)
-            df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
+            df = self.df(term) if statistics is None else statistics.df.get(term, 0)
             if df == 0:
                 continue
-            idf = self.idf(df)
+            idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
             if term_id is not None:
-                docs, weights = self._base_weights(term_id)
+                docs, weights = self._base_weights(term_id, avgdl)
                 out[docs] += idf * weights
             if len(live_idx):
-                out[self.base_docs + live_idx] += idf * live_tf / (live_tf + self._live_norm[live_idx])
+                out[self.base_docs + live_idx] += idf * live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
         return out
 
-    def _compute_base_weights(self, term_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
+        k1, b = self.params.k1, self.params.b
+        return (k1 * (1.0 - b + b * np.asarray(self.postings.lengths, dtype=np.float64) / avgdl),
+                k1 * (1.0 - b + b * self.live.lengths.astype(np.float64) / avgdl))
+
+    def _compute_base_weights(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
         """The alive base documents holding the term and tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each."""
         docs, tfs = self.postings.term(term_id)
         if not self._all_alive:
             keep = self.alive[docs]
             docs, tfs = docs[keep], tfs[keep]
-        return docs, tfs / (tfs + self._base_norm[docs])
+        return docs, tfs / (tfs + self._norms(avgdl)[0][docs])
+
+    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
+
+    def with_statistics(self, statistics: CorpusStatistics) -> "CorpusScoredBM25":
+        return CorpusScoredBM25(self, statistics)
+
+
+class CorpusScoredBM25:
+    """A LiveBM25 that scores with a whole corpus's statistics (a shard's, summed by its coordinator)."""
+
+    def __init__(self, bm25: LiveBM25, statistics: CorpusStatistics):
+        self.bm25, self.statistics, self.analyzer = bm25, statistics, bm25.analyzer
+
+    def scores(self, query: str) -> np.ndarray:
+        return self.bm25.scores(query, self.statistics)
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 

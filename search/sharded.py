@@ -8,6 +8,10 @@ hybrid search asks each shard for its candidates (both local lists, every member
 candidates' scores are all known after one round; a dynamic hubness variant first asks every shard for its raw
 top-1 (its banks are decided on the whole corpus's), then searches with the coefficients that decides.
 
+After writes (indexer.shards.ShardedCollection), the corpus statistics change in every shard: a BM25 leg then first
+sums each shard's statistics of the query's terms and every shard scores with that sum (Elasticsearch's DFS query),
+and written documents, numbered after the split's, keep the whole index's order too.
+
 `ShardClient` is what a shard answers (indexer.shards.ShardSearcher in process, a Ray Serve deployment across
 machines: cluster.serve); a `ShardGroup` calls all of them at once.
 """
@@ -31,11 +35,14 @@ from search.spec import HubnessSpec, SearchSpec
 
 
 class ShardClient(Protocol):
+    """`min_seq`: by shard, the writer sequence number a shard must have caught up with before it answers."""
+
     def describe(self) -> dict: ...
     def search(self, request: dict) -> dict: ...
+    def statistics(self, terms: list[str], min_seq: list[int] | int = 0): ...
     def raw_top1(self, vector: np.ndarray) -> dict | None: ...
-    def documents(self, positions: np.ndarray) -> list[dict]: ...
-    def facet_counts(self, names: list[str], positions: np.ndarray) -> dict[str, list]: ...
+    def documents(self, positions: np.ndarray, min_seq: list[int] | int = 0) -> list[dict | None]: ...
+    def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: list[int] | int = 0) -> dict[str, list]: ...
 
 
 class ShardGroup:
@@ -97,16 +104,22 @@ class ShardedColumns(MetadataColumns):
     column of each type evaluates a filter over no document and raises the same errors) and evaluated by the shards;
     facets are counted by the shards holding the hits and added up."""
 
-    def __init__(self, fields: dict, shards: ShardGroup, owner: Callable[[np.ndarray], np.ndarray]):
+    def __init__(self, fields: dict, shards: ShardGroup, owner: Callable[[np.ndarray], np.ndarray],
+                 consistency: Callable[[], dict] = dict):
         empty = {name: KeywordColumn([], np.zeros(1, np.int64), np.empty(0, np.int32)) if info.type == "keyword"
                  else ValueColumn(np.empty(0, {"bool": np.bool_, "int": np.int64}.get(info.type, np.float64)), np.empty(0, bool))
                  for name, info in fields.items() if info.filterable}
         super().__init__(fields, empty, 0)
-        self.shards, self.owner = shards, owner
+        self.shards, self.owner, self.consistency = shards, owner, consistency
 
     def facets(self, names: Sequence[str], docs: np.ndarray, size: int) -> dict[str, list[dict]]:
         owners = self.owner(docs)
-        answers = self.shards.some("facet_counts", {int(i): (list(names), docs[owners == i]) for i in np.unique(owners)})
+        min_seq = self.consistency().get("min_seq", 0)
+        if (owners < 0).any():  # documents written since the split: every shard counts those it holds
+            asked = {i: (list(names), docs, min_seq) for i in range(len(self.shards))}
+        else:
+            asked = {int(i): (list(names), docs[owners == i], min_seq) for i in np.unique(owners)}
+        answers = self.shards.some("facet_counts", asked)
         out = {}
         for name in names:
             totals: dict = {}
@@ -135,8 +148,11 @@ class ShardedPipeline(SearchPipeline):
     """SearchPipeline over shards: the legs are answered by the shards and merged; the rest is the base class's."""
 
     def __init__(self, shards: ShardGroup, embedder, defaults: SearchSpec, hubness: ShardedHubness | None,
-                 metadata: ShardedColumns | None, reranker: Reranker | None = None):
-        self.shards = shards
+                 metadata: ShardedColumns | None, reranker: Reranker | None = None,
+                 consistency: Callable[[str | None], dict] = lambda query=None: {}):
+        """`consistency(query)`: what each shard request carries besides the leg (after writes: the sequence numbers
+        the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms)."""
+        self.shards, self.consistency = shards, consistency
         super().__init__(None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata)
 
     def allowed(self, filter_: dict | None) -> ShardFilter | None:
@@ -151,7 +167,8 @@ class ShardedPipeline(SearchPipeline):
     def _request(self, mode: str, query: str, depth: int, allowed: ShardFilter | None, vector=None,
                  hubness: HubnessSpec | None = None, coef=None) -> dict:
         return {"mode": mode, "query": query, "depth": depth, "filter": allowed.filter if allowed is not None else None,
-                "vector": vector, "hubness": hubness.method if hubness is not None else "none", "coef": coef}
+                "vector": vector, "hubness": hubness.method if hubness is not None else "none", "coef": coef,
+                **self.consistency(query if mode != "dense" else None)}
 
     def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None):
         answers = clock.time("bm25", self.shards.all, "search", self._request("bm25", query, depth, allowed))

@@ -3,6 +3,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -84,19 +85,28 @@ def with_metadata(i: int, doc: dict) -> dict:
 
 
 @pytest.fixture(scope="session")
-def whole_index(scifact, tmp_path_factory):
-    """A scifact slice with metadata and a fitted hubness correction."""
+def metadata_index(scifact, tmp_path_factory):
+    """A scifact slice with metadata (and no hubness correction: split, its shards take writes)."""
     from indexer.build import BuildOptions, build_index
+
+    root = tmp_path_factory.mktemp("metadata")
+    with (scifact / "corpus.jsonl").open() as fh:
+        docs = [with_metadata(i, json.loads(line)) for i, line in enumerate(itertools.islice(fh, SHARDED_SLICE))]
+    build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
+    return root / "index"
+
+
+@pytest.fixture(scope="session")
+def whole_index(metadata_index, scifact, tmp_path_factory):
+    """The scifact slice with metadata and a fitted hubness correction."""
     from indexer.hubness import fit_hubness
     from indexer.store import open_index
     from search.hubness import HubnessParams
 
-    root = tmp_path_factory.mktemp("shards")
-    with (scifact / "corpus.jsonl").open() as fh:
-        docs = [with_metadata(i, json.loads(line)) for i, line in enumerate(itertools.islice(fh, SHARDED_SLICE))]
-    build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
-    fit_hubness(open_index(root / "index"), sample_queries(scifact, 40, 0), {"source": "test"}, HubnessParams(), gallery_size=40)
-    return root / "index"
+    out = tmp_path_factory.mktemp("shards") / "index"
+    shutil.copytree(metadata_index, out)
+    fit_hubness(open_index(out), sample_queries(scifact, 40, 0), {"source": "test"}, HubnessParams(), gallery_size=40)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -119,7 +119,7 @@ def test_a_sharded_index_checks_specs_like_the_whole_one(sharded_index):
         sharded.close()
 
 
-def test_the_service_serves_a_sharded_index_read_only(whole_index, sharded_index, scifact):
+def test_the_service_serves_a_sharded_index_with_hubness_read_only(whole_index, sharded_index, scifact):
     whole = TestClient(create_app(Settings(index=whole_index)))
     sharded = TestClient(create_app(Settings(index=sharded_index, write_keys="writer")))
     with whole, sharded:
@@ -137,7 +137,7 @@ def test_the_service_serves_a_sharded_index_read_only(whole_index, sharded_index
         assert sharded.get(f"/documents/{some_id}", headers=writer).json() == whole.get(f"/documents/{some_id}").json()
         assert sharded.get("/documents/no-such-id", headers=writer).status_code == 404
         refused = sharded.put("/documents", json={"documents": [{"id": "x", "text": "new"}]}, headers=writer)
-        assert refused.status_code == 409 and "sharded index takes no writes" in refused.json()["detail"]
+        assert refused.status_code == 409 and "fitted hubness correction takes no writes" in refused.json()["detail"]
         assert sharded.get("/ready").json()["documents"] == SLICE
         bad = sharded.post("/search", json={"query": "cells", "filter": {"year": {"gte": "x"}}}, headers=writer)
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"][:3] == ["body", "filter", "year"]
