@@ -2,12 +2,16 @@
 the service's own FastAPI app (app.main.create_app) with a coordinator whose shards answer through deployment handles
 (indexer.shards.ShardedIndex, search.sharded). Keys, metrics, the playground and every route are the app's.
 
-Hot reload: POST /admin/reload (or a restart of the ingress) reopens the sharded index's folder; every call to a
-shard carries the checksum of the shard manifest the coordinator opened, and a replica holding another version
-reopens its shard folder before it answers, so replicas follow a re-split without being redeployed. Writes are
-refused (a sharded index is read-only: indexer.shards.ShardedIndex.read_only_reason).
+Writes: each shard also has a writer deployment of one replica, which logs and applies the shard's writes
+(indexer.shards.ShardedCollection routes each document to its shard); the search replicas follow the writer's log,
+catching up before they answer a search that carries a newer sequence number than they hold (and reopening the
+folder after the writer compacted it).
 
-The shard folders must be readable at the same path by every node (shared storage, or the same copy on each).
+Hot reload: POST /admin/reload (or a restart of the ingress) reopens the sharded index's folder; every call to a
+shard carries the checksum of the shards.json the coordinator opened, and a replica holding another split reopens
+its shard folder before it answers, so replicas follow a re-split without being redeployed.
+
+The shard folders must be readable (and, for the writers, writable) at the same path by every node: shared storage.
 """
 
 from __future__ import annotations
@@ -20,9 +24,7 @@ import threading
 from pathlib import Path
 
 from cluster import connect, require_ray
-from indexer.manifest import MANIFEST
-from indexer.shards import ShardedIndex, ShardSearcher, read_shards
-from indexer.store import open_index
+from indexer.shards import SHARDS_FILE, ShardedIndex, ShardSearcher, open_shard, read_shards
 from search.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -31,16 +33,25 @@ APP_NAME = "hybrid"
 
 
 def shard_version(folder: Path) -> str:
-    """What a replica and its coordinator compare: the checksum of the shard's manifest (it lists every file's)."""
-    return hashlib.sha256((Path(folder) / MANIFEST).read_bytes()).hexdigest()
+    """What a replica and its coordinator compare: the split the shard belongs to (the checksum of shards.json, which
+    a re-split rewrites and a shard's compaction does not) and the shard's folder."""
+    folder = Path(folder)
+    return hashlib.sha256((folder.parent / SHARDS_FILE).read_bytes()).hexdigest() + ":" + folder.name
 
 
-def deployment_name(i: int) -> str:
-    return f"shard-{i:03d}"
+def deployment_name(i: int, role: str = "") -> str:
+    return f"shard-{i:03d}{'-' + role if role else ''}"
+
+
+# what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.ShardedCollection)
+SHARD_METHODS = frozenset({"describe", "search", "statistics", "raw_top1", "documents", "document_by_id", "facet_counts",
+                           "upsert", "delete", "refresh", "needs_compaction", "compact", "stats"})
 
 
 class ShardReplica:
-    """A Serve replica of one shard: a ShardSearcher over its folder, reopened when a call names another version."""
+    """A Serve replica of one shard: a ShardSearcher over its folder, reopened when a call names another split. The
+    shard's writer is a deployment of one replica; the search replicas follow its log (indexer.live.Collection.follow)
+    up to the sequence number each search carries."""
 
     def __init__(self, folder: str, verify: str = "full", device: str = "auto"):
         self.folder, self.verify, self.device = Path(folder), verify, device
@@ -49,7 +60,7 @@ class ShardReplica:
 
     def _open(self) -> None:
         version = shard_version(self.folder)
-        self.searcher = ShardSearcher(open_index(self.folder, verify=self.verify, device=self.device, query_precision="fp32"))
+        self.searcher = open_shard(self.folder, verify=self.verify, device=self.device)
         self.version = version
 
     def _at(self, version: str) -> ShardSearcher:
@@ -65,62 +76,37 @@ class ShardReplica:
                                    f"{version[:12]}: the folder changed again; reload")
         return self.searcher
 
-    def describe(self, version: str) -> dict:
-        return self._at(version).describe()
-
-    def search(self, version: str, request: dict) -> dict:
-        return self._at(version).search(request)
-
-    def raw_top1(self, version: str, vector):
-        return self._at(version).raw_top1(vector)
-
-    def documents(self, version: str, positions) -> list[dict]:
-        return self._at(version).documents(positions)
-
-    def document_by_id(self, version: str, doc_id: str):
-        return self._at(version).document_by_id(doc_id)
-
-    def facet_counts(self, version: str, names, positions):
-        return self._at(version).facet_counts(names, positions)
+    def call(self, version: str, method: str, *args):
+        if method not in SHARD_METHODS:
+            raise ValueError(f"unknown shard method {method!r}; valid: {', '.join(sorted(SHARD_METHODS))}")
+        return getattr(self._at(version), method)(*args)
 
 
 class RemoteShard:
-    """search.sharded.ShardClient over a Serve deployment handle, pinned to the shard version the coordinator opened."""
+    """A shard's client (search.sharded.ShardClient and its writes) over a Serve deployment handle, pinned to the split
+    the coordinator opened."""
 
     def __init__(self, handle, version: str):
         self.handle, self.version = handle, version
 
-    def _call(self, method: str, *args):
-        return getattr(self.handle, method).remote(self.version, *args).result()
-
-    def describe(self):
-        return self._call("describe")
-
-    def search(self, request):
-        return self._call("search", request)
-
-    def raw_top1(self, vector):
-        return self._call("raw_top1", vector)
-
-    def documents(self, positions):
-        return self._call("documents", positions)
-
-    def document_by_id(self, doc_id):
-        return self._call("document_by_id", doc_id)
-
-    def facet_counts(self, names, positions):
-        return self._call("facet_counts", names, positions)
+    def __getattr__(self, method: str):
+        if method not in SHARD_METHODS:
+            raise AttributeError(method)
+        return lambda *args: self.handle.call.remote(self.version, method, *args).result()
 
 
-def open_remote(folder: Path, handles: list, device: str = "auto", query_precision: str = "auto",
-                verify: str = "full") -> ShardedIndex:
-    """The coordinator's view of the sharded index at `folder`, its shards answering through `handles`."""
+def open_remote(folder: Path, handles: list, writer_handles: list | None = None, device: str = "auto",
+                query_precision: str = "auto", verify: str = "full") -> ShardedIndex:
+    """The coordinator's view of the sharded index at `folder`, its shards answering through `handles` and taking
+    writes through `writer_handles`."""
     info = read_shards(folder)
     if len(handles) != len(info["shards"]):
         raise ConfigError(f"{folder} now has {len(info['shards'])} shards and {len(handles)} shard deployments run: "
                           "redeploy (`hybrid serve --ray` again) to change the number of shards")
-    clients = [RemoteShard(handle, shard_version(Path(folder) / shard["folder"])) for handle, shard in zip(handles, info["shards"])]
-    return ShardedIndex(folder, clients, device, query_precision, verify=verify)
+    versions = [shard_version(Path(folder) / shard["folder"]) for shard in info["shards"]]
+    clients = [RemoteShard(handle, version) for handle, version in zip(handles, versions)]
+    writers = [RemoteShard(handle, version) for handle, version in zip(writer_handles, versions)] if writer_handles else None
+    return ShardedIndex(folder, clients, device, query_precision, verify=verify, writers=writers)
 
 
 def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
@@ -135,16 +121,20 @@ def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
     folder = Path(settings.index).resolve()
     info = read_shards(folder)
     shard_options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": replica_cpus}}
-    shards = [serve.deployment(ShardReplica, name=deployment_name(i), **shard_options).bind(
+    writer_options = {"num_replicas": 1, "ray_actor_options": {"num_cpus": replica_cpus}}
+    shards = [serve.deployment(ShardReplica, name=deployment_name(i, role), **options).bind(
                   str(folder / shard["folder"]), settings.verify, settings.device)
+              for role, options in (("", shard_options), ("writer", writer_options))
               for i, shard in enumerate(info["shards"])]
-    names = [deployment_name(i) for i in range(len(shards))]
+    count = len(info["shards"])
     settings = settings.model_copy(update={"index": folder})
 
     def build_app():  # evaluated in the ingress replica: the handles and the coordinator live there
         def opener():
-            handles = [serve.get_deployment_handle(name, app_name=APP_NAME) for name in names]
-            return open_remote(folder, handles, settings.device, settings.query_precision, settings.verify)
+            handles = {role: [serve.get_deployment_handle(deployment_name(i, role), app_name=APP_NAME) for i in range(count)]
+                       for role in ("", "writer")}
+            return open_remote(folder, handles[""], handles["writer"], settings.device, settings.query_precision,
+                               settings.verify)
         return create_app(settings, opener=opener)
 
     class Ingress:

@@ -212,6 +212,14 @@ def global_bm25(tokens: list[list[str]], analyzer, params, df: dict[str, int], s
     return bm25
 
 
+def base_positions(index: store.OpenIndex) -> np.ndarray:
+    """The position in the whole index of each document of a shard's base segment."""
+    positions = np.load(index.path / POSITIONS)
+    if len(positions) != index.num_docs:
+        raise IndexOpenError(f"{index.path}: {POSITIONS} has {len(positions)} entries for {index.num_docs} documents")
+    return positions
+
+
 @dataclass(frozen=True)
 class _ShardView:
     """What a shard's searches read, as of one snapshot: its pipeline, and the position of each document (base then
@@ -224,10 +232,8 @@ class _ShardView:
     positions: np.ndarray
 
     @classmethod
-    def of(cls, index: store.OpenIndex, snapshot: Snapshot | None) -> "_ShardView":
-        positions = np.load(index.path / POSITIONS)
-        if len(positions) != index.num_docs:
-            raise IndexOpenError(f"{index.path}: {POSITIONS} has {len(positions)} entries for {index.num_docs} documents")
+    def of(cls, index: store.OpenIndex, snapshot: Snapshot | None, positions: np.ndarray) -> "_ShardView":
+        """`positions`: the base documents' (base_positions)."""
         if snapshot is None:
             return cls(index, index, None, index.pipeline(), positions)
         live = np.array([doc.position for doc in snapshot.live.docs], dtype=np.int64)
@@ -266,7 +272,8 @@ class ShardSearcher:
         self.index, self.collection = index, collection
         if collection is not None:
             collection.on_compact = _keep_positions
-        self._view = _ShardView.of(index, collection.snapshot if collection is not None else None)
+        self._base = (index, base_positions(index))
+        self._view = _ShardView.of(index, collection.snapshot if collection is not None else None, self._base[1])
 
     def view(self, min_seq: list[int] | int = 0) -> _ShardView:
         """The current view, after catching up with the writer's log when it is older than `min_seq` (a follower;
@@ -281,7 +288,9 @@ class ShardSearcher:
             snapshot = collection.follow() if collection.seq < min_seq else collection.refresh()
         view = self._view
         if view.key is not snapshot:
-            view = self._view = _ShardView.of(snapshot.index, snapshot)
+            if self._base[0] is not snapshot.index:  # a compaction's new base: read its positions once, as it opens
+                self._base = (snapshot.index, base_positions(snapshot.index))
+            view = self._view = _ShardView.of(snapshot.index, snapshot, self._base[1])
         return view
 
     def describe(self) -> dict:
