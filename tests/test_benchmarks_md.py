@@ -408,3 +408,17 @@ def test_query_section_adds_int8_documents_when_measured():
     assert "| nDCG@10, dense | 0.6480 | 0.6450 | -0.0030 |" in text and "| indexing, passages/s | 20.0 | 35.0 | 1.75x |" in text
     assert "| fraction of the compute floor | 40% | 20% | |" in text and "| fraction of the compute floor | 50% | 25% | |" in text
     assert "(190 GFLOP/s fp32, 560 GOP/s int8)" in text
+
+
+def test_shard_write_section_compares_before_and_after_a_write():
+    from evaluation.shard_write_bench import markdown
+
+    def row(before: float, after: float, rate: float) -> dict:
+        return {"before": {"p50_ms": before, "p99_ms": 2 * before, "same_answers": 100},
+                "after": {"p50_ms": after, "p99_ms": 2 * after, "same_answers": 99}, "upserts_per_s": rate}
+
+    report = {"documents": 5183, "queries": 100, "write_docs": 64,
+              "rows": {"whole": row(5.0, 8.0, 20.0), "2 shards": row(6.0, 10.0, 18.5)}}
+    text = markdown(report)
+    assert "| 2 shards | 6.00 | 10.00 | 20.00 | 1.25x | 99 of 100 | 18.5 |" in text  # 10 / 8
+    assert "5.00 ms p50 before the write, 8.00 after (1.60x" in text and "one batch of 64 upserts" in text
