@@ -432,13 +432,15 @@ class ShardedIndex:
                                      f"{shard['shard']['shards']}")
             positions = np.asarray(shard["positions"])
             self.owner[positions[positions < split_documents]] = i
-        self.written = any(shard["written"] for shard in described)
+        # the writers know the latest writes (a search replica may not have caught up with them yet)
+        latest = self.writers.all("describe") if self.writers is not None else described
+        self.written = any(shard["written"] for shard in latest)
         if not self.written and (self.owner < 0).any():
             raise IndexOpenError(f"{self.path}: {int((self.owner < 0).sum())} documents belong to no shard")
         # per shard, the writer's sequence number that searches must see (a replica catches up with its log first)
-        self.visible = [int(shard["seq"]) for shard in described]
-        self.next_position = max([split_documents, *(int(np.max(d["positions"], initial=-1)) + 1 for d in described)])
-        self.documents_count = sum(int(shard["documents_alive"]) for shard in described)
+        self.visible = [int(shard["seq"]) for shard in latest]
+        self.next_position = max([split_documents, *(int(np.max(d["positions"], initial=-1)) + 1 for d in latest)])
+        self.documents_count = sum(int(shard["documents_alive"]) for shard in latest)
         self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device,
                                      precision=first.embedder.document_precision)
         self.query_precision = resolve_query_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
@@ -595,10 +597,15 @@ class ShardedCollection:
             return self._write("delete", {int(s): ([ids[i] for i in np.flatnonzero(owners == s)],) for s in np.unique(owners)})
 
     def _write(self, method: str, parts: dict[int, tuple]) -> int:
-        """(lock held) Each shard's part to its writer; the sequence number once all of them are durable."""
+        """(lock held) Each shard's part to its writer; the sequence number once all of them are durable. When one
+        fails, the parts the other shards logged stay (each shard's part is all or nothing) and are published."""
         self.index.written = True  # from now on BM25 legs sum the shards' statistics
-        for shard, seq in self.index.writers.some(method, parts).items():
-            self._acked[shard] = seq
+        try:
+            for shard, seq in self.index.writers.some(method, parts).items():
+                self._acked[shard] = seq
+        except Exception:
+            self._acked = [int(stats["last_sequence"]) for stats in self.index.writers.all("stats")]
+            raise
         return self.seq
 
     def get(self, doc_id: str) -> dict | None:

@@ -144,3 +144,27 @@ def test_the_service_writes_to_a_sharded_index(pair, scifact):
         assert bad.status_code == 422 and "documents[0].text" in bad.text
     logged = {i for i, s in enumerate(read_shards(sharded_path)["shards"]) if (sharded_path / s["folder"] / "live" / "wal.log").exists()}
     assert logged == set(shard_of([doc["id"] for doc in added], 3).tolist())  # only the owning shards were written
+
+
+def test_a_shard_that_fails_a_write_leaves_the_other_shards_parts_published(pair, scifact, monkeypatch):
+    _, sharded_path = pair
+    sharded = open_sharded(sharded_path)
+    writes = ShardedCollection(sharded, max_batch_docs=100)
+    try:
+        added = new_documents(scifact, SLICE, 12)
+        owners = shard_of([doc["id"] for doc in added], 3)
+        broken = int(owners[0])
+
+        def full_disk(*_):
+            raise OSError("no space left on device")
+
+        monkeypatch.setattr(sharded.writers.clients[broken], "upsert", full_disk)
+        with pytest.raises(OSError, match="no space"):
+            writes.upsert(added)
+        writes.refresh()
+        for doc, owner in zip(added, owners):
+            assert (writes.get(doc["id"]) is not None) == (owner != broken)
+        assert writes.seq == writes.snapshot.seq == len(set(owners.tolist()) - {broken})  # one write in each other shard
+        assert writes.stats()["documents"] == SLICE + int((owners != broken).sum())
+    finally:
+        sharded.close()
