@@ -6,7 +6,7 @@ import argparse
 import json
 from dataclasses import MISSING, fields
 
-from models.onnx_export import QUERY_PRECISIONS
+from models.onnx_export import SERVED_PRECISIONS
 from search.devices import DEVICES
 from search.errors import ConfigError
 from search.filters import check_filter
@@ -23,7 +23,7 @@ def add_device(parser: argparse.ArgumentParser, help: str = "FAISS / ONNX device
 
 
 def add_query_precision(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--query-precision", choices=QUERY_PRECISIONS, default="auto",
+    parser.add_argument("--query-precision", choices=SERVED_PRECISIONS, default="auto",
                         help="weights that embed queries, as the service's HYBRID_QUERY_PRECISION (default auto: int8 on CPU, "
                         "fp32 on a GPU): evaluate and tune what you serve")
 

@@ -12,7 +12,7 @@ from cli.args import add_device, add_filter
 from indexer.live import current_view
 from indexer.shards import ShardedIndex, open_any
 from models.cross_encoder import load_cross_encoder, rerank_weight
-from models.onnx_export import PRECISIONS
+from models.onnx_export import SERVED_PRECISIONS
 from search.errors import ConfigError
 from search.rerank import DEFAULT_RERANK_DEPTH
 from search.spec import MODES, parse_spec_string
@@ -36,7 +36,7 @@ def register(commands) -> None:
                    help="metadata fields to show, comma-separated, or '*'")
     p.add_argument("--json", action="store_true")
     p.add_argument("--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
-    p.add_argument("--reranker-precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--reranker-precision", choices=SERVED_PRECISIONS, default="auto", help="auto: int8 on CPU, fp32 on GPU")
     p.add_argument("--rerank-weight", type=float, help="interpolation weight of the cross-encoder, 0..1 (default: its tuned weight, else 1)")
     add_device(p)
     p.set_defaults(run=run_search)

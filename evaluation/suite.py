@@ -52,7 +52,7 @@ class EvalConfig:
     reranker: str | None = None  # for `+rerank` pipelines: a cross-encoder folder or name
     rerank_depth: int = DEFAULT_RERANK_DEPTH
     filter: dict | None = None  # every pipeline searches only the documents it admits (search.filters)
-    query_precision: str = "auto"  # as the service's HYBRID_QUERY_PRECISION (models.onnx_export.resolve_query_precision)
+    query_precision: str = "auto"  # as the service's HYBRID_QUERY_PRECISION (models.onnx_export.resolve_precision)
     baseline_index: Path | None = None  # every pipeline also runs there and is compared (e.g. before `hybrid reembed`)
 
 

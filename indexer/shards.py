@@ -35,7 +35,7 @@ from indexer.corpus import indexed_text
 from indexer.live import Collection, Snapshot, check_batch, check_id, current_view
 from indexer.manifest import IndexOpenError, read_json, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder
-from models.onnx_export import resolve_query_precision
+from models.onnx_export import resolve_precision
 from models.providers import on_gpu
 from search.bm25 import BM25Index
 from search.dense import build_faiss_index
@@ -443,7 +443,7 @@ class ShardedIndex:
         self.documents_count = sum(int(shard["documents_alive"]) for shard in latest)
         self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device,
                                      precision=first.embedder.document_precision)
-        self.query_precision = resolve_query_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
+        self.query_precision = resolve_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
         self.hubness = None
         if first.hubness is not None:
             biases = [shard["max_bias"] for shard in described if shard["max_bias"] is not None]

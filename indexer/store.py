@@ -30,7 +30,7 @@ import numpy as np
 from indexer.corpus import indexed_text
 from indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
 from models.embedder import OnnxEmbedder, TorchEmbedder
-from models.onnx_export import resolve_query_precision
+from models.onnx_export import resolve_precision
 from models.providers import on_gpu
 from models.registry import ResolvedModel, resolve_model
 from search.analyzer import Analyzer
@@ -163,7 +163,7 @@ class OpenIndex:
     embedder: object  # models.embedder.Embedder
     hubness: HubnessSearcher | None = None
     metadata: MetadataColumns | None = None  # None: no filterable field
-    query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_query_precision)
+    query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_precision)
 
     @functools.cached_property
     def query_embedder(self):
@@ -225,7 +225,7 @@ class OpenIndex:
 def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None,
                query_precision: str = "auto") -> OpenIndex:
     """Open and verify an index; queries will use the analyzer and embedder it was built with, at `query_precision`
-    (auto: int8 on CPU, fp32 on a GPU; see resolve_query_precision).
+    (auto: int8 on CPU, fp32 on a GPU; see resolve_precision).
 
     `embedder` overrides the bundled ONNX embedder (e.g. the torch backend, which then embeds queries too); its model
     checksum must have been checked against the manifest by the caller (see `torch_embedder_for_index`).
@@ -243,7 +243,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
     embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device, precision=manifest.embedder.document_precision)
-    precision = (resolve_query_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder))
+    precision = (resolve_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder))
                  if isinstance(embedder, OnnxEmbedder) else "fp32")  # a torch embedder embeds queries itself
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")

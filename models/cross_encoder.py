@@ -26,6 +26,7 @@ from models.onnx_export import (
     TRAINING_RECORD,
     export_cross_encoder,
     model_file,
+    resolve_precision,
     trained_max_length,
     training_record,
 )
@@ -55,7 +56,9 @@ class _PairScorer:
 class OnnxCrossEncoder(_PairScorer):
     def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32",
                  workers: int | None = None):
-        """On CPU, `workers` runs go side by side (default: one per core), each on `threads` intra-op threads (default:
+        """`precision`: fp32, int8, or auto (int8 on CPU, fp32 on a GPU: models.onnx_export.resolve_precision).
+
+        On CPU, `workers` runs go side by side (default: one per core), each on `threads` intra-op threads (default:
         1 beside other workers, all cores alone): a 128-token pair is too small a product to split across cores well,
         and one pool per model keeps concurrent reranks from oversubscribing them (docs/BENCHMARKS.md, "Rerankers")."""
         self.folder = folder = Path(folder)  # the export: its graphs, config and tokenizer
@@ -69,8 +72,8 @@ class OnnxCrossEncoder(_PairScorer):
         self._inputs = list(self.config["inputs"])
         self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
                                          int(self.config["pad_token_id"]), self.config["pad_token"])
-        self.precision = precision
         on_cpu = "CUDAExecutionProvider" not in onnx_providers(device)
+        self.precision = precision = resolve_precision(precision, folder, gpu=not on_cpu)
         self.workers = (workers or len(os.sched_getaffinity(0))) if on_cpu else 1
         self._session = onnx_session(model_file(folder, precision), device, threads or (1 if self.workers > 1 else None))
         self.providers = self._session.get_providers()
@@ -118,7 +121,7 @@ def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: 
     if backend not in BACKENDS:
         raise ConfigError(f"unknown reranker backend {backend!r}; valid: {', '.join(BACKENDS)}")
     if backend == "torch":
-        if precision != "fp32":
+        if precision == "int8":
             raise ConfigError("the torch reranker runs in fp32; int8 is an ONNX precision")
         return TorchCrossEncoder(name_or_path, device)
     path = Path(name_or_path).expanduser()

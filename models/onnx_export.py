@@ -48,15 +48,16 @@ def export_dir_for(model: ResolvedModel, cache_dir: Path, kind: str = "embedder"
     return cache_dir / f"{kind}-{slug}-{model.checksum[:16]}-v{EXPORT_FORMAT}"
 
 
-QUERY_PRECISIONS = ("auto", *PRECISIONS)
+SERVED_PRECISIONS = ("auto", *PRECISIONS)
 
 
-def resolve_query_precision(requested: str, folder: Path, gpu: bool) -> str:
-    """The weights that embed queries. auto: int8 on CPU, where it halves the time of a query's embedding and moved
-    scifact test nDCG@10 by less than 0.003 (docs/BENCHMARKS.md, "Query precision"), fp32 on a GPU and for an export
-    made before int8 models; an explicit precision the export lacks is an error."""
-    if requested not in QUERY_PRECISIONS:
-        raise ConfigError(f"unknown query precision {requested!r}; valid: {', '.join(QUERY_PRECISIONS)}")
+def resolve_precision(requested: str, folder: Path, gpu: bool) -> str:
+    """The weights that embed queries or score reranked pairs. auto: int8 on CPU, where it halves the time of a query's
+    embedding (2.3x for a reranker's pairs) and moved scifact test nDCG@10 by 0.003 or less (docs/BENCHMARKS.md,
+    "Query precision and cache", "Rerankers"), fp32 on a GPU and for an export made before int8 models; an explicit
+    precision the export lacks is an error."""
+    if requested not in SERVED_PRECISIONS:
+        raise ConfigError(f"unknown precision {requested!r}; valid: {', '.join(SERVED_PRECISIONS)}")
     if requested == "auto":
         return "int8" if not gpu and (Path(folder) / PRECISIONS["int8"]).is_file() else "fp32"
     model_file(folder, requested)

@@ -37,11 +37,11 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 # Concurrent serving, configurations side by side at 1/4/16/64 clients; BASELINE=PATH (a checkout of b7fc9f3) adds the
 # service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh
 .venv/bin/python -m evaluation.serving_bench "$index" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
-# Rerankers side by side: the 6-layer one above and one of its first 2 layers (trained when missing or asked for).
-small="${SMALL_RERANKER:-models_out/scifact-reranker-l2}"
-[ -f "$small/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" --layers 2 \
+# Rerankers side by side: the 6-layer one above and a 3-layer one distilled from it (trained when missing or asked for).
+small="${SMALL_RERANKER:-models_out/scifact-reranker-l3}"
+[ -f "$small/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" --layers 3 --teacher "$reranker" \
   --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$small" --quiet
-.venv/bin/python -m evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "2 layers=$small" --out "$out/rerank.json" > /dev/null
+.venv/bin/python -m evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "3 layers, distilled=$small" --out "$out/rerank.json" > /dev/null
 .venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
   "$out/filters.json" "$out/live.json" "$out/query.json" "$out/serving.json" "$out/rerank.json" > docs/BENCHMARKS.md
 # Encoder adaptation (models trained when missing or asked for): supervised on the train split, and label-free on
@@ -73,4 +73,5 @@ done
 # Scale-out (the ray extra): bytes a document, FAISS kinds and BM25 by corpus size; Ray builds, the coordinator, Ray Serve
 .venv/bin/python -m evaluation.capacity "$index-untuned" --out "$out/capacity.json" --benchmarks docs/BENCHMARKS.md > /dev/null
 .venv/bin/python -m evaluation.scale_bench "$index-untuned" "$BEIR_DATA/scifact" --out "$out/scale.json" --benchmarks docs/BENCHMARKS.md > /dev/null
+.venv/bin/python -m evaluation.shard_write_bench "$index" "$BEIR_DATA/scifact" --out "$out/shard_writes.json" --benchmarks docs/BENCHMARKS.md > /dev/null
 echo "wrote docs/BENCHMARKS.md"

@@ -81,6 +81,9 @@ def test_runs_side_by_side_score_like_one_run_at_a_time(export, pairs, precision
 
 def test_loader_finds_the_export_and_rejects_bad_options(cross_encoder_dir, export):
     assert isinstance(load_cross_encoder(export, device="cpu"), OnnxCrossEncoder)
+    assert load_cross_encoder(export, device="cpu", precision="auto").precision == "int8"  # as served on CPU
+    with pytest.raises(ValueError, match="valid: auto, fp32, int8"):
+        load_cross_encoder(export, device="cpu", precision="fp16")
     with pytest.raises(ValueError, match="valid: onnx, torch"):
         load_cross_encoder(export, backend="tensorrt")
     with pytest.raises(ValueError, match="int8 is an ONNX precision"):

@@ -27,10 +27,17 @@ pytestmark = pytest.mark.ray
 def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def serve_port(local_ray):
+    """A free port for Ray Serve's HTTP proxy; Serve is shut down after the test (a running Serve instance keeps the
+    port it started on, whatever the next `serve.start` asks for)."""
     from ray import serve
 
+    yield free_port()
     serve.shutdown()
-    ray.shutdown()
 
 
 def test_a_ray_built_index_is_the_single_process_build(local_ray, scifact, tmp_path):
@@ -56,13 +63,13 @@ def search(client, query, spec, k=20, headers=None):
     return response.json()
 
 
-def test_ray_serve_answers_like_the_whole_index(local_ray, whole_index, scifact, tmp_path):
+def test_ray_serve_answers_like_the_whole_index(serve_port, whole_index, scifact, tmp_path):
     from cluster.serve import serve_index
 
     whole_index = shutil.copytree(whole_index, tmp_path / "whole")  # its defaults change below
     sharded_index = tmp_path / "sharded"
     split_index(whole_index, sharded_index, 3)
-    port = free_port()
+    port = serve_port
     serve_index(sharded_index, port=port, replicas=2, api_keys="reader", write_keys="writer", verify="size")
     whole = open_index(whole_index)
     pipeline, reader = whole.pipeline(), {"X-API-Key": "reader"}
@@ -90,7 +97,7 @@ def test_ray_serve_answers_like_the_whole_index(local_ray, whole_index, scifact,
         assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in retuned.search(query, 20).ranking.doc_idx]
 
 
-def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(local_ray, metadata_index, scifact, tmp_path):
+def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve_port, metadata_index, scifact, tmp_path):
     """Writes through the ingress go to each shard's writer; the 2 search replicas of each shard follow its log (and
     its compaction), so every search, whichever replica answers, equals the whole index given the same writes."""
     from cluster.serve import serve_index
@@ -100,7 +107,7 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(local
     whole_index = shutil.copytree(metadata_index, tmp_path / "whole")
     sharded_index = tmp_path / "sharded"
     split_index(whole_index, sharded_index, 3)
-    port = free_port()
+    port = serve_port
     serve_index(sharded_index, port=port, replicas=2, write_keys="writer", verify="size")
     whole, writer = Collection(open_index(whole_index)), {"X-API-Key": "writer"}
     queries = sample_queries(scifact, 3, 300)
