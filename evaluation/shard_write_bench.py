@@ -95,8 +95,8 @@ def markdown(report: dict) -> str:
                      f"{row['after']['p99_ms']:.2f} | {row['after']['p50_ms'] / whole_after:.2f}x | "
                      f"{row['after']['same_answers']} of {report['queries']} | {row['upserts_per_s']} |")
     lines += ["", f"The whole index itself: {whole_before:.2f} ms p50 before the write, {whole_after:.2f} after "
-              f"({whole_after / whole_before:.2f}x: its live BM25 scores from postings instead of bm25s's precomputed "
-              "matrix).", ""]
+              f"({whole_after / whole_before:.2f}x; after a write its BM25 scores from postings, search.segments.LiveBM25, "
+              "instead of bm25s's precomputed matrix).", ""]
     return "\n".join(lines)
 
 

@@ -421,4 +421,4 @@ def test_shard_write_section_compares_before_and_after_a_write():
               "rows": {"whole": row(5.0, 8.0, 20.0), "2 shards": row(6.0, 10.0, 18.5)}}
     text = markdown(report)
     assert "| 2 shards | 6.00 | 10.00 | 20.00 | 1.25x | 99 of 100 | 18.5 |" in text  # 10 / 8
-    assert "5.00 ms p50 before the write, 8.00 after (1.60x" in text and "one batch of 64 upserts" in text
+    assert "5.00 ms p50 before the write, 8.00 after (1.60x;" in text and "one batch of 64 upserts" in text
