@@ -159,6 +159,7 @@ class Collection:
         self._write_embedder = None
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
+        self.last_position = -1  # in a shard: the largest position a written document was given
         check_live_method(index.manifest.bm25)
         self._start(index)
         self._write_lock = threading.Lock()
@@ -252,6 +253,7 @@ class Collection:
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
                 self._live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens,
                                                               vectors[-1], self._vocabulary, doc.get("position", -1))
+                self.last_position = max(self.last_position, doc.get("position", -1))
                 self._keys[doc["id"]], self._next_key = self._next_key, self._next_key + 1
             if self._hubness is not None:
                 prepared = prepared or self._hubness.prepare(ids, np.stack(vectors))
@@ -289,20 +291,31 @@ class Collection:
             idx = self._base_idx.get(doc_id)
             return self.index.docs.get(idx) if idx is not None and self._base_alive[idx] else None
 
-    def follow(self) -> Snapshot:
-        """Apply and publish what another process logged since (a replica serving a shard that a writer elsewhere
-        takes writes for). A compaction there replaced the base and cut the log: then the index is opened again."""
-        path = self.index.path
+    def follow(self, up_to: int | None = None) -> Snapshot:
+        """Apply and publish what another process logged since, up to sequence number `up_to` (None: all of it): a
+        replica serving a shard that a writer elsewhere takes writes for. When that writer compacted (the manifest on
+        disk names another base, or the log skips a sequence number: it was cut), the index is opened again first."""
         with self._write_lock:
-            on_disk = read_manifest(path)
-            if on_disk.created_at != self.index.manifest.created_at:
-                index, self.seq = self.index, max(self.seq, on_disk.applied_sequence)
-                self._reopen(open_index(path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
-                                        embedder=index.embedder, query_precision=index.query_precision), on_disk.applied_sequence)
-            for record in WriteAheadLog.replay(path / LIVE_DIR / WAL_FILE):  # a torn tail is an append in progress
-                if record["seq"] > self.seq:
-                    self._apply(record)
+            for _ in range(3):  # a compaction may swap the folder between the reads: look again
+                on_disk = read_manifest(self.index.path)
+                if (on_disk.created_at, on_disk.applied_sequence) != (self.index.manifest.created_at,
+                                                                      self.index.manifest.applied_sequence):
+                    self._follow_new_base()
+                records = [r for r in WriteAheadLog.replay(self.index.path / LIVE_DIR / WAL_FILE)  # a torn tail: in progress
+                           if r["seq"] > self.seq and (up_to is None or r["seq"] <= up_to)]
+                if not records or records[0]["seq"] == self.seq + 1:
+                    for record in records:
+                        self._apply(record)
+                    break
         return self.refresh()
+
+    def _follow_new_base(self) -> None:
+        """(write lock held) Start over on the base the writer published; its log is applied next."""
+        index = self.index
+        fresh = open_index(index.path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
+                           embedder=index.embedder, query_precision=index.query_precision)
+        self._start(fresh)
+        self.seq, self._dirty = fresh.manifest.applied_sequence, True
 
     # visibility
 

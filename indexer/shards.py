@@ -285,7 +285,7 @@ class ShardSearcher:
             min_seq = min_seq[self.index.manifest.shard["index"]]
         snapshot = collection.snapshot
         if snapshot.seq < min_seq:
-            snapshot = collection.follow() if collection.seq < min_seq else collection.refresh()
+            snapshot = collection.follow(up_to=min_seq) if collection.seq < min_seq else collection.refresh()
         view = self._view
         if view.key is not snapshot:
             if self._base[0] is not snapshot.index:  # a compaction's new base: read its positions once, as it opens
@@ -294,6 +294,8 @@ class ShardSearcher:
         return view
 
     def describe(self) -> dict:
+        if self.collection is not None:  # what it applied, published: a coordinator numbers new writes after them
+            self.collection.refresh()
         view = self.view()
         hubness = view.index.hubness
         written = view.index.manifest.applied_sequence > 0 or (self.collection is not None and self.collection.seq > 0)
@@ -360,7 +362,13 @@ class ShardSearcher:
     # writes (the shard's writer)
 
     def upsert(self, documents: list[dict], positions: list[int]) -> int:
-        return self._writer().upsert(documents, positions)
+        """Written documents keep the order they were written in: their positions follow every one this shard holds."""
+        collection = self._writer()
+        self.view()  # the base as published (a compaction's new one)
+        last = max(int(np.max(self._base[1], initial=-1)), collection.last_position)
+        if len(positions) and min(positions) <= last:
+            raise HybridError(f"positions must follow the last one this shard holds ({last}), got {min(positions)}")
+        return collection.upsert(documents, positions)
 
     def delete(self, ids: list[str]) -> int:
         return self._writer().delete(ids)
@@ -568,6 +576,7 @@ class ShardedCollection:
             raise HybridError(index.read_only_reason)
         self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
         self._compact_lock = threading.Lock()
         self._acked = list(index.visible)
         self.snapshot = ShardedSnapshot(index, sum(index.visible), index.documents_count)
@@ -612,18 +621,20 @@ class ShardedCollection:
         return self.index.writers.clients[self.index.owner_of(doc_id)].document_by_id(doc_id)
 
     def refresh(self) -> ShardedSnapshot:
-        with self._lock:
-            acked = list(self._acked)
-        if acked == self.index.visible and self.snapshot.seq == sum(acked):
-            return self.snapshot
-        self.index.writers.all("refresh")
-        self.index.visible = acked
-        stats = self.index.writers.all("stats")
-        snapshot = ShardedSnapshot(self.index, sum(acked), sum(s["documents"] for s in stats))
-        if self.on_refresh is not None:
-            self.on_refresh(snapshot)
-        self.snapshot = snapshot
-        return snapshot
+        """Publish every shard's acknowledged writes; one refresh at a time, so visibility never goes back."""
+        with self._refresh_lock:
+            with self._lock:
+                acked = list(self._acked)
+            if acked == self.index.visible and self.snapshot.seq == sum(acked):
+                return self.snapshot
+            self.index.writers.all("refresh")
+            self.index.visible = acked
+            stats = self.index.writers.all("stats")
+            snapshot = ShardedSnapshot(self.index, sum(acked), sum(s["documents"] for s in stats))
+            if self.on_refresh is not None:
+                self.on_refresh(snapshot)
+            self.snapshot = snapshot
+            return snapshot
 
     def wait_visible(self, seq: int, timeout: float) -> bool:
         return self.snapshot.seq >= seq  # a refresh publishes every shard at once: nothing to wait for after it
@@ -648,14 +659,20 @@ class ShardedCollection:
         return {**totals, "last_sequence": self.seq, "visible_sequence": self.snapshot.seq}
 
     def close(self) -> None:
-        """The shards' writers are closed with the index."""
+        """Release the shards' logs this process writes (a reload's new collection takes them over); on Ray the
+        writer deployments keep theirs."""
+        for writer in self.index.writers.clients:
+            collection = getattr(writer, "collection", None)
+            if collection is not None:
+                collection.close()
 
 
 def open_shard(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "fp32") -> ShardSearcher:
     """A shard folder, with its collection (the writes its log holds, and the next ones) when shards can take writes."""
     index = store.open_index(folder, verify=verify, device=device, query_precision=query_precision)
     writable = index.manifest.hubness is None and (index.path / POSTINGS_DIR).is_dir()
-    return ShardSearcher(index, Collection(index) if writable else None)
+    # the coordinator limits a write batch (HYBRID_MAX_BATCH_DOCS); a shard takes whatever part of it is its own
+    return ShardSearcher(index, Collection(index, max_batch_docs=2**31) if writable else None)
 
 
 def open_sharded(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "auto") -> ShardedIndex:

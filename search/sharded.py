@@ -19,7 +19,7 @@ machines: cluster.serve); a `ShardGroup` calls all of them at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -56,11 +56,12 @@ class ShardGroup:
         return len(self.clients)
 
     def all(self, method: str, *args) -> list:
-        futures = [self._executor.submit(getattr(client, method), *args) for client in self.clients]
-        return [future.result() for future in futures]
+        return list(self.some(method, {i: args for i in range(len(self.clients))}).values())
 
     def some(self, method: str, args_by_shard: dict[int, tuple]) -> dict[int, object]:
+        """Every call is finished before an error is raised: nothing keeps running behind it (a write's other parts)."""
         futures = {i: self._executor.submit(getattr(self.clients[i], method), *args) for i, args in args_by_shard.items()}
+        wait(futures.values())
         return {i: future.result() for i, future in futures.items()}
 
     def close(self) -> None:

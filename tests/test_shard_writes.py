@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from indexer.live import Collection
+from search.errors import HybridError
 from indexer.shards import ShardedCollection, open_sharded, read_shards, shard_of, split_index
 from indexer.store import open_index
 from search.segments import CorpusStatistics
@@ -142,8 +143,13 @@ def test_the_service_writes_to_a_sharded_index(pair, scifact):
         assert stats["writable"] and stats["documents"] == SLICE + 5 == whole.get("/stats", headers=writer).json()["documents"]
         bad = sharded.put("/documents", json={"documents": [{"id": "x"}]}, headers=writer)
         assert bad.status_code == 422 and "documents[0].text" in bad.text
+        # after a reload the new collection takes the shards' logs over, and numbers after every write so far
+        assert sharded.post("/admin/reload", headers=writer).status_code == 200
+        later = new_documents(scifact, SLICE + 6, 3)
+        assert sharded.put("/documents?wait=true", json={"documents": later}, headers=writer).status_code == 200
+        assert sharded.get("/stats", headers=writer).json()["documents"] == SLICE + 5 + 3
     logged = {i for i, s in enumerate(read_shards(sharded_path)["shards"]) if (sharded_path / s["folder"] / "live" / "wal.log").exists()}
-    assert logged == set(shard_of([doc["id"] for doc in added], 3).tolist())  # only the owning shards were written
+    assert logged == set(shard_of([doc["id"] for doc in added + later], 3).tolist())  # only the owning shards were written
 
 
 def test_a_shard_that_fails_a_write_leaves_the_other_shards_parts_published(pair, scifact, monkeypatch):
@@ -159,6 +165,8 @@ def test_a_shard_that_fails_a_write_leaves_the_other_shards_parts_published(pair
             raise OSError("no space left on device")
 
         monkeypatch.setattr(sharded.writers.clients[broken], "upsert", full_disk)
+        with pytest.raises(HybridError, match="positions must follow the last one this shard holds"):
+            sharded.writers.clients[(broken + 1) % 3].upsert([added[1]], [0])  # a position the split gave
         with pytest.raises(OSError, match="no space"):
             writes.upsert(added)
         writes.refresh()
