@@ -209,11 +209,7 @@ class Collection:
             return self._write_embedder.encode(texts, batch_size=EMBED_BATCH)
 
     def delete(self, ids: list) -> int:
-        if not isinstance(ids, list) or not ids:
-            raise SpecError("ids", "must be a non-empty list of document ids")
-        for i, doc_id in enumerate(ids):
-            check_id(doc_id, f"ids[{i}]")
-        return self._log_and_apply({"op": "delete", "ids": [str(doc_id) for doc_id in ids]})
+        return self._log_and_apply({"op": "delete", "ids": check_ids(ids)})
 
     def _log_and_apply(self, record: dict, prepared: Prepared | None = None) -> int:
         with self._write_lock:
@@ -509,6 +505,13 @@ def check_batch(documents, max_batch_docs: int, fields: dict) -> list[dict]:
             check_value(types.get(name), value, f"{where}.metadata.{name}")
         checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": metadata})
     return checked
+
+
+def check_ids(ids) -> list[str]:
+    """The ids of a delete, checked (SpecError naming `ids[i]`)."""
+    if not isinstance(ids, list) or not ids:
+        raise SpecError("ids", "must be a non-empty list of document ids")
+    return [check_id(doc_id, f"ids[{i}]") for i, doc_id in enumerate(ids)]
 
 
 def check_id(doc_id, where: str) -> str:

@@ -32,21 +32,21 @@ import numpy as np
 from common.publish import publish_dir, write_atomic
 from indexer import store
 from indexer.corpus import indexed_text
-from indexer.live import Collection, Snapshot, check_batch, check_id, current_view
+from indexer.live import Collection, Snapshot, check_batch, check_ids, current_view
 from indexer.manifest import IndexOpenError, read_json, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder
 from models.onnx_export import resolve_precision
 from models.providers import on_gpu
 from search.bm25 import BM25Index
 from search.dense import build_faiss_index
-from search.errors import ConfigError, HybridError, SpecError
+from search.errors import ConfigError, HybridError
 from search.hubness import HubnessCorrection, augment_documents
 from search.hits import Presenter
 from search.pipeline import SearchPipeline, Stopwatch
 from search.postings import POSTINGS_DIR, Postings
 from search.rerank import Reranker
 from search.segments import CorpusStatistics, LiveBM25, LiveSegment
-from search.sharded import ShardedColumns, ShardedHubness, ShardedPipeline, ShardGroup
+from search.sharded import ShardedColumns, ShardedHubness, ShardedPipeline, ShardGroup, by_owner
 from search.spec import HubnessSpec
 
 logger = logging.getLogger(__name__)
@@ -242,7 +242,10 @@ class _ShardView:
 
     @functools.cached_property
     def bm25(self) -> LiveBM25:
-        """BM25 over the documents that exist, to score with the whole corpus's statistics."""
+        """BM25 over the documents that exist, to score with the whole corpus's statistics (a changed snapshot's
+        pipeline already has it)."""
+        if isinstance(self.pipeline.bm25, LiveBM25):
+            return self.pipeline.bm25
         snapshot = self.snapshot
         alive = snapshot.base_alive if snapshot is not None else np.ones(self.index.num_docs, dtype=bool)
         live = snapshot.live if snapshot is not None else LiveSegment([], self.index.dense.dimension, {})
@@ -399,7 +402,7 @@ class ShardSearcher:
 def _keep_positions(state: Snapshot, manifest, folder: Path) -> None:
     """A shard's compaction keeps each document's position in the whole index (alive base documents in order, then
     live ones, as the compacted base numbers them) and its shard section."""
-    base = np.load(state.index.path / POSITIONS)[state.base_alive]
+    base = base_positions(state.index)[state.base_alive]
     np.save(folder / POSITIONS, np.concatenate([base, np.array([doc.position for doc in state.live.docs], dtype=np.int64)]))
     manifest.files[POSITIONS] = {"bytes": (folder / POSITIONS).stat().st_size, "sha256": store.sha256_file(folder / POSITIONS)}
     manifest.shard = state.index.manifest.shard
@@ -429,7 +432,8 @@ class ShardedIndex:
                                 shard={"shards": len(clients), "hash": self.info["hash"]})
         self.analyzer = first.analyzer
         self.shards = ShardGroup(clients)
-        self.writers = ShardGroup(writers) if writers is not None else None
+        # in process the writers are the searchers themselves: one group, one describe
+        self.writers = self.shards if writers is clients else ShardGroup(writers) if writers is not None else None
         self._own = own or []  # shards opened in this process, closed with it
         described = self.shards.all("describe")
         split_documents = self.info["documents"]  # positions below it are the split's; written documents get later ones
@@ -441,7 +445,7 @@ class ShardedIndex:
             positions = np.asarray(shard["positions"])
             self.owner[positions[positions < split_documents]] = i
         # the writers know the latest writes (a search replica may not have caught up with them yet)
-        latest = self.writers.all("describe") if self.writers is not None else described
+        latest = self.writers.all("describe") if self.writers not in (None, self.shards) else described
         self.written = any(shard["written"] for shard in latest)
         if not self.written and (self.owner < 0).any():
             raise IndexOpenError(f"{self.path}: {int((self.owner < 0).sum())} documents belong to no shard")
@@ -506,15 +510,12 @@ class ShardedIndex:
     def documents(self, positions: np.ndarray) -> list[dict]:
         """Stored documents by position: one call to each shard that holds some (every shard, for written ones)."""
         positions = np.asarray(positions, dtype=np.int64)
-        owners = self.owners(positions)
+        asked = by_owner(self.owners(positions), positions, len(self.shards))
         min_seq = self.consistency().get("min_seq", 0)
-        asked = {int(i): (positions if i < 0 else positions[owners == i], min_seq) for i in np.unique(owners)}
-        if -1 in asked:
-            asked = {i: (positions, min_seq) for i in range(len(self.shards))}
-        answers = self.shards.some("documents", asked)
+        answers = self.shards.some("documents", {i: (part, min_seq) for i, part in asked.items()})
         found: dict[int, dict] = {}
-        for i, (asked_positions, _) in asked.items():
-            found.update((int(p), doc) for p, doc in zip(asked_positions, answers[i]) if doc is not None)
+        for i, part in asked.items():
+            found.update((int(p), doc) for p, doc in zip(part, answers[i]) if doc is not None)
         return [found[int(p)] for p in positions]
 
     def doc_texts(self, positions: np.ndarray) -> list[str]:
@@ -542,7 +543,7 @@ class ShardedIndex:
         for searcher in self._own:
             searcher.close()
         self.shards.close()
-        if self.writers is not None:
+        if self.writers not in (None, self.shards):
             self.writers.close()
 
 
@@ -596,11 +597,7 @@ class ShardedCollection:
             return self._write("upsert", parts)
 
     def delete(self, ids: list) -> int:
-        if not isinstance(ids, list) or not ids:
-            raise SpecError("ids", "must be a non-empty list of document ids")
-        for i, doc_id in enumerate(ids):
-            check_id(doc_id, f"ids[{i}]")
-        ids = [str(doc_id) for doc_id in ids]
+        ids = check_ids(ids)
         owners = shard_of(ids, len(self.index.shards))
         with self._lock:
             return self._write("delete", {int(s): ([ids[i] for i in np.flatnonzero(owners == s)],) for s in np.unique(owners)})

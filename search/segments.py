@@ -149,7 +149,10 @@ class LiveBM25:
         for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
             term_id = self._vocab.get(term)
             live_idx, live_tf = self.live.postings(term)
-            df = self.df(term) if statistics is None else statistics.df.get(term, 0)
+            if statistics is None:
+                df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
+            else:
+                df = statistics.df.get(term, 0)
             if df == 0:
                 continue
             idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))

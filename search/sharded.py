@@ -68,6 +68,14 @@ class ShardGroup:
         self._executor.shutdown(wait=False)
 
 
+def by_owner(owners: np.ndarray, positions: np.ndarray, shards: int) -> dict[int, np.ndarray]:
+    """The positions to ask each shard about: its own, or all of them of every shard when some owner is unknown (-1:
+    a document written since the split; each shard answers for those it holds)."""
+    if (owners < 0).any():
+        return {i: positions for i in range(shards)}
+    return {int(i): positions[owners == i] for i in np.unique(owners)}
+
+
 def merge_top(parts: Sequence[tuple[np.ndarray, np.ndarray]], depth: int) -> Ranking:
     """The best `depth` of the shards' (positions, scores) lists: by score, ties by lower position (as search.ranking.top_k)."""
     if not parts:
@@ -114,13 +122,9 @@ class ShardedColumns(MetadataColumns):
         self.shards, self.owner, self.consistency = shards, owner, consistency
 
     def facets(self, names: Sequence[str], docs: np.ndarray, size: int) -> dict[str, list[dict]]:
-        owners = self.owner(docs)
         min_seq = self.consistency().get("min_seq", 0)
-        if (owners < 0).any():  # documents written since the split: every shard counts those it holds
-            asked = {i: (list(names), docs, min_seq) for i in range(len(self.shards))}
-        else:
-            asked = {int(i): (list(names), docs[owners == i], min_seq) for i in np.unique(owners)}
-        answers = self.shards.some("facet_counts", asked)
+        asked = by_owner(self.owner(docs), docs, len(self.shards))
+        answers = self.shards.some("facet_counts", {i: (list(names), part, min_seq) for i, part in asked.items()})
         out = {}
         for name in names:
             totals: dict = {}
