@@ -86,6 +86,19 @@ def markdown(report: dict) -> str:
             row, before = entry["latency"][precision][SIDE_BY_SIDE], entry["latency"][precision][ONE_RUN]
             lines.append(f"| {name} | {entry['layers']} | {precision} | {entry['ndcg@10'][precision]:.4f} | "
                          f"{row['measured_ms']:.0f} | {before['measured_ms']:.0f} | {row['floor_ms']:.0f} | {row['fraction']:.0%} |")
+    lines += ["", "How each was trained (its training.json): where it started, the interpolation weight chosen on the held-out "
+              "train queries and their nDCG@10 there (fp32; the first stage alone, the reranker alone, interpolated), and "
+              "training minutes on this CPU.", "",
+              "| reranker | started from | weight | held-out: first stage | reranker alone | interpolated | training min |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    for name, entry in report["rerankers"].items():
+        record = training_record(entry["path"]) or {}
+        dev = record.get("interpolation", {}).get("dev", {}).get("ndcg@10", {})
+        started = record.get("base_model", {}).get("name", "?")
+        started = "its teacher" if started == record.get("options", {}).get("teacher") else started
+        lines.append(f"| {name} | {started} | {entry['weight']:g} | {dev.get('first_stage', float('nan')):.4f} | "
+                     f"{dev.get('reranker_only', float('nan')):.4f} | {dev.get('interpolated', float('nan')):.4f} | "
+                     f"{(entry['training_s'] or float('nan')) / 60:.1f} |")
     lines.append("")
     return "\n".join(lines)
 

@@ -37,11 +37,16 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 # Concurrent serving, configurations side by side at 1/4/16/64 clients; BASELINE=PATH (a checkout of b7fc9f3) adds the
 # service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh
 .venv/bin/python -m evaluation.serving_bench "$index" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
-# Rerankers side by side: the 6-layer one above and a 3-layer one distilled from it (trained when missing or asked for).
+# Rerankers side by side: the 6-layer one above and a 3-layer one distilled from it, cut from the teacher's own layers
+# (the default), beside the same student started from the untrained base model (each trained when missing or asked for).
 small="${SMALL_RERANKER:-models_out/scifact-reranker-l3}"
-[ -f "$small/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" --layers 3 --teacher "$reranker" \
-  --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$small" --quiet
-.venv/bin/python -m evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "3 layers, distilled=$small" --out "$out/rerank.json" > /dev/null
+for folder in "$small" "$small-base"; do
+  start=(); [ "$folder" = "$small-base" ] && start=(--base-model all-MiniLM-L6-v2)
+  [ -f "$folder/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" --layers 3 --teacher "$reranker" \
+    "${start[@]}" --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$folder" --quiet
+done
+.venv/bin/python -m evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "3 layers, distilled=$small" \
+  "3 layers, distilled, from the base model=$small-base" --out "$out/rerank.json" > /dev/null
 .venv/bin/python -m evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
   "$out/filters.json" "$out/live.json" "$out/query.json" "$out/serving.json" "$out/rerank.json" > docs/BENCHMARKS.md
 # Encoder adaptation (models trained when missing or asked for): supervised on the train split, and label-free on

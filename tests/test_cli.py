@@ -106,6 +106,11 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
     assert result.returncode == 0, result.stderr
     distilled = json.loads((student / "training.json").read_text())
     assert distilled["options"]["teacher"] == str(out) and distilled["loss"]["first_10pct"] > 0
+    assert distilled["base_model"]["name"] == str(out)  # a student starts from its teacher's own weights
+
+    onnx_only = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
+                       "--out", tmp_path / "student2", "--quiet", "--device", "cpu", "--layers", 1, "--teacher", out / "onnx")
+    assert onnx_only.returncode != 0 and "pass --base-model" in onnx_only.stderr
 
 
 def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, capsys):
