@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 
 import pytest
 
@@ -365,8 +366,16 @@ def test_serving_section_states_ratios_and_the_floor():
     assert "`HYBRID_HTTP=h11`, `HYBRID_LOOP=asyncio`" in text and "the previous commit's code, h11 and asyncio" in text
 
 
-def test_rerank_section_lists_quality_latency_and_floor():
+def test_rerank_section_lists_quality_latency_floor_and_how_each_was_trained(tmp_path):
     from evaluation.rerank_bench import markdown
+
+    def trained(name: str, started: str, teacher: str | None, dev: tuple[float, float, float]) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        record = {"base_model": {"name": started}, "options": {"teacher": teacher},
+                  "interpolation": {"dev": {"ndcg@10": dict(zip(("first_stage", "reranker_only", "interpolated"), dev))}}}
+        (folder / "training.json").write_text(json.dumps(record))
+        return str(folder)
 
     def latency(ms: float, floor: float, one_run_ms: float) -> dict:
         return {"side by side": {"measured_ms": ms, "floor_ms": floor, "fraction": round(floor / ms, 3)},
@@ -374,14 +383,18 @@ def test_rerank_section_lists_quality_latency_and_floor():
 
     report = {"split": "test", "queries": 300, "depth": 50, "hybrid_ndcg@10": 0.73,
               "peaks": {"cores": 2, "fp32_gflops_2": 190.0, "int8_gops_2": 560.0},
-              "rerankers": {"6 layers": {"layers": 6, "ndcg@10": {"fp32": 0.752, "int8": 0.75},
+              "rerankers": {"6 layers": {"layers": 6, "ndcg@10": {"fp32": 0.752, "int8": 0.75}, "weight": 0.5, "training_s": 1350.0,
+                                         "path": trained("six", "all-MiniLM-L6-v2", None, (0.76, 0.67, 0.79)),
                                          "latency": {"fp32": latency(1500.0, 600.0, 1600.0), "int8": latency(1100.0, 200.0, 1300.0)}},
-                            "2 layers": {"layers": 2, "ndcg@10": {"fp32": 0.745, "int8": 0.744},
+                            "2 layers": {"layers": 2, "ndcg@10": {"fp32": 0.745, "int8": 0.744}, "weight": 0.4, "training_s": 720.0,
+                                         "path": trained("two", "models/six", "models/six", (0.76, 0.55, 0.78)),
                                          "latency": {"fp32": latency(500.0, 200.0, 510.0), "int8": latency(280.0, 70.0, 330.0)}}}}
     text = markdown(report)
     assert "| 2 layers | 2 | int8 | 0.7440 | 280 | 330 | 70 | 25% |" in text  # 70 / 280
     assert "| 6 layers | 6 | fp32 | 0.7520 | 1500 | 1600 | 600 | 40% |" in text
     assert "first stage alone 0.7300" in text and "190 GFLOP/s fp32, 560 GOP/s int8 on 2 cores" in text
+    assert "| 6 layers | all-MiniLM-L6-v2 | 0.5 | 0.7600 | 0.6700 | 0.7900 | 22.5 |" in text
+    assert "| 2 layers | its teacher | 0.4 | 0.7600 | 0.5500 | 0.7800 | 12.0 |" in text  # 720 s
 
 
 def test_compute_floor_sentence_quotes_fractions():
