@@ -47,8 +47,8 @@ def register(commands) -> None:
     p.add_argument("index", type=Path, help="index whose hybrid retriever mines the hard negatives")
     _add_split(p)
     p.add_argument("--out", type=Path, required=True, help="model folder to write (torch weights + onnx/)")
-    p.add_argument("--base-model", default=default(TrainOptions, "base_model"), help="model name or local path to start from (default: the --teacher's own weights when distilling, "
-                   "else all-MiniLM-L6-v2)")
+    p.add_argument("--base-model", default=default(TrainOptions, "base_model"), help="model name or local path to start from (default: the --teacher's own "
+                   "weights when distilling, else all-MiniLM-L6-v2)")
     p.add_argument("--max-length", type=int, default=default(TrainOptions, "max_length"), help="query + document tokens")
     p.add_argument("--layers", type=int, default=default(TrainOptions, "layers"),
                    help="keep N of the base model's layers, the first N-1 and the last (default: all); reranking time is about proportional to N")
