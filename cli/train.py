@@ -11,7 +11,7 @@ from indexer.store import open_index
 from search.errors import ConfigError
 from search.fusion import fusion_to_string
 from models.cross_encoder import weight_evidence
-from training.embedder import SUPERVISED_LEARNING_RATE, EmbedderOptions, adapt_embedder, train_embedder
+from training.embedder import SUPERVISED, EmbedderOptions, adapt_embedder, train_embedder
 from training.pseudo import RECIPES
 from training.fusion import format_table, pseudo_split, tune_index
 from training.metrics import MEASURES, format_evidence
@@ -71,7 +71,7 @@ def register(commands) -> None:
     p.add_argument("index", type=Path, help="index whose encoder is tuned and whose hybrid retriever mines the hard negatives")
     _add_split(p)
     p.add_argument("--out", type=Path, required=True, help="model folder to write (sentence-transformers + training.json)")
-    add_embedder_training_flags(p, learning_rate=SUPERVISED_LEARNING_RATE)
+    add_embedder_training_flags(p, SUPERVISED)
     p.set_defaults(run=run_train_embedder)
 
     p = commands.add_parser("adapt", help="fine-tune the index's dense encoder without labels, on pseudo-queries cut from its own documents")
@@ -84,18 +84,18 @@ def register(commands) -> None:
     p.set_defaults(run=run_adapt)
 
 
-def add_embedder_training_flags(p, learning_rate: float = default(EmbedderOptions, "learning_rate")) -> None:
+def add_embedder_training_flags(p, defaults: EmbedderOptions = EmbedderOptions()) -> None:
     g = p.add_argument_group("embedder training")
-    g.add_argument("--epochs", type=int, default=default(EmbedderOptions, "epochs"), help="at most; the best held-out epoch is kept")
-    g.add_argument("--batch-size", type=int, default=default(EmbedderOptions, "batch_size"),
+    g.add_argument("--epochs", type=int, default=defaults.epochs, help="at most; the best held-out epoch is kept")
+    g.add_argument("--batch-size", type=int, default=defaults.batch_size,
                    help="examples per step (the others' documents are in-batch negatives)")
-    g.add_argument("--hard-negatives", type=int, default=default(EmbedderOptions, "hard_negatives"), help="per example")
-    g.add_argument("--mine-depth", type=int, default=default(EmbedderOptions, "mine_depth"), help="hard negatives are sampled from the hybrid top-N")
-    g.add_argument("--lr", type=float, default=learning_rate)
-    g.add_argument("--dev-fraction", type=float, default=default(EmbedderOptions, "dev_fraction"), help="queries held out to choose the epoch")
-    g.add_argument("--eval-depth", type=int, default=default(EmbedderOptions, "eval_depth"),
+    g.add_argument("--hard-negatives", type=int, default=defaults.hard_negatives, help="per example")
+    g.add_argument("--mine-depth", type=int, default=defaults.mine_depth, help="hard negatives are sampled from the hybrid top-N")
+    g.add_argument("--lr", type=float, default=defaults.learning_rate)
+    g.add_argument("--dev-fraction", type=float, default=defaults.dev_fraction, help="queries held out to choose the epoch")
+    g.add_argument("--eval-depth", type=int, default=defaults.eval_depth,
                    help="held-out queries are scored over their hybrid top-N pooled")
-    g.add_argument("--seed", type=int, default=default(EmbedderOptions, "seed"))
+    g.add_argument("--seed", type=int, default=defaults.seed)
     add_device(g, help="training (and mining) device")
     add_quiet(g)
 

@@ -85,8 +85,9 @@ def markdown(report: dict) -> str:
              f"`hybrid serve` on 127.0.0.1, POST /search with a scifact {report['split']} query (k=10, every other default), "
              f"closed loop: each client sends its next request when the previous answer arrives, {report['seconds']:.0f} s per "
              "cell after a warm-up, one asyncio client process on the same cores. The configurations ran side by side "
-             "(all servers up, each client count measured on every configuration before the next count), all serving one index "
-             "(built by the oldest code among them, which every later version opens).", "",
+             "(all servers up, each client count measured on every configuration before the next count), all serving one index"
+             + (" (built by the before commit's code: it cannot open an index written since, which every later version opens)"
+                if "before (b7fc9f3)" in report["results"] else "") + ".", "",
              "| configuration | " + " | ".join(f"{n} clients: req/s, p50 / p99 ms" for n in clients) + " | errors |",
              "|---|" + "---:|" * len(clients) + "---:|"]
     for name in names:

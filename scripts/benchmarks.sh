@@ -35,8 +35,10 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 [ -f "$index-int8/manifest.json" ] && [ -z "${REBUILD:-}" ] || .venv/bin/hybrid index "$BEIR_DATA/scifact" --out "$index-int8" --precision int8 --quiet
 .venv/bin/python -m evaluation.query_bench "$index" "$BEIR_DATA/scifact" --int8-index "$index-int8" --out "$out/query.json" > /dev/null
 # Concurrent serving, configurations side by side at 1/4/16/64 clients; BASELINE=PATH (a checkout of b7fc9f3) adds the
-# service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh
-.venv/bin/python -m evaluation.serving_bench "$index" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
+# service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh;
+# the before code cannot open an index written since, so then SERVING_INDEX must be one it built (`cd /tmp/before &&
+# HYBRID_CACHE=/tmp/before-cache python -m cli index ...` and `... -m cli tune ...`), which every version serves
+.venv/bin/python -m evaluation.serving_bench "${SERVING_INDEX:-$index}" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
 # Rerankers side by side: the 6-layer one above and a 3-layer one distilled from it, cut from the teacher's own layers
 # (the default), beside the same student started from the untrained base model (each trained when missing or asked for).
 small="${SMALL_RERANKER:-models_out/scifact-reranker-l3}"

@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.settings import Settings
 from indexer.live import Collection
-from search.errors import HybridError
 from indexer.shards import ShardedCollection, open_sharded, read_shards, shard_of, split_index
 from indexer.store import open_index
+from search.errors import HybridError
 from search.segments import CorpusStatistics
 from tests.conftest import SHARDED_SLICE as SLICE, sample_queries, with_metadata
 

@@ -7,12 +7,12 @@ Recipe: the judged queries are split into train and dev (`dev_fraction`, by quer
 hybrid top-`mine_depth` that the qrels do not mark relevant, sampled afresh every epoch. The loss is
 listwise softmax cross-entropy over each group (the positive must outscore its own hard negatives),
 which suits small training sets better than pointwise BCE. The classifier head starts from scratch
-on top of the base model's encoder (a student's from its teacher's, see below); the word embeddings are frozen (most of
-the parameters, little to gain from a few thousand pairs, and the optimiser step on them dominates CPU time). With a
-`teacher` (a larger reranker, e.g. our 6-layer one for a `--layers 3` model), the loss adds the KL divergence from the
-teacher's softmax over each group to the model's: distillation on our own mined groups. A student starts from its teacher's own
-weights unless told otherwise (its first layers, its last and its head: `--layers`), not from the untrained base: on
-scifact's held-out queries that lifted a 3-layer student alone from nDCG@10 0.32 to 0.55, hybrid + rerank from 0.789 to
+on top of the base model's encoder; the word embeddings are frozen (most of the parameters, little to gain from a few
+thousand pairs, and the optimiser step on them dominates CPU time). With a `teacher` (a larger reranker, e.g. our
+6-layer one for a `--layers 3` model), the loss adds the KL divergence from the teacher's softmax over each group to the
+model's: distillation on our own mined groups. The student then starts from its teacher's own weights unless told
+otherwise (the teacher's first layers, its last and its head: `--layers`), not from the untrained base: on scifact's
+held-out queries that lifted a 3-layer student alone from nDCG@10 0.32 to 0.55 and hybrid + rerank from 0.789 to
 0.792, in 12 minutes of training instead of 20 (docs/BENCHMARKS.md, "Rerankers").
 
 Then the dev queries' hybrid top-`DEFAULT_RERANK_DEPTH` are scored by the exported model and the
