@@ -349,6 +349,7 @@ def test_serving_section_states_ratios_and_the_floor():
     after = {"1": _load(175.0, 5.5, 9.0), "16": _load(224.0, 70.0, 93.0)}
     fp32 = {"1": _load(118.0, 8.1, 15.0), "16": _load(159.0, 99.0, 136.0)}
     h11 = {"1": _load(150.0, 6.5, 13.0), "16": _load(230.0, 67.0, 99.0)}
+    fp32_one = {"1": _load(95.0, 10.2, 16.0), "16": _load(175.0, 90.0, 120.0)}
     model = {"fp32": {"measured_ms": 8.0, "floor_ms": 5.0, "fraction": 0.625, "mean_tokens": 22.8, "gflop": 0.491,
                       "model_only_per_s": 250.0, "serving_floor_per_s": 400.0},
              "int8": {"measured_ms": 3.5, "floor_ms": 1.75, "fraction": 0.5, "mean_tokens": 22.8, "gflop": 0.491,
@@ -356,13 +357,16 @@ def test_serving_section_states_ratios_and_the_floor():
     report = {"split": "test", "queries": 300, "seconds": 10.0, "clients": [1, 16],
               "peaks": {"cores": 2, "fp32_gflops_1": 96.0, "int8_gops_1": 282.0},
               "configurations": {"before (b7fc9f3)": {"PYTHONPATH": "/x"}, "default": {}, "fp32 queries": {"HYBRID_QUERY_PRECISION": "fp32"},
+                                 "fp32 queries, one thread per search": {"HYBRID_QUERY_PRECISION": "fp32", "HYBRID_INFERENCE_THREADS": "1"},
                                  "h11 + asyncio": {"HYBRID_HTTP": "h11", "HYBRID_LOOP": "asyncio"}},
-              "results": {"before (b7fc9f3)": before, "default": after, "fp32 queries": fp32, "h11 + asyncio": h11}, "query_model": model}
+              "results": {"before (b7fc9f3)": before, "default": after, "fp32 queries": fp32,
+                          "fp32 queries, one thread per search": fp32_one, "h11 + asyncio": h11}, "query_model": model}
     text = markdown(report)
     assert "| default | 175, 5.5 / 9 | 224, 70.0 / 93 | 0 |" in text
     assert "1 clients 1.75x, 16 clients 2.00x" in text  # 175 / 100, 224 / 112
     assert "| fp32 | 8.00 | 5.00 | 62% | 250 | 400 |" in text
     assert "default serves 224 req/s, 40% of what the int8 query model alone allows" in text  # 224 / 560
+    assert "one thread per search 175 req/s (p99 120 ms), 70% of the fp32 model alone" in text  # 175 / 250
     assert "`HYBRID_HTTP=h11`, `HYBRID_LOOP=asyncio`" in text and "the previous commit's code, h11 and asyncio" in text
 
 
