@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             handler.setFormatter(JsonFormatter())
     # Our middleware writes one structured access line per request: uvicorn's own access log would double it.
     uvicorn.run(create_app(settings, index=index), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, log_config=None, http=settings.http, loop=settings.loop)
+                access_log=False, log_config=None, http=settings.http, loop=settings.loop,
+                timeout_graceful_shutdown=settings.graceful_shutdown)
     return 0
 
 

@@ -2,26 +2,31 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
+from app.json_body import CheckedRoute, parse_body
 from app.routes import ServingDep
 from app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, WriteResult
 from app.security import require_api_key, require_write_key
 from app.serving import Serving
-from search.errors import HybridError, SpecError
+from indexer.leftovers import temporary_bytes
+from search import budget
+from search.errors import HybridError, SpecError, StorageError
 
-router = APIRouter()
+router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
 
 WAIT_SECONDS = 30.0
 Wait = Annotated[bool, Query(description="answer only once the write is searchable (a refresh is published at once; "
                                          "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)")]
 _WRITE_RESPONSES = {401: {"description": "missing key"}, 403: {"description": "not a write key, or writes disabled"},
                     409: {"description": "this index cannot take writes, or not now (the message says why)"},
-                    413: {"description": "body too large"}, 422: {"description": "invalid batch; `loc` names the item and field"}}
+                    413: {"description": "body too large"}, 422: {"description": "invalid batch; `loc` names the item and field"},
+                    503: {"description": "the index folder cannot be written (read-only): nothing was written"},
+                    504: {"description": "the write ran past HYBRID_WRITE_TIMEOUT before it was logged: nothing was written"},
+                    507: {"description": "the disk is full: nothing was written"}}
 NDJSON = "application/x-ndjson"
 
 
@@ -31,14 +36,16 @@ def _collection(serving: Serving):
     return serving.collection
 
 
-def _write(write, items: list) -> int:
-    """A write's sequence number; 409 when the index cannot take it now (another process holds its log)."""
-    try:
-        return write(items)
-    except SpecError:
-        raise
-    except HybridError as exc:
-        raise HTTPException(status_code=409, detail=str(exc)) from None
+def _write(deadlines, write, items: list) -> int:
+    """A write's sequence number, under the write deadline; 409 when the index cannot take it now (another process
+    holds its log). A full disk (507) and a read-only folder (503) answer through app.main's handlers."""
+    with deadlines.start(deadlines.write_seconds) as deadline, budget.within(deadline):
+        try:
+            return write(items)
+        except (SpecError, StorageError):
+            raise
+        except HybridError as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from None
 
 
 def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
@@ -52,28 +59,9 @@ def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
 async def _documents(request: Request) -> list[Any]:
     """The batch from a JSON body {"documents": [...]} or an NDJSON body (one document per line)."""
     ndjson = request.headers.get("content-type", "").split(";")[0].strip() == NDJSON
-    return await run_in_threadpool(_parse, await request.body(), ndjson)  # up to 16 MiB: off the event loop
-
-
-def _parse(body: bytes, ndjson: bool) -> list[Any]:
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError("body", f"not UTF-8 (byte {exc.start})") from None
+    parsed = await run_in_threadpool(parse_body, await request.body(), ndjson)  # up to 16 MiB: off the event loop
     if ndjson:
-        documents = []
-        # "\n" only: str.splitlines would also split inside strings at U+2028, U+2029 or U+0085, which JSON allows
-        for line_no, line in enumerate(text.split("\n"), start=1):
-            if line.strip():
-                try:
-                    documents.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise SpecError(f"line {line_no}", f"not JSON ({exc.msg})") from None
-        return documents
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError("body", f"not JSON ({exc.msg} at character {exc.pos})") from None
+        return parsed
     if not isinstance(parsed, dict) or set(parsed) != {"documents"}:
         raise SpecError("documents", 'the body is {"documents": [...]} (or application/x-ndjson, one document per line)')
     return parsed["documents"]  # the collection checks every document, naming its position
@@ -100,25 +88,27 @@ async def put_documents(request: Request, serving: ServingDep, wait: Wait = Fals
     answer (its sequence number)."""
     documents = await _documents(request)
     collection = _collection(serving)
-    seq = await run_in_threadpool(_write, collection.upsert, documents)  # embedding and fsync: off the event loop
+    # embedding and fsync: off the event loop
+    seq = await run_in_threadpool(_write, request.app.state.deadlines, collection.upsert, documents)
     return await run_in_threadpool(_written, serving, seq, len(documents), wait)
 
 
-@router.delete("/documents/{doc_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
+# {doc_id:path}: an id may hold "/" (sent percent-encoded, a%2Fb, which the server decodes before routing)
+@router.delete("/documents/{doc_id:path}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
                responses=_WRITE_RESPONSES)
-def delete_document(doc_id: str, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _write(_collection(serving).delete, [doc_id])
+def delete_document(doc_id: str, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    seq = _write(request.app.state.deadlines, _collection(serving).delete, [doc_id])
     return _written(serving, seq, 1, wait)
 
 
 @router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)],
              responses=_WRITE_RESPONSES)
-def delete_documents(body: DeleteRequest, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _write(_collection(serving).delete, body.ids)
+def delete_documents(body: DeleteRequest, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    seq = _write(request.app.state.deadlines, _collection(serving).delete, body.ids)
     return _written(serving, seq, len(body.ids), wait)
 
 
-@router.get("/documents/{doc_id}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
+@router.get("/documents/{doc_id:path}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
             responses={404: {"description": "no such document"}})
 def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
     """The latest acknowledged version of a document (before it is searchable, too)."""
@@ -134,10 +124,16 @@ def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
 @router.get("/stats", response_model=Stats)
 def stats(serving: ServingDep) -> Stats:
     """Live counts, sequence numbers and segment sizes."""
+    return _stats(serving)
+
+
+def _stats(serving: Serving) -> Stats:
+    temporary = temporary_bytes(serving.index.path)
     if serving.collection is None:
         return Stats(documents=serving.documents, base_documents=serving.index.num_docs, writable=False,
-                     write_refusal=serving.write_refusal)
-    return Stats(**serving.collection.stats(), writable=True)
+                     write_refusal=serving.write_refusal, temporary_bytes=temporary)
+    problem = serving.collection.storage_problem()
+    return Stats(**serving.collection.stats(), writable=problem is None, write_refusal=problem, temporary_bytes=temporary)
 
 
 @router.post("/admin/compact", response_model=Stats, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
@@ -145,5 +141,8 @@ def compact(serving: ServingDep) -> Stats:
     """Merge the live segment and deletions into a new base segment now (published atomically; searches and writes
     continue meanwhile). Also runs in the background past HYBRID_COMPACT_FRACTION."""
     collection = _collection(serving)
-    collection.compact()
-    return Stats(**collection.stats(), writable=True)
+    try:
+        collection.compact()
+    except OSError as exc:
+        raise StorageError.of(exc, "the compaction failed and the previous base stays in service") from None
+    return _stats(serving)

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import json
 
+from fastapi import HTTPException
 
-class BodyTooLarge(Exception):
-    pass
+
+class BodyTooLarge(HTTPException):
+    """Raised while a body is read (a chunked body has no Content-Length to check first). An HTTPException, so that
+    FastAPI's body parsing passes it on as the 413 it is instead of a 400."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body exceeds {limit} bytes")
+        self.limit = limit
 
 
 class BodySizeLimit:
@@ -30,12 +37,12 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(limit)
             return message
 
         try:
             await self.app(scope, limited_receive, send)
-        except BodyTooLarge:
+        except BodyTooLarge:  # raised where no handler answered it (the body was read outside a route)
             await self._reject(send, limit)
 
     async def _reject(self, send, limit: int):

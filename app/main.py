@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -17,20 +16,21 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from threadpoolctl import threadpool_limits
 
+from app.json_body import body_loc
 from app.limits import BodySizeLimit
 from app.observability import Metrics, RequestContext
 from app.documents import router as documents_router
 from app.routes import router
+from app.budget import Deadlines
 from app.security import InFlightLimit, load_api_keys, load_write_keys
 from app.serving import Reloader, load_reranker, open_configured
 from app.settings import Settings
 from app.ui import router as ui_router
 from indexer.store import OpenIndex
 from models.providers import on_gpu
-from search.errors import SpecError
+from search.errors import DeadlineExceeded, SpecError, StorageError
 
 logger = logging.getLogger(__name__)
-_INDEXED = re.compile(r"(.*?)((?:\[\d+\])*)", re.DOTALL)
 
 
 def _parallel_legs(settings: Settings, index: OpenIndex) -> bool:
@@ -70,15 +70,6 @@ def _reload_on_sighup(app: FastAPI) -> None:
         logger.debug("SIGHUP reload not available here")
 
 
-def _path(field: str) -> list:
-    """`searches[3].filter.$and[0].year` -> ["searches", 3, "filter", "$and", 0, "year"], as request validation writes it."""
-    parts: list = []
-    for name in field.split("."):
-        name, indices = _INDEXED.fullmatch(name).groups()
-        parts += [name, *map(int, re.findall(r"\d+", indices))]
-    return parts
-
-
 def create_app(settings: Settings | None = None, index: OpenIndex | None = None, cross_encoder=None, opener=None) -> FastAPI:
     """Build the app; the index (and the reranker's cross-encoder) are opened once at startup unless injected (tests).
     `opener()` opens the index at startup and on each reload (default: the settings' index, whole or sharded, in this
@@ -106,6 +97,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         refresher = threading.Thread(target=_refresh_loop, args=(app, settings.refresh_interval, stop), name="refresher", daemon=True)
         refresher.start()
         yield
+        app.state.deadlines.cancel_all("the service is shutting down")  # nobody will read what they would answer
         stop.set()
         refresher.join()  # no compaction starts after this
         app.state.reloader.wait_for_compaction()
@@ -128,6 +120,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     app.state.api_keys = load_api_keys(settings)
     app.state.write_keys = load_write_keys(settings)
     app.state.in_flight = InFlightLimit(settings.max_in_flight)
+    app.state.deadlines = Deadlines(settings.request_timeout, settings.write_timeout)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, write_max_bytes=settings.max_write_body_bytes)
     app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost, so it sees every response
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
@@ -146,9 +139,19 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
 
     @app.exception_handler(SpecError)
     async def _spec_error(request: Request, exc: SpecError):
-        # the same shape as request validation errors: where (the field's path in the body) and what
-        loc = ["body", *_path(exc.field)]
-        return JSONResponse(status_code=422, content={"detail": [{"loc": loc, "msg": str(exc), "type": "value_error"}]})
+        # the same shape as request validation errors: where (the field's path in the body, names kept whole) and what
+        return JSONResponse(status_code=422, content={"detail": [{"loc": list(body_loc(exc)), "msg": str(exc),
+                                                                  "type": "value_error"}]})
+
+    @app.exception_handler(StorageError)
+    async def _storage_error(request: Request, exc: StorageError):
+        # nothing was written: 507 when the disk is full, 503 when the folder cannot be written (stats say why)
+        status = 507 if exc.kind == StorageError.FULL else 503
+        return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+    @app.exception_handler(DeadlineExceeded)
+    async def _deadline(request: Request, exc: DeadlineExceeded):
+        return JSONResponse(status_code=504, content={"detail": f"the request {exc}"})
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

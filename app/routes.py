@@ -15,13 +15,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from app.json_body import CheckedRoute
 from app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
 from app.security import require_api_key, require_write_key
 from app.serving import ReloadInProgress, Serving
+from search import budget
 from search.errors import SpecError
 from search.pipeline import Query
 
-router = APIRouter()
+router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
 
 
 async def _serving(request: Request) -> Serving:
@@ -80,10 +82,22 @@ async def search_batch(body: BatchRequest, serving: ServingDep, request: Request
 
 async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
     """Run a search on the service's search threads (HYBRID_SEARCH_THREADS), in the request's context (its request id
-    reaches the log lines). A plain executor future: FastAPI's own thread hop for sync routes costs more CPU per
-    request than a whole BM25 search (py-spy, 16 clients, cached queries: 16% of the GIL-held samples, BM25 7.5%)."""
-    call = functools.partial(contextvars.copy_context().run, work)
-    return await asyncio.get_running_loop().run_in_executor(request.app.state.search_executor, call)
+    reaches the log lines), under its deadline (HYBRID_REQUEST_TIMEOUT): past it the work stops and the answer is
+    504. A plain executor future: FastAPI's own thread hop for sync routes costs more CPU per request than a BM25
+    search (docs/BENCHMARKS.md, "Concurrent serving")."""
+    deadlines = request.app.state.deadlines
+    with deadlines.start(deadlines.search_seconds) as deadline:
+        def run() -> Response:
+            with budget.within(deadline):
+                deadline.check("waiting for a search thread")
+                return work()
+
+        call = functools.partial(contextvars.copy_context().run, run)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(request.app.state.search_executor, call)
+        except asyncio.CancelledError:  # the server gave up on the request (a stop): its work stops too
+            deadline.cancel("the request was cancelled")
+            raise
 
 
 def _json(model: BaseModel) -> Response:
@@ -128,11 +142,13 @@ def ready(request: Request):
 
 def _ready(serving: Serving) -> Ready:
     index = serving.index
+    problem = serving.collection.storage_problem() if serving.collection is not None else serving.write_refusal
     return Ready(ready=True, documents=serving.documents, index=str(index.path), created_at=index.manifest.created_at,
                  model=index.manifest.embedder.model,
                  fusion_tuning=asdict(index.manifest.fusion_tuning) if index.manifest.fusion_tuning else None,
                  defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence,
-                 metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()})
+                 metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()},
+                 writable=problem is None, write_refusal=problem)
 
 
 @router.post("/admin/reload", response_model=Ready, dependencies=[Depends(require_write_key)],

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
 from search.filters import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
-from search.fusion import MAX_RRF_K
+from search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
 from search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from search.hits import ALL_FIELDS, MAX_FACET_VALUES
 from search.hubness import HUBNESS_METHODS
@@ -70,7 +70,8 @@ class RRFBody(_Strict):
 
     method: Literal["rrf"]
     rrf_k: Float | None = Field(**_documented("the RRF constant (not the number of results)", minimum=0, maximum=MAX_RRF_K))
-    weights: list[Float] | None = Field(**_documented("[bm25, dense], each >= 0", minItems=2, maxItems=2))
+    weights: list[Float] | None = Field(**_documented(f"[bm25, dense], each from 0 to {MAX_RRF_WEIGHT:g}", minItems=2, maxItems=2,
+                                                      items={"minimum": 0, "maximum": MAX_RRF_WEIGHT}))
 
 
 class CCBody(_Strict):
@@ -258,14 +259,18 @@ class Ready(BaseModel):
                                   "the held-out queries and split, the values compared and the decision")
     metadata: dict | None = Field(None, description="the corpus's metadata fields: type (keyword, bool, int, float, date) "
                                   "when filterable, documents with a value, distinct values (keyword), or why not filterable")
+    writable: bool | None = Field(None, description="whether writes can be taken now (GET /stats says why not)")
+    write_refusal: str | None = None
 
 
 class DocumentIn(BaseModel):
-    id: str | int = Field(description="unique id, at most 512 bytes of UTF-8; an existing id is replaced")
+    id: str | int = Field(description="unique id, at most 512 bytes of UTF-8, no control characters, not . or ..; "
+                         "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)")
     title: str | None = None
     text: str = Field(description="the body (may be empty when the title is not)")
     metadata: dict[str, Any] | None = Field(None, description="strings, numbers, true/false, lists of strings, ISO-8601 dates; "
-                                            "a field the index already has keeps its type")
+                                            "a field keeps the type the index or its first write gave it (another "
+                                            "type answers 422)")
 
 
 class DocumentBatch(BaseModel):
@@ -299,5 +304,8 @@ class Stats(BaseModel):
     live_documents: int | None = Field(None, description="documents written since the build (the live segment)")
     last_sequence: int | None = Field(None, description="the last acknowledged write")
     visible_sequence: int | None = Field(None, description="the last write searches see")
-    writable: bool
-    write_refusal: str | None = Field(None, description="why this index takes no writes")
+    writable: bool = Field(description="whether writes can be taken now")
+    write_refusal: str | None = Field(None, description="why not: this index takes no writes, its folder is read-only, "
+                                      "or the last write failed (the disk was full); cleared by the next write that succeeds")
+    temporary_bytes: int | None = Field(None, description="disk used beside the index by builds and compactions in "
+                                        "progress (or left by a killed one: removed at the next start)")

@@ -33,7 +33,7 @@ def _presented_key(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    return request.headers.get("x-api-key")
+    return request.headers.get("x-api-key", "").strip() or None  # trimmed like the bearer token
 
 
 # The dependencies are coroutines: they never block, and FastAPI runs a plain function in a worker thread (a thread

@@ -7,6 +7,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from indexer.leftovers import remove_leftovers
 from indexer.live import Collection, Snapshot
 from indexer.shards import ShardedCollection, ShardedIndex, open_any
 from indexer.store import MODEL_DIR, OpenIndex
@@ -47,7 +48,9 @@ class Serving:
 
 
 def open_configured(settings):
-    """The index the settings name, whole or sharded (opened in this process)."""
+    """The index the settings name, whole or sharded (opened in this process), after removing what killed builds and
+    compactions left beside it."""
+    remove_leftovers(settings.index)
     return open_any(settings.index, verify=settings.verify, device=settings.device, query_precision=settings.query_precision)
 
 

@@ -58,7 +58,14 @@ class Settings(BaseSettings):
     compact_fraction: float = Field(0.1, gt=0, description="compact in the background once live documents and deletions "
                                     "reach this share of the base segment (and HYBRID_COMPACT_MIN_DOCS)")
     compact_min_docs: int = Field(1000, ge=1, description="the fewest changed documents worth a background compaction")
-    max_write_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body limit of the write endpoints")
+    max_write_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body limit of the write endpoints (PUT "
+                                      "/documents, deletes); HYBRID_MAX_BODY_BYTES is every other route's")
+    request_timeout: float = Field(30.0, gt=0, le=3600, description="seconds a search (or a batch of them) may run; past it "
+                                   "its work stops and it answers 504")
+    write_timeout: float = Field(120.0, gt=0, le=3600, description="seconds a write may spend before it is logged (embedding "
+                                 "its documents); past it nothing is written and it answers 504")
+    graceful_shutdown: float = Field(5.0, ge=0, le=3600, description="seconds a stop waits for requests in progress; then "
+                                     "they are cancelled (their work stops too)")
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS; empty: CORS off")
     log_level: str = "info"
     reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "

@@ -15,7 +15,7 @@ from evaluation.beir import ensure_dataset
 from indexer.build import BuildOptions, build_index, index_is_current
 from indexer.shards import check_shard_count, split_index
 from indexer.corpus import read_corpus
-from indexer.live import DEFAULT_MAX_BATCH_DOCS, LIVE_DIR, Collection
+from indexer.live import DEFAULT_MAX_BATCH_DOCS, LIVE_DIR, Collection, repair_log
 from indexer.store import open_index
 from models.onnx_export import PRECISIONS
 from models.providers import BACKENDS
@@ -56,6 +56,12 @@ def register(commands) -> None:
     p.add_argument("--batch-docs", type=int, default=DEFAULT_MAX_BATCH_DOCS, help="documents per logged batch")
     add_device(p)
     p.set_defaults(run=run_ingest)
+
+    p = commands.add_parser("repair", help="salvage a damaged write-ahead log: keep every intact record, report what "
+                            "could not be read (stop the service first)")
+    p.add_argument("index", type=Path)
+    p.add_argument("--dry-run", action="store_true", help="report only; change nothing")
+    p.set_defaults(run=run_repair)
 
     p = commands.add_parser("reembed", help="embed an index's documents again with another model (e.g. from train-embedder or adapt): "
                             "new FAISS index, hubness refitted, fusion re-tuned; published atomically")
@@ -128,6 +134,13 @@ def run_ingest(args) -> None:
         collection.close()
     print(f"{written} documents upserted, {deleted} ids deleted in {time.perf_counter() - started:.1f} s; logged up to "
           f"sequence {collection.seq} in {args.index / LIVE_DIR} (a running service picks them up on restart or reload)")
+
+
+def run_repair(args) -> int:
+    """Prints the salvage report as JSON; exit code 0 when every record was intact, 1 when some were dropped."""
+    report = repair_log(args.index, dry_run=args.dry_run)
+    print(json.dumps({"index": str(args.index), "dry_run": args.dry_run, **report.to_dict()}, indent=2))
+    return 1 if report.damage else 0
 
 
 def run_reembed(args) -> None:

@@ -45,7 +45,8 @@ def deployment_name(i: int, role: str = "") -> str:
 
 # what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.ShardedCollection)
 SHARD_METHODS = frozenset({"describe", "search", "statistics", "raw_top1", "documents", "document_by_id", "facet_counts",
-                           "upsert", "delete", "refresh", "needs_compaction", "compact", "stats"})
+                           "upsert", "delete", "refresh", "needs_compaction", "compact", "stats",
+                           "field_types"})
 
 
 class ShardReplica:

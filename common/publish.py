@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import shutil
 import sys
@@ -142,15 +143,43 @@ def publish_dir(
     siblings behind, never a partial ``target``.
     """
     target = Path(target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    with _work_folder(target, "building") as tmp:
+        try:
+            os.chmod(tmp, mode)  # mkdtemp creates it 0o700
+            yield tmp
+            _fsync_tree(tmp)
+            _publish(tmp, target, replace=replace, keep_existing=keep_existing)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+# Hidden siblings of a published folder: builds in progress, compactions' scratch space, and the old folder of a
+# swap by renames. A process holds a lock on its own (flock on the folder) while it works in it, so another process
+# can tell a leftover of a killed one from work in progress (`in_use`; indexer.leftovers removes them).
+LEFTOVER_KINDS = ("building", "compact", "retired")
+
+
+@contextlib.contextmanager
+def _work_folder(target: Path, kind: str) -> Iterator[Path]:
+    """A new hidden sibling `.{name}.{kind}-XXXX` of `target`, locked by this process while the body runs."""
+    folder = Path(tempfile.mkdtemp(prefix=f".{target.name}.{kind}-", dir=target.parent))
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.chmod(tmp, mode)  # mkdtemp creates it 0o700
-        yield tmp
-        _fsync_tree(tmp)
-        _publish(tmp, target, replace=replace, keep_existing=keep_existing)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield folder
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def scratch_dir(target: Path | str) -> Iterator[Path]:
+    """A scratch folder beside `target` (same filesystem), locked while in use and removed after."""
+    with _work_folder(Path(target), "compact") as folder:
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> None:
@@ -175,3 +204,23 @@ def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> N
             os.unlink(tmp)
         raise
     _fsync_path(path.parent)
+
+
+def siblings(target: Path) -> list[Path]:
+    """The hidden sibling folders of `target` (LEFTOVER_KINDS), in use or not."""
+    return sorted(p for kind in LEFTOVER_KINDS for p in target.parent.glob(f".{target.name}.{kind}-*") if p.is_dir())
+
+
+def in_use(folder: Path) -> bool:
+    """Whether a process holds `folder` (a build or compaction working in it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

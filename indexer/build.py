@@ -28,6 +28,7 @@ from tqdm import tqdm
 from common.publish import publish_dir
 from indexer import store
 from indexer.corpus import corpus_file, indexed_text, read_corpus
+from indexer.leftovers import remove_leftovers
 from indexer.manifest import MANIFEST, CorpusInfo, EmbedderInfo, FaissInfo, IndexOpenError, Manifest, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder, TorchEmbedder
 from models.onnx_export import PRECISIONS, export_onnx
@@ -63,6 +64,7 @@ class BuildOptions:
     onnx_cache: Path | None = None
     progress: bool = True
     filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)
+    field_types: dict | None = None  # fields whose type is decided already (a compaction keeps its collection's)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -135,6 +137,7 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
     if out.exists() and not (out / MANIFEST).is_file():
         raise HybridError(f"{out} exists and is not an index: refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out)
     model = resolve_model(options.model)
     onnx_folder = export_onnx(model, options.onnx_cache)
     embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
@@ -156,7 +159,7 @@ def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path
     started = time.perf_counter() if started is None else started
     timings = {}
     t = time.perf_counter()
-    collector = MetadataCollector(options.filterable)
+    collector = MetadataCollector(options.filterable, options.field_types)
     tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress)
     metadata = collector.finish()
     metadata.save(tmp)

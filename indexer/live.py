@@ -17,7 +17,7 @@ import functools
 import json
 import logging
 import os
-import tempfile
+import re
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -25,16 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
-from common.publish import publish_dir
+from common.publish import publish_dir, scratch_dir
 from indexer.build import EMBED_BATCH, BuildOptions, build_into
+from indexer.leftovers import remove_leftovers
 from indexer.hubness import correction_folder_name, write_correction
 from indexer.corpus import indexed_text
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
-from indexer.wal import WriteAheadLog
+from indexer.wal import CorruptLog, Salvage, WriteAheadLog, salvage
 from models.embedder import OnnxEmbedder
-from search.errors import SpecError
-from search.filters import MetadataCollector, MetadataColumns, check_value
+from search import budget
+from search.errors import HybridError, SpecError, StorageError
+from search.filters import MetadataCollector, MetadataColumns, encodable, type_of_kind, written_value
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 from search.rerank import Reranker
@@ -59,6 +61,7 @@ class Snapshot:
     base_alive: np.ndarray  # bool (n,)
     seq: int
     hubness: LiveHubnessView | None = None  # the fitted correction extended to the writes (None: no fit, or no banks)
+    field_types: dict | None = None  # each metadata field's type in the collection (None: not filterable)
 
     @property
     def changed(self) -> bool:
@@ -89,7 +92,8 @@ class Snapshot:
         """The filterable columns over both segments, built once per snapshot (its pipeline and presenter share them)."""
         if not self.changed:
             return self.index.metadata
-        return concat_columns(self.index.metadata, _live_columns(self.index, self.live), len(self.base_alive), len(self.live))
+        types = self.field_types if self.field_types is not None else field_types_of(self.index.manifest.metadata)
+        return concat_columns(self.index.metadata, _live_columns(types, self.live), len(self.base_alive), len(self.live))
 
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None) -> SearchPipeline:
@@ -129,22 +133,38 @@ def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
     return Collection(index).snapshot
 
 
-def _live_columns(index: OpenIndex, live: LiveSegment):
+def _live_columns(types: dict[str, str | None], live: LiveSegment):
+    """The filterable columns of the written documents, each field of the type the collection decided for it: a field
+    that is not filterable in the collection (None) never gets a column from writes, so a filter is exact or refused."""
     if not live.docs:
         return None
-    types = {name: info.type for name, info in index.manifest.metadata.items() if info.type is not None}
-    collector = MetadataCollector(types=types)
+    filterable = {name: kind for name, kind in types.items() if kind is not None}
+    collector = MetadataCollector(types=filterable)
     for doc in live.docs:
-        collector.add(doc.metadata)
+        collector.add({name: value for name, value in doc.metadata.items() if name in filterable})
     columns = collector.finish()
     return columns if columns.columns else None
+
+
+def field_types_of(fields: dict) -> dict[str, str | None]:
+    """Each metadata field's type as an index's manifest decided it (None: not filterable)."""
+    return {name: info.type for name, info in fields.items()}
+
+
+def restricted_fields(fields: dict) -> bool:
+    """Whether the index was built with `--filterable` naming its filterable fields (then written fields are not)."""
+    return any(info.reason == "not listed in --filterable" for info in fields.values())
+
+
+class ReplayError(HybridError):
+    """A logged record that cannot be applied: the collection is not opened (`hybrid repair` drops such records)."""
 
 
 class Collection:
     """The writable collection over an opened index: writes are logged, applied, and published by `refresh`."""
 
     def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None,
-                 write_threads: int | None = None, searching=None):
+                 write_threads: int | None = None, searching=None, replay: bool = True):
         """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
         called before a new snapshot counts as visible (the service swaps its searches to it there).
 
@@ -168,18 +188,59 @@ class Collection:
         self._visible = threading.Condition()
         self._dirty = False
         self.seq = index.manifest.applied_sequence
-        for record in WriteAheadLog.replay(index.path / LIVE_DIR / WAL_FILE):
-            if record["seq"] > self.seq:  # older records are in the base already (a compaction)
-                self._apply(record)
+        self.write_problem: str | None = None  # why the last write could not be logged (cleared by the next that is)
+        if replay:
+            self._replay(WriteAheadLog.replay(self.wal_path))
         self._wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
         self.snapshot = self._build_snapshot()
+
+    @property
+    def wal_path(self) -> Path:
+        return self.index.path / LIVE_DIR / WAL_FILE
+
+    def _replay(self, records) -> None:
+        """Apply logged records newer than what the base holds (older ones are in it already: a compaction). A record
+        that cannot be applied stops the replay with its sequence number (ReplayError), and nothing is served."""
+        try:
+            for record in records:
+                if record["seq"] > self.seq:
+                    why = self.apply_logged(record)
+                    if why is not None:
+                        raise ReplayError(f"{self.wal_path}: the record with sequence number {record['seq']} cannot be "
+                                          f"applied ({why}). Run `hybrid repair {self.index.path}` to drop it (it reports "
+                                          "what it drops)")
+        except CorruptLog:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayError(f"{self.wal_path}: a record is not a write ({exc!r}); run `hybrid repair {self.index.path}`") from None
+
+    def apply_logged(self, record: dict) -> str | None:
+        """Check a record read from the log as a write is checked, then apply it; why it cannot be applied, or None."""
+        try:
+            if record.get("op") == "upsert":
+                docs = record["documents"]
+                checked = check_batch([{k: d[k] for k in ("id", "title", "text", "metadata") if k in d} for d in docs],
+                                      2**31, self._field_types, self._restricted)
+                for doc in docs:
+                    if len(base64.b64decode(doc["vector"], validate=True)) != 4 * self.index.dense.dimension:
+                        raise SpecError(("documents", doc["id"], "vector"), f"not {self.index.dense.dimension} float32 values")
+                record = {**record, "documents": [{**c, "vector": d["vector"], **({"position": int(d["position"])}
+                                                   if "position" in d else {})} for c, d in zip(checked, docs)]}
+            elif record.get("op") == "delete":
+                record = {**record, "ids": check_ids(record["ids"])}
+            else:
+                return f"unknown operation {record.get('op')!r}"
+        except (SpecError, KeyError, TypeError, ValueError) as exc:
+            return str(exc) or repr(exc)
+        self._apply(record)
+        return None
 
     # writes
 
     def upsert(self, documents: list, positions: list[int] | None = None) -> int:
         """Validate every document (SpecError naming `documents[i].field`), embed, log durably, apply; the sequence
         number. `positions`: in a shard, each document's position in the whole sharded index (logged with it)."""
-        checked = self._check_batch(documents)
+        checked = self._check_batch(documents)  # everything a record holds is checked and converted before it is logged
         if positions is not None:
             checked = [{**doc, "position": int(position)} for doc, position in zip(checked, positions, strict=True)]
         texts = [indexed_text(doc["title"], doc["text"]) for doc in checked]
@@ -212,17 +273,33 @@ class Collection:
         return self._log_and_apply({"op": "delete", "ids": check_ids(ids)})
 
     def _log_and_apply(self, record: dict, prepared: Prepared | None = None) -> int:
+        budget.check("embedding the documents")  # past its deadline, a write is dropped before it is logged
         with self._write_lock:
-            if self._wal is None:
-                path = self.index.path / LIVE_DIR / WAL_FILE
-                self._wal = WriteAheadLog(path, lock=True)
-                for logged in WriteAheadLog.replay(path, repair=True):  # records another writer added since we opened
-                    if logged["seq"] > self.seq:
-                        self._apply(logged)
-            record = {"seq": self.seq + 1, **record}
-            self._wal.append(record)  # durable before it is acknowledged
+            try:
+                if self._wal is None:
+                    self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
+                    self._replay(WriteAheadLog.replay(self.wal_path))  # records another writer added since we opened
+                if record["op"] == "upsert":  # field types another write decided since this batch was checked
+                    decide_types(record["documents"], dict(self._field_types), self._restricted)
+                record = {"seq": self.seq + 1, **record}
+                self._wal.append(record)  # durable before it is acknowledged; nothing stays of a failed append
+            except StorageError as exc:
+                self.write_problem = str(exc)
+                raise
+            self.write_problem = None
             self._apply(record, prepared)
             return record["seq"]
+
+    def storage_problem(self) -> str | None:
+        """Why writes fail now, or None: the last write's failure, or a folder this process cannot write."""
+        if self.write_problem is not None:
+            return self.write_problem
+        folder = self.wal_path.parent if self.wal_path.parent.exists() else self.index.path
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"{folder} is on a read-only filesystem"
+        if not os.access(folder, os.W_OK) or (self.wal_path.exists() and not os.access(self.wal_path, os.W_OK)):
+            return f"{folder} is not writable by this process"
+        return None
 
     def _start(self, index: OpenIndex) -> None:
         """Begin on `index` as base, with nothing written on top of it yet."""
@@ -236,6 +313,9 @@ class Collection:
         self._next_key = index.num_docs
         has_banks = index.hubness is not None and index.hubness.banks is not None
         self._hubness = LiveHubness(index.hubness, index.num_docs) if has_banks else None
+        # each metadata field's type, decided once: the index's, or the first write's for a field it lacks
+        self._field_types = field_types_of(index.manifest.metadata)
+        self._restricted = restricted_fields(index.manifest.metadata)
 
     def _apply(self, record: dict, prepared: Prepared | None = None) -> None:
         ids = [doc["id"] for doc in record["documents"]] if record["op"] == "upsert" else record["ids"]
@@ -243,6 +323,7 @@ class Collection:
         if self._hubness is not None and removed:
             self._hubness.remove(removed)
         if record["op"] == "upsert":
+            self._field_types.update(decide_types(record["documents"], self._field_types, self._restricted))
             vectors = []
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
@@ -274,7 +355,14 @@ class Collection:
         return idx if idx is not None and self._base_alive[idx] else -1
 
     def _check_batch(self, documents) -> list[dict]:
-        return check_batch(documents, self.max_batch_docs, self.index.manifest.metadata)
+        with self._write_lock:
+            types = dict(self._field_types)
+        return check_batch(documents, self.max_batch_docs, types, self._restricted)
+
+    def field_types(self) -> dict[str, str | None]:
+        """Each metadata field's type in the collection (None: not filterable)."""
+        with self._write_lock:
+            return dict(self._field_types)
 
     # reads
 
@@ -297,11 +385,10 @@ class Collection:
                 if (on_disk.created_at, on_disk.applied_sequence) != (self.index.manifest.created_at,
                                                                       self.index.manifest.applied_sequence):
                     self._follow_new_base()
-                records = [r for r in WriteAheadLog.replay(self.index.path / LIVE_DIR / WAL_FILE)  # a torn tail: in progress
+                records = [r for r in WriteAheadLog.replay(self.wal_path)  # a torn tail: in progress
                            if r["seq"] > self.seq and (up_to is None or r["seq"] <= up_to)]
                 if not records or records[0]["seq"] == self.seq + 1:
-                    for record in records:
-                        self._apply(record)
+                    self._replay(records)
                     break
         return self.refresh()
 
@@ -338,7 +425,7 @@ class Collection:
         if self._hubness is not None:
             hubness = self._hubness.view(self.index.embeddings, self._base_alive, np.array(list(self._keys.values()), dtype=np.int64),
                                          live.vectors, self._key_of)
-        return Snapshot(self.index, live, self._base_alive.copy(), self.seq, hubness)
+        return Snapshot(self.index, live, self._base_alive.copy(), self.seq, hubness, dict(self._field_types))
 
     def wait_visible(self, seq: int, timeout: float) -> bool:
         """Block until a snapshot at `seq` or later is searchable (True), or `timeout` seconds pass (False)."""
@@ -365,12 +452,14 @@ class Collection:
                 return self.refresh()  # nothing to merge
             index = self.index
             path = index.path
-            with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.compact-") as work:
-                corpus, vectors = current_corpus(index, base_alive, live, Path(work))
+            with scratch_dir(path) as work:
+                corpus, vectors = current_corpus(index, base_alive, live, work)
                 held = False
                 try:
                     with publish_dir(path) as tmp:
-                        manifest = build_into(tmp, corpus, build_options_of(index), index.path / MODEL_DIR,
+                        options = replace(build_options_of(index), field_types={
+                            name: kind for name, kind in state.field_types.items() if kind is not None})
+                        manifest = build_into(tmp, corpus, options, index.path / MODEL_DIR,
                                               json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
                         _carry_over(state, manifest, tmp, vectors)
                         if self.on_compact is not None:
@@ -388,6 +477,7 @@ class Collection:
                     if held:
                         self._write_lock.release()
         logger.info("compacted %s: %d documents up to sequence %d", path, self.snapshot.documents, seq)
+        remove_leftovers(path)
         return self.refresh()
 
     def needs_compaction(self, fraction: float, min_docs: int) -> bool:
@@ -402,9 +492,9 @@ class Collection:
     def _reopen(self, index: OpenIndex, applied: int) -> None:
         """Continue on the compacted base: writes logged after `applied` are applied on top of it (lock held)."""
         self._start(index)
+        self.seq = applied
         newer = [r for r in WriteAheadLog.replay(index.path / LIVE_DIR / WAL_FILE) if r["seq"] > applied]
-        for record in newer:
-            self._apply(record)
+        self._replay(newer)
         if self._wal is not None:  # keep only what the base does not hold yet
             self._wal.close()
             self._wal = WriteAheadLog.rewrite(index.path / LIVE_DIR / WAL_FILE, newer)
@@ -420,6 +510,15 @@ class Collection:
         if self._wal is not None:
             self._wal.close()
             self._wal = None
+
+
+def repair_log(path: Path | str, dry_run: bool = False) -> Salvage:
+    """Salvage the write-ahead log of the index at `path` (indexer.wal.salvage): keep every intact record that applies
+    in order on the base, drop the rest, and say what was dropped. Takes the log's lock: stop the service first."""
+    collection = Collection(open_index(path, verify="size", device="cpu"), max_batch_docs=2**31, replay=False)
+    applied = collection.seq
+    return salvage(collection.wal_path, lambda record: collection.apply_logged(record) if record["seq"] > applied else None,
+                   dry_run)
 
 
 def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
@@ -471,53 +570,88 @@ def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarra
     new.hubness = replace(old.hubness, folder=name, activation={b: int(m.sum()) for b, m in correction.activation.items()})
 
 
-def check_batch(documents, max_batch_docs: int, fields: dict) -> list[dict]:
-    """A write batch, checked whole: SpecError naming `documents[i].field` of the first problem."""
+def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], restricted: bool = False) -> list[dict]:
+    """A write batch, checked whole and converted to what the log holds (so a logged record always applies):
+    SpecError naming `documents[i].field` of the first problem. `types`: each metadata field's type in the collection
+    (None: not filterable); a value its field cannot take is refused, and so is a batch giving a new field two types."""
     if not isinstance(documents, list) or not documents:
         raise SpecError("documents", "must be a non-empty list of documents")
     if len(documents) > max_batch_docs:
         raise SpecError("documents", f"at most {max_batch_docs} documents per batch (HYBRID_MAX_BATCH_DOCS), got {len(documents)}")
-    types = {name: info.type for name, info in fields.items()}
     seen: dict[str, int] = {}
     checked = []
     for i, doc in enumerate(documents):
-        where = f"documents[{i}]"
+        where = ("documents", i)
         if not isinstance(doc, dict):
             raise SpecError(where, "must be an object with id, text and optionally title and metadata")
         unknown = set(doc) - {"id", "title", "text", "metadata"}
         if unknown:
-            raise SpecError(f"{where}.{sorted(unknown)[0]}", "unknown field; valid: id, title, text, metadata")
-        doc_id = check_id(doc.get("id"), f"{where}.id")
+            raise SpecError((*where, sorted(unknown)[0]), "unknown field; valid: id, title, text, metadata")
+        doc_id = check_id(doc.get("id"), (*where, "id"))
         if doc_id in seen:
-            raise SpecError(f"{where}.id", f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
+            raise SpecError((*where, "id"), f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
         seen[doc_id] = i
         if "text" not in doc or not isinstance(doc["text"], str):
-            raise SpecError(f"{where}.text", "required: a string")
+            raise SpecError((*where, "text"), "required: a string")
         title = doc.get("title") or ""
         if not isinstance(title, str):
-            raise SpecError(f"{where}.title", "must be a string")
+            raise SpecError((*where, "title"), "must be a string")
+        for name, value in (("title", title), ("text", doc["text"])):
+            if not encodable(value):
+                raise SpecError((*where, name), "not valid Unicode (a lone surrogate such as \\ud800)")
         if not (doc["text"].strip() or title.strip()):
-            raise SpecError(f"{where}.text", "the document has neither text nor title")
+            raise SpecError((*where, "text"), "the document has neither text nor title")
         metadata = doc.get("metadata") or {}
         if not isinstance(metadata, dict):
-            raise SpecError(f"{where}.metadata", "must be an object")
+            raise SpecError((*where, "metadata"), "must be an object")
+        converted = {}
         for name, value in metadata.items():
-            check_value(types.get(name), value, f"{where}.metadata.{name}")
-        checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": metadata})
+            if not encodable(name):
+                raise SpecError((*where, "metadata"), "a field name is not valid Unicode (a lone surrogate such as \\ud800)")
+            converted[name] = written_value(types.get(name), value, (*where, "metadata", name))[0]
+        checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": converted})
+    decide_types(checked, types, restricted)
     return checked
+
+
+def decide_types(documents: list[dict], types: dict[str, str | None], restricted: bool) -> dict[str, str | None]:
+    """The types of the metadata fields these (checked) documents add to a collection whose fields have `types`: a new
+    field takes the type of its first value (not filterable when the index restricts its filterable fields, or for a
+    reserved `$` name); SpecError naming the value when a field's type cannot take it."""
+    added: dict[str, str | None] = {}
+    for i, doc in enumerate(documents):
+        for name, value in doc["metadata"].items():
+            known = types[name] if name in types else added.get(name)
+            kind = written_value(known, value, ("documents", i, "metadata", name))[1]
+            if kind is not None and name not in types and name not in added:
+                added[name] = None if restricted or name.startswith("$") else type_of_kind(kind)
+    return added
 
 
 def check_ids(ids) -> list[str]:
     """The ids of a delete, checked (SpecError naming `ids[i]`)."""
     if not isinstance(ids, list) or not ids:
         raise SpecError("ids", "must be a non-empty list of document ids")
-    return [check_id(doc_id, f"ids[{i}]") for i, doc_id in enumerate(ids)]
+    return [check_id(doc_id, ("ids", i)) for i, doc_id in enumerate(ids)]
 
 
-def check_id(doc_id, where: str) -> str:
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_id(doc_id, where) -> str:
+    """A document id: a non-empty string (or integer) of at most MAX_ID_BYTES of UTF-8, without control characters,
+    not `.` or `..` (a URL path cannot carry those); any other character, `/` included, is addressed percent-encoded
+    in `/documents/{id}`."""
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool) and doc_id.bit_length() > 3 * MAX_ID_BYTES:
+        raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8")  # (str() refuses integers of 4,300+ digits)
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id).strip() == "":
         raise SpecError(where, "required: a non-empty string (or integer) id")
     doc_id = str(doc_id)
-    if len(doc_id.encode("utf-8", "surrogatepass")) > MAX_ID_BYTES:
-        raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8, got {len(doc_id.encode('utf-8', 'surrogatepass'))}")
+    if not encodable(doc_id):
+        raise SpecError(where, "not valid Unicode (a lone surrogate such as \\ud800)")
+    size = len(doc_id.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8, got {size}")
+    if _CONTROL.search(doc_id) or doc_id in (".", ".."):
+        raise SpecError(where, "an id may not hold control characters, nor be . or ..")
     return doc_id

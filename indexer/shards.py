@@ -32,14 +32,14 @@ import numpy as np
 from common.publish import publish_dir, write_atomic
 from indexer import store
 from indexer.corpus import indexed_text
-from indexer.live import Collection, Snapshot, check_batch, check_ids, current_view
+from indexer.live import Collection, Snapshot, check_batch, check_ids, current_view, decide_types, restricted_fields
 from indexer.manifest import IndexOpenError, read_json, read_manifest, write_manifest
 from models.embedder import OnnxEmbedder
 from models.onnx_export import resolve_precision
 from models.providers import on_gpu
 from search.bm25 import BM25Index
 from search.dense import build_faiss_index
-from search.errors import ConfigError, HybridError
+from search.errors import ConfigError, HybridError, StorageError
 from search.hubness import HubnessCorrection, augment_documents
 from search.hits import Presenter
 from search.pipeline import SearchPipeline, Stopwatch
@@ -388,6 +388,9 @@ class ShardSearcher:
     def stats(self) -> dict:
         return self._writer().stats()
 
+    def field_types(self) -> dict:
+        return self._writer().field_types()
+
     def _writer(self) -> Collection:
         if self.collection is None:
             raise HybridError(f"{self.index.path} was opened read-only")
@@ -580,16 +583,25 @@ class ShardedCollection:
         self._refresh_lock = threading.Lock()
         self._compact_lock = threading.Lock()
         self._acked = list(index.visible)
+        self.write_problem: str | None = None
         self.snapshot = ShardedSnapshot(index, sum(index.visible), index.documents_count)
+        # each metadata field's type, decided once for the whole index (every write passes here first): a field a
+        # write adds takes its first value's type in every shard
+        self._restricted = restricted_fields(index.manifest.metadata)
+        self._field_types: dict[str, str | None] = {}
+        for types in index.writers.all("field_types"):
+            for name, kind in types.items():
+                self._field_types[name] = kind if self._field_types.get(name, kind) == kind else None
 
     @property
     def seq(self) -> int:
         return sum(self._acked)
 
     def upsert(self, documents: list) -> int:
-        checked = check_batch(documents, self.max_batch_docs, self.index.manifest.metadata)
+        checked = check_batch(documents, self.max_batch_docs, dict(self._field_types), self._restricted)
         owners = shard_of([doc["id"] for doc in checked], len(self.index.shards))
         with self._lock:
+            self._field_types.update(decide_types(checked, self._field_types, self._restricted))
             positions = np.arange(self.index.next_position, self.index.next_position + len(checked))
             parts = {int(s): ([checked[i] for i in np.flatnonzero(owners == s)], positions[owners == s].tolist())
                      for s in np.unique(owners)}
@@ -609,10 +621,17 @@ class ShardedCollection:
         try:
             for shard, seq in self.index.writers.some(method, parts).items():
                 self._acked[shard] = seq
-        except Exception:
+        except Exception as exc:
             self._acked = [int(stats["last_sequence"]) for stats in self.index.writers.all("stats")]
+            if isinstance(exc, StorageError):
+                self.write_problem = str(exc)
             raise
+        self.write_problem = None
         return self.seq
+
+    def storage_problem(self) -> str | None:
+        """Why the last write could not be logged by every shard (None: it was)."""
+        return self.write_problem
 
     def get(self, doc_id: str) -> dict | None:
         return self.index.writers.clients[self.index.owner_of(doc_id)].document_by_id(doc_id)

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from search import budget
+
 
 def sequence_batch(precision: str, batch_size: int) -> int:
     """Sequences per model run. int8 graphs quantise activations per tensor, one scale for the whole batch (padding
@@ -18,10 +20,18 @@ def sequence_batch(precision: str, batch_size: int) -> int:
 def length_sorted(run_batch: Callable[[list], np.ndarray], texts: Sequence, batch_size: int,
                   out: np.ndarray, map_batches: Callable = map) -> np.ndarray:
     """Fill `out` (one row per text, or per (query, text) pair) batch by batch, batching inputs of
-    similar length together (less padding). `map_batches` runs the batches (an executor's map: side by side)."""
+    similar length together (less padding). `map_batches` runs the batches (an executor's map: side by side).
+    Each batch first checks the caller's request deadline (search.budget): a request past it stops here."""
     order = np.argsort([len(t) if isinstance(t, str) else sum(map(len, t)) for t in texts], kind="stable")
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    for idx, rows in zip(batches, map_batches(lambda idx: run_batch([texts[i] for i in idx]), batches)):
+    deadline = budget.current()  # read in the caller's thread: an executor's threads do not share its context
+
+    def run(idx):
+        if deadline is not None:
+            deadline.check("model inference")
+        return run_batch([texts[i] for i in idx])
+
+    for idx, rows in zip(batches, map_batches(run, batches)):
         out[idx] = rows
     return out
 
@@ -68,7 +78,8 @@ class MicroBatcher:
 
     def _run_batch(self, batch: list[_Request]) -> None:
         try:
-            rows = self._run([item for r in batch for item in r.items])
+            with budget.within(None):  # the run serves several requests: one request's deadline must not stop it
+                rows = self._run([item for r in batch for item in r.items])
             start = 0
             for r in batch:
                 r.result, start = rows[start : start + len(r.items)], start + len(r.items)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from search.errors import ConfigError, SpecError
+from search.errors import ConfigError, Loc, SpecError
 
 FIELD_TYPES = ("keyword", "bool", "int", "float", "date")
 OPERATORS = ("eq", "ne", "in", "nin", "gt", "gte", "lt", "lte", "exists")
@@ -66,7 +66,13 @@ def _kind(value) -> str | None:
     if isinstance(value, bool):
         return "bool"
     if isinstance(value, int):
-        return "int" if -_INT64 <= value < _INT64 else "float"
+        if -_INT64 <= value < _INT64:
+            return "int"
+        try:
+            float(value)
+        except OverflowError:
+            return "non-finite number"
+        return "float"
     if isinstance(value, float):
         return "float" if math.isfinite(value) else "non-finite number"
     if isinstance(value, str):
@@ -212,30 +218,33 @@ class MetadataColumns:
     def allowed(self, filter_: dict) -> Allowed:
         """The documents `filter_` admits; SpecError naming the path inside the filter when it is invalid.
         Recent answers are cached (a batch, an evaluation or a paging user repeats the same filter)."""
-        key = json.dumps(filter_, sort_keys=True)
+        try:
+            key = json.dumps(filter_, sort_keys=True)
+        except (ValueError, TypeError):  # no JSON text (an integer of thousands of digits): the evaluation says why
+            key = None
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        allowed = Allowed(self._evaluate(filter_, "filter", 0))
+        allowed = Allowed(self._evaluate(filter_, ("filter",), 0))
         with self._lock:
             self._cache[key] = allowed
             if len(self._cache) > 64:
                 self._cache.popitem(last=False)
         return allowed
 
-    def _evaluate(self, node, path: str, depth: int) -> np.ndarray:
+    def _evaluate(self, node, path: Loc, depth: int) -> np.ndarray:
         if not isinstance(node, dict):
             raise SpecError(path, f"a filter is an object of field conditions and $and/$or/$not, got {_short(node)}")
         if depth > MAX_FILTER_DEPTH:
             raise SpecError(path, f"filters nest at most {MAX_FILTER_DEPTH} levels deep")
         mask = np.ones(self.num_docs, dtype=bool)
         for key, value in node.items():
-            where = f"{path}.{key}"
+            where = (*path, key)
             if key in ("$and", "$or"):
                 if not isinstance(value, list) or not value:
                     raise SpecError(where, f"must be a non-empty list of filters, got {_short(value)}")
-                parts = [self._evaluate(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+                parts = [self._evaluate(item, (*where, i), depth + 1) for i, item in enumerate(value)]
                 mask &= np.logical_and.reduce(parts) if key == "$and" else np.logical_or.reduce(parts)
             elif key == "$not":
                 mask &= ~self._evaluate(value, where, depth + 1)
@@ -245,7 +254,7 @@ class MetadataColumns:
                 mask &= self._condition(key, value, where)
         return mask
 
-    def _condition(self, name: str, condition, path: str) -> np.ndarray:
+    def _condition(self, name: str, condition, path: Loc) -> np.ndarray:
         column = self.columns.get(name)
         if column is None:
             info = self.fields.get(name)
@@ -264,7 +273,7 @@ class MetadataColumns:
         mask = np.ones(self.num_docs, dtype=bool)
         for raw_op, operand in condition.items():
             op = raw_op[1:] if isinstance(raw_op, str) and raw_op.startswith("$") else raw_op
-            where = path if shorthand else f"{path}.{raw_op}"
+            where = path if shorthand else (*path, raw_op)
             if op not in OPERATORS:
                 raise SpecError(where, f"unknown operator; valid: {', '.join(OPERATORS)}")
             if op == "exists":
@@ -277,7 +286,7 @@ class MetadataColumns:
             elif op in ("in", "nin"):
                 if not isinstance(operand, list) or len(operand) > MAX_LIST_VALUES:
                     raise SpecError(where, f"must be a list of at most {MAX_LIST_VALUES} values, got {_short(operand)}")
-                hit = column.any_of([_operand(field_type, v, f"{where}[{i}]") for i, v in enumerate(operand)])
+                hit = column.any_of([_operand(field_type, v, (*where, i)) for i, v in enumerate(operand)])
                 mask &= hit if op == "in" else ~hit
             else:
                 if field_type == "bool":
@@ -339,7 +348,7 @@ class MetadataColumns:
         return cls(fields, columns, num_docs)
 
 
-def _operand(field_type: str, value, path: str):
+def _operand(field_type: str, value, path: Loc):
     """A filter value checked against its field's type, in the column's representation."""
     if field_type == "keyword":
         if isinstance(value, str):
@@ -355,14 +364,21 @@ def _operand(field_type: str, value, path: str):
             return seconds
         expected = "an ISO-8601 date such as \"2015-03-01\" or \"2015-03-01T10:00:00Z\""
     else:
-        if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
-            return value
-        expected = "a number"
+        if not isinstance(value, bool) and isinstance(value, (int, float)):
+            try:
+                if math.isfinite(value):
+                    return value
+            except OverflowError:  # an integer beyond float range
+                pass
+        expected = "a finite number"
     raise SpecError(path, f"must be {expected} ({field_type} field), got {_short(value)}")
 
 
 def _short(value) -> str:
-    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else str(value)
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):  # NaN, a huge integer's text, or something JSON cannot hold
+        text = repr(value) if not isinstance(value, int) or abs(value) < 10**60 else "an integer of over 60 digits"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -397,7 +413,8 @@ class MetadataCollector:
         for name in sorted(self._kinds):
             kinds, values = self._kinds[name], self._values.get(name)
             documents = len({doc for doc, _ in values}) if values else 0
-            field_type = self.types.get(name) or _field_type(kinds)
+            given = self.types.get(name)
+            field_type = given if given is not None and kinds <= _KINDS_OF_TYPE[given] else _field_type(kinds)
             if name.startswith("$"):
                 fields[name] = FieldInfo(None, documents, reason="a name starting with $ is reserved for $and, $or, $not")
             elif field_type is None:
@@ -436,16 +453,42 @@ class MetadataCollector:
         return ValueColumn(column, present)
 
 
-def check_value(field_type: str | None, value, path: str) -> None:
-    """A metadata value a document may hold: SpecError when its field's type (if decided) cannot take it."""
+def written_value(field_type: str | None, value, path: Loc) -> tuple[object, str | None]:
+    """A metadata value a write gives a field, as the index stores it, and its kind (None: no value): SpecError when
+    no field could hold it (a number beyond float range, a string that is not valid Unicode, an object), or when the
+    field's type (`field_type`, if decided) cannot. An integer beyond 64 bits becomes a float."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        try:
+            value = float(value)
+        except OverflowError:
+            raise SpecError(path, "a number beyond the range of a 64-bit float") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpecError(path, "must be a finite number")
+    for text in (value if isinstance(value, list) else [value]):
+        if isinstance(text, str) and not encodable(text):
+            raise SpecError(path, "not valid Unicode (a lone surrogate such as \\ud800)")
     kind = _kind(value)
     if kind is None:
-        return
+        return value, None
     if _field_type({kind}) is None:
         raise SpecError(path, f"unsupported value {_short(value)}: metadata values are strings, numbers, true/false, "
                               "lists of strings or null")
     if field_type is not None and kind not in _KINDS_OF_TYPE[field_type]:
-        raise SpecError(path, f"the index holds this field as {field_type}; got {_short(value)}")
+        raise SpecError(path, f"the field is {field_type} in this collection; got {_short(value)}")
+    return value, kind
+
+
+def type_of_kind(kind: str) -> str:
+    """The type a field gets from its first value of `kind` (a field a write adds to a collection)."""
+    return _field_type({kind})
+
+
+def encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_filter(value) -> dict | None:

@@ -25,6 +25,7 @@ from search.ranking import Ranking, top_k
 
 DEFAULT_RRF_K = 60.0
 MAX_RRF_K = 1e6
+MAX_RRF_WEIGHT = 1e6  # any ratio of weights that matters, and sums that stay finite even with rrf_k = 0
 RETRIEVERS = ("bm25", "dense")
 
 
@@ -37,8 +38,8 @@ class RRF:
     def __post_init__(self):
         object.__setattr__(self, "rrf_k", checks.number("rrf_k", self.rrf_k, 0, MAX_RRF_K))
         if isinstance(self.weights, (str, bytes)) or not hasattr(self.weights, "__len__") or len(self.weights) != 2:
-            raise SpecError("weights", f"must be two numbers >= 0 [bm25, dense], got {self.weights!r}")
-        object.__setattr__(self, "weights", tuple(checks.number("weights", w, 0) for w in self.weights))
+            raise SpecError("weights", f"must be two numbers from 0 to {MAX_RRF_WEIGHT:g} [bm25, dense], got {self.weights!r}"[:200])
+        object.__setattr__(self, "weights", tuple(checks.number("weights", w, 0, MAX_RRF_WEIGHT) for w in self.weights))
 
 
 @dataclass(frozen=True)

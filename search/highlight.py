@@ -22,11 +22,13 @@ import numpy as np
 
 from search.analyzer import Analyzer
 from search.checks import number
+from search.errors import SpecError
 
 DEFAULT_SNIPPET_CHARS = 160
 DEFAULT_SNIPPETS = 1
 SNIPPET_CHARS_RANGE = (20, 2000)
 SNIPPETS_RANGE = (1, 10)
+MAX_SEMANTIC_HITS = 100
 ELLIPSIS = "\u2026"
 
 # A window edge inside a whitespace-free run that reaches a match moves out to the run's edge only when
@@ -43,6 +45,13 @@ def check_snippet_options(snippet_chars, max_snippets) -> tuple[int, int]:
     chars = number("snippet_chars", snippet_chars, *SNIPPET_CHARS_RANGE, integer=True)
     count = number("snippets", max_snippets, *SNIPPETS_RANGE, integer=True)
     return chars, count
+
+
+def check_semantic_hits(semantic: bool, k: int) -> None:
+    """Semantic highlights embed every sentence of the page's hits: at most MAX_SEMANTIC_HITS hits a page."""
+    if semantic and k > MAX_SEMANTIC_HITS:
+        raise SpecError("highlight.semantic", f"at most {MAX_SEMANTIC_HITS} hits a page with semantic highlights "
+                                              f"(each embeds every sentence of its hits), got k = {k}; page through more with offset")
 
 
 def analyzed_spans(analyzer: Analyzer, text: str) -> list[tuple[str, int, int]]:

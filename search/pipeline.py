@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from search import checks
+from search import budget, checks
 from search.bm25 import BM25Index
 from search.dense import DenseIndex, exact_top_k
 from search.errors import SpecError
 from search.filters import Allowed, MetadataColumns
 from search.fusion import Candidates, Fused, fuse
+from search.highlight import check_semantic_hits
 from search.hubness import HubnessSearcher
 from search.ranking import Ranking
 from search.rerank import Reranked, Reranker
@@ -210,6 +211,7 @@ class SearchPipeline:
         if not isinstance(query, str) or not query.strip():
             raise SpecError("query", "must be a non-empty string")
         k, offset = check_k(k), check_offset(offset)
+        check_semantic_hits(spec.highlight.semantic, k)
         started = time.perf_counter()
         clock = Stopwatch()
         allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else self.alive
@@ -246,6 +248,7 @@ class SearchPipeline:
                 if not isinstance(item.text, str) or not item.text.strip():
                     raise SpecError("query", "must be a non-empty string")
                 resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset)))
+                check_semantic_hits(spec.highlight.semantic, resolved[-1].k)
             except SpecError as exc:
                 raise exc.within(f"searches[{i}]") from None
         embed = [i for i, item in enumerate(resolved) if item.spec.mode != "bm25"]
@@ -254,6 +257,7 @@ class SearchPipeline:
         embed_ms = (time.perf_counter() - started) * 1000
         results = []
         for i, item in enumerate(resolved):
+            budget.check("a batch of searches")
             result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i))
             if i in vectors:
                 result.timings_ms["embed"] = embed_ms  # the batch's one model run

@@ -87,9 +87,10 @@ def test_bad_input_is_422_naming_the_field(client, payload, field):
     assert any(field in err["loc"] for err in response.json()["detail"]), response.json()
 
 
-def test_non_utf8_body_is_400(client):
+def test_non_utf8_body_is_422_naming_the_byte(client):
     response = client.post("/search", content=b'{"query": "caf\xe9"}', headers={"content-type": "application/json"})
-    assert response.status_code == 400 and "parsing the body" in response.json()["detail"]
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body"]
+    assert "not UTF-8 (byte 15)" in response.json()["detail"][0]["msg"]
 
 
 def test_tab_and_newline_are_fine_in_queries(client):

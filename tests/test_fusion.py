@@ -50,10 +50,12 @@ def test_rrf_of_empty_lists_is_empty():
 
 
 def test_rrf_rejects_bad_weights():
-    with pytest.raises(SpecError, match=r"weights: must be two numbers >= 0 \[bm25, dense\]"):
+    with pytest.raises(SpecError, match=r"weights: must be two numbers from 0 to 1e\+06 \[bm25, dense\]"):
         RRF(weights=(1.0,))
-    with pytest.raises(SpecError, match="weights: must be >= 0, got -1"):
+    with pytest.raises(SpecError, match="weights: must be between 0 and 1000000, got -1"):
         RRF(weights=(1.0, -1.0))
+    with pytest.raises(SpecError, match="weights: must be between 0 and 1000000, got 1.7e308"):  # would overflow the sum
+        RRF(rrf_k=0, weights=(1.7e308, 1.0))
 
 
 def test_rrf_matches_ranx_on_random_runs():

@@ -49,7 +49,8 @@ def test_written_documents_are_searchable_readable_and_deletable(index_dir):
         assert client.post("/documents/delete?wait=true", json={"ids": ["d2", "d3"]}, headers=WRITE).json()["sequence"] == 4
         stats = client.get("/stats").json()
         assert stats == {"documents": len(TINY_CORPUS) - 2, "base_documents": len(TINY_CORPUS), "deleted_base_documents": 3,
-                         "live_documents": 1, "last_sequence": 4, "visible_sequence": 4, "writable": True, "write_refusal": None}
+                         "live_documents": 1, "last_sequence": 4, "visible_sequence": 4, "writable": True, "write_refusal": None,
+                         "temporary_bytes": 0}
     with client_for(index_dir) as client:  # a restart replays the log
         assert client.get("/stats").json()["last_sequence"] == 4
         assert client.get("/documents/d1", headers=READ).json()["text"] == "Replaced: nothing about felines."

@@ -11,7 +11,7 @@ from app.main import create_app
 from app.settings import Settings
 from indexer.store import open_index
 from search.errors import SpecError
-from search.fusion import RRF, ConvexCombination
+from search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
 from search.hubness import HUBNESS_METHODS
 from search.normalize import NORMALIZERS
 from search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
@@ -30,7 +30,7 @@ from tests.conftest import LengthScorer
 
 unit = st.floats(0, 1, allow_nan=False)
 fusions = st.one_of(
-    st.builds(RRF, rrf_k=st.floats(0, 1e6, allow_nan=False), weights=st.tuples(st.floats(0, 1e300), st.floats(0, 1e300))),
+    st.builds(RRF, rrf_k=st.floats(0, 1e6, allow_nan=False), weights=st.tuples(st.floats(0, MAX_RRF_WEIGHT), st.floats(0, MAX_RRF_WEIGHT))),
     st.builds(ConvexCombination, alpha=unit, norm=st.sampled_from(list(NORMALIZERS))),
 )
 specs = st.builds(
@@ -88,7 +88,8 @@ INVALID = [
     ({"depth": True}, "depth", "must be an integer"),
     ({"fusion": {"method": "borda"}}, "fusion.method", "unknown fusion method 'borda'; valid: rrf, cc"),
     ({"fusion": {"method": "rrf", "rrf_k": -1}}, "fusion.rrf_k", "must be between 0 and 1000000"),
-    ({"fusion": {"method": "rrf", "weights": [1, -2]}}, "fusion.weights", "must be >= 0"),
+    ({"fusion": {"method": "rrf", "weights": [1, -2]}}, "fusion.weights", "must be between 0 and 1000000, got -2"),
+    ({"fusion": {"method": "rrf", "rrf_k": 0, "weights": [1.7e308, 1]}}, "fusion.weights", "must be between 0 and 1000000"),
     ({"fusion": {"method": "rrf", "alpha": 0.5}}, "fusion.alpha", "not a field of rrf fusion; valid: rrf_k, weights"),
     ({"fusion": {"method": "cc", "alpha": 1.5}}, "fusion.alpha", "must be between 0 and 1, got 1.5"),
     ({"fusion": {"method": "cc", "norm": "l2"}}, "fusion.norm", "unknown value 'l2'; valid: minmax, zscore, tmm, dbsf, none"),
