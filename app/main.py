@@ -28,7 +28,7 @@ from app.settings import Settings
 from app.ui import router as ui_router
 from indexer.store import OpenIndex
 from models.providers import on_gpu
-from search.errors import DeadlineExceeded, SpecError, StorageError
+from search.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,11 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
         batch = _batch_queries(settings, opened)
         app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch, opener)
-        app.state.reloader.open(opened)
+        try:
+            app.state.reloader.open(opened)
+        except HybridError as exc:  # a damaged write-ahead log: the message names the file, the record and the repair
+            logger.error("cannot serve %s: %s", opened.path, exc)
+            raise
         _reload_on_sighup(app)
         stop = threading.Event()
         refresher = threading.Thread(target=_refresh_loop, args=(app, settings.refresh_interval, stop), name="refresher", daemon=True)

@@ -8,7 +8,8 @@ import threading
 from dataclasses import dataclass
 
 from indexer.leftovers import remove_leftovers
-from indexer.live import Collection, Snapshot
+from indexer.live import Collection, ReplayError, Snapshot
+from indexer.wal import CorruptLog
 from indexer.shards import ShardedCollection, ShardedIndex, open_any
 from indexer.store import MODEL_DIR, OpenIndex
 from models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
@@ -115,6 +116,8 @@ class Reloader:
                                         searching=lambda: in_flight.active > 0)
             collection.on_refresh = functools.partial(self._publish_snapshot, collection)
             return collection, None
+        except (CorruptLog, ReplayError):  # serving the index without its logged writes would hide them: refuse
+            raise
         except HybridError as exc:
             logger.warning("serving %s read-only: %s", index.path, exc)
             return None, str(exc)

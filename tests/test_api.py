@@ -90,7 +90,7 @@ def test_bad_input_is_422_naming_the_field(client, payload, field):
 def test_non_utf8_body_is_422_naming_the_byte(client):
     response = client.post("/search", content=b'{"query": "caf\xe9"}', headers={"content-type": "application/json"})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body"]
-    assert "not UTF-8 (byte 15)" in response.json()["detail"][0]["msg"]
+    assert "not UTF-8 (byte 14)" in response.json()["detail"][0]["msg"]
 
 
 def test_tab_and_newline_are_fine_in_queries(client):
