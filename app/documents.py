@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from app.json_body import CheckedRoute, parse_body
+from app.json_body import CheckedRoute, clean, parse_body
 from app.routes import ServingDep
 from app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, WriteResult
 from app.security import require_api_key, require_write_key
@@ -97,7 +97,7 @@ async def put_documents(request: Request, serving: ServingDep, wait: Wait = Fals
 @router.delete("/documents/{doc_id:path}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
                responses=_WRITE_RESPONSES)
 def delete_document(doc_id: str, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _write(request.app.state.deadlines, _collection(serving).delete, [doc_id])
+    seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
     return _written(serving, seq, 1, wait)
 
 
@@ -112,6 +112,7 @@ def delete_documents(body: DeleteRequest, request: Request, serving: ServingDep,
             responses={404: {"description": "no such document"}})
 def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
     """The latest acknowledged version of a document (before it is searchable, too)."""
+    doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
     if serving.collection is not None:
         doc = serving.collection.get(doc_id)
     else:

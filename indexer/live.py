@@ -36,7 +36,7 @@ from indexer.wal import CorruptLog, Salvage, WriteAheadLog, salvage
 from models.embedder import OnnxEmbedder
 from search import budget
 from search.errors import HybridError, SpecError, StorageError
-from search.filters import MetadataCollector, MetadataColumns, encodable, type_of_kind, written_value
+from search.filters import FieldInfo, MetadataCollector, MetadataColumns, encodable, type_of_kind, written_value
 from search.hits import Presenter
 from search.pipeline import SearchPipeline
 from search.rerank import Reranker
@@ -65,7 +65,9 @@ class Snapshot:
 
     @property
     def changed(self) -> bool:
-        return len(self.live) > 0 or not bool(self.base_alive.all())
+        """Whether writes changed anything searches see: documents, deletions, or a filterable field added."""
+        added = any(kind and name not in self.index.manifest.metadata for name, kind in (self.field_types or {}).items())
+        return len(self.live) > 0 or not bool(self.base_alive.all()) or added
 
     @property
     def num_docs(self) -> int:
@@ -93,7 +95,8 @@ class Snapshot:
         if not self.changed:
             return self.index.metadata
         types = self.field_types if self.field_types is not None else field_types_of(self.index.manifest.metadata)
-        return concat_columns(self.index.metadata, _live_columns(types, self.live), len(self.base_alive), len(self.live))
+        live = _live_columns(types, self.live, self.index.manifest.metadata)
+        return concat_columns(self.index.metadata, live, len(self.base_alive), len(self.live))
 
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
                  embedder=None) -> SearchPipeline:
@@ -133,16 +136,22 @@ def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
     return Collection(index).snapshot
 
 
-def _live_columns(types: dict[str, str | None], live: LiveSegment):
+def _live_columns(types: dict[str, str | None], live: LiveSegment, base_fields: dict):
     """The filterable columns of the written documents, each field of the type the collection decided for it: a field
-    that is not filterable in the collection (None) never gets a column from writes, so a filter is exact or refused."""
-    if not live.docs:
-        return None
+    that is not filterable in the collection (None) never gets a column from writes, so a filter is exact or refused.
+    A field a write added keeps its column when no document holds it any more (its type stays decided)."""
     filterable = {name: kind for name, kind in types.items() if kind is not None}
+    added = [name for name in filterable if name not in base_fields]
+    if not live.docs and not added:
+        return None
     collector = MetadataCollector(types=filterable)
     for doc in live.docs:
         collector.add({name: value for name, value in doc.metadata.items() if name in filterable})
     columns = collector.finish()
+    for name in added:
+        if name not in columns.columns:
+            columns.columns[name] = collector.empty_column(filterable[name])
+            columns.fields[name] = FieldInfo(filterable[name], 0, 0 if filterable[name] == "keyword" else None)
     return columns if columns.columns else None
 
 

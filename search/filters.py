@@ -433,6 +433,10 @@ class MetadataCollector:
                     raise ConfigError(f"--filterable names {name!r}, which cannot be filtered: {fields[name].reason}")
         return MetadataColumns(fields, columns, self.num_docs)
 
+    def empty_column(self, field_type: str) -> KeywordColumn | ValueColumn:
+        """A column of `field_type` in which none of the documents has a value."""
+        return self._column(field_type, [])
+
     def _column(self, field_type: str, values: list[tuple[int, object]]) -> KeywordColumn | ValueColumn:
         n = self.num_docs
         if field_type == "keyword":
