@@ -596,7 +596,7 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], re
         unknown = set(doc) - {"id", "title", "text", "metadata"}
         if unknown:
             raise SpecError((*where, sorted(unknown)[0]), "unknown field; valid: id, title, text, metadata")
-        doc_id = check_id(doc.get("id"), (*where, "id"))
+        doc_id = check_id(doc.get("id"), (*where, "id"), written=True)
         if doc_id in seen:
             raise SpecError((*where, "id"), f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
         seen[doc_id] = i
@@ -647,10 +647,10 @@ def check_ids(ids) -> list[str]:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-def check_id(doc_id, where) -> str:
-    """A document id: a non-empty string (or integer) of at most MAX_ID_BYTES of UTF-8, without control characters,
-    not `.` or `..` (a URL path cannot carry those); any other character, `/` included, is addressed percent-encoded
-    in `/documents/{id}`."""
+def check_id(doc_id, where, written: bool = False) -> str:
+    """A document id: a non-empty string (or integer) of at most MAX_ID_BYTES of UTF-8; one `written` now also without
+    control characters and not `.` or `..` (a URL path cannot carry those). Any other character, `/` included, is
+    addressed percent-encoded in `/documents/{id}`."""
     if isinstance(doc_id, int) and not isinstance(doc_id, bool) and doc_id.bit_length() > 3 * MAX_ID_BYTES:
         raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8")  # (str() refuses integers of 4,300+ digits)
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id).strip() == "":
@@ -661,6 +661,6 @@ def check_id(doc_id, where) -> str:
     size = len(doc_id.encode("utf-8"))
     if size > MAX_ID_BYTES:
         raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8, got {size}")
-    if _CONTROL.search(doc_id) or doc_id in (".", ".."):
+    if written and (_CONTROL.search(doc_id) or doc_id in (".", "..")):
         raise SpecError(where, "an id may not hold control characters, nor be . or ..")
     return doc_id
