@@ -84,23 +84,19 @@ def clean(value: Any, where: Loc = ()) -> Any:
         if isinstance(item, (dict, list)) and depth >= MAX_NESTING:
             raise SpecError(path or ("body",), f"nested too deeply: at most {MAX_NESTING} levels")
         if isinstance(item, dict):
-            if any(not _plain(name) for name in item):
+            if not all(name.isascii() for name in item):  # ASCII is valid and normalised already
                 item = {_text(name, path): v for name, v in item.items()}
                 container[key] = item
             stack.extend((item, name, (*path, name), depth + 1) for name in item)
         elif isinstance(item, list):
             stack.extend((item, i, (*path, i), depth + 1) for i in range(len(item)))
         elif isinstance(item, str):
-            if not _plain(item):
+            if not item.isascii():
                 container[key] = _text(item, path)
         elif isinstance(item, _OutOfRange):
             raise SpecError(path or ("body",), f"{item.text[:20]}{'...' if len(item.text) > 20 else ''} is not a number a 64-bit "
                                   "float can hold (nor are NaN and Infinity)")
     return root[0]
-
-
-def _plain(text: str) -> bool:
-    return text.isascii()
 
 
 def _text(text: str, path: Loc) -> str:

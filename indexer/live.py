@@ -32,7 +32,7 @@ from indexer.hubness import correction_folder_name, write_correction
 from indexer.corpus import indexed_text
 from indexer.manifest import Manifest, read_manifest, write_manifest
 from indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
-from indexer.wal import CorruptLog, Salvage, WriteAheadLog, salvage
+from indexer.wal import Salvage, WriteAheadLog, salvage
 from models.embedder import OnnxEmbedder
 from search import budget
 from search.errors import HybridError, SpecError, StorageError
@@ -60,13 +60,13 @@ class Snapshot:
     live: LiveSegment
     base_alive: np.ndarray  # bool (n,)
     seq: int
+    field_types: dict  # each metadata field's type in the collection (None: not filterable)
     hubness: LiveHubnessView | None = None  # the fitted correction extended to the writes (None: no fit, or no banks)
-    field_types: dict | None = None  # each metadata field's type in the collection (None: not filterable)
 
     @property
     def changed(self) -> bool:
         """Whether writes changed anything searches see: documents, deletions, or a filterable field added."""
-        added = any(kind and name not in self.index.manifest.metadata for name, kind in (self.field_types or {}).items())
+        added = any(kind and name not in self.index.manifest.metadata for name, kind in self.field_types.items())
         return len(self.live) > 0 or not bool(self.base_alive.all()) or added
 
     @property
@@ -94,8 +94,7 @@ class Snapshot:
         """The filterable columns over both segments, built once per snapshot (its pipeline and presenter share them)."""
         if not self.changed:
             return self.index.metadata
-        types = self.field_types if self.field_types is not None else field_types_of(self.index.manifest.metadata)
-        live = _live_columns(types, self.live, self.index.manifest.metadata)
+        live = _live_columns(self.field_types, self.live, self.index.manifest.metadata)
         return concat_columns(self.index.metadata, live, len(self.base_alive), len(self.live))
 
     def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
@@ -218,9 +217,7 @@ class Collection:
                         raise ReplayError(f"{self.wal_path}: the record with sequence number {record['seq']} cannot be "
                                           f"applied ({why}). Run `hybrid repair {self.index.path}` to drop it (it reports "
                                           "what it drops)")
-        except CorruptLog:
-            raise
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError) as exc:  # a record without a sequence number
             raise ReplayError(f"{self.wal_path}: a record is not a write ({exc!r}); run `hybrid repair {self.index.path}`") from None
 
     def apply_logged(self, record: dict) -> str | None:
@@ -229,19 +226,20 @@ class Collection:
             if record.get("op") == "upsert":
                 docs = record["documents"]
                 checked = check_batch([{k: d[k] for k in ("id", "title", "text", "metadata") if k in d} for d in docs],
-                                      2**31, self._field_types, self._restricted)
+                                      2**31, self._field_types)
+                added = decide_types(checked, self._field_types, self._restricted)
                 for doc in docs:
                     if len(base64.b64decode(doc["vector"], validate=True)) != 4 * self.index.dense.dimension:
                         raise SpecError(("documents", doc["id"], "vector"), f"not {self.index.dense.dimension} float32 values")
                 record = {**record, "documents": [{**c, "vector": d["vector"], **({"position": int(d["position"])}
                                                    if "position" in d else {})} for c, d in zip(checked, docs)]}
             elif record.get("op") == "delete":
-                record = {**record, "ids": check_ids(record["ids"])}
+                record, added = {**record, "ids": check_ids(record["ids"])}, {}
             else:
                 return f"unknown operation {record.get('op')!r}"
         except (SpecError, KeyError, TypeError, ValueError) as exc:
             return str(exc) or repr(exc)
-        self._apply(record)
+        self._apply(record, added=added)
         return None
 
     # writes
@@ -287,16 +285,16 @@ class Collection:
             try:
                 if self._wal is None:
                     self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
-                    self._replay(WriteAheadLog.replay(self.wal_path))  # records another writer added since we opened
-                if record["op"] == "upsert":  # field types another write decided since this batch was checked
-                    decide_types(record["documents"], dict(self._field_types), self._restricted)
+                    self._replay(self._wal.take_records())  # records another writer added since we opened
+                # the authoritative decision (the early check ran before embedding, unlocked)
+                added = decide_types(record["documents"], self._field_types, self._restricted) if record["op"] == "upsert" else {}
                 record = {"seq": self.seq + 1, **record}
                 self._wal.append(record)  # durable before it is acknowledged; nothing stays of a failed append
             except StorageError as exc:
                 self.write_problem = str(exc)
                 raise
             self.write_problem = None
-            self._apply(record, prepared)
+            self._apply(record, prepared, added)
             return record["seq"]
 
     def storage_problem(self) -> str | None:
@@ -326,13 +324,14 @@ class Collection:
         self._field_types = field_types_of(index.manifest.metadata)
         self._restricted = restricted_fields(index.manifest.metadata)
 
-    def _apply(self, record: dict, prepared: Prepared | None = None) -> None:
+    def _apply(self, record: dict, prepared: Prepared | None = None, added: dict | None = None) -> None:
+        """Apply a checked record; `added`: the types of the metadata fields it adds (decide_types)."""
         ids = [doc["id"] for doc in record["documents"]] if record["op"] == "upsert" else record["ids"]
         removed = [key for key in map(self._remove, ids) if key is not None]
         if self._hubness is not None and removed:
             self._hubness.remove(removed)
         if record["op"] == "upsert":
-            self._field_types.update(decide_types(record["documents"], self._field_types, self._restricted))
+            self._field_types.update(added or {})
             vectors = []
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
@@ -366,7 +365,9 @@ class Collection:
     def _check_batch(self, documents) -> list[dict]:
         with self._write_lock:
             types = dict(self._field_types)
-        return check_batch(documents, self.max_batch_docs, types, self._restricted)
+        checked = check_batch(documents, self.max_batch_docs, types)
+        decide_types(checked, types, self._restricted)  # fail before embedding; decided again when logged
+        return checked
 
     def field_types(self) -> dict[str, str | None]:
         """Each metadata field's type in the collection (None: not filterable)."""
@@ -434,7 +435,7 @@ class Collection:
         if self._hubness is not None:
             hubness = self._hubness.view(self.index.embeddings, self._base_alive, np.array(list(self._keys.values()), dtype=np.int64),
                                          live.vectors, self._key_of)
-        return Snapshot(self.index, live, self._base_alive.copy(), self.seq, hubness, dict(self._field_types))
+        return Snapshot(self.index, live, self._base_alive.copy(), self.seq, dict(self._field_types), hubness)
 
     def wait_visible(self, seq: int, timeout: float) -> bool:
         """Block until a snapshot at `seq` or later is searchable (True), or `timeout` seconds pass (False)."""
@@ -579,10 +580,10 @@ def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarra
     new.hubness = replace(old.hubness, folder=name, activation={b: int(m.sum()) for b, m in correction.activation.items()})
 
 
-def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], restricted: bool = False) -> list[dict]:
+def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) -> list[dict]:
     """A write batch, checked whole and converted to what the log holds (so a logged record always applies):
     SpecError naming `documents[i].field` of the first problem. `types`: each metadata field's type in the collection
-    (None: not filterable); a value its field cannot take is refused, and so is a batch giving a new field two types."""
+    (None: not filterable); a value its field cannot take is refused (decide_types settles the fields it adds)."""
     if not isinstance(documents, list) or not documents:
         raise SpecError("documents", "must be a non-empty list of documents")
     if len(documents) > max_batch_docs:
@@ -619,7 +620,6 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], re
                 raise SpecError((*where, "metadata"), "a field name is not valid Unicode (a lone surrogate such as \\ud800)")
             converted[name] = written_value(types.get(name), value, (*where, "metadata", name))[0]
         checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": converted})
-    decide_types(checked, types, restricted)
     return checked
 
 

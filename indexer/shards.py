@@ -598,7 +598,9 @@ class ShardedCollection:
         return sum(self._acked)
 
     def upsert(self, documents: list) -> int:
-        checked = check_batch(documents, self.max_batch_docs, dict(self._field_types), self._restricted)
+        types = dict(self._field_types)
+        checked = check_batch(documents, self.max_batch_docs, types)
+        decide_types(checked, types, self._restricted)  # fail before any shard embeds; decided again below
         owners = shard_of([doc["id"] for doc in checked], len(self.index.shards))
         with self._lock:
             self._field_types.update(decide_types(checked, self._field_types, self._restricted))

@@ -205,13 +205,15 @@ class WriteAheadLog:
                                   "write through its API)") from None
         self._fd = fd
         self._unrestored: OSError | None = None  # a failed append that could not be rolled back yet
+        self._records: list[dict] | None = None
         try:
             if created:
                 _fsync_dir(self.path.parent)  # the new file's name is durable too
             found = scan(self.path)
             found.check()
+            self._records = [record for _, _, record in found.records]
             if found.legacy:  # one format per file: rewrite the old records with markers before appending
-                self._replace_with([record for _, _, record in found.records])
+                self._replace_with(self._records)
             self._end = found.clean_end if not found.legacy else os.fstat(self._fd).st_size
             if found.torn_tail is not None and not found.legacy:
                 tail = found.torn_tail
@@ -224,6 +226,11 @@ class WriteAheadLog:
         except BaseException:
             self.close()
             raise
+
+    def take_records(self) -> list[dict]:
+        """The intact records the log held when it was opened (read once: the opener replays them), then forgotten."""
+        records, self._records = self._records or [], None
+        return records
 
     def append(self, record: dict) -> None:
         """Durable when this returns. On failure nothing of the record stays in the file (StorageError)."""

@@ -157,7 +157,7 @@ def test_api_keys_are_trimmed_in_both_headers(mixed_index, tmp_path):
 
 def test_fusion_that_could_overflow_is_refused_and_scores_are_finite(client):
     response = client.post("/search", json={"query": "cat", "fusion": {"method": "rrf", "rrf_k": 0, "weights": [1.7e308, 1.7e308]}})
-    assert loc_of(response)[:3] == ["body", "fusion", "weights"] or response.json()["detail"][0]["loc"][:3] == ["body", "fusion", "weights"]
+    assert loc_of(response) == ["body", "fusion", "weights"]
     hits = client.post("/search", json={"query": "cat", "fusion": {"method": "rrf", "rrf_k": 0, "weights": [1e6, 1e6]}}).json()["hits"]
     assert hits and all(math.isfinite(hit["score"]) for hit in hits)
 
