@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlencode
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from evaluation.server import running_server  # noqa: E402
+from hybrid_retrieval.evaluation.server import running_server
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ def scifact() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_index(tmp_path_factory) -> Path:
-    from indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     root = tmp_path_factory.mktemp("tiny")
     corpus = write_jsonl(root / "corpus.jsonl", TINY_CORPUS)
@@ -73,7 +73,7 @@ def scifact_slice(scifact, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def scifact_slice_index(scifact_slice, tmp_path_factory) -> Path:
-    from indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     out = tmp_path_factory.mktemp("scifact-index") / "index"
     build_index(scifact_slice, out, BuildOptions(progress=False))
@@ -87,7 +87,7 @@ def with_metadata(i: int, doc: dict) -> dict:
 @pytest.fixture(scope="session")
 def metadata_index(scifact, tmp_path_factory):
     """A scifact slice with metadata (and no hubness correction: split, its shards take writes)."""
-    from indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     root = tmp_path_factory.mktemp("metadata")
     with (scifact / "corpus.jsonl").open() as fh:
@@ -99,9 +99,9 @@ def metadata_index(scifact, tmp_path_factory):
 @pytest.fixture(scope="session")
 def whole_index(metadata_index, scifact, tmp_path_factory):
     """The scifact slice with metadata and a fitted hubness correction."""
-    from indexer.hubness import fit_hubness
-    from indexer.store import open_index
-    from search.hubness import HubnessParams
+    from hybrid_retrieval.indexer.hubness import fit_hubness
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.search.hubness import HubnessParams
 
     out = tmp_path_factory.mktemp("shards") / "index"
     shutil.copytree(metadata_index, out)
@@ -111,7 +111,7 @@ def whole_index(metadata_index, scifact, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sharded_index(whole_index, tmp_path_factory):
-    from indexer.shards import split_index
+    from hybrid_retrieval.indexer.shards import split_index
 
     out = tmp_path_factory.mktemp("sharded") / "index"
     split_index(whole_index, out, 3)

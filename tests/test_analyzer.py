@@ -1,6 +1,6 @@
 import pytest
 
-from search.analyzer import Analyzer, AnalyzerError
+from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 
 
 def test_default_analyzer_lowercases_drops_stopwords_and_stems():

@@ -6,10 +6,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from evaluation.server import running_server
-from indexer.corpus import read_corpus, split_queries
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.evaluation.server import running_server
+from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from search.analyzer import Analyzer
-from search.bm25 import BM25Index, BM25Params, ReferenceBM25
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, ReferenceBM25
 from tests.conftest import TINY_CORPUS
 
 ANALYZER = Analyzer()

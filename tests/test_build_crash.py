@@ -8,23 +8,23 @@ import textwrap
 
 import pytest
 
-from indexer.manifest import read_manifest
-from indexer.store import open_index
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import REPO, TINY_CORPUS, write_jsonl
 
 # Where the child process kills itself (SIGKILL: no cleanup code runs), in build order.
 KILL_POINTS = {
-    "bm25": "indexer.build.BM25Index.build",  # documents stored, nothing else
-    "faiss": "indexer.build.build_faiss_index",  # embeddings written
-    "manifest": "indexer.build.write_manifest",  # every file but the manifest
-    "fsync": "common.publish._fsync_tree",  # complete, not yet flushed
-    "swap": "common.publish._exchange",  # flushed, about to replace the old index
-    "cleanup": "common.publish.shutil.rmtree",  # swapped in; the old index not yet removed
+    "bm25": "hybrid_retrieval.indexer.build.BM25Index.build",  # documents stored, nothing else
+    "faiss": "hybrid_retrieval.indexer.build.build_faiss_index",  # embeddings written
+    "manifest": "hybrid_retrieval.indexer.build.write_manifest",  # every file but the manifest
+    "fsync": "hybrid_retrieval.common.publish._fsync_tree",  # complete, not yet flushed
+    "swap": "hybrid_retrieval.common.publish._exchange",  # flushed, about to replace the old index
+    "cleanup": "hybrid_retrieval.common.publish.shutil.rmtree",  # swapped in; the old index not yet removed
 }
 CHILD = textwrap.dedent("""
     import os, signal, sys
     from unittest import mock
-    from indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     def die(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)

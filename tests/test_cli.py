@@ -2,13 +2,13 @@ import json
 import subprocess
 import sys
 
-from evaluation.server import free_port
-from training.reranker import WEIGHT_GRID
+from hybrid_retrieval.evaluation.server import free_port
+from hybrid_retrieval.training.reranker import WEIGHT_GRID
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 
 def hybrid(*args):
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
 def test_search_command_prints_json(tiny_index):
@@ -74,7 +74,7 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "training.json").read_text())
     assert record["options"]["layers"] == 2 and json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
-    from evaluation.compute_floor import graph_flops
+    from hybrid_retrieval.evaluation.compute_floor import graph_flops
 
     assert graph_flops(out / "onnx" / "model.onnx").attention_matmuls == 2 * 2  # the served graph has 2 layers
     # 3 judged queries: 1 held out for tuning, 2 groups of 1 + 2 negatives per epoch, 2 epochs of one step
@@ -83,7 +83,7 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
     assert record["interpolation"]["weight"] in WEIGHT_GRID and record["interpolation"]["dev"]["queries"] == 1
     assert {"model.onnx", "model.int8.onnx", "cross_encoder.json", "tokenizer.json"} <= {p.name for p in (out / "onnx").iterdir()}
 
-    from models.cross_encoder import OnnxCrossEncoder, load_cross_encoder, tuned_weight
+    from hybrid_retrieval.models.cross_encoder import OnnxCrossEncoder, load_cross_encoder, tuned_weight
 
     assert tuned_weight(out) == tuned_weight(out / "onnx") == record["interpolation"]["weight"]
 
@@ -114,7 +114,7 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
 
 
 def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, capsys):
-    from cli import main
+    from hybrid_retrieval.cli import main
 
     corpus, out = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS), tmp_path / "index"
     index = ["index", str(corpus), "--out", str(out), "--skip-if-current", "--quiet"]
@@ -171,6 +171,6 @@ def test_ingest_writes_the_log_that_search_and_the_service_read(tiny_index, tmp_
 
 def test_the_cli_imports_without_the_dev_dependencies():
     """The docker image installs no dev extras: `hybrid` must start without httpx, ranx or pytest."""
-    code = "import sys\nfor name in ('httpx', 'ranx', 'pytest', 'hypothesis'): sys.modules[name] = None\nimport cli"
+    code = "import sys\nfor name in ('httpx', 'ranx', 'pytest', 'hypothesis'): sys.modules[name] = None\nimport hybrid_retrieval.cli"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

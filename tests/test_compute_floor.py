@@ -1,8 +1,8 @@
 import pytest
 
-from evaluation.compute_floor import graph_flops, int8_peak_gops, peak, stage
-from indexer.store import MODEL_DIR
-from models.onnx_export import model_file
+from hybrid_retrieval.evaluation.compute_floor import graph_flops, int8_peak_gops, peak, stage
+from hybrid_retrieval.indexer.store import MODEL_DIR
+from hybrid_retrieval.models.onnx_export import model_file
 
 
 def test_flops_of_minilm_are_read_off_its_graph(tiny_index):

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from indexer.corpus import (
+from hybrid_retrieval.indexer.corpus import (
     CorpusError,
     corpus_file,
     read_corpus,

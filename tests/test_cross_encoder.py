@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from models.cross_encoder import OnnxCrossEncoder, TorchCrossEncoder, load_cross_encoder
-from models.onnx_export import export_cross_encoder
-from models.registry import resolve_model
+from hybrid_retrieval.models.cross_encoder import OnnxCrossEncoder, TorchCrossEncoder, load_cross_encoder
+from hybrid_retrieval.models.onnx_export import export_cross_encoder
+from hybrid_retrieval.models.registry import resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import logging
 import numpy as np
 import pytest
 
-from models.providers import onnx_providers
-from search.dense import DenseIndex, FaissParams, build_faiss_index, gpu_count
+from hybrid_retrieval.models.providers import onnx_providers
+from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index, gpu_count
 
 
 def _cuda_in_onnxruntime() -> bool:
@@ -54,9 +54,9 @@ def test_faiss_gpu_matches_cpu(kind):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_in_onnxruntime(), reason="needs onnxruntime with CUDA")
 def test_onnx_cuda_embedder_matches_cpu():
-    from models.embedder import OnnxEmbedder
-    from models.onnx_export import export_onnx
-    from models.registry import resolve_model
+    from hybrid_retrieval.models.embedder import OnnxEmbedder
+    from hybrid_retrieval.models.onnx_export import export_onnx
+    from hybrid_retrieval.models.registry import resolve_model
 
     folder = export_onnx(resolve_model())
     texts = ["vitamin D deficiency", "a longer sentence about protein folding in cells"]

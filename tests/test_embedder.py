@@ -4,9 +4,9 @@ import json
 import numpy as np
 import pytest
 
-from models.embedder import OnnxEmbedder, TorchEmbedder
-from models.onnx_export import export_onnx
-from models.registry import ModelNotFoundError, resolve_model
+from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
+from hybrid_retrieval.models.onnx_export import export_onnx
+from hybrid_retrieval.models.registry import ModelNotFoundError, resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def synthetic_corpus(docs_per_topic: int = 5, seed: int = 0):
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory):
     """A BEIR-layout folder (corpus, queries, train qrels) and its index."""
-    from indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     root = tmp_path_factory.mktemp("synthetic")
     corpus, queries, qrels = synthetic_corpus()
@@ -56,8 +56,8 @@ def synthetic(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(synthetic):
-    from indexer.store import open_index
-    from training.embedder import EmbedderOptions, train_embedder
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.training.embedder import EmbedderOptions, train_embedder
 
     _, queries, qrels = synthetic_corpus()
     options = EmbedderOptions(epochs=2, batch_size=4, mine_depth=5, eval_depth=10, dev_fraction=0.2, learning_rate=1e-4, device="cpu")
@@ -70,7 +70,7 @@ def trained(synthetic):
 def test_contrastive_loss_is_cross_entropy_over_the_batch_with_masked_columns():
     import torch
 
-    from training.embedder import contrastive_loss
+    from hybrid_retrieval.training.embedder import contrastive_loss
 
     q = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.6, 0.8]]), dim=-1)
     d = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), dim=-1)
@@ -82,7 +82,7 @@ def test_contrastive_loss_is_cross_entropy_over_the_batch_with_masked_columns():
 
 
 def test_relevant_mask_hides_other_relevant_columns_but_never_the_own_positive():
-    from training.embedder import Example, relevant_mask
+    from hybrid_retrieval.training.embedder import Example, relevant_mask
 
     batch = [Example("a", 0, (5,)), Example("b", 1, (0,))]
     columns = [0, 1, 5, 0]
@@ -91,8 +91,8 @@ def test_relevant_mask_hides_other_relevant_columns_but_never_the_own_positive()
 
 
 def test_options_are_validated():
-    from search.errors import ConfigError
-    from training.embedder import EmbedderOptions
+    from hybrid_retrieval.search.errors import ConfigError
+    from hybrid_retrieval.training.embedder import EmbedderOptions
 
     for bad in ({"batch_size": 1}, {"dev_fraction": 0.0}, {"hard_negatives": 5, "mine_depth": 5}, {"device": "tpu"}):
         with pytest.raises(ConfigError):
@@ -119,9 +119,9 @@ def test_reembed_swaps_the_dense_half_and_serves_what_torch_computes(synthetic, 
 
     from sentence_transformers import SentenceTransformer
 
-    from indexer.manifest import read_manifest
-    from indexer.store import open_index
-    from training.reembed import reembed_index
+    from hybrid_retrieval.indexer.manifest import read_manifest
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.training.reembed import reembed_index
 
     folder, record = trained
     index_dir = tmp_path / "index"
@@ -152,12 +152,12 @@ def test_reembed_swaps_the_dense_half_and_serves_what_torch_computes(synthetic, 
 def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, trained, tmp_path):
     import shutil
 
-    from indexer.live import Collection
-    from indexer.manifest import read_manifest
-    from indexer.store import open_index
-    from training.fusion import tune_index
-    from training.reembed import reembed_index
-    from training.splits import training_split
+    from hybrid_retrieval.indexer.live import Collection
+    from hybrid_retrieval.indexer.manifest import read_manifest
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.training.fusion import tune_index
+    from hybrid_retrieval.training.reembed import reembed_index
+    from hybrid_retrieval.training.splits import training_split
 
     folder, _ = trained
     root = tmp_path / "beir"
@@ -187,15 +187,15 @@ def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, t
 def test_reembed_asks_for_the_queries_of_a_tuned_fusion_it_cannot_find(synthetic, trained, tmp_path):
     import shutil
 
-    from indexer.manifest import read_manifest, update_manifest
-    from search.errors import ConfigError
-    from training.reembed import reembed_index
+    from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
+    from hybrid_retrieval.search.errors import ConfigError
+    from hybrid_retrieval.training.reembed import reembed_index
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
 
     def fake_tuning(manifest):
-        from indexer.manifest import FusionTuning
+        from hybrid_retrieval.indexer.manifest import FusionTuning
 
         manifest.fusion_tuning = FusionTuning("ndcg@10", 0.5, 3, str(tmp_path / "gone" / "qrels" / "train.tsv"), 100, {}, 60.0)
 
@@ -224,16 +224,16 @@ def test_cli_refuses_test_qrels_and_reembeds_with_a_report(synthetic, trained, t
 
 
 def test_sentences_keep_query_sized_sentences_only():
-    from training.pseudo import sentences
+    from hybrid_retrieval.training.pseudo import sentences
 
     text = "Short one. This sentence has exactly six words. Another valid sentence of five words! 3 words here."
     assert sentences(text) == ["This sentence has exactly six words.", "Another valid sentence of five words!"]
 
 
 def test_pseudo_queries_are_kept_only_where_the_hybrid_finds_their_document(synthetic):
-    from indexer.store import open_index
-    from search.errors import ConfigError
-    from training.pseudo import generate
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.search.errors import ConfigError
+    from hybrid_retrieval.training.pseudo import generate
 
     index = open_index(synthetic / "index", verify="size")
     pseudo = generate(index, "both", max_queries=100, filter_depth=3, seed=1, progress=False)
@@ -254,8 +254,8 @@ def test_pseudo_queries_are_kept_only_where_the_hybrid_finds_their_document(synt
 
 
 def test_adapt_trains_on_pseudo_queries_and_records_them(synthetic, tmp_path):
-    from indexer.store import open_index
-    from training.embedder import EmbedderOptions, adapt_embedder
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.training.embedder import EmbedderOptions, adapt_embedder
 
     index = open_index(synthetic / "index", verify="size")
     options = EmbedderOptions(epochs=1, batch_size=4, mine_depth=5, eval_depth=10, device="cpu")
@@ -269,9 +269,9 @@ def test_adapt_trains_on_pseudo_queries_and_records_them(synthetic, tmp_path):
 def test_tune_on_pseudo_queries_records_how_to_make_them_again(synthetic, tmp_path):
     import shutil
 
-    from indexer.manifest import read_manifest
+    from hybrid_retrieval.indexer.manifest import read_manifest
     from tests.test_cli import hybrid
-    from training.pseudo import parse_source
+    from hybrid_retrieval.training.pseudo import parse_source
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
@@ -288,8 +288,8 @@ def test_tune_on_pseudo_queries_records_how_to_make_them_again(synthetic, tmp_pa
 def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained, tmp_path):
     import shutil
 
-    from evaluation.suite import EvalConfig, evaluate_dataset
-    from training.reembed import reembed_index
+    from hybrid_retrieval.evaluation.suite import EvalConfig, evaluate_dataset
+    from hybrid_retrieval.training.reembed import reembed_index
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
@@ -303,7 +303,7 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     assert rows["dense"]["ndcg@10_delta"] == pytest.approx(report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4)
     assert rows["dense"]["wins"] + rows["dense"]["ties"] + rows["dense"]["losses"] == 30
 
-    from evaluation.adapt_bench import SECTION, markdown
+    from hybrid_retrieval.evaluation.adapt_bench import SECTION, markdown
 
     text = markdown([("supervised", trained[1], report)], [("titles", report)])
     assert text.startswith(SECTION)
@@ -317,10 +317,10 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
 def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp_path):
     import shutil
 
-    from indexer.manifest import read_manifest
-    from search.spec import HubnessSpec
-    from training.hubness import fit_from_bank
-    from training.reembed import reembed_index
+    from hybrid_retrieval.indexer.manifest import read_manifest
+    from hybrid_retrieval.search.spec import HubnessSpec
+    from hybrid_retrieval.training.hubness import fit_from_bank
+    from hybrid_retrieval.training.reembed import reembed_index
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
@@ -339,9 +339,9 @@ def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp
 def test_reembed_publishes_nothing_when_writes_arrive_meanwhile(synthetic, trained, tmp_path, monkeypatch):
     import shutil
 
-    from indexer import reembed as module
-    from indexer.manifest import read_manifest
-    from search.errors import HybridError
+    from hybrid_retrieval.indexer import reembed as module
+    from hybrid_retrieval.indexer.manifest import read_manifest
+    from hybrid_retrieval.search.errors import HybridError
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
@@ -354,8 +354,8 @@ def test_reembed_publishes_nothing_when_writes_arrive_meanwhile(synthetic, train
 
 
 def test_examples_carry_the_cut_passage_of_a_pseudo_query():
-    from training.embedder import sample_examples
-    from training.reranker import MinedQuery
+    from hybrid_retrieval.training.embedder import sample_examples
+    from hybrid_retrieval.training.reranker import MinedQuery
 
     mined = [MinedQuery("p1", (3,), (5, 6)), MinedQuery("q2", (4,), (7,))]
     examples = sample_examples(mined, {"p1": "a title", "q2": "real"}, 1, random.Random(0), {"p1": "body only"})

@@ -10,20 +10,20 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from evaluation.filter_bench import JOURNALS, synthetic_metadata
-from indexer.build import BuildOptions, build_index
-from indexer.corpus import read_queries
-from indexer.hubness import fit_hubness
-from indexer.manifest import read_manifest
-from indexer.store import open_index
-from search.dense import DenseIndex, FaissParams, build_faiss_index
-from search.errors import ConfigError, SpecError
-from search.fusion import Candidates, ConvexCombination, fuse
-from search.hubness import HubnessParams
-from search.pipeline import Query
-from search.ranking import Ranking, top_k
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.evaluation.filter_bench import JOURNALS, synthetic_metadata
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.corpus import read_queries
+from hybrid_retrieval.indexer.hubness import fit_hubness
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
+from hybrid_retrieval.search.errors import ConfigError, SpecError
+from hybrid_retrieval.search.fusion import Candidates, ConvexCombination, fuse
+from hybrid_retrieval.search.hubness import HubnessParams
+from hybrid_retrieval.search.pipeline import Query
+from hybrid_retrieval.search.ranking import Ranking, top_k
 from tests.conftest import TINY_CORPUS, LengthScorer, write_jsonl
 
 META_DOCS = 1000

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from search.fusion import (
+from hybrid_retrieval.search.fusion import (
     RRF,
     Candidates,
     ConvexCombination,
@@ -11,8 +11,8 @@ from search.fusion import (
     fusion_to_dict,
     fusion_to_string,
 )
-from search.errors import SpecError
-from search.ranking import Ranking
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.ranking import Ranking
 
 
 def ranking(ids, scores=None):

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from schemathesis.checks import positive_data_acceptance  # noqa: E402
 
-from app.main import create_app  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from indexer.hubness import fit_hubness  # noqa: E402
-from indexer.store import open_index  # noqa: E402
-from search.hubness import HubnessParams  # noqa: E402
+from hybrid_retrieval.app.main import create_app  # noqa: E402
+from hybrid_retrieval.app.settings import Settings  # noqa: E402
+from hybrid_retrieval.indexer.hubness import fit_hubness  # noqa: E402
+from hybrid_retrieval.indexer.store import open_index  # noqa: E402
+from hybrid_retrieval.search.hubness import HubnessParams  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
 EXAMPLES_PER_OPERATION = 150

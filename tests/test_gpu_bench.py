@@ -2,10 +2,10 @@
 
 import pytest
 
-from evaluation.report import write_section
-from evaluation.gpu_bench import SECTION, check_gpu, markdown
-from evaluation.machine import describe_machine
-from search.dense import gpu_count
+from hybrid_retrieval.evaluation.report import write_section
+from hybrid_retrieval.evaluation.gpu_bench import SECTION, check_gpu, markdown
+from hybrid_retrieval.evaluation.machine import describe_machine
+from hybrid_retrieval.search.dense import gpu_count
 from tests.test_cli import hybrid
 
 HAS_GPU = "CUDAExecutionProvider" in describe_machine()["onnx_providers"] and gpu_count() > 0

@@ -4,9 +4,9 @@ import re
 import numpy as np
 import pytest
 
-from search.analyzer import Analyzer
-from search.errors import SpecError
-from search.highlight import (
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.highlight import (
     DEFAULT_SNIPPET_CHARS,
     DEFAULT_SNIPPETS,
     Highlighter,

@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.build import BuildOptions, build_index
-from indexer.store import open_index
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 WRITE = {"X-API-Key": "writer"}
@@ -260,7 +260,7 @@ writes = st.lists(st.one_of(
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=writes, checks=st.lists(filters, min_size=1, max_size=5))
 def test_filters_after_writes_equal_a_brute_force_filter_over_every_stored_document(mixed_index, tmp_path_factory, steps, checks):
-    from indexer.live import Collection
+    from hybrid_retrieval.indexer.live import Collection
 
     folder = tmp_path_factory.mktemp("exact") / "index"
     shutil.copytree(mixed_index, folder)

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from indexer.hubness import fit_correction
-from search.dense import DenseIndex, FaissParams, build_faiss_index
-from search.hubness import (
+from hybrid_retrieval.indexer.hubness import fit_correction
+from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
+from hybrid_retrieval.search.hubness import (
     HubnessParams,
     HubnessSearcher,
     augment_documents,
@@ -11,9 +11,9 @@ from search.hubness import (
     hubness_stats,
     k_occurrence,
 )
-from search.ranking import Ranking
-from search.spec import HubnessSpec
-from training.hubness import CrossFit, DefaultRefused, _default_evidence
+from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.spec import HubnessSpec
+from hybrid_retrieval.training.hubness import CrossFit, DefaultRefused, _default_evidence
 
 
 def unit(x):
@@ -79,8 +79,8 @@ def assert_same_ranking(rankings, expected, depth=100):
 
 @pytest.mark.parametrize("method, dynamic", CASES)
 def test_corrected_top100_equals_brute_force_on_scifact(scifact_slice_index, scifact, method, dynamic):
-    from indexer.corpus import split_queries
-    from indexer.store import open_index
+    from hybrid_retrieval.indexer.corpus import split_queries
+    from hybrid_retrieval.indexer.store import open_index
 
     index = open_index(scifact_slice_index)
     docs = np.asarray(index.embeddings)
@@ -170,7 +170,7 @@ def test_default_is_enabled_only_where_the_correction_wins_on_held_out_queries(w
 
 
 def test_default_betas_scale_with_the_score_spread():
-    from training.hubness import BETA_PER_SPREAD, score_spread, scaled_params
+    from hybrid_retrieval.training.hubness import BETA_PER_SPREAD, score_spread, scaled_params
 
     rng = np.random.default_rng(0)
     bank, docs = rng.standard_normal((7, 16)).astype(np.float32), rng.standard_normal((300, 16)).astype(np.float32)

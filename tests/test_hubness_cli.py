@@ -6,15 +6,15 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.manifest import read_manifest
-from indexer.store import open_index
-from search.spec import HubnessSpec
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.spec import HubnessSpec
 
 
 def hybrid(*args):
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")

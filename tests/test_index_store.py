@@ -4,13 +4,13 @@ import shutil
 import numpy as np
 import pytest
 
-from indexer import store
-from indexer.build import BuildOptions, build_index
-from indexer.corpus import CorpusError
-from indexer.manifest import FORMAT_VERSION, Manifest
-from indexer.store import IndexOpenError, open_index
-from search.errors import HybridError
-from search.spec import HubnessSpec, SearchSpec
+from hybrid_retrieval.indexer import store
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.corpus import CorpusError
+from hybrid_retrieval.indexer.manifest import FORMAT_VERSION, Manifest
+from hybrid_retrieval.indexer.store import IndexOpenError, open_index
+from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 

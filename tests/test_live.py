@@ -14,13 +14,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from indexer.build import BuildOptions, build_index
-from indexer.hubness import fit_hubness
-from indexer.live import LIVE_DIR, WAL_FILE, Collection
-from indexer.wal import WriteAheadLog
-from indexer.store import open_index
-from search.errors import SpecError
-from search.hubness import HubnessParams
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.hubness import fit_hubness
+from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE, Collection
+from hybrid_retrieval.indexer.wal import WriteAheadLog
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.hubness import HubnessParams
 from tests.conftest import write_jsonl
 
 WORDS = ("cat dog mat bark market stock investor qubit quantum health running heart care pet mailman warm "
@@ -241,10 +241,10 @@ def test_writes_embed_on_fewer_cores_while_searches_run(base_index, tmp_path):
 
 def test_documents_embedded_in_int8_stay_int8_through_writes_and_compaction(tmp_path):
     """`hybrid index --precision int8`: built and written documents get the int8 graph's vectors, queries share it."""
-    from indexer.corpus import indexed_text
-    from indexer.store import MODEL_DIR
-    from models.embedder import OnnxEmbedder
-    from search.errors import ConfigError
+    from hybrid_retrieval.indexer.corpus import indexed_text
+    from hybrid_retrieval.indexer.store import MODEL_DIR
+    from hybrid_retrieval.models.embedder import OnnxEmbedder
+    from hybrid_retrieval.search.errors import ConfigError
     from tests.conftest import TINY_CORPUS
 
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)

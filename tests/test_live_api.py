@@ -8,9 +8,9 @@ import shutil
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.store import open_index
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import TINY_CORPUS
 
 WRITE, READ = {"X-API-Key": "writer"}, {"X-API-Key": "reader"}
@@ -129,8 +129,8 @@ def test_ndjson_keeps_unicode_line_separators_inside_strings(index_dir):
 
 
 def test_a_log_held_by_another_writer_answers_409(index_dir):
-    from indexer.live import LIVE_DIR, WAL_FILE
-    from indexer.wal import WriteAheadLog
+    from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE
+    from hybrid_retrieval.indexer.wal import WriteAheadLog
 
     held = WriteAheadLog(index_dir / LIVE_DIR / WAL_FILE, lock=True)  # e.g. `hybrid ingest` running on the index
     try:

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from evaluation.server import running_server
+from hybrid_retrieval.evaluation.server import running_server
 from tests.conftest import TINY_CORPUS
 
 ROUNDS = 20

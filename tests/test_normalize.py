@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from search.normalize import THEORETICAL_MIN, dbsf, minmax, normalize, tmm, zscore
+from hybrid_retrieval.search.normalize import THEORETICAL_MIN, dbsf, minmax, normalize, tmm, zscore
 
 S = np.array([2.0, 4.0, 8.0])
 

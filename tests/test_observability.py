@@ -4,10 +4,10 @@ import logging
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.observability import JsonFormatter, request_id_var
-from app.settings import Settings
-from indexer.store import open_index
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.observability import JsonFormatter, request_id_var
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import open_index
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from indexer.store import open_index
-from search.postings import Postings
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.postings import Postings
 from tests.conftest import TINY_CORPUS
 
 
@@ -33,7 +33,7 @@ def test_postings_reproduce_the_bm25s_scores(scifact_slice_index):
 
 
 def test_document_frequency_counts_only_alive_documents():
-    from search.analyzer import Analyzer
+    from hybrid_retrieval.search.analyzer import Analyzer
 
     analyzer = Analyzer()
     tokens = [analyzer.analyze(f"{d['title']} {d['text']}") for d in TINY_CORPUS]

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from common import publish
-from common.publish import publish_dir, write_atomic
+from hybrid_retrieval.common import publish
+from hybrid_retrieval.common.publish import publish_dir, write_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ def test_write_atomic_failure_keeps_old_file(tmp_path: Path, monkeypatch: pytest
 CHILD = """
 import json, os, signal, sys
 from pathlib import Path
-from common import publish
+from hybrid_retrieval.common import publish
 
 target, point, files = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 

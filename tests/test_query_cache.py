@@ -7,11 +7,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.store import MODEL_DIR, open_index
-from models.embedder import OnnxEmbedder
-from models.query_cache import CachedEmbedder, QueryCache
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
+from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
 
 
 @pytest.fixture(scope="module")

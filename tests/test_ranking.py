@@ -1,6 +1,6 @@
 import numpy as np
 
-from search.ranking import top_k
+from hybrid_retrieval.search.ranking import top_k
 
 
 def test_top_k_sorts_descending_and_breaks_ties_by_index():

@@ -11,11 +11,11 @@ import httpx
 import numpy as np
 import pytest
 
-from evaluation.server import free_port
-from indexer.build import BuildOptions, build_index
-from indexer.manifest import update_manifest
-from indexer.shards import split_index
-from indexer.store import open_index
+from hybrid_retrieval.evaluation.server import free_port
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.manifest import update_manifest
+from hybrid_retrieval.indexer.shards import split_index
+from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import sample_queries, write_jsonl
 from tests.test_shards import SPECS
 
@@ -41,7 +41,7 @@ def serve_port(local_ray):
 
 
 def test_a_ray_built_index_is_the_single_process_build(local_ray, scifact, tmp_path):
-    from cluster.build import ray_embed
+    from hybrid_retrieval.cluster.build import ray_embed
 
     with (scifact / "corpus.jsonl").open() as fh:
         corpus = write_jsonl(tmp_path / "corpus.jsonl", [json.loads(line) for line in itertools.islice(fh, 120)])
@@ -64,7 +64,7 @@ def search(client, query, spec, k=20, headers=None):
 
 
 def test_ray_serve_answers_like_the_whole_index(serve_port, whole_index, scifact, tmp_path):
-    from cluster.serve import serve_index
+    from hybrid_retrieval.cluster.serve import serve_index
 
     whole_index = shutil.copytree(whole_index, tmp_path / "whole")  # its defaults change below
     sharded_index = tmp_path / "sharded"
@@ -100,8 +100,8 @@ def test_ray_serve_answers_like_the_whole_index(serve_port, whole_index, scifact
 def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve_port, metadata_index, scifact, tmp_path):
     """Writes through the ingress go to each shard's writer; the 2 search replicas of each shard follow its log (and
     its compaction), so every search, whichever replica answers, equals the whole index given the same writes."""
-    from cluster.serve import serve_index
-    from indexer.live import Collection
+    from hybrid_retrieval.cluster.serve import serve_index
+    from hybrid_retrieval.indexer.live import Collection
     from tests.test_shard_writes import SPECS as WRITE_SPECS, new_documents
 
     whole_index = shutil.copytree(metadata_index, tmp_path / "whole")

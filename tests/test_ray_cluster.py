@@ -12,9 +12,9 @@ import time
 import httpx
 import pytest
 
-from evaluation.server import free_port
-from indexer.shards import split_index
-from indexer.store import open_index
+from hybrid_retrieval.evaluation.server import free_port
+from hybrid_retrieval.indexer.shards import split_index
+from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import REPO, sample_queries
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'hybrid-retrieval[ray]')")
@@ -38,7 +38,7 @@ def test_serve_through_a_head_and_a_worker_node(whole_index, scifact, tmp_path):
                 break
             time.sleep(2)
         assert status.count(" node_") == 2, status  # the head and the worker
-        server = subprocess.Popen([sys.executable, "-m", "cli", "serve", "--ray", f"127.0.0.1:{ray_port}", "--index",
+        server = subprocess.Popen([sys.executable, "-m", "hybrid_retrieval.cli", "serve", "--ray", f"127.0.0.1:{ray_port}", "--index",
                                    str(sharded), "--port", str(http_port), "--replicas", "2"], cwd=REPO, env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 180

@@ -6,8 +6,8 @@ import time
 import httpx
 import pytest
 
-from evaluation.server import running_server
-from indexer.build import BuildOptions, build_index
+from hybrid_retrieval.evaluation.server import running_server
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from tests.conftest import TINY_CORPUS, write_jsonl
 
 KEY = "reload-test-key"

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from evaluation.report import compare_to_baseline, markdown_table, write_trec_run
-from evaluation.significance import randomization_test
+from hybrid_retrieval.evaluation.report import compare_to_baseline, markdown_table, write_trec_run
+from hybrid_retrieval.evaluation.significance import randomization_test
 
 
 def test_identical_systems_are_not_different():
@@ -41,9 +41,9 @@ def test_comparison_and_markdown_marks():
 
 
 def test_reranked_pipelines_are_compared_with_their_own_first_stage():
-    from evaluation.report import first_stage_table
-    from evaluation.runner import parse_pipeline
-    from evaluation.suite import first_stage_comparisons
+    from hybrid_retrieval.evaluation.report import first_stage_table
+    from hybrid_retrieval.evaluation.runner import parse_pipeline
+    from hybrid_retrieval.evaluation.suite import first_stage_comparisons
 
     assert parse_pipeline("hybrid+rerank:w=0.5@int8").first_stage == "hybrid"
     assert parse_pipeline("dense+rerank+qbnorm").first_stage == parse_pipeline("dense+qbnorm+rerank").first_stage == "dense+qbnorm"

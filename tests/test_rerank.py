@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.store import open_index
-from models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
-from models.cross_encoder import CachingCrossEncoder
-from search.errors import ConfigError, SpecError
-from search.rerank import interpolate
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
+from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder
+from hybrid_retrieval.search.errors import ConfigError, SpecError
+from hybrid_retrieval.search.rerank import interpolate
 from tests.conftest import LengthScorer
 
 NO_RERANK = {"rerank": {"enabled": False}}
@@ -152,7 +152,7 @@ def test_rerank_weight_blends_the_first_stage_back_in(index, pipeline):
 
 
 def test_tuned_weight_is_served_unless_overridden(tmp_path):
-    from models.cross_encoder import rerank_weight, tuned_weight
+    from hybrid_retrieval.models.cross_encoder import rerank_weight, tuned_weight
 
     (tmp_path / "onnx").mkdir()
     assert tuned_weight(tmp_path) is None and rerank_weight(tmp_path) == 1.0  # not tuned: plain reranking
@@ -165,7 +165,7 @@ def test_tuned_weight_is_served_unless_overridden(tmp_path):
 
 
 def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
-    from training.splits import split_dev
+    from hybrid_retrieval.training.splits import split_dev
 
     queries = {f"q{i}": "text" for i in range(10)}
     qrels = {**{f"q{i}": {"d": 1} for i in range(9)}, "q9": {"d": 0}, "unknown": {"d": 1}}  # q9: no relevant doc
@@ -178,8 +178,8 @@ def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
 
 
 def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(index, tmp_path):
-    from evaluation.runner import parse_pipeline
-    from evaluation.suite import EvalConfig, _Pipelines
+    from hybrid_retrieval.evaluation.runner import parse_pipeline
+    from hybrid_retrieval.evaluation.suite import EvalConfig, _Pipelines
 
     (tmp_path / "training.json").write_text('{"data": {"split": "test"}}')
     with pytest.raises(ConfigError, match="trained and tuned on the 'test' split"):
@@ -187,9 +187,9 @@ def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(index, tmp_path)
 
 
 def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scifact):
-    from indexer.corpus import split_queries
-    from training.metrics import evaluate
-    from training.reranker import WEIGHT_GRID, tune_interpolation
+    from hybrid_retrieval.indexer.corpus import split_queries
+    from hybrid_retrieval.training.metrics import evaluate
+    from hybrid_retrieval.training.reranker import WEIGHT_GRID, tune_interpolation
 
     queries, qrels = split_queries(scifact, "train")
     ids, in_slice = index.doc_ids, set(index.doc_ids)
@@ -267,7 +267,7 @@ def test_batching_wrappers_match_the_models(index):
 
 
 def test_evaluation_reranks_the_head_and_keeps_the_tail(index):
-    from evaluation.runner import run_queries
+    from hybrid_retrieval.evaluation.runner import run_queries
 
     class Counting(LengthScorer):
         pairs = 0
@@ -309,7 +309,7 @@ def test_a_reranker_without_a_held_out_gain_is_off_by_default():
 
 
 def test_weight_evidence_reads_the_training_record(tmp_path):
-    from models.cross_encoder import weight_evidence
+    from hybrid_retrieval.models.cross_encoder import weight_evidence
 
     assert weight_evidence(tmp_path) is None
     (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {
@@ -327,7 +327,7 @@ def test_weight_evidence_reads_the_training_record(tmp_path):
 def test_distillation_loss_is_the_kl_divergence_from_the_teachers_group_softmax():
     import torch
 
-    from training.reranker import distillation_loss
+    from hybrid_retrieval.training.reranker import distillation_loss
 
     student = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]])
     teacher = torch.tensor([[1.0, 1.0, -2.0], [3.0, 0.0, 0.0]])
@@ -343,7 +343,7 @@ def test_distillation_loss_is_the_kl_divergence_from_the_teachers_group_softmax(
 
 def test_teacher_scores_follow_each_groups_order_positive_first():
     from tests.conftest import LengthScorer
-    from training.reranker import Group, teacher_scores
+    from hybrid_retrieval.training.reranker import Group, teacher_scores
 
     texts = {0: "a", 1: "bbb", 2: "cc"}
     scores = teacher_scores(LengthScorer(), [Group("q", 1, (0, 2)), Group("q", 0, (2, 1))], {"q": "query"}, texts.get, 3)

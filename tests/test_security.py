@@ -1,9 +1,9 @@
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.store import open_index
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import open_index
 
 BODY = {"query": "cat on a mat", "k": 2, "mode": "bm25"}
 

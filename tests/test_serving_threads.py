@@ -9,11 +9,11 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from app.main import create_app
-from app.observability import request_id_var
-from app.settings import Settings
-from indexer.store import open_index
-from models.batching import LoadAwareEmbedder
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.observability import request_id_var
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.models.batching import LoadAwareEmbedder
 
 CORES = len(os.sched_getaffinity(0))
 

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.live import Collection
-from indexer.shards import ShardedCollection, open_sharded, read_shards, shard_of, split_index
-from indexer.store import open_index
-from search.errors import HybridError
-from search.segments import CorpusStatistics
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.live import Collection
+from hybrid_retrieval.indexer.shards import ShardedCollection, open_sharded, read_shards, shard_of, split_index
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.segments import CorpusStatistics
 from tests.conftest import SHARDED_SLICE as SLICE, sample_queries, with_metadata
 
 SPECS = [

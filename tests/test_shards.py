@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.build import BuildOptions, build_index
-from indexer.shards import SHARDS_FILE, global_bm25, open_sharded, read_shards, shard_of, split_index
-from indexer.store import open_index
-from search.analyzer import Analyzer
-from search.bm25 import BM25Params
-from search.errors import ConfigError, HybridError, SpecError
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.shards import SHARDS_FILE, global_bm25, open_sharded, read_shards, shard_of, split_index
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Params
+from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
 from tests.conftest import REPO, SHARDED_SLICE as SLICE, sample_queries
 
 # Every mode, both fusions, tmm floors under a correction, static and dynamic hubness, filters of each field type.
@@ -165,7 +165,7 @@ def test_split_refuses_what_it_cannot_split(whole_index, sharded_index, tmp_path
 
 def test_shard_and_index_commands(tiny_index, tmp_path):
     def hybrid(*args):
-        return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], capture_output=True, text=True, cwd=REPO,
+        return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO,
                               env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
 
     done = hybrid("shard", tiny_index, "--shards", 2, "--out", tmp_path / "sharded")
@@ -186,7 +186,7 @@ def test_shard_and_index_commands(tiny_index, tmp_path):
 
 def test_bm25_files_do_not_depend_on_the_process(tmp_path):
     """bm25s numbers terms in set order, which string hashing salts per process: our build sorts them."""
-    script = ("import sys; from search.bm25 import BM25Index, BM25Params; from search.analyzer import Analyzer; "
+    script = ("import sys; from hybrid_retrieval.search.bm25 import BM25Index, BM25Params; from hybrid_retrieval.search.analyzer import Analyzer; "
               "from pathlib import Path; a = Analyzer(); "
               "BM25Index.build([a.analyze(t) for t in ('cats chase dogs', 'dogs bark at the mailman', 'quantum qubits')], a, "
               "BM25Params()).save(Path(sys.argv[1]))")

@@ -7,16 +7,16 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.main import create_app
-from app.settings import Settings
-from indexer.store import open_index
-from search.errors import SpecError
-from search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
-from search.hubness import HUBNESS_METHODS
-from search.normalize import NORMALIZERS
-from search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
-from search.rerank import MAX_RERANK_DEPTH
-from search.spec import (
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
+from hybrid_retrieval.search.hubness import HUBNESS_METHODS
+from hybrid_retrieval.search.normalize import NORMALIZERS
+from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
+from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
+from hybrid_retrieval.search.spec import (
     MAX_DEPTH,
     MODES,
     HighlightSpec,

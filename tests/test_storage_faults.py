@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evaluation.server import running_server
+from hybrid_retrieval.evaluation.server import running_server
 
 KEY = {"X-API-Key": "w"}
 ENV = {"HYBRID_WRITE_KEYS": "w", "HYBRID_REFRESH_INTERVAL": "0.1", "HYBRID_VERIFY": "size"}

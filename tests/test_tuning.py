@@ -6,15 +6,15 @@ import sys
 import numpy as np
 import pytest
 
-from evaluation.runner import Pipeline, parse_pipeline
-from indexer.corpus import read_corpus, split_queries
-from indexer.manifest import read_manifest
-from indexer.store import open_index
-from search.errors import SpecError
-from search.fusion import RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
-from search.normalize import NORMALIZERS
-from search.spec import SearchSpec
-from training.fusion import ALPHAS, RRF_KS, TuningResult, evidence, tune
+from hybrid_retrieval.evaluation.runner import Pipeline, parse_pipeline
+from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.fusion import RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
+from hybrid_retrieval.search.normalize import NORMALIZERS
+from hybrid_retrieval.search.spec import SearchSpec
+from hybrid_retrieval.training.fusion import ALPHAS, RRF_KS, TuningResult, evidence, tune
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
     queries, qrels = train_split
     (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items()))
     (tmp_path / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, rel in qrels.items() for d, r in rel.items()))
-    cmd = [sys.executable, "-m", "cli", "tune", str(index_dir), "--queries", str(tmp_path / "queries.jsonl"), "--quiet"]
+    cmd = [sys.executable, "-m", "hybrid_retrieval.cli", "tune", str(index_dir), "--queries", str(tmp_path / "queries.jsonl"), "--quiet"]
 
     refused = subprocess.run(cmd + ["--qrels", str(scifact / "qrels" / "test.tsv")], capture_output=True, text=True)
     assert refused.returncode == 2 and "test queries must never choose parameters" in refused.stderr
@@ -132,7 +132,7 @@ def test_pipeline_specs():
 
 def _slice_dataset(scifact, scifact_slice, root):
     """The scifact slice as a BEIR folder, with train and test queries judged inside the slice only."""
-    from indexer.corpus import read_qrels, read_queries
+    from hybrid_retrieval.indexer.corpus import read_qrels, read_queries
 
     ids = {d.doc_id for d in read_corpus(scifact_slice)}
     folder = root / "scifact-slice"
@@ -150,7 +150,7 @@ def _slice_dataset(scifact, scifact_slice, root):
 
 
 def test_eval_tunes_on_train_reports_and_caches(scifact, scifact_slice, scifact_slice_index, tmp_path):
-    from evaluation.suite import EvalConfig, evaluate_dataset
+    from hybrid_retrieval.evaluation.suite import EvalConfig, evaluate_dataset
 
     dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
     index_dir = tmp_path / "index"
@@ -169,7 +169,7 @@ def test_eval_tunes_on_train_reports_and_caches(scifact, scifact_slice, scifact_
 
 def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, scifact_slice_index, tmp_path):
     ranx = pytest.importorskip("ranx")
-    from evaluation.suite import EvalConfig, evaluate_dataset
+    from hybrid_retrieval.evaluation.suite import EvalConfig, evaluate_dataset
 
     dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
     report = evaluate_dataset(dataset, scifact_slice_index, EvalConfig(pipelines=("bm25", "hybrid"), tune=False, progress=False), tmp_path / "out")
@@ -184,8 +184,8 @@ def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, sci
 def test_eval_rows_are_what_the_service_serves(scifact, scifact_slice, scifact_slice_index, tmp_path):
     """`hybrid eval`'s pipelines merge onto the index's defaults exactly as a request does: `hybrid` scores
     the same as POST /search with nothing but the query, over HTTP."""
-    from evaluation.served import served_quality
-    from evaluation.suite import EvalConfig, evaluate_dataset
+    from hybrid_retrieval.evaluation.served import served_quality
+    from hybrid_retrieval.evaluation.suite import EvalConfig, evaluate_dataset
 
     dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
     report = evaluate_dataset(dataset, scifact_slice_index, EvalConfig(pipelines=("hybrid",), tune=False, progress=False))

@@ -26,8 +26,8 @@ FIRST_PAINT_BUDGET_MS = 300
 
 @pytest.fixture(scope="module")
 def server(scifact_slice, tmp_path_factory):
-    from evaluation.server import running_server
-    from indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.evaluation.server import running_server
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     root = tmp_path_factory.mktemp("ui")
     docs = [json.loads(line) for line in scifact_slice.read_text().splitlines()[:300]]

@@ -15,11 +15,11 @@ import zlib
 import numpy as np
 import pytest
 
-from indexer import wal as wal_module
-from indexer.live import LIVE_DIR, WAL_FILE, Collection, ReplayError, repair_log
-from indexer.store import open_index
-from indexer.wal import CorruptLog, WriteAheadLog, frame, salvage, scan
-from search.errors import SpecError, StorageError
+from hybrid_retrieval.indexer import wal as wal_module
+from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE, Collection, ReplayError, repair_log
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.wal import CorruptLog, WriteAheadLog, frame, salvage, scan
+from hybrid_retrieval.search.errors import SpecError, StorageError
 
 RECORDS = [{"seq": n, "op": "delete", "ids": [f"x{n}"]} for n in range(1, 5)]
 
@@ -209,11 +209,11 @@ def test_the_service_refuses_a_damaged_log_naming_file_and_offset_and_serves_all
     data = bytearray(path.read_bytes())
     data[third + 40] ^= 0x01  # one flipped bit in record 3 of 4
     path.write_bytes(bytes(data))
-    started = subprocess.run([sys.executable, "-m", "app", "--index", str(index_dir), "--port", "1", "--log-format", "text"],
+    started = subprocess.run([sys.executable, "-m", "hybrid_retrieval.app", "--index", str(index_dir), "--port", "1", "--log-format", "text"],
                              capture_output=True, text=True, timeout=120)
     assert started.returncode != 0
     assert str(path) in started.stderr and f"record 3 at byte offset {third}" in started.stderr and "hybrid repair" in started.stderr
-    repaired = subprocess.run([sys.executable, "-m", "cli", "repair", str(index_dir)], capture_output=True, text=True, timeout=300)
+    repaired = subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", "repair", str(index_dir)], capture_output=True, text=True, timeout=300)
     assert repaired.returncode == 1, repaired.stderr  # something was dropped
     report = json.loads(repaired.stdout)
     assert report["kept_records"] == 3 and report["unreadable"][0]["record"] == 3 and report["unreadable"][0]["offset"] == third

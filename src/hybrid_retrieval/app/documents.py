@@ -1,0 +1,149 @@
+"""Write endpoints: documents in and out of the live collection (indexer.live), key-protected (write role)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from hybrid_retrieval.app.json_body import CheckedRoute, clean, parse_body
+from hybrid_retrieval.app.routes import ServingDep
+from hybrid_retrieval.app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, WriteResult
+from hybrid_retrieval.app.security import require_api_key, require_write_key
+from hybrid_retrieval.app.serving import Serving
+from hybrid_retrieval.indexer.leftovers import temporary_bytes
+from hybrid_retrieval.search import budget
+from hybrid_retrieval.search.errors import HybridError, SpecError, StorageError
+
+router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
+
+WAIT_SECONDS = 30.0
+Wait = Annotated[bool, Query(description="answer only once the write is searchable (a refresh is published at once; "
+                                         "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)")]
+_WRITE_RESPONSES = {401: {"description": "missing key"}, 403: {"description": "not a write key, or writes disabled"},
+                    409: {"description": "this index cannot take writes, or not now (the message says why)"},
+                    413: {"description": "body too large"}, 422: {"description": "invalid batch; `loc` names the item and field"},
+                    503: {"description": "the index folder cannot be written (read-only): nothing was written"},
+                    504: {"description": "the write ran past HYBRID_WRITE_TIMEOUT before it was logged: nothing was written"},
+                    507: {"description": "the disk is full: nothing was written"}}
+NDJSON = "application/x-ndjson"
+
+
+def _collection(serving: Serving):
+    if serving.collection is None:
+        raise HTTPException(status_code=409, detail=f"this index takes no writes: {serving.write_refusal}")
+    return serving.collection
+
+
+def _write(deadlines, write, items: list) -> int:
+    """A write's sequence number, under the write deadline; 409 when the index cannot take it now (another process
+    holds its log). A full disk (507) and a read-only folder (503) answer through app.main's handlers."""
+    with deadlines.start(deadlines.write_seconds) as deadline, budget.within(deadline):
+        try:
+            return write(items)
+        except (SpecError, StorageError):
+            raise
+        except HybridError as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from None
+
+
+def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
+    collection = serving.collection
+    if wait:
+        collection.refresh()
+        collection.wait_visible(seq, WAIT_SECONDS)
+    return WriteResult(sequence=seq, documents=count, visible=collection.snapshot.seq >= seq)
+
+
+async def _documents(request: Request) -> list[Any]:
+    """The batch from a JSON body {"documents": [...]} or an NDJSON body (one document per line)."""
+    ndjson = request.headers.get("content-type", "").split(";")[0].strip() == NDJSON
+    parsed = await run_in_threadpool(parse_body, await request.body(), ndjson)  # up to 16 MiB: off the event loop
+    if ndjson:
+        return parsed
+    if not isinstance(parsed, dict) or set(parsed) != {"documents"}:
+        raise SpecError("documents", 'the body is {"documents": [...]} (or application/x-ndjson, one document per line)')
+    return parsed["documents"]  # the collection checks every document, naming its position
+
+
+def _inline(schema: dict) -> dict:
+    """A model's JSON schema with its $defs substituted in place (the body is parsed by hand, so FastAPI does not
+    register the models as components)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            return resolve(defs[ref.rsplit("/", 1)[-1]]) if ref else {k: resolve(v) for k, v in node.items()}
+        return [resolve(v) for v in node] if isinstance(node, list) else node
+    return resolve(schema)
+
+
+@router.put("/documents", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES,
+            openapi_extra={"requestBody": {"required": True, "description": f"JSON, or {NDJSON}: one document object per line",
+                                           "content": {"application/json": {"schema": _inline(DocumentBatch.model_json_schema())}}}})
+async def put_documents(request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    """Upsert documents by id, all or nothing: every document is checked, embedded and logged durably before the
+    answer (its sequence number)."""
+    documents = await _documents(request)
+    collection = _collection(serving)
+    # embedding and fsync: off the event loop
+    seq = await run_in_threadpool(_write, request.app.state.deadlines, collection.upsert, documents)
+    return await run_in_threadpool(_written, serving, seq, len(documents), wait)
+
+
+# {doc_id:path}: an id may hold "/" (sent percent-encoded, a%2Fb, which the server decodes before routing)
+@router.delete("/documents/{doc_id:path}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
+               responses=_WRITE_RESPONSES)
+def delete_document(doc_id: str, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
+    return _written(serving, seq, 1, wait)
+
+
+@router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)],
+             responses=_WRITE_RESPONSES)
+def delete_documents(body: DeleteRequest, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
+    seq = _write(request.app.state.deadlines, _collection(serving).delete, body.ids)
+    return _written(serving, seq, len(body.ids), wait)
+
+
+@router.get("/documents/{doc_id:path}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
+            responses={404: {"description": "no such document"}})
+def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
+    """The latest acknowledged version of a document (before it is searchable, too)."""
+    doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
+    if serving.collection is not None:
+        doc = serving.collection.get(doc_id)
+    else:
+        doc = serving.index.document_by_id(doc_id)
+    if doc is None:
+        raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
+    return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
+
+
+@router.get("/stats", response_model=Stats)
+def stats(serving: ServingDep) -> Stats:
+    """Live counts, sequence numbers and segment sizes."""
+    return _stats(serving)
+
+
+def _stats(serving: Serving) -> Stats:
+    temporary = temporary_bytes(serving.index.path)
+    if serving.collection is None:
+        return Stats(documents=serving.documents, base_documents=serving.index.num_docs, writable=False,
+                     write_refusal=serving.write_refusal, temporary_bytes=temporary)
+    problem = serving.collection.storage_problem()
+    return Stats(**serving.collection.stats(), writable=problem is None, write_refusal=problem, temporary_bytes=temporary)
+
+
+@router.post("/admin/compact", response_model=Stats, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
+def compact(serving: ServingDep) -> Stats:
+    """Merge the live segment and deletions into a new base segment now (published atomically; searches and writes
+    continue meanwhile). Also runs in the background past HYBRID_COMPACT_FRACTION."""
+    collection = _collection(serving)
+    try:
+        collection.compact()
+    except OSError as exc:
+        raise StorageError.of(exc, "the compaction failed and the previous base stays in service") from None
+    return _stats(serving)

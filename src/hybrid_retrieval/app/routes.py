@@ -1,0 +1,164 @@
+"""HTTP routes: thin translation between JSON and the search pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from hybrid_retrieval.app.json_body import CheckedRoute
+from hybrid_retrieval.app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
+from hybrid_retrieval.app.security import require_api_key, require_write_key
+from hybrid_retrieval.app.serving import ReloadInProgress, Serving
+from hybrid_retrieval.search import budget
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.pipeline import Query
+
+router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
+
+
+async def _serving(request: Request) -> Serving:
+    serving = request.app.state.serving  # read once: the whole request uses one index
+    if serving is None:
+        raise HTTPException(status_code=503, detail="index not loaded yet", headers={"Retry-After": "1"})
+    return serving
+
+
+async def _in_flight(request: Request):
+    with request.app.state.in_flight.slot():
+        yield
+
+
+ServingDep = Annotated[Serving, Depends(_serving)]
+
+
+_SEARCH_RESPONSES = {401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
+                     413: {"description": "body too large"}, 422: {"description": "invalid request; `loc` names the field"},
+                     503: {"description": "busy or not ready; see Retry-After"}}
+
+
+@router.post("/search", response_model=SearchResponse,
+             dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
+async def search(body: SearchRequest, serving: ServingDep, request: Request) -> Response:
+    def run() -> Response:
+        fields, facets = _presentation(serving, body)
+        result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
+        request.app.state.metrics.observe_search(result.timings_ms)
+        return _json(_response(serving, body, result, fields, facets))
+
+    return await off_loop(request, run)
+
+
+@router.post("/search/batch", response_model=BatchResponse,
+             dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
+async def search_batch(body: BatchRequest, serving: ServingDep, request: Request) -> Response:
+    """Up to 64 searches in one call, their queries embedded in one model run; all checked before any runs."""
+    def run() -> Response:
+        started = time.perf_counter()
+        shown = []
+        for i, item in enumerate(body.searches):
+            try:
+                shown.append(_presentation(serving, item))
+            except SpecError as exc:
+                raise exc.within(f"searches[{i}]") from None
+        results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
+        responses = []
+        for item, result, (fields, facets) in zip(body.searches, results, shown):
+            request.app.state.metrics.observe_search(result.timings_ms)
+            responses.append(_response(serving, item, result, fields, facets))
+        return _json(BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)}))
+
+    return await off_loop(request, run)
+
+
+async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
+    """Run a search on the service's search threads (HYBRID_SEARCH_THREADS), in the request's context (its request id
+    reaches the log lines), under its deadline (HYBRID_REQUEST_TIMEOUT): past it the work stops and the answer is
+    504. A plain executor future: FastAPI's own thread hop for sync routes costs more CPU per request than a BM25
+    search (docs/BENCHMARKS.md, "Concurrent serving")."""
+    deadlines = request.app.state.deadlines
+    with deadlines.start(deadlines.search_seconds) as deadline:
+        def run() -> Response:
+            with budget.within(deadline):
+                deadline.check("waiting for a search thread")
+                return work()
+
+        call = functools.partial(contextvars.copy_context().run, run)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(request.app.state.search_executor, call)
+        except asyncio.CancelledError:  # the server gave up on the request (a stop): its work stops too
+            deadline.cancel("the request was cancelled")
+            raise
+
+
+def _json(model: BaseModel) -> Response:
+    """The response model as JSON, serialised once by pydantic (returning the model would validate it a second time)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _presentation(serving: Serving, body: SearchRequest):
+    """The request's metadata fields and facets, checked against the served index (422 naming the field)."""
+    return serving.presenter.check_fields(body.fields), serving.presenter.check_facets(body.facets)
+
+
+def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> SearchResponse:
+    presenter = serving.presenter
+    hits = presenter.hits(result, body.query, include_text=body.include_text, explain=body.explain, fields=fields)
+    return SearchResponse(
+        query=body.query, k=body.k, offset=result.offset, has_more=result.has_more, spec=result.spec.to_dict(), hits=hits,
+        facets=presenter.facets(result, facets),
+        reranker=serving.pipeline.reranker.name if result.reranked else None,
+        timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
+    )
+
+
+@router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
+def metrics(request: Request) -> PlainTextResponse:
+    """Prometheus metrics: per-stage latency histograms, requests by status, the loaded index."""
+    return PlainTextResponse(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/health", response_model=Health)
+def health() -> Health:
+    return Health()
+
+
+@router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
+def ready(request: Request):
+    serving = request.app.state.serving
+    if serving is None:
+        return JSONResponse(status_code=503, content=Ready(ready=False).model_dump())
+    return _ready(serving)
+
+
+def _ready(serving: Serving) -> Ready:
+    index = serving.index
+    problem = serving.collection.storage_problem() if serving.collection is not None else serving.write_refusal
+    return Ready(ready=True, documents=serving.documents, index=str(index.path), created_at=index.manifest.created_at,
+                 model=index.manifest.embedder.model,
+                 fusion_tuning=asdict(index.manifest.fusion_tuning) if index.manifest.fusion_tuning else None,
+                 defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence,
+                 metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()},
+                 writable=problem is None, write_refusal=problem)
+
+
+@router.post("/admin/reload", response_model=Ready, dependencies=[Depends(require_write_key)],
+             responses={401: {"description": "missing API key"}, 403: {"description": "not a write key, or no write keys configured"},
+                        409: {"description": "reload failed or already running; the previous index stays in service"}})
+def reload(request: Request) -> Ready:
+    """Open the configured index folder again (e.g. after `hybrid index` rebuilt it) and swap it in."""
+    try:
+        return _ready(request.app.state.reloader.reload())
+    except ReloadInProgress as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
+    except Exception as exc:  # a broken new build must never take down the one being served
+        raise HTTPException(status_code=409, detail=f"reload failed, still serving the previous index: {exc}") from None

@@ -1,0 +1,311 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
+
+from hybrid_retrieval.search.filters import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
+from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
+from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
+from hybrid_retrieval.search.hits import ALL_FIELDS, MAX_FACET_VALUES
+from hybrid_retrieval.search.hubness import HUBNESS_METHODS
+from hybrid_retrieval.search.normalize import NORMALIZERS
+from hybrid_retrieval.search.pipeline import MAX_OFFSET
+from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
+from hybrid_retrieval.search.spec import MAX_DEPTH, MAX_K, MODES
+
+MAX_QUERY_CHARS = 2048
+_CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls, except tab, newline, carriage return
+# Python's str.isspace outside the controls, spelled out: JSON Schema's \s (ECMAScript) differs (U+FEFF, U+0085)
+_SPACE_CHARS = r"\t\n\r \xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
+# Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
+# which names the problem in plain words.
+QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^{_SPACE_CHARS}{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
+# The search spec's fields are typed here and validated by search.spec alone (one set of rules for the API,
+# the manifest and the CLI); the ranges and choices below only document them, from the same constants.
+SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight")
+MAX_BATCH = 64
+FILTER_DESCRIPTION = f"""Which documents may be retrieved, applied inside both retrievers before their top-`depth` is cut
+(so up to `k` hits come back whenever `k` documents match). A JSON object whose fields are ANDed:
+`FIELD: VALUE` (equality), `FIELD: {{OP: VALUE, ...}}` with OP one of {", ".join(OPERATORS)} (a leading `$` is
+accepted, as in MongoDB), and `"$and": [FILTER, ...]`, `"$or": [FILTER, ...]`, `"$not": FILTER`. Fields are the
+index's filterable metadata fields (`GET /ready` lists them with their types: keyword, bool, int, float, date).
+Keyword fields may hold lists (a condition holds when any value satisfies it); dates are ISO-8601 strings;
+ranges apply to int, float, date and keyword fields. `ne` and `nin` also match documents without the field,
+the other operators need it; `{{"exists": false}}` matches documents without it. At most {MAX_FILTER_DEPTH}
+levels of nesting and {MAX_LIST_VALUES} values per list. An unknown field, a value of the wrong type or an
+unknown operator answers 422 naming its path, e.g. `filter.year.gte`."""
+FILTER_EXAMPLES = [
+    {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}, "open_access": True},
+    {"$or": [{"tags": "oncology"}, {"published": {"gte": "2020-01-01", "lt": "2021-01-01"}}], "$not": {"journal": "Cell"}},
+]
+
+
+def _documented(description: str, **schema) -> dict:
+    return {"default": None, "description": description, "json_schema_extra": schema}
+
+
+def _not_bool(value):
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+# JSON types as sent (StrictBool for flags): no "yes" -> true, 1 -> true or true -> 1 (an integral 1.0 is an integer in JSON Schema)
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RRFBody(_Strict):
+    """score(d) = sum over retrievers o of w_o / (rrf_k + rank_o(d)), ranks from 1, weights [bm25, dense].
+    Fields not given come from the index's default fusion when it is RRF too, else RRF's defaults."""
+
+    method: Literal["rrf"]
+    rrf_k: Float | None = Field(**_documented("the RRF constant (not the number of results)", minimum=0, maximum=MAX_RRF_K))
+    weights: list[Float] | None = Field(**_documented(f"[bm25, dense], each from 0 to {MAX_RRF_WEIGHT:g}", minItems=2, maxItems=2,
+                                                      items={"minimum": 0, "maximum": MAX_RRF_WEIGHT}))
+
+
+class CCBody(_Strict):
+    """score(d) = alpha * norm(cosine(d)) + (1 - alpha) * norm(bm25(d)), normalised over the candidates.
+    Fields not given come from the index's default fusion when it is cc too, else cc's defaults."""
+
+    method: Literal["cc"]
+    alpha: Float | None = Field(**_documented("weight of the dense retriever", minimum=0, maximum=1))
+    norm: str | None = Field(**_documented("per-query normalisation", enum=list(NORMALIZERS)))
+
+
+FusionBody = Annotated[Union[RRFBody, CCBody], Field(discriminator="method")]
+
+
+class HubnessBody(_Strict):
+    method: str | None = Field(**_documented("hubness correction of dense scores (QB-Norm, DBNorm); default: the index's",
+                                              enum=list(HUBNESS_METHODS)))
+    dynamic: StrictBool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
+
+
+class RerankBody(_Strict):
+    enabled: StrictBool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
+                                 "(on when a reranker is configured)")
+    depth: Int | None = Field(**_documented("first-stage hits reranked; hits below it follow in first-stage order, "
+                                             "scores shifted under the reranked ones; default: the service's, 50",
+                                             minimum=1, maximum=MAX_RERANK_DEPTH))
+    weight: Float | None = Field(**_documented("trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
+                                              "z-scored logit with the z-scored first-stage score; default: the service's (the "
+                                              "weight `hybrid train-reranker` tuned on held-out queries, else 1)", minimum=0, maximum=1))
+
+
+class HighlightBody(_Strict):
+    enabled: StrictBool | None = Field(None, description="highlight the hits (default true when this object is given)")
+    semantic: StrictBool | None = Field(None, description="for a hit that no query term matches (a purely dense match), also "
+                                        "the sentence of its text nearest the query, by the served embedding model: one "
+                                        "extra model run per request over those hits' sentences (see docs/BENCHMARKS.md)")
+    snippet_chars: Int | None = Field(**_documented("about how many characters a snippet has (default 160)",
+                                                    minimum=SNIPPET_CHARS_RANGE[0], maximum=SNIPPET_CHARS_RANGE[1]))
+    snippets: Int | None = Field(**_documented("at most this many snippets of the text, best first (default 1)",
+                                               minimum=SNIPPETS_RANGE[0], maximum=SNIPPETS_RANGE[1]))
+
+
+class SearchRequest(_Strict):
+    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": QUERY_PATTERN},
+                       description="free-text query: not blank, no control characters except tab and newline")
+    k: Int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
+    mode: str | None = Field(**_documented("retrieval mode; hybrid fuses BM25 and dense candidates; default: the index's (hybrid)",
+                                          enum=list(MODES)))
+    depth: Int | None = Field(**_documented("hybrid candidates per retriever (default from the index, 100); independent of k",
+                                           minimum=1, maximum=MAX_DEPTH))
+    fusion: FusionBody | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
+    hubness: HubnessBody | None = Field(None, description="hubness correction of dense scores; default: what the index was fitted with")
+    rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
+    min_score: Float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
+                                    "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
+    offset: Int = Field(0, description="hits to skip: page 2 of 10 is offset 10, k 10 (ranks 11-20 of k 20, same scores)",
+                        json_schema_extra={"minimum": 0, "maximum": MAX_OFFSET})
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION, json_schema_extra={"examples": FILTER_EXAMPLES})
+    highlight: StrictBool | HighlightBody | None = Field(
+        None, description="mark the query's terms in snippets of each hit's title and text: matched through the index's "
+        "analyzer (so `bleeding` marks `bleeds`), HTML-escaped with <mark> tags, with character offsets (Unicode code "
+        "points) into the stored field; `true` or an object")
+    fields: list[str] | Literal["*"] | None = Field(None, description=f"metadata fields to return with each hit, or \"{ALL_FIELDS}\" "
+                                                    "for all")
+    facets: list[str] | None = Field(None, description=f"keyword, bool or int fields whose values to count (the top "
+                                     f"{MAX_FACET_VALUES} per field) over every hit the request could page through: the "
+                                     "filtered candidates")
+    explain: StrictBool = Field(False, description="return every component of each hit's score")
+    include_text: StrictBool = Field(False, description="return each hit's text")
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("query must not be empty or whitespace")
+        if _CONTROL.search(value):
+            raise ValueError("query must not contain control characters (tab and newline are allowed)")
+        return value
+
+    def spec(self) -> dict:
+        """The partial search spec this request asks for (the fields it sets), in the spec's dict form."""
+        return self.model_dump(include=set(SPEC_FIELDS), exclude_unset=True, exclude_none=True)
+
+
+class Component(BaseModel):
+    score: float = Field(description="raw retriever score (BM25 score or cosine)")
+    rank: int | None = Field(description="rank in the retriever's top-depth list, null if outside it")
+    normalized: float | None = Field(description="normalised score (cc only)")
+    contribution: float = Field(description="this retriever's share of the fused score")
+
+
+class RerankComponent(BaseModel):
+    score: float | None = Field(description="cross-encoder logit; null for a hit below the rerank depth")
+    weight: float = Field(description="interpolation weight: final = the logit when 1, else "
+                          "weight * zscore(logit) + (1 - weight) * zscore(first_stage_score) over the reranked candidates")
+    first_stage_rank: int = Field(description="rank before reranking, from 1")
+    first_stage_score: float = Field(description="score before reranking (fused, BM25 or cosine)")
+
+
+class Explanation(BaseModel):
+    final: float = Field(description="the hit's score: the reranking's (see rerank.weight) when reranked, else the fused score")
+    rerank: RerankComponent | None = None
+    fused: float | None = Field(None, description="hybrid: = bm25.contribution + dense.contribution")
+    bm25: Component | None = None
+    dense: Component | None = None
+
+
+class Snippet(BaseModel):
+    text: str = Field(description="HTML-safe: the field's text escaped, matched terms in <mark>, \u2026 where the field goes on")
+    start: int = Field(description="where the snippet starts in the stored field (Unicode code points)")
+    end: int
+    matches: list[list[int]] = Field(description="[start, end] of each marked term in the stored field")
+    terms: list[str] = Field(description="the analysed query terms matched")
+
+
+class SemanticSentence(BaseModel):
+    text: str = Field(description="the sentence, HTML-escaped")
+    start: int
+    end: int
+    score: float = Field(description="cosine similarity of the sentence and the query")
+
+
+class HitHighlight(BaseModel):
+    title: list[Snippet]
+    text: list[Snippet]
+    semantic: SemanticSentence | None = Field(None, description="with highlight.semantic, for a hit no query term matches")
+
+
+class Hit(BaseModel):
+    id: str
+    score: float
+    rank: int = Field(description="from 1, counting the hits of earlier pages")
+    title: str
+    text: str | None = None
+    fields: dict[str, Any] | None = Field(None, description="the metadata fields asked for that the document has")
+    highlight: HitHighlight | None = None
+    explain: Explanation | None = None
+
+
+class FacetValue(BaseModel):
+    value: str | int | bool
+    count: int
+
+
+class SearchResponse(BaseModel):
+    query: str
+    k: int
+    offset: int
+    has_more: bool = Field(description="whether hits exist after this page")
+    spec: dict = Field(description="the search spec applied, in full: the index's defaults, the service's settings and "
+                       "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score, filter, highlight)")
+    reranker: str | None = Field(None, description="the cross-encoder, when the spec reranks")
+    hits: list[Hit]
+    facets: dict[str, list[FacetValue]] | None = None
+    timings_ms: dict[str, float] = Field(description="per stage: filter, bm25, embed, dense, candidates, fusion, rerank, total")
+
+
+class BatchRequest(_Strict):
+    searches: list[SearchRequest] = Field(..., min_length=1, max_length=MAX_BATCH,
+                                          description=f"up to {MAX_BATCH} searches, each a full /search request; their queries "
+                                          "are embedded in one model run. One invalid search answers 422 naming its index "
+                                          "(`searches[3].k`) and none is run")
+
+
+class BatchResponse(BaseModel):
+    results: list[SearchResponse] = Field(description="one per search, in order")
+    timings_ms: dict[str, float] = Field(description="total: the whole batch")
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    ready: bool
+    documents: int | None = None
+    index: str | None = None
+    created_at: str | None = Field(None, description="when the served index was built")
+    model: str | None = Field(None, description="the embedding model the index was built with")
+    fusion_tuning: dict | None = Field(None, description="what `hybrid tune` measured when it chose the default fusion: metric, "
+                                       "value, queries, qrels, when")
+    defaults: dict | None = Field(None, description="the search spec a request that sets nothing gets: the index's "
+                                  "defaults with the service's settings merged on")
+    evidence: dict | None = Field(None, description="what each fitted default rests on (fusion, hubness, rerank): the metric, "
+                                  "the held-out queries and split, the values compared and the decision")
+    metadata: dict | None = Field(None, description="the corpus's metadata fields: type (keyword, bool, int, float, date) "
+                                  "when filterable, documents with a value, distinct values (keyword), or why not filterable")
+    writable: bool | None = Field(None, description="whether writes can be taken now (GET /stats says why not)")
+    write_refusal: str | None = None
+
+
+class DocumentIn(BaseModel):
+    id: str | int = Field(description="unique id, at most 512 bytes of UTF-8, no control characters, not . or ..; "
+                         "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)")
+    title: str | None = None
+    text: str = Field(description="the body (may be empty when the title is not)")
+    metadata: dict[str, Any] | None = Field(None, description="strings, numbers, true/false, lists of strings, ISO-8601 dates; "
+                                            "a field keeps the type the index or its first write gave it (another "
+                                            "type answers 422)")
+
+
+class DocumentBatch(BaseModel):
+    documents: list[DocumentIn] = Field(description="upserted all or nothing; at most HYBRID_MAX_BATCH_DOCS (1,000)")
+
+
+DocumentId = Annotated[str, Field(min_length=1, max_length=512, pattern=r"\S", description="at most 512 bytes of UTF-8")]
+
+
+class DeleteRequest(_Strict):
+    ids: list[DocumentId] = Field(..., min_length=1, description="documents to delete (an id that does not exist is no error)")
+
+
+class DocumentOut(BaseModel):
+    id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+
+
+class WriteResult(BaseModel):
+    sequence: int = Field(description="the write's sequence number: durable in the write-ahead log when answered")
+    documents: int = Field(description="documents in the write")
+    visible: bool = Field(description="whether searches see it yet (always true with ?wait=true)")
+
+
+class Stats(BaseModel):
+    documents: int = Field(description="documents that exist now (searchable)")
+    base_documents: int = Field(description="documents of the built index (the base segment), deleted ones included")
+    deleted_base_documents: int | None = None
+    live_documents: int | None = Field(None, description="documents written since the build (the live segment)")
+    last_sequence: int | None = Field(None, description="the last acknowledged write")
+    visible_sequence: int | None = Field(None, description="the last write searches see")
+    writable: bool = Field(description="whether writes can be taken now")
+    write_refusal: str | None = Field(None, description="why not: this index takes no writes, its folder is read-only, "
+                                      "or the last write failed (the disk was full); cleared by the next write that succeeds")
+    temporary_bytes: int | None = Field(None, description="disk used beside the index by builds and compactions in "
+                                        "progress (or left by a killed one: removed at the next start)")

@@ -1,0 +1,203 @@
+"""What the service is serving right now, and swapping it for a freshly opened index (hot reload)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+
+from hybrid_retrieval.indexer.leftovers import remove_leftovers
+from hybrid_retrieval.indexer.live import Collection, ReplayError, Snapshot
+from hybrid_retrieval.indexer.wal import CorruptLog
+from hybrid_retrieval.indexer.shards import ShardedCollection, ShardedIndex, open_any
+from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
+from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
+from hybrid_retrieval.models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
+from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.models.providers import on_gpu
+from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
+from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.hits import Presenter
+from hybrid_retrieval.search.pipeline import SearchPipeline
+
+logger = logging.getLogger(__name__)
+
+
+
+
+@dataclass(frozen=True)
+class Serving:
+    """An index snapshot and its pipeline, swapped as one object so a request never mixes two snapshots."""
+
+    index: OpenIndex
+    pipeline: SearchPipeline
+    presenter: Presenter
+    rerank_evidence: dict | None = None  # the reranker's tuned weight, when it is the one served
+    collection: Collection | None = None  # None: this index takes no writes (`write_refusal` says why)
+    write_refusal: str | None = None
+    snapshot: Snapshot | None = None
+
+    @property
+    def documents(self) -> int:
+        return self.snapshot.documents if self.snapshot is not None else self.index.num_docs
+
+    @property
+    def evidence(self) -> dict[str, dict]:
+        """What each active default rests on: the index's fitted defaults and the reranker's weight."""
+        return {**self.index.manifest.evidence, **({"rerank": self.rerank_evidence} if self.rerank_evidence else {})}
+
+
+def open_configured(settings):
+    """The index the settings name, whole or sharded (opened in this process), after removing what killed builds and
+    compactions left beside it."""
+    remove_leftovers(settings.index)
+    return open_any(settings.index, verify=settings.verify, device=settings.device, query_precision=settings.query_precision)
+
+
+def load_reranker(settings, batch: bool = False):
+    """The cross-encoder the settings name, loaded once for the life of the service (reloads keep it)."""
+    if not settings.reranker:
+        return None
+    model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision,
+                               workers=settings.reranker_workers)
+    return BatchingCrossEncoder(model) if batch else model
+
+
+class ReloadInProgress(RuntimeError):
+    pass
+
+
+class Reloader:
+    """Opens the configured index side by side with the one being served, then swaps atomically.
+
+    Requests already running keep the `Serving` they started with; the old index is released when
+    the last of them finishes. A failed reload leaves the current index in service.
+    """
+
+    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False, opener=None):
+        self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
+        self.opener = opener or functools.partial(open_configured, settings)  # what a reload opens
+        # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
+        self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
+        app.state.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
+        self._compaction: threading.Thread | None = None  # the last background compaction started
+        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, threads) -> session: see _session
+        self.cross_encoder, self._lock = cross_encoder, threading.Lock()
+        self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
+        tuned = rerank_weight(settings.reranker) if settings.reranker else None
+        self.rerank_evidence = weight_evidence(settings.reranker) if settings.reranker and settings.rerank_weight is None else None
+        gained = reranking_gained(settings.reranker) if settings.reranker else None
+        self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned, gained=gained)
+        if cross_encoder is not None:
+            rerank = self.spec["rerank"]
+            logger.info("reranking with %s (%s) on the top %d, weight %g, by default=%s", self.reranker_name,
+                        settings.reranker_precision, rerank["depth"], rerank["weight"], rerank["enabled"])
+
+    def open(self, index: OpenIndex) -> Serving:
+        """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
+        collection, refusal = self._collection(index)
+        previous = getattr(self.app.state, "serving", None)
+        serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
+        if previous is not None and previous.collection is not None and previous.collection is not collection:
+            previous.collection.close()  # its log is now the new collection's to write
+        logger.info("serving %s: %d documents, built %s, defaults %s", index.path, serving.documents, index.manifest.created_at,
+                    serving.pipeline.defaults.to_string())
+        return serving
+
+    def _collection(self, index: OpenIndex | ShardedIndex) -> tuple[Collection | ShardedCollection | None, str | None]:
+        """The live collection that takes the index's writes, or why it takes none."""
+        try:
+            in_flight = self.app.state.in_flight
+            if isinstance(index, ShardedIndex):  # each shard's writer embeds its own documents
+                collection = ShardedCollection(index, self.settings.max_batch_docs)
+            else:
+                collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
+                                        searching=lambda: in_flight.active > 0)
+            collection.on_refresh = functools.partial(self._publish_snapshot, collection)
+            return collection, None
+        except (CorruptLog, ReplayError):  # serving the index without its logged writes would hide them: refuse
+            raise
+        except HybridError as exc:
+            logger.warning("serving %s read-only: %s", index.path, exc)
+            return None, str(exc)
+
+    def _publish_snapshot(self, collection: Collection, snapshot: Snapshot) -> None:
+        current = self.app.state.serving
+        if current is None or current.collection is not collection:
+            return  # a collection a reload replaced (its compaction may still finish): never put it back in service
+        self._publish(snapshot.index, snapshot, collection, current.write_refusal)
+
+    def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
+        precision, documents = index.query_precision, index.manifest.embedder.document_precision
+        served = self._served_model(index, documents)  # highlights compare sentences embedded like the documents
+        embedder = BatchingEmbedder(served) if self.batch else served
+        query_model = served if precision == documents else self._served_model(index, precision)
+        queries = embedder if query_model is served else BatchingEmbedder(query_model) if self.batch else query_model
+        if self.query_cache.size:
+            queries = CachedEmbedder(queries, self.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
+        view = snapshot if snapshot is not None else index
+        pipeline = view.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
+                                 cross_encoder_name=self.reranker_name, embedder=queries)
+        serving = Serving(index, pipeline, view.presenter(embedder), self.rerank_evidence, collection, refusal, snapshot)
+        previous, self.app.state.serving = self.app.state.serving, serving  # a single reference assignment: atomic
+        if previous is None or previous.index is not index:
+            self.app.state.metrics.describe_index(index.manifest, serving.documents)
+        else:  # a refresh of the same base: only the count changed
+            self.app.state.metrics.documents.set(serving.documents)
+        return serving
+
+    def _served_model(self, index: OpenIndex, precision: str):
+        """What embeds a search's texts at `precision`: on a GPU, the index's own session; on CPU, sessions threaded as
+        HYBRID_INFERENCE_THREADS says (auto: all cores for a lone search, one core each for concurrent ones)."""
+        own = precision == index.manifest.embedder.document_precision  # the index's own session has these weights
+        if own and (on_gpu(index.embedder) or not isinstance(index.embedder, OnnxEmbedder)):
+            return index.embedder  # a GPU needs no thread plan; an injected (torch) embedder keeps its own
+        threads = self.settings.inference_threads
+        if threads != "auto":
+            return self._session(index, precision, threads)
+        alone = index.embedder if own else self._session(index, precision, None)
+        in_flight = self.app.state.in_flight
+        return LoadAwareEmbedder(alone, self._session(index, precision, 1), busy=lambda: in_flight.active > 1)
+
+    def _session(self, index: OpenIndex, precision: str, threads: int | None) -> OnnxEmbedder:
+        """A CPU session of the index's model, opened once per model, precision and thread count (refreshes and
+        compactions keep it; a reload to another model releases the previous model's)."""
+        key = (index.manifest.embedder.model_checksum, precision, threads)
+        if key not in self._sessions:
+            self._sessions = {k: v for k, v in self._sessions.items() if k[0] == key[0]}
+            self._sessions[key] = OnnxEmbedder(index.path / MODEL_DIR, device="cpu", threads=threads, precision=precision)
+            logger.info("%s session of %s on %s thread(s)", precision, index.manifest.embedder.model, threads or "all")
+        return self._sessions[key]
+
+    def refresh(self) -> None:
+        """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and
+        start a background compaction when the live segment has grown past its threshold."""
+        serving = self.app.state.serving
+        if serving is None or serving.collection is None:
+            return
+        collection = serving.collection
+        collection.refresh()
+        if not collection.compacting and collection.needs_compaction(self.settings.compact_fraction, self.settings.compact_min_docs):
+            self._compaction = threading.Thread(target=self._compact_logged, args=(collection,), name="compaction", daemon=True)
+            self._compaction.start()
+
+    def wait_for_compaction(self) -> None:
+        """At shutdown: let a background compaction finish before its collection's log is closed."""
+        if self._compaction is not None:
+            self._compaction.join()
+
+    @staticmethod
+    def _compact_logged(collection) -> None:
+        try:
+            collection.compact()
+        except Exception:  # the previous base stays in service; the next refresh tries again
+            logger.exception("background compaction failed")
+
+    def reload(self) -> Serving:
+        if not self._lock.acquire(blocking=False):
+            raise ReloadInProgress("a reload is already in progress")
+        try:
+            return self.open(self.opener())
+        finally:
+            self._lock.release()

@@ -1,0 +1,5 @@
+import sys
+
+from hybrid_retrieval.cli import main
+
+sys.exit(main())

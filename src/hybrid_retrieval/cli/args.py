@@ -1,0 +1,46 @@
+"""Flag helpers: defaults and valid choices come from the domain's own objects, typed once."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import MISSING, fields
+
+from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
+from hybrid_retrieval.search.devices import DEVICES
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.filters import check_filter
+
+
+def default(cls, name: str):
+    """The default of dataclass field `name` of `cls`."""
+    field = next(f for f in fields(cls) if f.name == name)
+    return field.default_factory() if field.default is MISSING else field.default
+
+
+def add_device(parser: argparse.ArgumentParser, help: str = "FAISS / ONNX device", default: str | None = "auto") -> None:
+    parser.add_argument("--device", choices=DEVICES, default=default, help=help)
+
+
+def add_query_precision(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--query-precision", choices=SERVED_PRECISIONS, default="auto",
+                        help="weights that embed queries, as the service's HYBRID_QUERY_PRECISION (default auto: int8 on CPU, "
+                        "fp32 on a GPU): evaluate and tune what you serve")
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def filter_json(text: str) -> dict | None:
+    """`--filter` (the JSON filter of `POST /search`; search.filters): checked for shape here, for fields by the index."""
+    try:
+        return check_filter(json.loads(text))
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:80]!r}") from None
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_filter(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--filter", type=filter_json, help='metadata filter as JSON, as in POST /search, e.g. \'{"year": {"gte": 2015}}\'')

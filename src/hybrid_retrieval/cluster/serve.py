@@ -1,0 +1,196 @@
+"""Sharded serving on Ray Serve: one deployment per shard (each with R replicas) and an ingress deployment that runs
+the service's own FastAPI app (app.main.create_app) with a coordinator whose shards answer through deployment handles
+(indexer.shards.ShardedIndex, search.sharded). Keys, metrics, the playground and every route are the app's.
+
+Writes: each shard also has a writer deployment of one replica, which logs and applies the shard's writes
+(indexer.shards.ShardedCollection routes each document to its shard); the search replicas follow the writer's log,
+catching up before they answer a search that carries a newer sequence number than they hold (and reopening the
+folder after the writer compacted it).
+
+Hot reload: POST /admin/reload (or a restart of the ingress) reopens the sharded index's folder; every call to a
+shard carries the checksum of the shards.json the coordinator opened, and a replica holding another split reopens
+its shard folder before it answers, so replicas follow a re-split without being redeployed.
+
+The shard folders must be readable (and, for the writers, writable) at the same path by every node: shared storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import signal
+import threading
+from pathlib import Path
+
+from hybrid_retrieval.cluster import connect, require_ray
+from hybrid_retrieval.indexer.shards import SHARDS_FILE, ShardedIndex, ShardSearcher, open_shard, read_shards
+from hybrid_retrieval.search.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+APP_NAME = "hybrid"
+
+
+def shard_version(folder: Path) -> str:
+    """What a replica and its coordinator compare: the split the shard belongs to (the checksum of shards.json, which
+    a re-split rewrites and a shard's compaction does not) and the shard's folder."""
+    folder = Path(folder)
+    return hashlib.sha256((folder.parent / SHARDS_FILE).read_bytes()).hexdigest() + ":" + folder.name
+
+
+def deployment_name(i: int, role: str = "") -> str:
+    return f"shard-{i:03d}{'-' + role if role else ''}"
+
+
+# what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.ShardedCollection)
+SHARD_METHODS = frozenset({"describe", "search", "statistics", "raw_top1", "documents", "document_by_id", "facet_counts",
+                           "upsert", "delete", "refresh", "needs_compaction", "compact", "stats",
+                           "field_types"})
+
+
+class ShardReplica:
+    """A Serve replica of one shard: a ShardSearcher over its folder, reopened when a call names another split. The
+    shard's writer is a deployment of one replica; the search replicas follow its log (indexer.live.Collection.follow)
+    up to the sequence number each search carries."""
+
+    def __init__(self, folder: str, verify: str = "full", device: str = "auto"):
+        self.folder, self.verify, self.device = Path(folder), verify, device
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        version = shard_version(self.folder)
+        self.searcher = open_shard(self.folder, verify=self.verify, device=self.device)
+        self.version = version
+
+    def _at(self, version: str) -> ShardSearcher:
+        if version != self.version:
+            with self._lock:
+                if version != self.version:
+                    previous = self.searcher
+                    self._open()
+                    logger.info("shard %s reopened at version %s", self.folder, self.version[:12])
+                    previous.close()
+            if version != self.version:
+                raise RuntimeError(f"shard {self.folder} is at version {self.version[:12]}, the coordinator asked for "
+                                   f"{version[:12]}: the folder changed again; reload")
+        return self.searcher
+
+    def call(self, version: str, method: str, *args):
+        if method not in SHARD_METHODS:
+            raise ValueError(f"unknown shard method {method!r}; valid: {', '.join(sorted(SHARD_METHODS))}")
+        return getattr(self._at(version), method)(*args)
+
+
+class RemoteShard:
+    """A shard's client (search.sharded.ShardClient and its writes) over a Serve deployment handle, pinned to the split
+    the coordinator opened."""
+
+    def __init__(self, handle, version: str):
+        self.handle, self.version = handle, version
+
+    def __getattr__(self, method: str):
+        if method not in SHARD_METHODS:
+            raise AttributeError(method)
+        return lambda *args: self.handle.call.remote(self.version, method, *args).result()
+
+
+def open_remote(folder: Path, handles: list, writer_handles: list | None = None, device: str = "auto",
+                query_precision: str = "auto", verify: str = "full") -> ShardedIndex:
+    """The coordinator's view of the sharded index at `folder`, its shards answering through `handles` and taking
+    writes through `writer_handles`."""
+    info = read_shards(folder)
+    if len(handles) != len(info["shards"]):
+        raise ConfigError(f"{folder} now has {len(info['shards'])} shards and {len(handles)} shard deployments run: "
+                          "redeploy (`hybrid serve --ray` again) to change the number of shards")
+    versions = [shard_version(Path(folder) / shard["folder"]) for shard in info["shards"]]
+    clients = [RemoteShard(handle, version) for handle, version in zip(handles, versions)]
+    writers = [RemoteShard(handle, version) for handle, version in zip(writer_handles, versions)] if writer_handles else None
+    return ShardedIndex(folder, clients, device, query_precision, verify=verify, writers=writers)
+
+
+def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
+    """The Serve application: the shard deployments and the ingress that wraps the service's FastAPI app."""
+    require_ray()
+    from ray import serve
+
+    from hybrid_retrieval.app.main import create_app
+
+    if replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {replicas}")
+    folder = Path(settings.index).resolve()
+    info = read_shards(folder)
+    shard_options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": replica_cpus}}
+    writer_options = {"num_replicas": 1, "ray_actor_options": {"num_cpus": replica_cpus}}
+    shards = [serve.deployment(ShardReplica, name=deployment_name(i, role), **options).bind(
+                  str(folder / shard["folder"]), settings.verify, settings.device)
+              for role, options in (("", shard_options), ("writer", writer_options))
+              for i, shard in enumerate(info["shards"])]
+    count = len(info["shards"])
+    settings = settings.model_copy(update={"index": folder})
+
+    def build_app():  # evaluated in the ingress replica: the handles and the coordinator live there
+        def opener():
+            handles = {role: [serve.get_deployment_handle(deployment_name(i, role), app_name=APP_NAME) for i in range(count)]
+                       for role in ("", "writer")}
+            return open_remote(folder, handles[""], handles["writer"], settings.device, settings.query_precision,
+                               settings.verify)
+        return create_app(settings, opener=opener)
+
+    class Ingress:
+        def __init__(self, *shard_handles):
+            self.shards = shard_handles  # bound so that Serve deploys the shards with the ingress
+
+    ingress = serve.deployment(serve.ingress(build_app)(Ingress), name="ingress",
+                               ray_actor_options={"num_cpus": replica_cpus})
+    return ingress.bind(*shards)
+
+
+def _stop_on_signals(stop: threading.Event) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+
+def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None,
+        block: bool = True):
+    """Deploy on the cluster at `address` (a local instance when None) and serve HTTP on the settings' host and port."""
+    connect(address, num_cpus)
+    from ray import serve
+
+    stop = threading.Event()
+    if block:  # Ray's driver installs its own SIGTERM handler (exit status 15): ours replace it, before and after deploying
+        _stop_on_signals(stop)
+    serve.start(http_options={"host": settings.host, "port": settings.port}, proxy_location="HeadOnly")
+    handle = serve.run(application(settings, replicas, replica_cpus), name=APP_NAME, route_prefix="/")
+    logger.info("serving %s on Ray Serve at http://%s:%d (%d replica(s) per shard)", settings.index, settings.host,
+                settings.port, replicas)
+    if block:
+        _stop_on_signals(stop)
+        stop.wait()
+        serve.delete(APP_NAME)  # the application would outlive this process on a cluster it joined
+        logger.info("stopped serving %s", settings.index)
+    return handle
+
+
+def serve_index(index: Path, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, **settings):
+    """Deploy the sharded index at `index` on the connected Ray cluster without blocking (benchmarks, tests);
+    `settings`: other service settings (app.settings.Settings fields)."""
+    from hybrid_retrieval.app.settings import Settings
+
+    return run(Settings(index=index, host=host, port=port, **settings), None, replicas, block=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`hybrid serve --ray [ADDRESS] --replicas R ...` (the other flags are `hybrid serve`'s)."""
+    from hybrid_retrieval.app.__main__ import parse_settings
+
+    parser = argparse.ArgumentParser(prog="hybrid serve --ray", description="serve a sharded index on Ray Serve")
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="Ray cluster address (e.g. 127.0.0.1:6379); none: start a local Ray instance")
+    parser.add_argument("--replicas", type=int, default=1, help="replicas of each shard's deployment")
+    parser.add_argument("--replica-cpus", type=float, default=0.0, help="CPUs Ray reserves for each replica (default 0)")
+    settings, args = parse_settings(argv, parser)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run(settings, args.ray or None, args.replicas, args.replica_cpus)
+    return 0

@@ -1,0 +1,49 @@
+"""Run `hybrid serve` in a subprocess on a free loopback port, for benchmarks and tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(index_dir: Path | str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0,
+                   cwd: Path | str | None = None):
+    """Yield (base url, process) once /ready answers 200; terminate the server on exit. `cwd`: where the server runs
+    (`python -m hybrid_retrieval.app` imports the package from there first, before PYTHONPATH)."""
+    import httpx  # a dev dependency: only benchmarks and tests start servers
+
+    port = free_port()
+    # Benchmarks repeat their queries: with the query cache on they would time the cache, not the model (a cache hit
+    # has its own row), so it is off unless `env` turns it on.
+    environment = {**os.environ, "HYBRID_INDEX": str(Path(index_dir).resolve()), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
+                   "HYBRID_LOG_LEVEL": "warning", "HYBRID_QUERY_CACHE_SIZE": "0", **(env or {})}
+    process = subprocess.Popen([sys.executable, "-m", "hybrid_retrieval.app"], env=environment, cwd=cwd,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"server on {url} did not become ready (exit code {process.poll()})")
+            time.sleep(0.2)
+        yield url, process
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

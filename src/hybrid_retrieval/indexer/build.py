@@ -1,0 +1,224 @@
+"""Build an index folder from a corpus: documents, BM25, embeddings, FAISS, manifest.
+
+The build goes into a hidden temporary folder next to the target and is published atomically
+(common.publish) only when complete, so a failed or interrupted build never leaves a half-written
+index and never damages the index it replaces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import resource
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+import faiss
+import numpy as np
+import onnxruntime
+from tqdm import tqdm
+
+from hybrid_retrieval.common.publish import publish_dir
+from hybrid_retrieval.indexer import store
+from hybrid_retrieval.indexer.corpus import corpus_file, indexed_text, read_corpus
+from hybrid_retrieval.indexer.leftovers import remove_leftovers
+from hybrid_retrieval.indexer.manifest import MANIFEST, CorpusInfo, EmbedderInfo, FaissInfo, IndexOpenError, Manifest, read_manifest, write_manifest
+from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
+from hybrid_retrieval.models.onnx_export import PRECISIONS, export_onnx
+from hybrid_retrieval.models.providers import BACKENDS
+from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
+from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
+from hybrid_retrieval.search.devices import check_device
+from hybrid_retrieval.search.errors import ConfigError, HybridError
+from hybrid_retrieval.search.filters import MetadataCollector
+from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.spec import SearchSpec
+
+logger = logging.getLogger(__name__)
+
+BUILDER_VERSION = "0.2.0"
+
+
+EMBED_BATCH = 16  # documents per model run: the build's default, and the write path's (indexer.live)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    model: str = DEFAULT_MODEL
+    backend: str = "onnx"  # how documents are embedded; queries always use the exported ONNX model
+    precision: str = "fp32"  # the ONNX weights that embed documents (and later writes): fp32 or int8
+    analyzer: Analyzer = field(default_factory=Analyzer)
+    bm25: BM25Params = field(default_factory=BM25Params)
+    faiss: FaissParams = field(default_factory=FaissParams)
+    device: str = "auto"
+    batch_size: int = EMBED_BATCH
+    onnx_cache: Path | None = None
+    progress: bool = True
+    filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)
+    field_types: dict | None = None  # fields whose type is decided already (a compaction keeps its collection's)
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown document precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        if self.precision != "fp32" and self.backend != "onnx":
+            raise ConfigError(f"{self.precision} document embedding needs the onnx backend, not {self.backend!r}")
+        check_device(self.device)
+        if self.batch_size < 1:
+            raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
+
+
+def _versions() -> dict:
+    # faiss and onnxruntime by module version: their CPU and GPU wheels have different distribution names
+    packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy")}
+    return {"python": platform.python_version(), **packages, "faiss": faiss.__version__,
+            "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
+
+
+def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
+    if options.backend == "torch":
+        return TorchEmbedder(model_path, device=options.device)
+    return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision)
+
+
+def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector,
+                     progress: bool) -> list[list[str]]:
+    """Pass 1 over the corpus: validate, store, analyse, collect metadata. Cheap, so errors surface before embedding."""
+    writer = store.DocStoreWriter(folder)
+    tokens = []
+    try:
+        for doc in tqdm(read_corpus(source), desc="documents", unit=" docs", disable=not progress):
+            writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
+            metadata.add(doc.metadata)
+            tokens.append(analyzer.analyze(doc.indexed_text))
+    finally:
+        writer.close()
+    if not tokens:
+        raise HybridError(f"{source}: corpus has no documents")
+    return tokens
+
+
+def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) -> np.ndarray:
+    """Pass 2: embed the stored documents in chunks straight into a memory-mapped .npy file."""
+    docs = store.DocStore(folder)
+    try:
+        vectors = np.lib.format.open_memmap(folder / store.EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(docs), embedder.dimension))
+        chunk = 1024
+        with tqdm(total=len(docs), desc="embeddings", unit=" docs", disable=not progress) as bar:
+            for start in range(0, len(docs), chunk):
+                stop = min(start + chunk, len(docs))
+                texts = [indexed_text(doc["title"], doc["text"]) for doc in map(docs.get, range(start, stop))]
+                vectors[start:stop] = embedder.encode(texts, batch_size=batch_size)
+                bar.update(stop - start)
+        vectors.flush()
+    finally:
+        docs.close()
+    return np.load(folder / store.EMBEDDINGS)
+
+
+def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions(),
+                embed: Callable[[Path, Path], np.ndarray] | None = None) -> Manifest:
+    """Build the index for `corpus` at `out` (replacing any index there) and return its manifest. `embed(folder,
+    onnx_folder)`, when given, embeds the documents stored in `folder` (e.g. on a Ray cluster: cluster.build) and returns
+    one vector per document in their order, in place of this process's embedder."""
+    started = time.perf_counter()
+    source = corpus_file(corpus)
+    out = Path(out).resolve()
+    if out.exists() and not (out / MANIFEST).is_file():
+        raise HybridError(f"{out} exists and is not an index: refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(out)
+    model = resolve_model(options.model)
+    onnx_folder = export_onnx(model, options.onnx_cache)
+    embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
+    embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None
+
+    with publish_dir(out) as tmp:
+        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started,
+                              embed=embed)
+    logger.info("index of %d documents published at %s", manifest.documents, out)
+    return manifest
+
+
+def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path, embedder_spec: dict, *, embedder=None,
+               vectors: np.ndarray | None = None, started: float | None = None,
+               embed: Callable[[Path, Path], np.ndarray] | None = None) -> Manifest:
+    """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
+    Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
+    in corpus order) as given."""
+    started = time.perf_counter() if started is None else started
+    timings = {}
+    t = time.perf_counter()
+    collector = MetadataCollector(options.filterable, options.field_types)
+    tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress)
+    metadata = collector.finish()
+    metadata.save(tmp)
+    timings["documents_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
+    bm25.save(tmp / store.BM25_DIR)
+    Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
+    timings["bm25_s"] = time.perf_counter() - t
+    del tokens
+
+    t = time.perf_counter()
+    if vectors is None and embed is not None:
+        vectors = embed(tmp, onnx_folder)
+    if vectors is None:
+        vectors = _embed_documents(tmp, embedder, options.batch_size, options.progress)
+    else:
+        np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+    timings["embeddings_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
+    timings["faiss_s"] = time.perf_counter() - t
+
+    shutil.copytree(onnx_folder, tmp / store.MODEL_DIR)
+    num_docs = len(vectors)
+    manifest = Manifest(
+        builder_version=BUILDER_VERSION,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        versions=_versions(),
+        corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
+        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
+        analyzer=options.analyzer,
+        bm25_engine="bm25s",
+        bm25=options.bm25,
+        embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend, document_precision=options.precision),
+        faiss=FaissInfo(factory=options.faiss.factory(num_docs), metric="inner_product",
+                        built_on_gpu=use_gpu(options.device, options.faiss.kind), params=options.faiss),
+        # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
+        defaults=SearchSpec(),
+        files=store.file_inventory(tmp),
+        metadata=metadata.fields,
+    )
+    manifest.build = {
+        **{k: round(v, 3) for k, v in timings.items()},
+        "total_s": round(time.perf_counter() - started, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+        "cpu_count": os.cpu_count(),
+    }
+    write_manifest(tmp, manifest)
+    return manifest
+
+
+def index_is_current(corpus: Path | str, out: Path | str) -> bool:
+    """`out` is an intact index built from a corpus with the checksum `corpus` has now."""
+    try:
+        manifest = read_manifest(out)
+        store.verify_files(Path(out), manifest, "size")
+    except IndexOpenError:
+        return False
+    return manifest.corpus.sha256 == store.sha256_file(corpus_file(corpus))

@@ -1,0 +1,68 @@
+"""Swap the dense half of an index: every document (written ones included) embedded again with another model,
+a new FAISS index and model/ folder, published atomically in place of the old folder.
+
+The documents, BM25 and metadata are rebuilt from the same documents, so they do not change. What was fitted
+to the old model's scores cannot carry over as is: a hubness correction is dropped (training.reembed refits it)
+and the fusion stays as it was (training.reembed re-tunes it when it was tuned).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from hybrid_retrieval.common.publish import publish_dir
+from hybrid_retrieval.indexer.build import build_into
+from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE, Collection, build_options_of, current_corpus
+from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
+from hybrid_retrieval.models.registry import resolve_model
+from hybrid_retrieval.search.errors import HybridError
+
+logger = logging.getLogger(__name__)
+
+
+def reembed(index_dir: Path | str, model: str, precision: str | None = None, device: str = "auto",
+            onnx_cache: Path | None = None, progress: bool = True) -> Manifest:
+    """Re-embed the index at `index_dir` with `model` (a name or path; documents at `precision`, default the index's)."""
+    index_dir = Path(index_dir).resolve()
+    index = open_index(index_dir, verify="size", device=device)
+    collection = Collection(index)  # the documents as they are now: the log's writes replayed onto the base
+    try:
+        wal = index_dir / LIVE_DIR / WAL_FILE
+        logged = _size(wal)
+        state = collection.snapshot
+        old = index.manifest
+        onnx_folder = export_onnx(resolve_model(model), onnx_cache)
+        options = replace(build_options_of(index), model=model, precision=precision or old.embedder.document_precision,
+                          device=device, progress=progress)
+        embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
+        with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
+            corpus, _ = current_corpus(index, state.base_alive, state.live.docs, Path(work))
+            with publish_dir(index_dir) as tmp:
+                manifest = build_into(tmp, corpus, options, onnx_folder, json.loads((onnx_folder / CONFIG_FILE).read_text()),
+                                      embedder=embedder)
+                # every logged write is in the new base, embedded by the new model: the log starts afresh after them
+                manifest.corpus, manifest.applied_sequence = old.corpus, state.seq
+                manifest.defaults = old.defaults.merge({"hubness": {"method": "none"}})
+                manifest.evidence = {name: value for name, value in old.evidence.items() if name != "hubness"}
+                manifest.fusion_tuning = old.fusion_tuning
+                manifest.build["reembedded_from"] = {"model": old.embedder.model, "model_checksum": old.embedder.model_checksum}
+                write_manifest(tmp, manifest)
+                if _size(wal) != logged:
+                    raise HybridError(f"{index_dir}: documents were written while re-embedding; nothing changed. "
+                                      "Pause writes (or stop the service) and run it again")
+    finally:
+        collection.close()
+        index.close()
+    logger.info("re-embedded %d documents of %s with %s", manifest.documents, index_dir, model)
+    return manifest
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0

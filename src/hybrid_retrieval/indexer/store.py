@@ -1,0 +1,291 @@
+"""The index folder: manifest, document store, and opening with verification.
+
+Layout (all paths relative to the index folder, all listed with size and sha256 in the manifest):
+    manifest.json          what was built, how, from what
+    docs.jsonl             one stored document per line, in internal index order
+    docs.offsets.npy       byte offset of each line (n + 1 entries) for O(1) random access
+    bm25/                  bm25s sparse score matrix (memory-mapped .npy) and vocabulary
+    embeddings.npy         float32 unit document vectors, (n, dimension)
+    dense.faiss            FAISS inner-product index over those vectors
+    model/                 the ONNX query/document embedder the index was built with
+    postings/              term frequencies and document lengths (search.postings): BM25 with live statistics
+    metadata/              filterable metadata columns (search.filters), when the documents have any
+    hubness-<time>/        (after `hybrid hubness fit`) biases, activation sets, augmented FAISS index
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
+from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
+from hybrid_retrieval.models.onnx_export import resolve_precision
+from hybrid_retrieval.models.providers import on_gpu
+from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Index
+from hybrid_retrieval.search.dense import DenseIndex
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.filters import MetadataColumns
+from hybrid_retrieval.search.hits import Presenter
+from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
+from hybrid_retrieval.search.pipeline import SearchPipeline
+from hybrid_retrieval.search.postings import POSTINGS_DIR, Postings
+from hybrid_retrieval.search.rerank import Reranker
+
+logger = logging.getLogger(__name__)
+
+DOCS = "docs.jsonl"
+DOC_OFFSETS = "docs.offsets.npy"
+BM25_DIR = "bm25"
+EMBEDDINGS = "embeddings.npy"
+FAISS_FILE = "dense.faiss"
+MODEL_DIR = "model"
+VERIFY_MODES = ("full", "size", "none")
+# A fitted hubness correction (indexer.hubness writes it): <bias column>.npy, activation_<bank>.npy, and
+# dense.faiss over the augmented vectors [d, -bias columns].
+ACTIVATION_BANKS = ("query", "gallery")
+AUGMENTED_FAISS = "dense.faiss"
+# Kept since live writes (fits before them lack these: such a correction cannot be extended to written documents).
+BANK_FILES = {"query": "bank_query.npy", "gallery": "bank_gallery.npy"}
+GALLERY_IDS = "gallery_ids.json"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_inventory(root: Path, prefix: str = "") -> dict[str, dict]:
+    """{prefix + relative path: {bytes, sha256}} for every file under root except the manifest."""
+    return {
+        prefix + path.relative_to(root).as_posix(): {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and path.name != MANIFEST
+    }
+
+
+class DocStore:
+    """Random access to stored documents by internal index, without loading the file."""
+
+    def __init__(self, folder: Path):
+        self._offsets = np.asarray(np.load(folder / DOC_OFFSETS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
+        self._fd = os.open(folder / DOCS, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def get(self, doc_idx: int) -> dict:
+        start, end = int(self._offsets[doc_idx]), int(self._offsets[doc_idx + 1])
+        return json.loads(os.pread(self._fd, end - start, start))  # pread: safe across threads
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):  # a reloaded-away index is released when its last request finishes
+        self.close()
+
+
+class DocStoreWriter:
+    def __init__(self, folder: Path):
+        self._fh = (folder / DOCS).open("wb")
+        self._offsets = [0]
+        self._folder = folder
+
+    def add(self, doc_id: str, title: str, text: str, metadata: dict) -> None:
+        line = json.dumps({"id": doc_id, "title": title, "text": text, "metadata": metadata}, ensure_ascii=False)
+        data = line.encode() + b"\n"
+        self._fh.write(data)
+        self._offsets.append(self._offsets[-1] + len(data))
+
+    def close(self) -> None:
+        self._fh.close()
+        np.save(self._folder / DOC_OFFSETS, np.asarray(self._offsets, dtype=np.int64))
+
+
+def verify_files(folder: Path, manifest: Manifest, mode: str = "full") -> None:
+    """Check that every file of the manifest exists with its size (and checksum, in `full` mode)."""
+    verify_inventory(folder, manifest.files, mode)
+
+
+def verify_inventory(folder: Path, files: dict[str, dict], mode: str = "full") -> None:
+    """Check that every file of an inventory (file_inventory) exists with its size (and checksum, in `full` mode)."""
+    if mode not in VERIFY_MODES:
+        raise ConfigError(f"unknown verify mode {mode!r}; valid: {', '.join(VERIFY_MODES)}")
+    if mode == "none":
+        return
+    for rel, expected in files.items():
+        path = folder / rel
+        if not path.is_file():
+            raise IndexOpenError(f"index file missing: {path}")
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            raise IndexOpenError(f"index file {path} has {size} bytes, manifest says {expected['bytes']} (truncated or replaced)")
+        if mode == "full" and sha256_file(path) != expected["sha256"]:
+            raise IndexOpenError(f"index file {path} does not match its checksum in the manifest (corrupted)")
+
+
+def _warn_on_stemmer_change(manifest: Manifest) -> None:
+    """Stemmer releases rarely change outputs, but when they do, query terms stop matching."""
+    built_with = manifest.versions.get("PyStemmer")
+    installed = version("PyStemmer")
+    if manifest.analyzer.stemmer != "none" and built_with and built_with != installed:
+        logger.warning("index was built with PyStemmer %s, queries use %s: rebuild if BM25 results look off", built_with, installed)
+
+
+@dataclass
+class OpenIndex:
+    """Everything a search needs, loaded once: share it across requests."""
+
+    path: Path
+    manifest: Manifest
+    analyzer: Analyzer
+    bm25: BM25Index
+    dense: DenseIndex
+    docs: DocStore
+    embeddings: np.ndarray  # memory-mapped (n, dimension) unit vectors
+    embedder: object  # models.embedder.Embedder
+    hubness: HubnessSearcher | None = None
+    metadata: MetadataColumns | None = None  # None: no filterable field
+    query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_precision)
+
+    @functools.cached_property
+    def query_embedder(self):
+        """What embeds queries (and query banks): the documents' embedder when the precisions agree, else a CPU session
+        of the same model at `query_precision`, opened on first use."""
+        if self.query_precision == self.manifest.embedder.document_precision:
+            return self.embedder
+        return OnnxEmbedder(self.path / MODEL_DIR, device="cpu", precision=self.query_precision)
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.docs)
+
+    def doc_text(self, doc_idx: int) -> str:
+        """The text both retrievers indexed (title and body), which a reranker reads too."""
+        doc = self.docs.get(doc_idx)
+        return indexed_text(doc["title"], doc["text"])
+
+    @functools.cached_property
+    def postings(self) -> Postings:
+        """Term frequencies for BM25 with live statistics (search.postings), read on first use."""
+        if not (self.path / POSTINGS_DIR).is_dir():
+            raise IndexOpenError(f"{self.path} was built before live writes were supported (it has no {POSTINGS_DIR}/): "
+                                 "rebuild it with `hybrid index` to accept writes")
+        return Postings.load(self.path)
+
+    @functools.cached_property
+    def doc_ids(self) -> list[str]:
+        """External document ids by internal index (read once, on first use)."""
+        return [self.docs.get(i)["id"] for i in range(self.num_docs)]
+
+    @functools.cached_property
+    def doc_positions(self) -> dict[str, int]:
+        """Internal index by external document id (built once, on first use)."""
+        return {doc_id: i for i, doc_id in enumerate(self.doc_ids)}
+
+    def document_by_id(self, doc_id: str) -> dict | None:
+        idx = self.doc_positions.get(doc_id)
+        return self.docs.get(idx) if idx is not None else None
+
+    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
+                 embedder=None) -> SearchPipeline:
+        """A search pipeline over this index whose defaults are the manifest's, with `overrides` (a partial
+        spec: the service's settings) merged on. `cross_encoder` enables the rerank stage; `embedder`
+        replaces the index's own (e.g. a batching wrapper around it)."""
+        reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
+        return SearchPipeline(self.bm25, self.dense, embedder or self.query_embedder, self.embeddings,
+                              defaults=self.manifest.defaults.merge(overrides), executor=executor, hubness=self.hubness,
+                              reranker=reranker, metadata=self.metadata)
+
+    def presenter(self, embedder=None) -> Presenter:
+        """Builds the hits of this index's results (stored fields, highlights, facets); `embedder` as in `pipeline`."""
+        return Presenter(self.docs.get, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata)
+
+    def close(self) -> None:
+        self.docs.close()
+
+
+def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None,
+               query_precision: str = "auto") -> OpenIndex:
+    """Open and verify an index; queries will use the analyzer and embedder it was built with, at `query_precision`
+    (auto: int8 on CPU, fp32 on a GPU; see resolve_precision).
+
+    `embedder` overrides the bundled ONNX embedder (e.g. the torch backend, which then embeds queries too); its model
+    checksum must have been checked against the manifest by the caller (see `torch_embedder_for_index`).
+    """
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    verify_files(folder, manifest, verify)
+    _warn_on_stemmer_change(manifest)
+    bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
+    embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
+    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device, embeddings)
+    docs = DocStore(folder)
+    counts = {"documents": manifest.documents, "bm25": bm25.num_docs, "dense": dense.num_docs,
+              "docs": len(docs), "embeddings": len(embeddings)}
+    if len(set(counts.values())) != 1:
+        raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
+    embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device, precision=manifest.embedder.document_precision)
+    precision = (resolve_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder))
+                 if isinstance(embedder, OnnxEmbedder) else "fp32")  # a torch embedder embeds queries itself
+    if embedder.dimension != dense.dimension:
+        raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
+    metadata = None
+    if any(info.filterable for info in manifest.metadata.values()):
+        metadata = MetadataColumns.load(folder, manifest.metadata, manifest.documents)
+    return OpenIndex(folder, manifest, manifest.analyzer, bm25, dense, docs, embeddings, embedder,
+                     _load_hubness(folder, manifest, device), metadata, precision)
+
+
+def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:
+    """The fitted hubness correction of an index, or None when it has none."""
+    if manifest.hubness is None:
+        return None
+    where = folder / manifest.hubness.folder
+    correction = HubnessCorrection(
+        manifest.hubness.params,
+        lse={name: np.load(where / f"{name}.npy") for name in BIAS_COLUMNS},
+        activation={bank: np.load(where / f"activation_{bank}.npy") for bank in ACTIVATION_BANKS},
+    )
+    augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params, device)
+    banks = None
+    if (where / GALLERY_IDS).exists():
+        banks = Banks(*(np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS),
+                      json.loads((where / GALLERY_IDS).read_text(encoding="utf-8")),
+                      {bank: (np.load(where / f"neighbours_{bank}_sims.npy"), np.load(where / f"neighbours_{bank}_idx.npy"))
+                       for bank in ACTIVATION_BANKS})
+    return HubnessSearcher(correction, augmented, banks)
+
+
+def index_model(folder: Path | str) -> ResolvedModel:
+    """The torch model the index was built with, after checking its checksum against the manifest."""
+    spec = read_manifest(Path(folder)).embedder
+    model = resolve_model(spec.model)
+    if model.checksum != spec.model_checksum:
+        raise IndexOpenError(
+            f"model {spec.model!r} resolves to weights with checksum {model.checksum[:12]}, "
+            f"but the index was built with {spec.model_checksum[:12]}: queries would not match documents"
+        )
+    return model
+
+
+def torch_embedder_for_index(folder: Path | str, device: str = "auto") -> TorchEmbedder:
+    """The sentence-transformers embedder of the index's model, after checking its checksum."""
+    return TorchEmbedder(index_model(folder).path, device=device)

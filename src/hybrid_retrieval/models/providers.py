@@ -1,0 +1,70 @@
+"""One place that picks ONNX Runtime execution providers."""
+
+from __future__ import annotations
+
+import logging
+
+from hybrid_retrieval.search.devices import check_device
+
+logger = logging.getLogger(__name__)
+
+BACKENDS = ("onnx", "torch")  # how embedders and cross-encoders run: ONNX Runtime (served) or torch
+
+
+def onnx_providers(device: str = "auto") -> list[str]:
+    """CUDA when asked for (or auto) and available, CPU always as the fallback.
+
+    Warns when CUDA was explicitly requested but this onnxruntime build cannot use it.
+    """
+    check_device(device)
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if device != "cpu" and "CUDAExecutionProvider" in available:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    if device == "gpu":
+        logger.warning("GPU (CUDA) requested but onnxruntime offers only %s: using CPU", available)
+    return ["CPUExecutionProvider"]
+
+
+def on_gpu(model) -> bool:
+    """Whether an embedder or cross-encoder runs on CUDA."""
+    return "CUDAExecutionProvider" in getattr(model, "providers", ())
+
+
+def onnx_session(model_path, device: str = "auto", threads: int | None = None):
+    """An ONNX Runtime session with full graph optimisation on the providers `device` resolves to."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(model_path), options, providers=onnx_providers(device))
+
+
+def load_tokenizer(path, max_length: int, pad_id: int, pad_token: str):
+    """A fast tokenizer that truncates like Hugging Face's `truncation=True` (longest first) and pads each batch."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.enable_truncation(max_length=max_length, strategy="longest_first")
+    tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
+    return tokenizer
+
+
+def encoding_feeds(encodings, inputs: list[str]) -> dict:
+    """ONNX inputs for a batch of `tokenizers` encodings."""
+    import numpy as np
+
+    columns = {
+        "input_ids": lambda e: e.ids,
+        "attention_mask": lambda e: e.attention_mask,
+        "token_type_ids": lambda e: e.type_ids,
+    }
+    return {name: np.array([columns[name](e) for e in encodings], dtype=np.int64) for name in inputs}
+
+
+def torch_device(device: str) -> str | None:
+    """The torch device string for `device` (None: let sentence-transformers pick, CUDA when present)."""
+    return {"auto": None, "cpu": "cpu", "gpu": "cuda"}[check_device(device)]

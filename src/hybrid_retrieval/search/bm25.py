@@ -1,0 +1,127 @@
+"""BM25 retrieval.
+
+`BM25Index` is the serving engine: bm25s precomputes every term-document score into sparse
+CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files on disk).
+`ReferenceBM25` wraps rank-bm25, kept as the reference implementation for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.filters import Allowed
+from hybrid_retrieval.search.ranking import Ranking, top_k
+
+logger = logging.getLogger(__name__)
+
+BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    method: str = "lucene"
+    k1: float = 1.5
+    b: float = 0.75
+    delta: float = 0.5  # used by bm25l and bm25+ only
+
+    def __post_init__(self):
+        if self.method not in BM25_METHODS:
+            raise ConfigError(f"unknown BM25 method {self.method!r}; valid: {', '.join(BM25_METHODS)}")
+        if self.k1 < 0 or not 0 <= self.b <= 1:
+            raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class BM25Index:
+    """Sparse precomputed BM25 scores over analysed documents."""
+
+    def __init__(self, engine, analyzer: Analyzer):
+        # plain arrays over a mapping: np.memmap's per-slice overhead took ~5% of a loaded service's CPU (py-spy)
+        engine.scores = {name: np.asarray(v) if isinstance(v, np.ndarray) else v for name, v in engine.scores.items()}
+        self._engine = engine
+        self.analyzer = analyzer
+        self._vocab: dict[str, int] = engine.vocab_dict
+        self.num_docs = int(engine.scores["num_docs"])
+
+    @classmethod
+    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> "BM25Index":
+        import bm25s
+
+        corpus_tokens = list(corpus_tokens)
+        # term ids in sorted term order: bm25s numbers terms by set iteration, which differs between processes
+        # (string hashing is salted), so two builds of one corpus would write different files
+        vocab = {term: i for i, term in enumerate(sorted({term for tokens in corpus_tokens for term in tokens}))}
+        engine = bm25s.BM25(method=params.method, k1=params.k1, b=params.b, delta=params.delta)
+        engine.index(bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab),
+                     show_progress=False)
+        return cls(engine, analyzer)
+
+    def save(self, folder: Path) -> None:
+        self._engine.save(str(folder), show_progress=False)
+
+    @classmethod
+    def load(cls, folder: Path, analyzer: Analyzer, mmap: bool = True) -> "BM25Index":
+        import bm25s
+
+        return cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
+
+    @property
+    def engine(self):
+        """The bm25s engine (its score matrix is replaced for a shard's corpus-wide statistics: indexer.shards)."""
+        return self._engine
+
+    @property
+    def vocabulary_size(self) -> int:
+        return len(self._vocab)
+
+    @property
+    def vocabulary(self) -> dict[str, int]:
+        """Term -> id, the ids of the score matrix (and of search.postings)."""
+        return self._vocab
+
+    def query_token_ids(self, query: str) -> list[int]:
+        """Analysed query terms that exist in the index (repeated terms count again, as in Lucene)."""
+        return [self._vocab[t] for t in self.analyzer.analyze(query) if t in self._vocab]
+
+    def scores(self, query: str) -> np.ndarray:
+        """BM25 score of every document for `query` (zeros when no term matches)."""
+        ids = self.query_token_ids(query)
+        if not ids:
+            return np.zeros(self.num_docs, dtype=np.float32)
+        return self._engine.get_scores(ids)
+
+    def search(self, query: str, depth: int, allowed: Allowed | None = None) -> Ranking:
+        """Top-`depth` documents that match at least one query term (and the filter, if any)."""
+        return self.ranking_from_scores(self.scores(query), depth, allowed)
+
+    @staticmethod
+    def ranking_from_scores(scores: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+        # A document that shares no term with the query scores exactly 0 and is not a match.
+        if allowed is None:
+            return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
+        return top_k(scores, depth, candidates=allowed.ids[scores[allowed.ids] != 0])
+
+
+class ReferenceBM25:
+    """rank-bm25's BM25Okapi over the same analyzer: slow, simple, independent."""
+
+    def __init__(self, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params):
+        from rank_bm25 import BM25Okapi
+
+        self.analyzer = analyzer
+        self._engine = BM25Okapi(list(corpus_tokens), k1=params.k1, b=params.b)
+
+    def scores(self, query: str) -> np.ndarray:
+        return np.asarray(self._engine.get_scores(self.analyzer.analyze(query)), dtype=np.float64)
+
+    def search(self, query: str, depth: int) -> Ranking:
+        return BM25Index.ranking_from_scores(self.scores(query), depth)

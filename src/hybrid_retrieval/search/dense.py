@@ -1,0 +1,191 @@
+"""Dense retrieval with FAISS inner-product indexes over unit vectors (inner product = cosine)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from hybrid_retrieval.search.devices import check_device
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.filters import Allowed
+from hybrid_retrieval.search.ranking import Ranking, top_k
+
+logger = logging.getLogger(__name__)
+
+FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
+IVF_KINDS = ("ivf", "ivfpq")
+FLAT_GATHER_CUTOFF = 1_000
+
+
+@dataclass(frozen=True)
+class FaissParams:
+    kind: str = "flat"
+    nlist: int | None = None  # ivf: number of clusters (default ~4*sqrt(n))
+    nprobe: int = 16  # ivf: clusters visited per query
+    hnsw_m: int = 32  # hnsw: links per node
+    pq_m: int = 48  # ivfpq: sub-quantizers, each coding dimension / pq_m dimensions in one byte (must divide the dimension)
+    pq_refine: int = 4  # ivfpq: candidates fetched per result, rescored exactly with the stored vectors
+    ef_construction: int = 200
+    ef_search: int = 128
+    # A filtered search whose filter admits at most this many documents scores them all exactly (brute force)
+    # instead of searching the FAISS index with a selector (the "flat search cutoff" of Weaviate, Qdrant's
+    # full-scan threshold): a graph or cluster walk through mostly excluded documents loses recall there.
+    flat_search_cutoff: int = 10_000
+
+    def __post_init__(self):
+        if self.kind not in FAISS_KINDS:
+            raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
+        for name in ("pq_m", "pq_refine"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.flat_search_cutoff, bool) or not isinstance(self.flat_search_cutoff, int) or self.flat_search_cutoff < 0:
+            raise ConfigError(f"flat_search_cutoff must be an integer >= 0, got {self.flat_search_cutoff!r}")
+
+    def factory(self, num_vectors: int) -> str:
+        if self.kind == "ivf":
+            return f"IVF{self.resolved_nlist(num_vectors)},Flat"
+        if self.kind == "ivfpq":  # 8-bit codes: pq_m bytes a vector in memory (docs/SCALING.md)
+            return f"IVF{self.resolved_nlist(num_vectors)},PQ{self.pq_m}x8"
+        if self.kind == "hnsw":
+            return f"HNSW{self.hnsw_m},Flat"
+        return "Flat"
+
+    def resolved_nlist(self, num_vectors: int) -> int:
+        # FAISS wants ~39 training points per centroid; never ask for more clusters than that allows.
+        wanted = self.nlist or int(4 * math.sqrt(num_vectors))
+        return max(1, min(wanted, num_vectors // 39))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def gpu_count() -> int:
+    import faiss
+
+    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+
+
+def use_gpu(device: str, kind: str) -> bool:
+    """Whether to run FAISS on GPU: `auto` uses one when the installed faiss sees it."""
+    if check_device(device) == "cpu":
+        return False
+    available = gpu_count() > 0
+    if kind == "hnsw" or not available:
+        if device == "gpu":
+            logger.warning("FAISS GPU requested but %s: using CPU", "HNSW has no GPU version" if available else "no GPU is visible to faiss")
+        return False
+    return True
+
+
+def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "auto"):
+    """Build a CPU-serialisable FAISS index (trained and filled on GPU when available)."""
+    import faiss
+
+    n, dim = vectors.shape
+    if params.kind == "ivfpq" and dim % params.pq_m:
+        raise ConfigError(f"--pq-m {params.pq_m} does not divide the embedding dimension {dim}")
+    index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
+    if params.kind == "hnsw":
+        index.hnsw.efConstruction = params.ef_construction
+    if use_gpu(device, params.kind):
+        gpu_index = faiss.index_cpu_to_all_gpus(index)
+        gpu_index.train(vectors)
+        gpu_index.add(vectors)
+        index = faiss.index_gpu_to_cpu(gpu_index)
+    else:
+        index.train(vectors)
+        index.add(vectors)
+    return index
+
+
+class DenseIndex:
+    """Searches a FAISS index; queries are unit vectors from the index's own embedder."""
+
+    def __init__(self, index, params: FaissParams, device: str = "auto", vectors: np.ndarray | None = None):
+        """`vectors`: the stored document vectors, with which an ivfpq index's approximate candidates (`pq_refine` per
+        result) are rescored exactly, so its scores are cosines like every other kind's."""
+        import faiss
+
+        self.params = params
+        self.refine = params.pq_refine if params.kind == "ivfpq" and vectors is not None else 1
+        self.vectors = vectors
+        self.num_docs = index.ntotal
+        self.dimension = index.d
+        if params.kind in IVF_KINDS:
+            faiss.extract_index_ivf(index).nprobe = params.nprobe
+        if params.kind == "hnsw":
+            index.hnsw.efSearch = params.ef_search
+        self.on_gpu = use_gpu(device, params.kind)
+        self._index = faiss.index_cpu_to_all_gpus(index) if self.on_gpu else index
+
+    def search_batch(self, queries: np.ndarray, depth: int, allowed: Allowed | None = None) -> list[Ranking]:
+        """Top-`depth` per query; with `allowed`, among those documents only (see `brute_force`: the caller
+        scores small allowed sets itself)."""
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.dimension:
+            raise ValueError(f"query vectors must have shape (n, {self.dimension}), got {queries.shape}")
+        fetch = depth * self.refine
+        if allowed is None:
+            scores, ids = self._index.search(queries, min(fetch, self.num_docs))
+        else:
+            if self.on_gpu:
+                raise ValueError("GPU FAISS indexes take no selector: filtered searches on GPU are brute force")
+            selector = faiss_selector(allowed)
+            scores, ids = self._index.search(queries, min(fetch, allowed.count), params=self._filtered_params(selector, allowed, fetch))
+        rankings = []
+        for query, row_scores, row_ids in zip(queries, scores, ids):
+            keep = row_ids >= 0  # FAISS pads with -1 when fewer results exist
+            found = row_ids[keep].astype(np.int64)
+            if self.refine > 1:
+                rankings.append(exact_top_k(lambda ids, q=query: self.vectors[ids] @ q, np.sort(found), depth))
+            else:
+                rankings.append(Ranking(found, row_scores[keep]))
+        return rankings
+
+    def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+        return self.search_batch(query.reshape(1, -1), depth, allowed)[0]
+
+    def brute_force(self, allowed: Allowed) -> bool:
+        """The cost rule: score the allowed documents exactly rather than search FAISS with a selector, when
+        they are few or the index is on GPU (GPU FAISS takes no selector). "Few" is `flat_search_cutoff` for IVF
+        and HNSW, whose walks through mostly excluded documents lose recall or time; a flat index's selector
+        scan is exact and beats gathering the vectors above about FLAT_GATHER_CUTOFF documents (on scifact:
+        0.38 ms vs 2.4 ms for all 5,183, 0.06 ms for both at 514; docs/BENCHMARKS.md)."""
+        cutoff = self.params.flat_search_cutoff
+        if self.params.kind == "flat":
+            cutoff = min(cutoff, FLAT_GATHER_CUTOFF)
+        return self.on_gpu or allowed.count <= cutoff
+
+    def _filtered_params(self, selector, allowed: Allowed, depth: int):
+        """Search parameters with the selector; ANN budgets grow with 1 / selectivity, so the walk meets about
+        as many allowed documents as an unfiltered one would meet documents."""
+        import faiss
+
+        boost = 1.0 / max(allowed.fraction, 1e-9)
+        if self.params.kind in IVF_KINDS:
+            nlist = faiss.extract_index_ivf(self._index).nlist
+            return faiss.SearchParametersIVF(sel=selector, nprobe=min(nlist, math.ceil(self.params.nprobe * boost)))
+        if self.params.kind == "hnsw":
+            ef = min(self.num_docs, math.ceil(max(self.params.ef_search, depth) * boost))
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, depth))
+        return faiss.SearchParameters(sel=selector)
+
+
+def faiss_selector(allowed: Allowed):
+    """An IDSelectorBitmap over the allowed mask (the packed bitmap lives as long as `allowed`)."""
+    import faiss
+
+    bitmap = allowed.bitmap
+    return faiss.IDSelectorBitmap(len(allowed.mask), faiss.swig_ptr(bitmap))
+
+
+def exact_top_k(score_of, ids: np.ndarray, depth: int) -> Ranking:
+    """Top-`depth` of documents `ids` (sorted) scored by `score_of(ids)`: the brute-force filtered search."""
+    if not len(ids):
+        return Ranking.empty()
+    best = top_k(np.asarray(score_of(ids)), depth)
+    return Ranking(ids[best.doc_idx], best.scores)

@@ -1,0 +1,103 @@
+"""From a search result to the hits a caller sees: stored fields, metadata, highlights, facets.
+
+Shared by the service and `hybrid search`, so both show the same thing. Highlights follow the spec's
+`highlight` (search.spec.HighlightSpec): query terms are matched through the index's analyzer
+(search.highlight), and with `semantic` a hit that no query term matches gets the sentence of its text
+nearest the query, embedded with the index's model (one model run per request for all such hits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.filters import MetadataColumns
+from hybrid_retrieval.search.highlight import Highlighter, best_sentence, split_sentences
+from hybrid_retrieval.search.pipeline import SearchResult
+
+ALL_FIELDS = "*"
+MAX_FACET_VALUES = 20
+
+
+class Presenter:
+    """Turns search results of one index into hits; created once per index, shared by requests."""
+
+    def __init__(self, document: Callable[[int], dict], analyzer: Analyzer, embedder, fields: Sequence[str],
+                 metadata: MetadataColumns | None, documents: Callable[[np.ndarray], list[dict]] | None = None):
+        """`documents`, when given, reads a page's documents at once (a sharded index: one call per shard)."""
+        self.embedder, self.metadata = embedder, metadata
+        self.documents = documents or (lambda ids: [document(int(i)) for i in ids])
+        self.highlighter = Highlighter(analyzer)
+        self.fields = sorted(fields)  # every metadata field of the corpus
+
+    def check_fields(self, fields, path: str = "fields") -> list[str] | str | None:
+        """The metadata fields a request asks to see: a list of names, or "*" for all."""
+        if fields is None or fields == ALL_FIELDS:
+            return fields
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise SpecError(path, f'must be a list of metadata field names or "*", got {fields!r}'[:200])
+        for i, name in enumerate(fields):
+            if name not in self.fields:
+                raise SpecError(f"{path}[{i}]", f"unknown metadata field {name!r}; fields: {', '.join(self.fields) or 'none'}")
+        return fields
+
+    def check_facets(self, facets, path: str = "facets") -> list[str] | None:
+        if facets is None:
+            return None
+        if self.metadata is None:
+            raise SpecError(path, "this index has no filterable metadata fields to count")
+        return self.metadata.check_facets(facets, path)
+
+    def hits(self, result: SearchResult, query: str, *, include_text: bool = False, explain: bool = False,
+             fields: list[str] | str | None = None) -> list[dict]:
+        """The page's hits: id, score, rank (from 1, counting earlier pages), title; and as asked the text,
+        metadata `fields`, highlights (the spec's) and the score's components."""
+        hits, docs = [], []
+        explain = explain and result.explainable
+        terms = self.highlighter.query_terms(query) if result.spec.highlight.enabled else None
+        page = self.documents(result.ranking.doc_idx[result.page.start:result.page.stop])
+        for position, doc in zip(result.page, page):
+            docs.append(doc)
+            hit = {"id": doc["id"], "score": float(result.ranking.scores[position]), "rank": position + 1, "title": doc["title"]}
+            if include_text:
+                hit["text"] = doc["text"]
+            if fields is not None:
+                metadata = doc.get("metadata", {})
+                hit["fields"] = dict(metadata) if fields == ALL_FIELDS else {f: metadata[f] for f in fields if f in metadata}
+            if result.spec.highlight.enabled:
+                hit["highlight"] = self._highlight(query, terms, doc, result.spec.highlight)
+            if explain:
+                hit["explain"] = result.explain(position)
+            hits.append(hit)
+        if result.spec.highlight.enabled and result.spec.highlight.semantic:
+            self._semantic(query, result, hits, docs)
+        return hits
+
+    def _highlight(self, query: str, terms, doc: dict, spec) -> dict:
+        marked = {"title": self.highlighter.highlight(query, doc["title"], spec.snippet_chars, 1, terms=terms),
+                  "text": self.highlighter.highlight(query, doc["text"], spec.snippet_chars, spec.snippets, terms=terms)}
+        return {name: [snippet.to_dict() for snippet in snippets] for name, snippets in marked.items()}
+
+    def _semantic(self, query: str, result: SearchResult, hits: list[dict], docs: list[dict]) -> None:
+        """The sentence nearest the query for each hit without a term match: one model run for all of them."""
+        todo = [(hit, doc["text"], split_sentences(doc["text"])) for hit, doc in zip(hits, docs)
+                if not (hit["highlight"]["title"] or hit["highlight"]["text"])]
+        todo = [item for item in todo if item[2]]  # a hit without text has no sentence to show
+        if not todo:
+            return
+        vector = result.vector if result.vector is not None else self.embedder.encode([query])[0]
+        sentences = [text[s:e] for _, text, spans in todo for s, e in spans]
+        vectors = np.asarray(self.embedder.encode(sentences), dtype=np.float32)
+        start = 0
+        for hit, text, spans in todo:
+            hit["highlight"]["semantic"] = best_sentence(text, spans, vectors[start : start + len(spans)], vector)
+            start += len(spans)
+
+    def facets(self, result: SearchResult, names: list[str] | None) -> dict[str, list[dict]] | None:
+        """Value counts of `names` over every hit the request could page through (filtered, above min_score)."""
+        if not names:
+            return None
+        return self.metadata.facets(names, result.pool, MAX_FACET_VALUES)

@@ -1,0 +1,265 @@
+"""The search pipeline: retrieve with BM25 and/or dense, fuse, rerank; return a ranking with timings
+and the spec it applied."""
+
+from __future__ import annotations
+
+import copy
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybrid_retrieval.search import budget, checks
+from hybrid_retrieval.search.bm25 import BM25Index
+from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.filters import Allowed, MetadataColumns
+from hybrid_retrieval.search.fusion import Candidates, Fused, fuse
+from hybrid_retrieval.search.highlight import check_semantic_hits
+from hybrid_retrieval.search.hubness import HubnessSearcher
+from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.rerank import Reranked, Reranker
+from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec, check_k
+
+
+MAX_OFFSET = 10_000
+
+
+def check_offset(offset) -> int:
+    """How many hits a page skips (not part of the spec, like k)."""
+    return checks.number("offset", offset, 0, MAX_OFFSET, integer=True)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One search of a batch (`SearchPipeline.search_many`)."""
+
+    text: str
+    k: int = 10
+    spec: SearchSpec | dict | None = None
+    offset: int = 0
+
+
+@dataclass
+class SearchResult:
+    ranking: Ranking  # the hits up to offset + k, best first; the page is ranking[offset:]
+    spec: SearchSpec  # the spec applied
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    fused: Fused | None = None  # hybrid only: candidates with every component, for `explain`
+    reranked: Reranked | None = None
+    offset: int = 0
+    has_more: bool = False  # hits exist below this page
+    pool: np.ndarray | None = None  # every hit a page could show (filtered, above min_score): for facets
+    allowed: Allowed | None = None  # the documents the filter admits (None: no filter)
+    vector: np.ndarray | None = None  # the query embedding, when a stage computed one
+
+    @property
+    def page(self) -> range:
+        """Positions in `ranking` of this page's hits."""
+        return range(self.offset, len(self.ranking))
+
+    @property
+    def explainable(self) -> bool:
+        return self.fused is not None or self.reranked is not None
+
+    def explain(self, position: int) -> dict:
+        """Every component of the score of the hit at `position` (hybrid or reranked)."""
+        parts: dict = {"final": float(self.ranking.scores[position])}
+        reranked = self.reranked
+        if reranked is not None:  # the final ranking is a prefix of the reranked one
+            parts["rerank"] = {"score": float(reranked.rerank_score[position]) if position < reranked.depth else None,
+                               "weight": reranked.weight, "first_stage_rank": int(reranked.first_stage_rank[position]),
+                               "first_stage_score": float(reranked.first_stage_score[position])}
+        if self.fused is not None:
+            parts.update(self._fused_parts(position))
+        return parts
+
+    def _fused_parts(self, position: int) -> dict:
+        fused = self.fused
+        at = int(np.searchsorted(fused.candidates.doc_idx, self.ranking.doc_idx[position]))
+        parts = {}
+        for name in ("bm25", "dense"):
+            rank = int(fused.candidates.ranks[name][at])
+            parts[name] = {
+                "score": float(fused.candidates.scores[name][at]),
+                "rank": rank or None,
+                "normalized": None if fused.normalized is None else float(fused.normalized[name][at]),
+                "contribution": float(fused.contributions[name][at]),
+            }
+        return {"fused": float(fused.scores[at]), **parts}
+
+
+class Stopwatch:
+    def __init__(self):
+        self.timings: dict[str, float] = {}
+
+    def time(self, stage: str, fn, *args):
+        start = time.perf_counter()
+        result = fn(*args)
+        self.timings[stage] = (time.perf_counter() - start) * 1000
+        return result
+
+
+class SearchPipeline:
+    """Stateless over shared, read-only indexes: safe to call from many threads at once.
+
+    `defaults` is the spec a request's partial spec is merged onto (see search.spec). Hybrid mode fuses
+    the top-`depth` of each retriever, independent of `k`, so a document's fused score never depends
+    on the page size. With an executor, the BM25 leg runs beside query embedding + dense search.
+    """
+
+    def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
+                 defaults: SearchSpec = SearchSpec(), executor: ThreadPoolExecutor | None = None,
+                 hubness: HubnessSearcher | None = None, reranker: Reranker | None = None,
+                 metadata: MetadataColumns | None = None, alive: np.ndarray | None = None,
+                 no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)"):
+        self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
+        self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
+        self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
+        self.no_hubness_reason = no_hubness_reason
+        self.defaults = self._servable(defaults)
+
+    def with_bm25(self, bm25) -> "SearchPipeline":
+        """This pipeline with another BM25 scorer (a shard's, scoring with its whole corpus's statistics)."""
+        clone = copy.copy(self)
+        clone.bm25 = bm25
+        return clone
+
+    def resolve(self, overrides: dict | None = None) -> SearchSpec:
+        """The defaults with a request's partial spec merged on, checked against what this index can do."""
+        return self._servable(self.defaults.merge(overrides))
+
+    def _servable(self, spec: SearchSpec) -> SearchSpec:
+        if spec.hubness.method != "none" and self.hubness is None:
+            raise SpecError("hubness.method", f"{self.no_hubness_reason}; use \"none\"")
+        if spec.rerank.enabled and self.reranker is None:
+            raise SpecError("rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search "
+                                              "--reranker`); use false")
+        if spec.filter is not None:
+            self._admitted(spec.filter)  # checks the filter against the index's fields (the answer is cached)
+        return spec
+
+    def _admitted(self, filter_: dict) -> Allowed:
+        if self.metadata is None:
+            raise SpecError("filter", "this index has no filterable metadata fields (documents had no metadata, or "
+                                      "`hybrid index --filterable` named none)")
+        return self.metadata.allowed(filter_)
+
+    def allowed(self, filter_: dict | None) -> Allowed | None:
+        """The documents `filter_` admits that exist (None: every document); SpecError naming the path of a bad
+        condition."""
+        if filter_ is None:
+            return self.alive
+        allowed = self._admitted(filter_)
+        return allowed if self.alive is None else Allowed(allowed.mask & self.alive.mask)
+
+    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None):
+        scores = clock.time("bm25", self.bm25.scores, query)
+        return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
+
+    def dense_leg(self, query: str, depth: int, clock: Stopwatch, hubness: HubnessSpec, allowed: Allowed | None = None,
+                  vector: np.ndarray | None = None, coef: np.ndarray | None = None):
+        """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked (with `coef` when the
+        caller chose them: a shard's coordinator); among the allowed documents only, scored exactly when they are few
+        (see DenseIndex.brute_force)."""
+        if vector is None:
+            vector = clock.time("embed", self.embedder.encode, [query])[0]
+        if hubness.method != "none" and coef is not None:
+            return vector, clock.time("dense", self.hubness.search_with, vector, depth, coef, allowed, self.embeddings), coef
+        if hubness.method != "none":
+            ranking, coef = clock.time("dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic, allowed,
+                                       self.embeddings)
+            return vector, ranking, coef
+        if allowed is not None and self.dense.brute_force(allowed):
+            return vector, clock.time("dense", exact_top_k, lambda ids: self.embeddings[ids] @ vector, allowed.ids, depth), None
+        return vector, clock.time("dense", self.dense.search, vector, depth, allowed), None
+
+    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(), clock: Stopwatch | None = None,
+                   allowed: Allowed | None = None, vector: np.ndarray | None = None,
+                   coef: np.ndarray | None = None) -> tuple[Candidates, np.ndarray]:
+        """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
+        (corrected) cosine; and the query vector."""
+        clock = clock or Stopwatch()
+        if self.executor is not None:
+            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed)
+            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
+            bm25_scores, bm25_ranking = bm25_future.result()
+        else:
+            bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed)
+            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
+        if coef is None:
+            dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
+        else:
+            correction = self.hubness.correction
+            dense_scores = lambda idx: correction.corrected(self.embeddings[idx] @ vector, idx, coef)  # noqa: E731
+            floors = {"dense": correction.score_floor(coef)}
+        candidates = clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking},
+                                {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores}, floors)
+        return candidates, vector
+
+    def search(self, query: str, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0,
+               vector: np.ndarray | None = None) -> SearchResult:
+        """Hits `offset` .. `offset + k` for `query` under `spec`: a full spec, or a partial one (dict form)
+        merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch).
+
+        Pages are consistent: hybrid fuses a fixed `depth` per retriever and reranking reorders a fixed
+        `rerank.depth`, so page 2 with k=10 is ranks 11-20 of k=20 with the same scores. `min_score` applies
+        to the final score: the fused (or single-retriever) score, or the reranker's (search.rerank.interpolate).
+        """
+        spec = spec if isinstance(spec, SearchSpec) else self.resolve(spec)
+        if not isinstance(query, str) or not query.strip():
+            raise SpecError("query", "must be a non-empty string")
+        k, offset = check_k(k), check_offset(offset)
+        check_semantic_hits(spec.highlight.semantic, k)
+        started = time.perf_counter()
+        clock = Stopwatch()
+        allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else self.alive
+        rerank = spec.rerank
+        # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`
+        single_depth = max(offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
+        fused = None
+        if spec.mode == "bm25":
+            ranking = self.bm25_leg(query, single_depth, clock, allowed)[1]
+        elif spec.mode == "dense":
+            vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector)
+        else:
+            candidates, vector = self.candidates(query, spec.depth, spec.hubness, clock, allowed, vector)
+            fused = clock.time("fusion", fuse, candidates, spec.fusion)
+            ranking = fused.ranking()
+        reranked = None
+        if rerank.enabled:
+            reranked = clock.time("rerank", self.reranker.rerank, query, ranking, rerank.depth, rerank.weight)
+            ranking = reranked.ranking
+        if spec.min_score is not None:
+            # float64: a huge min_score must not overflow a float32 cast; scores descend
+            ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
+        clock.timings["total"] = (time.perf_counter() - started) * 1000
+        return SearchResult(ranking.head(offset + k), spec, clock.timings, fused, reranked, offset=offset,
+                            has_more=len(ranking) > offset + k, pool=ranking.doc_idx, allowed=allowed, vector=vector)
+
+    def search_many(self, queries: list[Query]) -> list[SearchResult]:
+        """Several searches, their queries embedded in one model run. Every query is checked before any
+        runs: an invalid one raises SpecError naming it (`searches[3].k`), and nothing is answered."""
+        resolved = []
+        for i, item in enumerate(queries):
+            try:
+                spec = item.spec if isinstance(item.spec, SearchSpec) else self.resolve(item.spec)
+                if not isinstance(item.text, str) or not item.text.strip():
+                    raise SpecError("query", "must be a non-empty string")
+                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset)))
+                check_semantic_hits(spec.highlight.semantic, resolved[-1].k)
+            except SpecError as exc:
+                raise exc.within(f"searches[{i}]") from None
+        embed = [i for i, item in enumerate(resolved) if item.spec.mode != "bm25"]
+        started = time.perf_counter()
+        vectors = dict(zip(embed, self.embedder.encode([resolved[i].text for i in embed]))) if embed else {}
+        embed_ms = (time.perf_counter() - started) * 1000
+        results = []
+        for i, item in enumerate(resolved):
+            budget.check("a batch of searches")
+            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i))
+            if i in vectors:
+                result.timings_ms["embed"] = embed_ms  # the batch's one model run
+            results.append(result)
+        return results

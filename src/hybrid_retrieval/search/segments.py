@@ -1,0 +1,273 @@
+"""A collection that changed since its build: the base segment, live documents added since, deletions.
+
+Documents are numbered base first (0 .. n-1, the built index's order) then live (n .. n+m-1). Every piece here
+presents the interface the search pipeline already uses (search.pipeline), over that joint numbering:
+
+    LiveBM25      scores(query) with the statistics of the documents that exist now (search.postings)
+    LiveDense     the base FAISS index (deleted documents excluded by the caller's allowed set) + live vectors
+    LiveVectors   embeddings[ids] across both segments
+    concat_columns   metadata columns of both segments as one (search.filters), so filters apply to new documents
+
+Deleted base documents are excluded by an alive mask that the pipeline intersects with any filter.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
+from hybrid_retrieval.search.dense import DenseIndex
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.filters import Allowed, KeywordColumn, MetadataColumns, ValueColumn
+from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.ranking import Ranking, top_k
+
+
+@dataclass(frozen=True)
+class LiveDocument:
+    """A document written through the API: stored fields, analysed terms, its embedding."""
+
+    doc_id: str
+    title: str
+    text: str
+    metadata: dict
+    term_ids: np.ndarray  # int64: its distinct analysed terms, as ids of the collection's live vocabulary
+    tfs: np.ndarray  # int64: their frequencies
+    length: int  # analysed tokens
+    vector: np.ndarray  # unit vector from the index's embedder
+    position: int = -1  # in a shard: the document's position in the whole sharded index (indexer.shards)
+
+    @classmethod
+    def analysed(cls, doc_id: str, title: str, text: str, metadata: dict, tokens: list[str], vector: np.ndarray,
+                 vocabulary: dict[str, int], position: int = -1) -> "LiveDocument":
+        """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms."""
+        counts = Counter(tokens)
+        term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int64, count=len(counts))
+        return cls(doc_id, title, text, metadata, term_ids, np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
+                   len(tokens), np.asarray(vector, dtype=np.float32), position)
+
+
+_NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+TERM_WEIGHT_CACHE = 16_384  # terms whose base weights a snapshot keeps
+
+
+class LiveSegment:
+    """Immutable arrays over a list of live documents: term postings (by term id, CSC), lengths, vectors. Built in
+    a few vectorised passes: a refresh rebuilds it while writes wait."""
+
+    def __init__(self, docs: list[LiveDocument], dimension: int, vocabulary: dict[str, int]):
+        self.docs, self.vocabulary = docs, vocabulary  # the vocabulary only grows: terms added later have no postings here
+        self.lengths = np.array([d.length for d in docs], dtype=np.int64)
+        self.vectors = np.stack([d.vector for d in docs]).astype(np.float32) if docs else np.empty((0, dimension), np.float32)
+        term_ids = np.concatenate([d.term_ids for d in docs]) if docs else np.empty(0, np.int64)
+        tfs = np.concatenate([d.tfs for d in docs]) if docs else np.empty(0, np.int64)
+        doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), [len(d.term_ids) for d in docs])
+        order = np.argsort(term_ids, kind="stable")  # by term, then document
+        self._docs, self._tfs = doc_of[order], tfs[order]
+        self._indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=len(vocabulary)))])
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
+        """(live document positions, term frequencies) of `term`."""
+        term_id = self.vocabulary.get(term)
+        if term_id is None or term_id + 1 >= len(self._indptr):
+            return _NO_POSTINGS
+        start, end = self._indptr[term_id], self._indptr[term_id + 1]
+        return self._docs[start:end], self._tfs[start:end]
+
+
+def check_live_method(params: BM25Params) -> None:
+    """Live statistics are computed for the Lucene variant only (search.postings)."""
+    if params.method != "lucene":
+        raise ConfigError(f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
+                          "rebuild it with --bm25-method lucene to accept writes")
+
+
+@dataclass(frozen=True)
+class CorpusStatistics:
+    """The BM25 statistics of a corpus (or of one shard's part of it: shards' parts add up to the corpus's): the
+    documents that exist, their total length in tokens, and the document frequency of some terms."""
+
+    documents: int
+    length: int
+    df: dict[str, int]
+
+    @property
+    def avgdl(self) -> float:
+        return self.length / max(1, self.documents)
+
+    @classmethod
+    def total(cls, parts: list["CorpusStatistics"]) -> "CorpusStatistics":
+        df: Counter = Counter()
+        for part in parts:
+            df.update(part.df)
+        return cls(sum(p.documents for p in parts), sum(p.length for p in parts), dict(df))
+
+
+class LiveBM25:
+    """BM25 (Lucene variant) over alive base documents and live ones, with the statistics of exactly those:
+    rankings equal a fresh build's of the same documents. A shard scores with its whole corpus's statistics instead
+    (`scores(query, statistics)`), so a document's score does not depend on the shard that holds it."""
+
+    def __init__(self, base: BM25Index, postings: Postings, params: BM25Params, base_alive: np.ndarray, live: LiveSegment):
+        check_live_method(params)
+        self.analyzer, self.params, self.postings, self.alive, self.live = base.analyzer, params, postings, base_alive, live
+        self._vocab = base.vocabulary
+        self.base_docs = len(base_alive)
+        self.num_docs = self.base_docs + len(live)
+        self.collection_size = int(base_alive.sum()) + len(live)
+        self.total_length = int(postings.lengths[base_alive].sum()) + int(live.lengths.sum())
+        self.avgdl = self.total_length / max(1, self.collection_size)
+        self._base_df = postings.document_frequency(base_alive)
+        self._all_alive = bool(base_alive.all())
+        # Per average length (this snapshot's, or a corpus's that a shard is given), the length normalisation of every
+        # document, k1 * (1 - b + b * |d| / avgdl), and a term's base weights: the same for every query until it changes.
+        self._norms = functools.lru_cache(maxsize=2)(self._compute_norms)
+        self._base_weights = functools.lru_cache(maxsize=TERM_WEIGHT_CACHE)(self._compute_base_weights)
+
+    def df(self, term: str) -> int:
+        """Documents that exist and contain `term`."""
+        term_id = self._vocab.get(term)
+        return (int(self._base_df[term_id]) if term_id is not None else 0) + len(self.live.postings(term)[0])
+
+    def statistics(self, terms) -> CorpusStatistics:
+        """This segment's statistics, with the document frequencies of `terms`."""
+        return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
+
+    def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
+        """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches:
+        sum over query terms t of idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)) (search.postings), with the
+        document count, avgdl and document frequencies of `statistics` (default: of this segment)."""
+        n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
+        out = np.zeros(self.num_docs, dtype=np.float64)
+        for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
+            term_id = self._vocab.get(term)
+            live_idx, live_tf = self.live.postings(term)
+            if statistics is None:
+                df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
+            else:
+                df = statistics.df.get(term, 0)
+            if df == 0:
+                continue
+            idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
+            if term_id is not None:
+                docs, weights = self._base_weights(term_id, avgdl)
+                out[docs] += idf * weights
+            if len(live_idx):
+                out[self.base_docs + live_idx] += idf * live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
+        return out
+
+    def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
+        k1, b = self.params.k1, self.params.b
+        return (k1 * (1.0 - b + b * np.asarray(self.postings.lengths, dtype=np.float64) / avgdl),
+                k1 * (1.0 - b + b * self.live.lengths.astype(np.float64) / avgdl))
+
+    def _compute_base_weights(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
+        """The alive base documents holding the term and tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each."""
+        docs, tfs = self.postings.term(term_id)
+        if not self._all_alive:
+            keep = self.alive[docs]
+            docs, tfs = docs[keep], tfs[keep]
+        return docs, tfs / (tfs + self._norms(avgdl)[0][docs])
+
+    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
+
+    def with_statistics(self, statistics: CorpusStatistics) -> "CorpusScoredBM25":
+        return CorpusScoredBM25(self, statistics)
+
+
+class CorpusScoredBM25:
+    """A LiveBM25 that scores with a whole corpus's statistics (a shard's, summed by its coordinator)."""
+
+    def __init__(self, bm25: LiveBM25, statistics: CorpusStatistics):
+        self.bm25, self.statistics, self.analyzer = bm25, statistics, bm25.analyzer
+
+    def scores(self, query: str) -> np.ndarray:
+        return self.bm25.scores(query, self.statistics)
+
+    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
+
+
+class LiveVectors:
+    """`vectors[ids]` across the base embeddings and the live segment's vectors."""
+
+    def __init__(self, base: np.ndarray, live: np.ndarray):
+        self.base, self.live = base, live
+        self.base_docs = len(base)
+
+    def __len__(self) -> int:
+        return self.base_docs + len(self.live)
+
+    def __getitem__(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim == 0:
+            return self[ids.reshape(1)][0]
+        out = np.empty((len(ids), self.base.shape[1]), dtype=np.float32)
+        in_base = ids < self.base_docs
+        out[in_base] = self.base[ids[in_base]]
+        out[~in_base] = self.live[ids[~in_base] - self.base_docs]
+        return out
+
+
+class LiveDense:
+    """Dense search over the base FAISS index and the live vectors (scored exactly: the live segment is small)."""
+
+    def __init__(self, base: DenseIndex, live_vectors: np.ndarray):
+        self.base, self.live_vectors = base, live_vectors
+        self.params, self.dimension, self.on_gpu = base.params, base.dimension, base.on_gpu
+        self.base_docs = base.num_docs
+        self.num_docs = base.num_docs + len(live_vectors)
+
+    def brute_force(self, allowed: Allowed) -> bool:
+        return self.base.brute_force(allowed)
+
+    def search(self, vector: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+        if allowed is None:
+            base = self.base.search(vector, depth)
+            live_ids = np.arange(len(self.live_vectors), dtype=np.int64)
+        else:
+            base_allowed = Allowed(allowed.mask[: self.base_docs])
+            base = self.base.search(vector, depth, base_allowed) if base_allowed.count else Ranking.empty()
+            live_ids = allowed.ids[allowed.ids >= self.base_docs] - self.base_docs
+        ids = np.concatenate([base.doc_idx, live_ids + self.base_docs])
+        scores = np.concatenate([base.scores.astype(np.float32), self.live_vectors[live_ids] @ vector])
+        best = top_k(scores, depth)
+        return Ranking(ids[best.doc_idx], best.scores)
+
+
+def concat_columns(base: MetadataColumns | None, live: MetadataColumns | None, base_docs: int, live_docs: int) -> MetadataColumns | None:
+    """One set of metadata columns over both segments (a field missing from a segment is missing in its documents)."""
+    if base is None and live is None:
+        return None
+    fields = {**(base.fields if base else {}), **(live.fields if live else {})}
+    columns = {}
+    for name in sorted({*(base.columns if base else {}), *(live.columns if live else {})}):
+        parts = [(part.columns.get(name) if part else None, n) for part, n in ((base, base_docs), (live, live_docs))]
+        columns[name] = _concat_column(fields[name].type, parts)
+    return MetadataColumns(fields, columns, base_docs + live_docs)
+
+
+def _concat_column(field_type: str, parts: list[tuple[KeywordColumn | ValueColumn | None, int]]):
+    if field_type == "keyword":
+        vocab = sorted({v for column, _ in parts if column is not None for v in column.vocab})
+        new_id = {v: i for i, v in enumerate(vocab)}
+        offsets, value_ids, end = [np.zeros(1, dtype=np.int64)], [], 0
+        for column, n in parts:
+            if column is None:
+                offsets.append(np.full(n, end, dtype=np.int64))
+                continue
+            remap = np.array([new_id[v] for v in column.vocab], dtype=np.int32)
+            value_ids.append(remap[column.value_ids] if len(remap) else column.value_ids)
+            offsets.append(column.offsets[1:] + end)
+            end += int(column.offsets[-1])
+        return KeywordColumn(vocab, np.concatenate(offsets), np.concatenate(value_ids) if value_ids else np.empty(0, np.int32))
+    dtype = {"bool": np.bool_, "int": np.int64}.get(field_type, np.float64)
+    values = [column.values.astype(dtype) if column is not None else np.zeros(n, dtype) for column, n in parts]
+    present = [column.present if column is not None else np.zeros(n, bool) for column, n in parts]
+    return ValueColumn(np.concatenate(values), np.concatenate(present))

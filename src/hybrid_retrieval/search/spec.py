@@ -1,0 +1,294 @@
+"""The search specification: everything that decides how a query is ranked, validated in one place.
+
+The spec a request is served with is built by merging partial specs, each in the dict form, onto
+the library defaults below, in order: the index's defaults (its manifest: the tuned fusion, a fitted
+hubness correction), the service's settings (reranker depth and weight), then the request.
+`SearchSpec.merge` validates every field it is given; an error names the field by its dotted path
+(`rerank.weight`), whoever wrote the value.
+
+Two forms, both round-tripping (`SearchSpec.from_dict(spec.to_dict()) == spec` and
+`SearchSpec.from_dict(parse_spec_string(spec.to_string())) == spec`; the string leaves out what equals
+the library default where it can, e.g. RRF weights [1, 1] and an unset min_score):
+
+    dict    {"mode": "hybrid", "depth": 100, "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 1.0]},
+             "hubness": {"method": "none", "dynamic": false},
+             "rerank": {"enabled": false, "depth": 50, "weight": 1.0}, "min_score": null,
+             "filter": {"year": {"gte": 2015}},
+             "highlight": {"enabled": true, "semantic": false, "snippet_chars": 160, "snippets": 1}}
+    string  hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1+highlight:chars=160:snippets=1+filter:{"year": {"gte": 2015}}
+
+The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25, dense, hybrid) or a
+fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
+`+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`,
+`+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, and last `+filter:JSON` (search.filters; the JSON
+runs to the end of the string, so it may contain "+").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+
+from hybrid_retrieval.search import checks
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.filters import check_filter
+from hybrid_retrieval.search.fusion import (
+    FUSIONS,
+    RRF,
+    Fusion,
+    fusion_from_dict,
+    fusion_from_string,
+    fusion_to_dict,
+    fusion_to_string,
+)
+from hybrid_retrieval.search.highlight import DEFAULT_SNIPPET_CHARS, DEFAULT_SNIPPETS, check_snippet_options
+from hybrid_retrieval.search.hubness import HUBNESS_METHODS
+from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH, check_weight
+
+MODES = ("bm25", "dense", "hybrid")
+MAX_K = 1000
+MAX_DEPTH = 1000
+DEFAULT_DEPTH = 100
+
+
+@dataclass(frozen=True)
+class HubnessSpec:
+    method: str = "none"  # none | qbnorm | dbnorm
+    dynamic: bool = False  # DIS: correct only queries whose raw top-1 is in the bank's activation set
+
+    def __post_init__(self):
+        checks.choice("method", self.method, HUBNESS_METHODS)
+        if checks.flag("dynamic", self.dynamic) and self.method == "none":
+            object.__setattr__(self, "dynamic", False)  # dynamic only says when to apply a correction
+
+
+@dataclass(frozen=True)
+class RerankSpec:
+    enabled: bool = False
+    depth: int = DEFAULT_RERANK_DEPTH  # first-stage hits the cross-encoder reorders; the rest follow
+    weight: float = 1.0  # trust in the cross-encoder (search.rerank.interpolate)
+
+    def __post_init__(self):
+        checks.flag("enabled", self.enabled)
+        object.__setattr__(self, "depth", checks.number("depth", self.depth, 1, MAX_RERANK_DEPTH, integer=True))
+        object.__setattr__(self, "weight", check_weight(self.weight))
+
+
+@dataclass(frozen=True)
+class HighlightSpec:
+    enabled: bool = False  # mark the query's terms (through the index's analyzer) in snippets of title and text
+    semantic: bool = False  # also, for a hit no query term matches, the sentence most similar to the query
+    snippet_chars: int = DEFAULT_SNIPPET_CHARS  # about how long a snippet is
+    snippets: int = DEFAULT_SNIPPETS  # at most this many snippets of the text, best first
+
+    def __post_init__(self):
+        checks.flag("enabled", self.enabled)
+        checks.flag("semantic", self.semantic)
+        chars, count = check_snippet_options(self.snippet_chars, self.snippets)
+        object.__setattr__(self, "snippet_chars", chars)
+        object.__setattr__(self, "snippets", count)
+
+
+def _merge_part(cls, base, given, name: str):
+    """`base` (a HubnessSpec or RerankSpec) with the fields `given` names replaced; errors under `name`."""
+    if not isinstance(given, dict):
+        raise SpecError(name, f"must be an object with fields {', '.join(f.name for f in fields(cls))}, got {given!r}")
+    known = [f.name for f in fields(cls)]
+    try:
+        for key in given:
+            if key not in known:
+                raise SpecError(key, f"unknown field; valid: {', '.join(known)}")
+        return replace(base, **given)
+    except SpecError as exc:
+        raise exc.within(name) from None
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """How to rank: retrieval mode, candidate depth, fusion, hubness correction, reranking, score floor.
+
+    `k` (how many hits) is the request's, not the spec's: the same spec serves every page size. New
+    request options (filters, highlighting) become fields here, with their dict and string forms.
+    """
+
+    mode: str = "hybrid"
+    depth: int = DEFAULT_DEPTH  # hybrid: candidates per retriever, fused; independent of k
+    fusion: Fusion = field(default_factory=RRF)  # hybrid only
+    hubness: HubnessSpec = field(default_factory=HubnessSpec)  # dense and hybrid only
+    rerank: RerankSpec = field(default_factory=RerankSpec)
+    min_score: float | None = None  # drop hits whose final score is below it
+    filter: dict | None = None  # which documents may be retrieved (search.filters); checked by the index
+    highlight: HighlightSpec = field(default_factory=HighlightSpec)
+
+    def __post_init__(self):
+        checks.choice("mode", self.mode, MODES)
+        object.__setattr__(self, "depth", checks.number("depth", self.depth, 1, MAX_DEPTH, integer=True))
+        if not isinstance(self.fusion, tuple(FUSIONS.values())):
+            raise SpecError("fusion", f"must be one of {', '.join(FUSIONS)}, got {self.fusion!r}")
+        if self.min_score is not None:
+            object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
+        object.__setattr__(self, "filter", check_filter(self.filter))
+
+    def merge(self, overrides: dict | None) -> "SearchSpec":
+        """This spec with the fields of the partial dict form `overrides` replaced, validated."""
+        if not overrides:
+            return self
+        if not isinstance(overrides, dict):
+            raise SpecError("spec", f"must be an object, got {overrides!r}")
+        known = [f.name for f in fields(self)]
+        changes = {}
+        for name, value in overrides.items():
+            if name not in known:
+                raise SpecError(name, f"unknown field; valid: {', '.join(known)}")
+            if name == "fusion":
+                try:
+                    changes[name] = fusion_from_dict(value, self.fusion)
+                except SpecError as exc:
+                    raise exc.within("fusion") from None
+            elif name == "hubness":
+                changes[name] = _merge_part(HubnessSpec, self.hubness, value, name)
+            elif name == "rerank":
+                changes[name] = _merge_part(RerankSpec, self.rerank, value, name)
+            elif name == "highlight":
+                # `true` / `false` switch it; an object switches it on unless it says "enabled": false
+                given = {"enabled": value} if isinstance(value, bool) else {"enabled": True, **value} if isinstance(value, dict) else value
+                changes[name] = _merge_part(HighlightSpec, self.highlight, given, name)
+            else:
+                changes[name] = value
+        return replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, spec: dict) -> "SearchSpec":
+        """A full spec from a (possibly partial) dict: fields not given are the library defaults."""
+        return cls().merge(spec)
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "depth": self.depth, "fusion": fusion_to_dict(self.fusion),
+                "hubness": {"method": self.hubness.method, "dynamic": self.hubness.dynamic},
+                "rerank": {"enabled": self.rerank.enabled, "depth": self.rerank.depth, "weight": self.rerank.weight},
+                "min_score": self.min_score, "filter": self.filter,
+                "highlight": {"enabled": self.highlight.enabled, "semantic": self.highlight.semantic,
+                              "snippet_chars": self.highlight.snippet_chars, "snippets": self.highlight.snippets}}
+
+    def to_string(self) -> str:
+        return spec_to_string(self.to_dict())
+
+
+def spec_to_string(spec: dict) -> str:
+    """The string form of a (possibly partial) dict form that names a mode: only the fields it names."""
+    if "mode" not in spec:
+        raise SpecError("mode", "the string form starts with the mode; this spec has none")
+    parts = [spec["mode"]]
+    if "fusion" in spec:
+        try:
+            parts.append(fusion_to_string(fusion_from_dict(spec["fusion"])))
+        except SpecError as exc:
+            raise exc.within("fusion") from None
+    if "depth" in spec:
+        parts.append(f"depth:{spec['depth']}")
+    hubness = spec.get("hubness")
+    if hubness is not None:
+        method = hubness.get("method", "none")
+        parts.append("nohub" if method == "none" else method + (":dis" if hubness.get("dynamic") else ""))
+    rerank = spec.get("rerank")
+    if rerank is not None:
+        text = "rerank"
+        if "enabled" in rerank:
+            text += ":on" if rerank["enabled"] else ":off"
+        if "depth" in rerank:
+            text += f":d={rerank['depth']}"
+        if "weight" in rerank:
+            text += f":w={checks.compact(rerank['weight'])}"
+        parts.append(text)
+    if spec.get("min_score") is not None:
+        parts.append(f"min:{checks.compact(spec['min_score'])}")
+    highlight = spec.get("highlight")
+    if highlight is not None and highlight != SearchSpec().to_dict()["highlight"]:  # named only when asked for
+        highlight = {"enabled": highlight} if isinstance(highlight, bool) else highlight
+        text = "highlight" + ("" if highlight.get("enabled", True) else ":off") + (":semantic" if highlight.get("semantic") else "")
+        text += "".join(f":{key}={highlight[name]}" for key, name in (("chars", "snippet_chars"), ("snippets", "snippets"))
+                        if name in highlight)
+        parts.append(text)
+    if spec.get("filter"):
+        parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
+    return "+".join(parts)
+
+
+def parse_spec_string(text: str) -> dict:
+    """The partial dict form of a string form; unknown parts are errors that list the valid ones."""
+    text, _, filter_text = text.partition("+filter:")
+    first, *extras = text.split("+")
+    spec: dict = {}
+    if filter_text:
+        try:
+            spec["filter"] = check_filter(json.loads(filter_text))
+        except json.JSONDecodeError as exc:
+            raise SpecError("filter", f"not JSON ({exc}): {filter_text[:60]!r}") from None
+    if first in MODES:
+        spec["mode"] = first
+    elif first.split(":")[0] in FUSIONS:
+        spec["mode"] = "hybrid"
+        spec["fusion"] = fusion_from_string(first)
+    else:
+        raise SpecError("mode", f"{text!r} starts with {first!r}; valid: {', '.join(MODES)}, rrf[:...], cc[:...]")
+    for extra in extras:
+        name, _, arg = extra.partition(":")
+        if name in FUSIONS:
+            spec["fusion"] = fusion_from_string(extra)
+        elif name == "depth":
+            spec["depth"] = _integer("depth", arg)
+        elif name in ("qbnorm", "dbnorm") and arg in ("", "dis"):
+            spec["hubness"] = {"method": name, "dynamic": arg == "dis"}
+        elif name == "nohub" and not arg:
+            spec["hubness"] = {"method": "none", "dynamic": False}
+        elif name == "rerank":
+            spec["rerank"] = _parse_rerank(arg)
+        elif name == "min":
+            spec["min_score"] = checks.parse_number("min_score", arg)
+        elif name == "highlight":
+            spec["highlight"] = _parse_highlight(arg)
+        else:
+            raise SpecError("spec", f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
+                                    "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
+                                    "highlight[:on|:off][:semantic][:chars=N][:snippets=N], filter:JSON (last)")
+    return spec
+
+
+def _parse_rerank(arg: str) -> dict:
+    rerank: dict = {"enabled": True}
+    for part in filter(None, arg.split(":")):
+        if part in ("on", "off"):
+            rerank["enabled"] = part == "on"
+        elif part.startswith("d="):
+            rerank["depth"] = _integer("rerank.depth", part[2:])
+        elif part.startswith("w="):
+            rerank["weight"] = checks.parse_number("rerank.weight", part[2:])
+        else:
+            raise SpecError("rerank", f"unknown part {part!r}; valid: rerank[:on|:off][:d=N][:w=W]")
+    return rerank
+
+
+def _parse_highlight(arg: str) -> dict:
+    highlight: dict = {"enabled": True}
+    for part in filter(None, arg.split(":")):
+        if part in ("on", "off"):
+            highlight["enabled"] = part == "on"
+        elif part == "semantic":
+            highlight["semantic"] = True
+        elif part.startswith("chars="):
+            highlight["snippet_chars"] = _integer("highlight.snippet_chars", part[6:])
+        elif part.startswith("snippets="):
+            highlight["snippets"] = _integer("highlight.snippets", part[9:])
+        else:
+            raise SpecError("highlight", f"unknown part {part!r}; valid: highlight[:on|:off][:semantic][:chars=N][:snippets=N]")
+    return highlight
+
+
+def _integer(name: str, text: str) -> int:
+    value = checks.parse_number(name, text)
+    return int(value) if value.is_integer() else value  # a fraction fails the field's own check
+
+
+def check_k(k) -> int:
+    """The number of hits a request asks for (not part of the spec: see SearchSpec)."""
+    return checks.number("k", k, 1, MAX_K, integer=True)

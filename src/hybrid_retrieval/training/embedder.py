@@ -1,0 +1,256 @@
+"""Fine-tune an index's dense encoder (sentence-transformers, torch) on (query, relevant document) examples:
+judged queries (`hybrid train-embedder`) or pseudo-queries cut from the corpus (`hybrid adapt`, training.pseudo).
+
+Recipe: contrastive loss over a batch of (query, positive, hard negatives): each query must score its positive
+above every other document of the batch (the other queries' positives and negatives: in-batch negatives) and
+its own `hard_negatives`, sampled afresh each epoch from our hybrid top-`mine_depth` minus every document the
+query is known to match. A document that is relevant to a row's query but sits in another column (two queries
+sharing a positive) is masked out of that row rather than pushed away. The score is `scale` x cosine, as in
+sentence-transformers' MultipleNegativesRankingLoss.
+
+Model selection: a held-out slice of the queries is scored before training and after every epoch, by dense
+retrieval over a pool (each held-out query's hybrid top-`eval_depth` and its relevant documents: re-embedding
+a whole corpus every epoch would cost more than the epoch); the best epoch is kept, training stops after
+`patience` epochs without a gain, and the base model counts as epoch 0, so a recipe that hurts is reported as
+such. The folder written is a sentence-transformers model plus `training.json`; `hybrid index --model` and
+`hybrid reembed` export it to ONNX like any other model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import random
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from hybrid_retrieval.common.publish import publish_dir
+from hybrid_retrieval.indexer.store import OpenIndex, index_model
+from hybrid_retrieval.models.onnx_export import TRAINING_RECORD
+from hybrid_retrieval.search.devices import check_device
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.training.metrics import per_query_scores
+from hybrid_retrieval.training.reranker import MinedQuery, mine, training_device
+from hybrid_retrieval.training.pseudo import generate
+from hybrid_retrieval.training.splits import split_dev
+
+logger = logging.getLogger(__name__)
+
+METRIC = "ndcg@10"
+
+
+@dataclass(frozen=True)
+class EmbedderOptions:
+    epochs: int = 3
+    batch_size: int = 32  # examples per step; every other example's documents are in-batch negatives
+    hard_negatives: int = 1  # per example, from the hybrid top-`mine_depth`
+    mine_depth: int = 30
+    learning_rate: float = 2e-5
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    scale: float = 20.0  # scores are scale x cosine (temperature 0.05)
+    dev_fraction: float = 0.2  # queries held out for model selection
+    eval_depth: int = 50  # the held-out pool: each held-out query's hybrid top-N and its relevant documents
+    patience: int = 1  # epochs without a held-out gain before stopping
+    seed: int = 13
+    device: str = "auto"
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch_size < 2 or self.patience < 1:
+            raise ConfigError("epochs >= 1, batch_size >= 2 (in-batch negatives need company) and patience >= 1 are required")
+        if self.hard_negatives < 0 or self.mine_depth <= self.hard_negatives:
+            raise ConfigError("need hard_negatives >= 0 and mine_depth > hard_negatives")
+        if not 0.0 < self.dev_fraction < 1.0:
+            raise ConfigError(f"dev_fraction must be in (0, 1): model selection needs held-out queries, got {self.dev_fraction}")
+        if self.eval_depth < 10 or self.learning_rate <= 0 or self.scale <= 0:
+            raise ConfigError("eval_depth >= 10, learning_rate > 0 and scale > 0 are required")
+        check_device(self.device)
+
+
+@dataclass(frozen=True)
+class Example:
+    query: str
+    positive: int  # document index
+    negatives: tuple[int, ...]
+    positive_text: str | None = None  # what the positive reads as (None: the indexed document; a pseudo-query's is cut out)
+
+
+def sample_examples(mined: list[MinedQuery], queries: dict[str, str], hard_negatives: int, rng: random.Random,
+                    passages: dict[str, str] | None = None) -> list[Example]:
+    """One example per (query, relevant document), with fresh negatives from the query's pool (too small a pool: skipped);
+    `passages` gives a query's positive text in place of its document's."""
+    return [Example(queries[m.query_id], positive, tuple(rng.sample(m.pool, hard_negatives)), (passages or {}).get(m.query_id))
+            for m in mined if len(m.pool) >= hard_negatives for positive in m.positives]
+
+
+def relevant_mask(examples: list[Example], columns: list[int], relevant: dict[str, frozenset[int]]):
+    """mask[i, j]: column j's document is relevant to example i's query but is not its own positive (column i)."""
+    import torch
+
+    mask = torch.tensor([[doc in relevant[e.query] for doc in columns] for e in examples], dtype=torch.bool)
+    mask[torch.arange(len(examples)), torch.arange(len(examples))] = False
+    return mask
+
+
+def contrastive_loss(queries, documents, mask, scale: float):
+    """Cross-entropy of each query (row) over every document of the batch (columns), its positive at column i."""
+    import torch
+
+    scores = scale * queries @ documents.T
+    scores = scores.masked_fill(mask, float("-inf"))
+    return torch.nn.functional.cross_entropy(scores, torch.arange(len(queries), device=scores.device))
+
+
+class HeldOut:
+    """Held-out queries scored by dense retrieval over a fixed pool of documents (see the module docstring)."""
+
+    def __init__(self, index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], depth: int, progress: bool,
+                 passages: dict[str, str] | None = None):
+        pipeline = index.pipeline()
+        positions = index.doc_positions
+        pool = {positions[d] for rels in qrels.values() for d in rels if d in positions}
+        for text in tqdm(queries.values(), desc="held-out pool", disable=not progress):
+            pool.update(pipeline.search(text, k=depth).ranking.doc_idx.tolist())
+        self.pool = sorted(pool)
+        # a pseudo-query's document is scored as it was trained on: without the query's own words
+        cut = {positions[d]: passages[q] for q in queries if q in (passages or {}) for d in qrels[q] if d in positions}
+        self.texts = [cut.get(i) or index.doc_text(i) for i in self.pool]
+        self.pool_ids = [index.doc_ids[i] for i in self.pool]
+        self.queries, self.qrels, self.progress = queries, qrels, progress
+
+    def score(self, model, batch_size: int = 32) -> float:
+        """Mean nDCG@10 of the held-out queries under `model` (sentence-transformers)."""
+        docs = model.encode(self.texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                            show_progress_bar=self.progress)
+        qids = list(self.queries)
+        vectors = model.encode([self.queries[q] for q in qids], batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                               show_progress_bar=False)
+        scores = vectors @ docs.T
+        top = np.argsort(-scores, axis=1)[:, :100]
+        run = {q: {self.pool_ids[j]: float(scores[i, j]) for j in top[i]} for i, q in enumerate(qids)}
+        values = per_query_scores(run, self.qrels, (METRIC,))[METRIC]
+        return sum(values.values()) / len(values)
+
+
+def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], train_ids: list[str], dev_ids: list[str],
+              out: Path | str, options: EmbedderOptions, data: dict, progress: bool = True, passages: dict[str, str] | None = None) -> dict:
+    """Train the index's encoder on `train_ids` (their qrels' relevant documents are the positives), select the epoch on
+    `dev_ids`, publish the model folder at `out` atomically and return the training record; `data` describes the data.
+    `passages`: a query's positive text in place of its document's (pseudo-queries: the document without the query)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.util import batch_to_device
+    from transformers import get_linear_schedule_with_warmup
+
+    started = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not (out / TRAINING_RECORD).is_file():
+        raise ConfigError(f"{out} exists and is not a trained model folder: refusing to replace it")
+    base = index_model(index.path)
+    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
+    rng = random.Random(options.seed)
+    examples = sample_examples(mined, queries, options.hard_negatives, rng, passages)
+    if len(examples) < options.batch_size:
+        raise ConfigError(f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
+                          "need more judged queries (or a smaller --batch-size)")
+    positions = index.doc_positions
+    relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
+    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
+    prepared = time.perf_counter()
+
+    torch.manual_seed(options.seed)
+    device = training_device(options.device)
+    model = SentenceTransformer(str(base.path), device=device)
+    per_epoch = [{"epoch": 0, METRIC: held_out.score(model)}]
+    logger.info("held-out %s of the base model: %.4f", METRIC, per_epoch[0][METRIC])
+    best_epoch, best_state = 0, copy.deepcopy(model.state_dict())
+
+    steps_per_epoch = len(examples) // options.batch_size  # a short last batch would have few in-batch negatives: dropped
+    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(options.warmup * steps_per_epoch * options.epochs),
+                                                steps_per_epoch * options.epochs)
+    doc_text = index.doc_text
+    losses = []
+
+    def embed(texts: list[str]):
+        features = batch_to_device(model.preprocess(texts), device)
+        return torch.nn.functional.normalize(model(features)["sentence_embedding"], dim=-1)
+
+    for epoch in range(1, options.epochs + 1):
+        order = examples if epoch == 1 else sample_examples(mined, queries, options.hard_negatives, rng, passages)  # fresh negatives
+        rng.shuffle(order)
+        model.train()
+        for start in tqdm(range(0, steps_per_epoch * options.batch_size, options.batch_size), desc=f"epoch {epoch}", disable=not progress):
+            batch = order[start : start + options.batch_size]
+            columns = [e.positive for e in batch] + [d for e in batch for d in e.negatives]
+            mask = relevant_mask(batch, columns, relevant).to(device)
+            texts = [e.positive_text or doc_text(e.positive) for e in batch] + [doc_text(d) for d in columns[len(batch):]]
+            loss = contrastive_loss(embed([e.query for e in batch]), embed(texts), mask, options.scale)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            losses.append(round(loss.item(), 4))
+        score = held_out.score(model)
+        per_epoch.append({"epoch": epoch, METRIC: score, "loss": sum(losses[-steps_per_epoch:]) / steps_per_epoch})
+        logger.info("epoch %d: loss %.4f, held-out %s %.4f", epoch, per_epoch[-1]["loss"], METRIC, score)
+        if score > per_epoch[best_epoch][METRIC]:
+            best_epoch, best_state = epoch, copy.deepcopy(model.state_dict())
+        elif epoch - best_epoch >= options.patience:
+            break
+    trained = time.perf_counter()
+    if best_epoch == 0:
+        logger.warning("no epoch beat the base model on the %d held-out queries (%s %.4f): the folder holds the base weights",
+                       len(dev_ids), METRIC, per_epoch[0][METRIC])
+
+    model.load_state_dict(best_state)
+    record = {
+        "kind": "embedder",
+        "base_model": {"name": base.name, "checksum": base.checksum},
+        "options": asdict(options),
+        "data": {**data, "index": str(index.path), "train_queries": len(mined), "examples_per_epoch": len(examples),
+                 "held_out_queries": len(dev_ids), "held_out_pool": len(held_out.pool), "held_out_ids": sorted(dev_ids)},
+        "device": device,
+        "held_out": {"metric": METRIC, "before": per_epoch[0][METRIC], "after": per_epoch[best_epoch][METRIC],
+                     "best_epoch": best_epoch, "per_epoch": per_epoch},
+        "loss": {"curve": losses, "chance": math.log(options.batch_size * (1 + options.hard_negatives))},
+        "seconds": {"preparation": round(prepared - started, 1), "training": round(trained - prepared, 1)},
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with publish_dir(out) as tmp:
+        model.to("cpu").save(str(tmp))
+        record["seconds"]["total"] = round(time.perf_counter() - started, 1)
+        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
+    return record
+
+
+# Supervised training's defaults: the learning rate was chosen on the held-out judged queries (scifact, 3 epochs: dense
+# nDCG@10 0.7737 at 4e-5 vs 0.7283 at 2e-5); label-free adaptation keeps 2e-5, the rate its runs were measured with.
+SUPERVISED = EmbedderOptions(learning_rate=4e-5)
+
+
+def train_embedder(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
+                   options: EmbedderOptions = SUPERVISED, split: str = "train", progress: bool = True) -> dict:
+    """`hybrid train-embedder`: fine-tune on the judged queries of a train/dev split, a slice of them held out."""
+    train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
+    return fine_tune(index, queries, qrels, train_ids, dev_ids, out, options, {"recipe": "supervised", "split": split}, progress)
+
+
+
+def adapt_embedder(index: OpenIndex, out: Path | str, options: EmbedderOptions = EmbedderOptions(), recipe: str = "ict",
+                   max_queries: int = 2000, filter_depth: int = 10, progress: bool = True) -> dict:
+    """`hybrid adapt`: fine-tune on filtered pseudo-queries (training.pseudo), no labels anywhere; a slice of the
+    pseudo-queries is held out for the epoch selection."""
+    pseudo = generate(index, recipe, max_queries, filter_depth, options.seed, progress)
+    train_ids, dev_ids = split_dev(pseudo.queries, pseudo.qrels, options.dev_fraction, options.seed)
+    return fine_tune(index, pseudo.queries, pseudo.qrels, train_ids, dev_ids, out, options,
+                     {"recipe": f"pseudo:{recipe}", "split": "pseudo-queries", "pseudo": pseudo.stats}, progress, pseudo.passages)

@@ -1,0 +1,172 @@
+"""Choose the fusion for an index on labelled training queries.
+
+Candidates (both raw scores for the union of both top-depth lists) are retrieved once per query;
+every configuration is then a cheap re-fusion. Convex combination is swept over alpha for every
+normalisation, RRF over rrf_k. The best configuration becomes the index's default only if choosing
+it beats the untuned default (RRF, rrf_k = 60) on held-out queries: 5-fold cross-validation picks the
+configuration on four folds and scores it on the fifth, so the comparison is not in-sample. The
+queries passed in are the only ones looked at: keep test queries out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from hybrid_retrieval.indexer.manifest import FusionTuning, Manifest, update_manifest
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict, fusion_to_dict, fusion_to_string
+from hybrid_retrieval.search.normalize import NORMALIZERS
+from hybrid_retrieval.search.pipeline import SearchPipeline
+from hybrid_retrieval.search.spec import SearchSpec
+from hybrid_retrieval.training.metrics import chosen_out_of_sample, evaluate, per_query_scores
+from hybrid_retrieval.training.pseudo import generate, source_name
+from hybrid_retrieval.training.splits import refuse_test_split
+
+logger = logging.getLogger(__name__)
+
+ALPHAS = tuple(round(float(a), 2) for a in np.linspace(0.0, 1.0, 21))
+FOLDS = 5
+RRF_KS = (1, 2, 5, 10, 20, 30, 40, 60, 80, 100, 150, 200, 500)
+
+
+@dataclass
+class TuningResult:
+    metric: str
+    queries: int
+    table: list[dict]  # one row per configuration: its fusion dict and its metric value
+    singles: dict[str, float]  # the metric of each retriever alone
+    per_query: list[dict[str, float]]  # aligned with `table`: each configuration's metric for each query
+
+    def best(self, family: str | None = None, norm: str | None = None) -> dict:
+        rows = [r for r in self.table if (family is None or r["method"] == family) and (norm is None or r.get("norm") == norm)]
+        return max(rows, key=lambda r: r[self.metric])  # first of equals: the grid order is deterministic
+
+    def best_fusion(self) -> Fusion:
+        return fusion_from_dict({k: v for k, v in self.best().items() if k != self.metric})
+
+    def value_of(self, fusion: Fusion) -> float:
+        return next(row[self.metric] for row in self.table if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion)
+
+    def cross_validated(self, folds: int = FOLDS) -> float:
+        """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
+        return chosen_out_of_sample(self.per_query, folds)
+
+
+def grid() -> list[Fusion]:
+    configs: list[Fusion] = [ConvexCombination(alpha=a, norm=n) for n in NORMALIZERS for a in ALPHAS]
+    return configs + [RRF(rrf_k=float(k)) for k in RRF_KS]
+
+
+def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], qrels: dict[str, dict[str, int]],
+         metric: str = "ndcg@10", k: int = 100, progress: bool = True) -> TuningResult:
+    # fusion is tuned on uncorrected dense scores, whatever hubness the index has
+    depth = pipeline.defaults.depth
+    candidates = {qid: pipeline.candidates(text, depth)[0] for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
+    table, per_query = [], []
+    for fusion in tqdm(grid(), desc="configurations", disable=not progress):
+        run = {}
+        for qid, cands in candidates.items():
+            ranking = fuse(cands, fusion).ranking().head(k)
+            run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+        per_query.append(per_query_scores(run, qrels, (metric,))[metric])
+        table.append({**fusion_to_dict(fusion), metric: sum(per_query[-1].values()) / len(qrels)})
+    singles = {}
+    for mode in ("bm25", "dense"):
+        single = pipeline.resolve({"mode": mode, "hubness": {"method": "none"}, "rerank": {"enabled": False}})
+        run = {}
+        for qid, text in queries.items():
+            ranking = pipeline.search(text, k=k, spec=single).ranking
+            run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+        singles[mode] = evaluate(run, qrels, (metric,))[metric]
+    return TuningResult(metric, len(queries), table, singles, per_query)
+
+
+def plot(result: TuningResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for norm in NORMALIZERS:
+        rows = [r for r in result.table if r.get("norm") == norm]
+        ax.plot([r["alpha"] for r in rows], [r[result.metric] for r in rows], marker=".", label=f"cc {norm}")
+    rrf_best = result.best("rrf")
+    ax.axhline(rrf_best[result.metric], color="black", linestyle="--", label=f"rrf (rrf_k={rrf_best['rrf_k']:g})")
+    for mode, style in (("bm25", ":"), ("dense", "-.")):
+        ax.axhline(result.singles[mode], color="grey", linestyle=style, label=f"{mode} alone")
+    ax.set_xlabel("alpha (weight of dense)")
+    ax.set_ylabel(f"{result.metric} ({result.queries} training queries)")
+    ax.set_title("Convex-combination fusion against alpha")
+    ax.legend(loc="lower center", ncol=3, fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_table(result: TuningResult) -> str:
+    m = result.metric
+    rows = [(f"cc {norm} (best alpha {result.best('cc', norm)['alpha']:.2f})", result.best("cc", norm)[m]) for norm in NORMALIZERS]
+    best_rrf = result.best("rrf")
+    rows += [("rrf (rrf_k 60)", result.value_of(RRF())), (f"rrf (best rrf_k {best_rrf['rrf_k']:g})", best_rrf[m])]
+    rows += [(f"{mode} alone", value) for mode, value in result.singles.items()]
+    return "\n".join([f"{'configuration (in-sample)':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
+
+
+def evidence(result: TuningResult, qrels_path: Path | str, untuned: Fusion = SearchSpec().fusion) -> dict:
+    """Before/after on held-out queries: the untuned default vs tuning cross-validated, and the decision
+    (a tie keeps the untuned default)."""
+    before, after = result.value_of(untuned), result.cross_validated()
+    return {"metric": result.metric, "queries": result.queries, "split": str(qrels_path), "folds": FOLDS,
+            "values": {f"untuned {fusion_to_string(untuned)}": before, "tuned, cross-validated": after,
+                       f"tuned {fusion_to_string(result.best_fusion())}, in-sample": result.best()[result.metric]},
+            "decision": "tuned" if after > before else "kept untuned"}
+
+
+def pseudo_split(index_dir: Path, recipe: str, max_queries: int, filter_depth: int, query_precision: str = "auto",
+                 progress: bool = True) -> tuple[dict[str, str], dict[str, dict[str, int]], str]:
+    """Pseudo-queries of the index's documents (training.pseudo) as a split to tune on, and its recorded name."""
+    index = open_index(index_dir, verify="size", query_precision=query_precision)
+    try:
+        pseudo = generate(index, recipe, max_queries, filter_depth, progress=progress)
+    finally:
+        index.close()
+    return pseudo.queries, pseudo.qrels, source_name(recipe, max_queries, filter_depth)
+
+
+def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path | str, metric: str = "ndcg@10",
+               out: Path | None = None, write: bool = True, progress: bool = True,
+               query_precision: str = "auto") -> tuple[TuningResult, dict]:
+    """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
+    index's default only when tuning beats the untuned default out of sample. Returns the result and
+    the evidence (recorded in the manifest when `write`)."""
+    refuse_test_split(qrels_path)
+    index = open_index(index_dir, verify="size", query_precision=query_precision)  # queries embedded as served
+    pipeline = index.pipeline()
+    result = tune(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
+    index.close()
+    out = out or Path(index_dir) / "tuning"
+    out.mkdir(parents=True, exist_ok=True)
+    plot(result, out / "fusion.png")
+    (out / "fusion.json").write_text(json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
+    proof = evidence(result, qrels_path)
+    if write:
+        def record(manifest: Manifest) -> None:
+            fusion = result.best_fusion() if proof["decision"] == "tuned" else SearchSpec().fusion
+            manifest.defaults = replace(manifest.defaults, fusion=fusion)
+            manifest.evidence["fusion"] = proof
+            manifest.fusion_tuning = FusionTuning(
+                metric=metric, value=round(result.best()[metric], 4), queries=len(queries), qrels=str(qrels_path),
+                depth=pipeline.defaults.depth, best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
+                best_rrf_k=result.best("rrf")["rrf_k"], tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+        update_manifest(index_dir, record)
+    return result, proof
