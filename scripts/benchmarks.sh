@@ -23,22 +23,22 @@ grep -qs '"interpolation"' "$reranker/training.json" && [ -z "${RETRAIN:-}" ] ||
 .venv/bin/hybrid eval --data "$BEIR_DATA/scifact" --split test --index "$index" --all-fusions --all-hubness --out "$(dirname "$out")" --quiet \
   --reranker "$reranker" --pipelines bm25,dense,hybrid,bm25+rerank:w=1,bm25+rerank,hybrid+rerank:w=1,hybrid+rerank,hybrid+rerank@int8
 .venv/bin/hybrid hubness report "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --split-qrels "$BEIR_DATA/scifact/qrels/test.tsv" --out "$out/hubness"
-[ -f "$out/hubness_memory.json" ] || .venv/bin/python -m hybrid_retrieval.evaluation.hubness_memory > "$out/hubness_memory.json"
+[ -f "$out/hubness_memory.json" ] || .venv/bin/python -m bench.hubness_memory > "$out/hubness_memory.json"
 .venv/bin/hybrid bench "$index" --data "$BEIR_DATA/scifact" --split test --out "$out/bench.json" \
   --reranker "$reranker" --faiss-vectors "${FAISS_VECTORS:-1000000}"
-.venv/bin/python -m hybrid_retrieval.evaluation.load_test "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --clients 16 --seconds 60 > "$out/load_test.json"
+.venv/bin/python -m bench.load_test "$index" --queries "$BEIR_DATA/scifact/queries.jsonl" --clients 16 --seconds 60 > "$out/load_test.json"
 # Filters, highlights and batches on a copy of scifact with synthetic metadata (its own index, built once).
-.venv/bin/python -m hybrid_retrieval.evaluation.filter_bench "$BEIR_DATA/scifact" "${FILTER_WORKDIR:-indexes/scifact-metadata}" --out "$out/filters.json" > /dev/null
+.venv/bin/python -m bench.filter_bench "$BEIR_DATA/scifact" "${FILTER_WORKDIR:-indexes/scifact-metadata}" --out "$out/filters.json" > /dev/null
 # Live writes: ingest, visibility, live vs compacted, mixed load (its own index, built once).
-.venv/bin/python -m hybrid_retrieval.evaluation.live_bench "$BEIR_DATA/scifact" "${LIVE_WORKDIR:-indexes/scifact-live}" --out "$out/live.json" > /dev/null
+.venv/bin/python -m bench.live_bench "$BEIR_DATA/scifact" "${LIVE_WORKDIR:-indexes/scifact-live}" --out "$out/live.json" > /dev/null
 # Query embedding: fp32 vs int8 queries (quality, latency), the query cache's hit; documents in int8 (its own index).
 [ -f "$index-int8/manifest.json" ] && [ -z "${REBUILD:-}" ] || .venv/bin/hybrid index "$BEIR_DATA/scifact" --out "$index-int8" --precision int8 --quiet
-.venv/bin/python -m hybrid_retrieval.evaluation.query_bench "$index" "$BEIR_DATA/scifact" --int8-index "$index-int8" --out "$out/query.json" > /dev/null
+.venv/bin/python -m bench.query_bench "$index" "$BEIR_DATA/scifact" --int8-index "$index-int8" --out "$out/query.json" > /dev/null
 # Concurrent serving, configurations side by side at 1/4/16/64 clients; BASELINE=PATH (a checkout of b7fc9f3) adds the
 # service as it was before: git worktree add --detach /tmp/before b7fc9f3 && BASELINE=/tmp/before bash scripts/benchmarks.sh;
 # the before code cannot open an index written since, so then SERVING_INDEX must be one it built (`cd /tmp/before &&
 # HYBRID_CACHE=/tmp/before-cache python -m hybrid_retrieval.cli index ...` and `... -m cli tune ...`), which every version serves
-.venv/bin/python -m hybrid_retrieval.evaluation.serving_bench "${SERVING_INDEX:-$index}" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
+.venv/bin/python -m bench.serving_bench "${SERVING_INDEX:-$index}" "$BEIR_DATA/scifact" ${BASELINE:+--baseline "$BASELINE"} --out "$out/serving.json" > /dev/null
 # Rerankers side by side: the 6-layer one above and a 3-layer one distilled from it, cut from the teacher's own layers
 # (the default), beside the same student started from the untrained base model (each trained when missing or asked for).
 small="${SMALL_RERANKER:-models_out/scifact-reranker-l3}"
@@ -47,9 +47,9 @@ for folder in "$small" "$small-base"; do
   [ -f "$folder/training.json" ] && [ -z "${RETRAIN:-}" ] || .venv/bin/hybrid train-reranker "$index" --layers 3 --teacher "$reranker" \
     "${start[@]}" --queries "$BEIR_DATA/scifact/queries.jsonl" --qrels "$BEIR_DATA/scifact/qrels/train.tsv" --out "$folder" --quiet
 done
-.venv/bin/python -m hybrid_retrieval.evaluation.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "3 layers, distilled=$small" \
+.venv/bin/python -m bench.rerank_bench "$index" "$BEIR_DATA/scifact" "6 layers=$reranker" "3 layers, distilled=$small" \
   "3 layers, distilled, from the base model=$small-base" --out "$out/rerank.json" > /dev/null
-.venv/bin/python -m hybrid_retrieval.evaluation.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
+.venv/bin/python -m bench.benchmarks_md "$index" "$out/report.json" "$out/bench.json" "$out/hubness_memory.json" "$out/load_test.json" \
   "$out/filters.json" "$out/live.json" "$out/query.json" "$out/serving.json" "$out/rerank.json" > docs/BENCHMARKS.md
 # Encoder adaptation (models trained when missing or asked for): supervised on the train split, and label-free on
 # title / inverse-cloze pseudo-queries mined with an untuned index (no qrels anywhere); each model's index re-embedded
@@ -76,9 +76,9 @@ for recipe in title ict; do
   adapted+=(--model "$recipe pseudo-queries=$model:$out/adapt/$recipe/scifact/report.json"
             --pseudo-tuned "$recipe=$out/adapt/pseudo-$recipe/scifact/report.json")
 done
-.venv/bin/python -m hybrid_retrieval.evaluation.adapt_bench --model "supervised=$embedder:$out/adapt/supervised/scifact/report.json" "${adapted[@]}" > /dev/null
+.venv/bin/python -m bench.adapt_bench --model "supervised=$embedder:$out/adapt/supervised/scifact/report.json" "${adapted[@]}" > /dev/null
 # Scale-out (the ray extra): bytes a document, FAISS kinds and BM25 by corpus size; Ray builds, the coordinator, Ray Serve
-.venv/bin/python -m hybrid_retrieval.evaluation.capacity "$index-untuned" --out "$out/capacity.json" --benchmarks docs/BENCHMARKS.md > /dev/null
-.venv/bin/python -m hybrid_retrieval.evaluation.scale_bench "$index-untuned" "$BEIR_DATA/scifact" --out "$out/scale.json" --benchmarks docs/BENCHMARKS.md > /dev/null
-.venv/bin/python -m hybrid_retrieval.evaluation.shard_write_bench "$index" "$BEIR_DATA/scifact" --out "$out/shard_writes.json" --benchmarks docs/BENCHMARKS.md > /dev/null
+.venv/bin/python -m bench.capacity "$index-untuned" --out "$out/capacity.json" --benchmarks docs/BENCHMARKS.md > /dev/null
+.venv/bin/python -m bench.scale_bench "$index-untuned" "$BEIR_DATA/scifact" --out "$out/scale.json" --benchmarks docs/BENCHMARKS.md > /dev/null
+.venv/bin/python -m bench.shard_write_bench "$index" "$BEIR_DATA/scifact" --out "$out/shard_writes.json" --benchmarks docs/BENCHMARKS.md > /dev/null
 echo "wrote docs/BENCHMARKS.md"

@@ -1,4 +1,4 @@
-from hybrid_retrieval.evaluation.bench import ann_comparison, bm25_throughput, http_load
+from bench.measure import ann_comparison, bm25_throughput, http_load
 from hybrid_retrieval.indexer.store import open_index
 
 QUERIES = ["cat on a mat", "stock markets fell", "pet dog care", "quantum qubits"]
@@ -24,7 +24,7 @@ def test_http_load_is_bounded_and_error_free(scifact_slice_index):
 
 
 def test_query_embedding_compares_onnx_and_torch(tiny_index):
-    from hybrid_retrieval.evaluation.accel_bench import embedding_throughput, query_embedding_latency
+    from bench.accel_bench import embedding_throughput, query_embedding_latency
 
     index = open_index(tiny_index)
     report = query_embedding_latency(index, QUERIES, n=4)
@@ -34,7 +34,7 @@ def test_query_embedding_compares_onnx_and_torch(tiny_index):
 
 
 def test_batching_tradeoff_reports_both_variants(tiny_index):
-    from hybrid_retrieval.evaluation.accel_bench import batching_tradeoff
+    from bench.accel_bench import batching_tradeoff
 
     report = batching_tradeoff(open_index(tiny_index), QUERIES, clients=(1, 4), seconds=0.3)
     assert set(report) == {"unbatched, 1 clients", "batched, 1 clients", "unbatched, 4 clients", "batched, 4 clients"}
@@ -43,7 +43,7 @@ def test_batching_tradeoff_reports_both_variants(tiny_index):
 
 
 def test_faiss_cpu_vs_gpu_falls_back_to_cpu_and_measures_recall():
-    from hybrid_retrieval.evaluation.accel_bench import faiss_cpu_vs_gpu
+    from bench.accel_bench import faiss_cpu_vs_gpu
     from hybrid_retrieval.search.dense import gpu_count
 
     report = faiss_cpu_vs_gpu(num_vectors=4000, dimension=16, num_queries=50)

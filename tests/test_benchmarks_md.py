@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hybrid_retrieval.evaluation import benchmarks_md as md
-from hybrid_retrieval.evaluation.machine import describe_machine
+from bench import benchmarks_md as md
+from bench.machine import describe_machine
 from hybrid_retrieval.indexer.manifest import HubnessInfo, Manifest, read_manifest
 from hybrid_retrieval.search.hubness import HubnessParams
 
@@ -194,7 +194,7 @@ def test_describe_machine_shape():
 
 
 def test_gpu_names_tolerates_missing_nvidia_smi(monkeypatch):
-    from hybrid_retrieval.evaluation import machine
+    from bench import machine
 
     def missing(*args, **kwargs):
         raise FileNotFoundError("nvidia-smi")
@@ -289,7 +289,7 @@ def test_fusion_and_hubness_sentences_follow_the_recorded_decisions(manifest):
 
 
 def test_filter_section_states_the_measured_numbers():
-    from hybrid_retrieval.evaluation.filter_bench import markdown
+    from bench.filter_bench import markdown
 
     path = {"path": "brute force", "recall@10": 1.0, "p50_ms": 0.05}
     report = {"documents": 5183, "queries": 300, "filter_documents": {"100%": 5183, "10%": 514},
@@ -308,7 +308,7 @@ def test_filter_section_states_the_measured_numbers():
 
 
 def test_live_section_states_the_measured_numbers():
-    from hybrid_retrieval.evaluation.live_bench import markdown
+    from bench.live_bench import markdown
 
     phase = {"searches": 100, "errors": 0, "written_documents": 0, "lost": 0, "search_p50_ms": 100.0, "search_p99_ms": 200.0}
     load = {"seconds": 60.0, "searchers": 16, "writers": 2, "idle": phase,
@@ -328,7 +328,7 @@ def test_live_section_states_the_measured_numbers():
 
 
 def test_query_section_states_the_measured_numbers():
-    from hybrid_retrieval.evaluation.query_bench import markdown
+    from bench.query_bench import markdown
 
     report = {"split": "test", "queries": 300, "cosine_fp32_int8": {"min": 0.9862, "median": 0.993},
               "ndcg@10": {"dense": {"fp32": 0.6451, "int8": 0.648}, "hybrid RRF": {"fp32": 0.7171, "int8": 0.7153}},
@@ -343,7 +343,7 @@ def _load(rps: float, p50: float, p99: float) -> dict:
 
 
 def test_serving_section_states_ratios_and_the_floor():
-    from hybrid_retrieval.evaluation.serving_bench import markdown
+    from bench.serving_bench import markdown
 
     before = {"1": _load(100.0, 9.0, 18.0), "16": _load(112.0, 140.0, 250.0)}
     after = {"1": _load(175.0, 5.5, 9.0), "16": _load(224.0, 70.0, 93.0)}
@@ -371,7 +371,7 @@ def test_serving_section_states_ratios_and_the_floor():
 
 
 def test_rerank_section_lists_quality_latency_floor_and_how_each_was_trained(tmp_path):
-    from hybrid_retrieval.evaluation.rerank_bench import markdown
+    from bench.rerank_bench import markdown
 
     def trained(name: str, started: str, teacher: str | None, dev: tuple[float, float, float]) -> str:
         folder = tmp_path / name
@@ -402,7 +402,7 @@ def test_rerank_section_lists_quality_latency_floor_and_how_each_was_trained(tmp
 
 
 def test_compute_floor_sentence_quotes_fractions():
-    from hybrid_retrieval.evaluation.benchmarks_md import compute_floor_sentence
+    from bench.benchmarks_md import compute_floor_sentence
 
     floor = {"peaks": {"cores": 2, "fp32_gflops_1": 96.0, "fp32_gflops_2": 190.0},
              "query": {"mean_tokens": 22.8, "gflop": 0.491, "measured_ms": 5.2, "floor_ms": 2.58, "fraction": 0.496},
@@ -413,7 +413,7 @@ def test_compute_floor_sentence_quotes_fractions():
 
 
 def test_query_section_adds_int8_documents_when_measured():
-    from hybrid_retrieval.evaluation.query_bench import markdown
+    from bench.query_bench import markdown
 
     report = {"split": "test", "queries": 300, "cosine_fp32_int8": {"min": 0.9862, "median": 0.993},
               "ndcg@10": {"dense": {"fp32": 0.6451, "int8": 0.648}}, "embed_p50_ms": {"fp32": 6.0, "int8": 3.0, "cache hit": 0.2},
@@ -428,7 +428,7 @@ def test_query_section_adds_int8_documents_when_measured():
 
 
 def test_shard_write_section_compares_before_and_after_a_write():
-    from hybrid_retrieval.evaluation.shard_write_bench import markdown
+    from bench.shard_write_bench import markdown
 
     def row(before: float, after: float, rate: float) -> dict:
         return {"before": {"p50_ms": before, "p99_ms": 2 * before, "same_answers": 100},

@@ -74,7 +74,7 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "training.json").read_text())
     assert record["options"]["layers"] == 2 and json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
-    from hybrid_retrieval.evaluation.compute_floor import graph_flops
+    from bench.compute_floor import graph_flops
 
     assert graph_flops(out / "onnx" / "model.onnx").attention_matmuls == 2 * 2  # the served graph has 2 layers
     # 3 judged queries: 1 held out for tuning, 2 groups of 1 + 2 negatives per epoch, 2 epochs of one step

@@ -1,6 +1,6 @@
 import pytest
 
-from hybrid_retrieval.evaluation.compute_floor import graph_flops, int8_peak_gops, peak, stage
+from bench.compute_floor import graph_flops, int8_peak_gops, peak, stage
 from hybrid_retrieval.indexer.store import MODEL_DIR
 from hybrid_retrieval.models.onnx_export import model_file
 

@@ -303,7 +303,7 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     assert rows["dense"]["ndcg@10_delta"] == pytest.approx(report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4)
     assert rows["dense"]["wins"] + rows["dense"]["ties"] + rows["dense"]["losses"] == 30
 
-    from hybrid_retrieval.evaluation.adapt_bench import SECTION, markdown
+    from bench.adapt_bench import SECTION, markdown
 
     text = markdown([("supervised", trained[1], report)], [("titles", report)])
     assert text.startswith(SECTION)

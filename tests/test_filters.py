@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
-from hybrid_retrieval.evaluation.filter_bench import JOURNALS, synthetic_metadata
+from bench.filter_bench import JOURNALS, synthetic_metadata
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import read_queries
 from hybrid_retrieval.indexer.hubness import fit_hubness

@@ -3,8 +3,8 @@
 import pytest
 
 from hybrid_retrieval.evaluation.report import write_section
-from hybrid_retrieval.evaluation.gpu_bench import SECTION, check_gpu, markdown
-from hybrid_retrieval.evaluation.machine import describe_machine
+from bench.gpu_bench import SECTION, check_gpu, markdown
+from bench.machine import describe_machine
 from hybrid_retrieval.search.dense import gpu_count
 from tests.test_cli import hybrid
 

@@ -1,1 +1,1 @@
-"""Offline evaluation and benchmarks over BEIR-layout datasets."""
+"""Offline evaluation over BEIR-layout datasets: pipelines run, scored and compared (`hybrid eval`)."""

@@ -1,7 +1,7 @@
 """Live writes measured on scifact: ingest throughput, write-to-visible latency, search with a live segment vs
 compacted, compaction time, and a mixed search + write load over loopback HTTP.
 
-    python -m hybrid_retrieval.evaluation.live_bench DATA/scifact WORKDIR [--out live.json] [--markdown] [--seconds 60]
+    python -m bench.live_bench DATA/scifact WORKDIR [--out live.json] [--markdown] [--seconds 60]
 
 Builds (once) an index of the corpus without every tenth document, then writes those documents (10% of the
 collection) through the service's API and measures side by side in one run.
@@ -216,7 +216,7 @@ def markdown(report: dict) -> str:
     ing, vis, search, load = report["ingest"], report["visibility"], report["search"], report["mixed_load"]
     p50 = search["p50_ms"]
     return "\n".join([
-        "## Live writes (`python -m hybrid_retrieval.evaluation.live_bench`)", "",
+        "## Live writes (`python -m bench.live_bench`)", "",
         f"scifact without every tenth document ({report['base_documents']:,} documents built offline, DBNorm fitted "
         f"with the train queries), then the other {report['written']:,} written through `PUT /documents` on loopback "
         f"(batches of {ing['batch']}).", "",

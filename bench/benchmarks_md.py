@@ -1,6 +1,6 @@
 """Render docs/BENCHMARKS.md from the JSON that `hybrid index`, `hybrid eval` and `hybrid bench` wrote.
 
-Usage: python -m hybrid_retrieval.evaluation.benchmarks_md INDEX_DIR EVAL_REPORT_JSON BENCH_JSON [HUBNESS_MEMORY_JSON [LOAD_TEST_JSON]] > docs/BENCHMARKS.md
+Usage: python -m bench.benchmarks_md INDEX_DIR EVAL_REPORT_JSON BENCH_JSON [HUBNESS_MEMORY_JSON [LOAD_TEST_JSON]] > docs/BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hybrid_retrieval.evaluation import filter_bench, live_bench, query_bench, rerank_bench, serving_bench
-from hybrid_retrieval.evaluation.machine import cpu_model as _cpu_model
+from bench.machine import cpu_model as _cpu_model
 from hybrid_retrieval.evaluation.report import first_stage_table
 from hybrid_retrieval.indexer.manifest import Manifest, read_manifest
 from hybrid_retrieval.search.fusion import fusion_to_string
@@ -305,7 +305,7 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
     if scaling:
         lines += ["", scaling]
     if load:
-        lines += ["", f"Sustained load (`python -m hybrid_retrieval.evaluation.load_test`, all scifact queries): {load['clients']} clients for "
+        lines += ["", f"Sustained load (`python -m bench.load_test`, all scifact queries): {load['clients']} clients for "
                   f"{load['seconds']:.0f} s on loopback: {load['requests']} requests, {load['errors']} errors, "
                   f"{load['throughput_rps']:.1f} req/s, p50 {load['p50_ms']:.0f} ms, p95 {load['p95_ms']:.0f} ms, p99 {load['p99_ms']:.0f} ms."]
     hubness = manifest.hubness
@@ -338,7 +338,7 @@ def render(manifest: Manifest, eval_report: dict, bench: dict, memory: dict | No
         lines += ["", f"Fitting memory: a {memory['bank']:,}-query bank against {memory['docs']:,} documents of dimension "
                   f"{memory['dim']} (and a {memory['gallery']:,}-document gallery) peaked at {memory['peak_rss_mib']:.0f} MiB "
                   f"resident, inputs {memory['inputs_mib']:.0f} MiB, in {memory['fit_seconds']:.0f} s "
-                  "(`python -m hybrid_retrieval.evaluation.hubness_memory`)."]
+                  "(`python -m bench.hubness_memory`)."]
     lines += _inference_sections(bench)
     if filters:
         lines += ["", *filter_bench.markdown(filters).rstrip("\n").splitlines()]

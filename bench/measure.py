@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from hybrid_retrieval.evaluation.loadgen import closed_loop
+from bench.loadgen import closed_loop
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.store import OpenIndex

@@ -2,7 +2,7 @@
 the time to rerank a query's hybrid top 50 on all cores (interleaved query by query), and each against the compute
 floor (FLOPs of its graph over the real pair token counts; GEMM peaks measured in the same run).
 
-    python -m hybrid_retrieval.evaluation.rerank_bench INDEX DATA/scifact NAME=RERANKER_DIR [NAME=DIR ...] [--split test]
+    python -m bench.rerank_bench INDEX DATA/scifact NAME=RERANKER_DIR [NAME=DIR ...] [--split test]
         [--latency-queries 30] [--out rerank.json] [--markdown]
 """
 
@@ -13,8 +13,8 @@ import os
 import statistics
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.accel_bench import interleaved_ms
-from hybrid_retrieval.evaluation.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
+from bench.accel_bench import interleaved_ms
+from bench.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from hybrid_retrieval.evaluation.runner import run_queries
 from hybrid_retrieval.indexer.corpus import split_queries
@@ -70,7 +70,7 @@ def markdown(report: dict) -> str:
     peaks = report["peaks"]
     cores = peaks["cores"]
     fp32_peak, int8_peak = peaks[f"fp32_gflops_{cores}"], peaks.get(f"int8_gops_{cores}", float("nan"))
-    lines = ["## Rerankers (`python -m hybrid_retrieval.evaluation.rerank_bench`)", "",
+    lines = ["## Rerankers (`python -m bench.rerank_bench`)", "",
              f"scifact {report['split']} ({report['queries']} queries): the index's hybrid top {report['depth']} reranked, "
              f"each reranker at the weight `hybrid train-reranker` tuned on held-out train queries; first stage alone "
              f"{report['hybrid_ndcg@10']:.4f}. Latency: one query's {report['depth']} pairs on all "

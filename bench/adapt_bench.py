@@ -2,7 +2,7 @@
 training.json (`hybrid train-embedder`, `hybrid adapt`) and the `hybrid eval --baseline-index` report of the index
 re-embedded with it (`hybrid reembed`), plus reports of indexes whose fusion `hybrid tune --pseudo` chose.
 
-    python -m hybrid_retrieval.evaluation.adapt_bench --model supervised=MODEL_DIR:REPORT_JSON [--model ...] \\
+    python -m bench.adapt_bench --model supervised=MODEL_DIR:REPORT_JSON [--model ...] \\
         [--pseudo-tuned LABEL=REPORT_JSON ...] [--note TEXT ...] [--markdown-file docs/BENCHMARKS.md]
 
 scripts/benchmarks.sh runs the commands and then this.

@@ -5,7 +5,7 @@ With `--int8-index DIR` (the same corpus built with `hybrid index --precision in
 quality with the default (int8) queries on both, and the indexing rate of both graphs over the same passages,
 interleaved.
 
-    python -m hybrid_retrieval.evaluation.query_bench INDEX DATA/scifact [--split test] [--int8-index DIR] [--out query.json] [--markdown]
+    python -m bench.query_bench INDEX DATA/scifact [--split test] [--int8-index DIR] [--out query.json] [--markdown]
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_retrieval.evaluation.accel_bench import interleaved_ms
-from hybrid_retrieval.evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
+from bench.accel_bench import interleaved_ms
+from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from hybrid_retrieval.evaluation.runner import run_queries
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.build import EMBED_BATCH
@@ -87,7 +87,7 @@ def documents(fp32_dir: Path, int8_dir: Path, dataset: Path, split: str = "test"
 
 def markdown(report: dict) -> str:
     ms = report["embed_p50_ms"]
-    lines = ["## Query precision and cache (`python -m hybrid_retrieval.evaluation.query_bench`)", "",
+    lines = ["## Query precision and cache (`python -m bench.query_bench`)", "",
              f"scifact {report['split']} ({report['queries']} queries), documents embedded in fp32 either way; one query "
              "per call, the three timed one after another for each query.", "",
              "| | fp32 queries | int8 queries | int8 - fp32 |", "|---|---:|---:|---:|"]

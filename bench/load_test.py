@@ -1,6 +1,6 @@
 """Sustained load on `hybrid serve` over loopback: N concurrent clients for a bounded time.
 
-Usage: python -m hybrid_retrieval.evaluation.load_test INDEX_DIR --queries queries.jsonl [--clients 16] [--seconds 60]
+Usage: python -m bench.load_test INDEX_DIR --queries queries.jsonl [--clients 16] [--seconds 60]
 Prints one JSON object (requests, errors, throughput, p50/p95/p99).
 """
 
@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.bench import http_load
+from bench.measure import http_load
 from hybrid_retrieval.indexer.corpus import read_queries
 
 

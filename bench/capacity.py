@@ -1,6 +1,6 @@
 """What a document costs: the measured inputs of docs/SCALING.md's capacity plan.
 
-    python -m hybrid_retrieval.evaluation.capacity INDEX [--vectors 100000] [--queries 200] [--bm25-sizes 50000 100000 200000] [--markdown]
+    python -m bench.capacity INDEX [--vectors 100000] [--queries 200] [--bm25-sizes 50000 100000 200000] [--markdown]
 
 1. Bytes a document of each part of a built index (from its manifest's file sizes).
 2. Each FAISS index kind over --vectors clustered synthetic unit vectors of the index's dimension: bytes a vector,
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_retrieval.evaluation.accel_bench import clustered_unit_vectors
-from hybrid_retrieval.evaluation.bench import percentiles
+from bench.accel_bench import clustered_unit_vectors
+from bench.measure import percentiles
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
@@ -96,7 +96,7 @@ def bm25_rows(sizes: list[int], queries: int = 200, doc_terms: int = 100, vocabu
 
 def markdown(report: dict) -> str:
     parts, kinds = report["index"], report["faiss"]
-    lines = ["## Capacity inputs (`python -m hybrid_retrieval.evaluation.capacity`)", "",
+    lines = ["## Capacity inputs (`python -m bench.capacity`)", "",
              f"Bytes a document of the scifact index ({parts['documents']} documents, dimension {parts['dimension']}, FAISS flat):", "",
              "| part | bytes a document |", "|---|---:|"]
     for name, row in parts["parts"].items():

@@ -10,9 +10,9 @@ import statistics
 import time
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.accel_bench import interleaved_ms, faiss_cpu_vs_gpu, rerank_latency
-from hybrid_retrieval.evaluation.bench import percentiles
-from hybrid_retrieval.evaluation.machine import describe_machine
+from bench.accel_bench import interleaved_ms, faiss_cpu_vs_gpu, rerank_latency
+from bench.measure import percentiles
+from bench.machine import describe_machine
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder

@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from hybrid_retrieval.evaluation.bench import percentiles
-from hybrid_retrieval.evaluation.compute_floor import pairs_floor, peak
+from bench.measure import percentiles
+from bench.compute_floor import pairs_floor, peak
 from hybrid_retrieval.indexer.store import OpenIndex, torch_embedder_for_index
 from hybrid_retrieval.models.batching import BatchingEmbedder
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder

@@ -7,16 +7,16 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.accel_bench import (
+from bench.accel_bench import (
     batching_tradeoff,
     embedding_throughput,
     faiss_cpu_vs_gpu,
     query_embedding_latency,
     rerank_latency,
 )
-from hybrid_retrieval.evaluation.bench import ann_comparison, bm25_throughput, http_load, hubness_overhead, pipeline_latency
-from hybrid_retrieval.evaluation.compute_floor import embedding_floor, machine_peaks
-from hybrid_retrieval.evaluation.machine import describe_machine
+from bench.measure import ann_comparison, bm25_throughput, http_load, hubness_overhead, pipeline_latency
+from bench.compute_floor import embedding_floor, machine_peaks
+from bench.machine import describe_machine
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import training_record

@@ -2,7 +2,7 @@
 idle server costs nothing), and each client count is measured on every configuration before the next count, so machine
 noise hits them alike. Next to it, the compute floor: what the model alone would allow on these cores.
 
-    python -m hybrid_retrieval.evaluation.serving_bench INDEX DATA/scifact [--clients 1,4,16,64] [--seconds 10]
+    python -m bench.serving_bench INDEX DATA/scifact [--clients 1,4,16,64] [--seconds 10]
         [--baseline PATH] [--out serving.json] [--markdown]
 
 `--baseline PATH` adds the service as it was before this work: a checkout of commit b7fc9f3
@@ -20,9 +20,9 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.accel_bench import interleaved_ms
-from hybrid_retrieval.evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
-from hybrid_retrieval.evaluation.loadgen import closed_loop
+from bench.accel_bench import interleaved_ms
+from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
+from bench.loadgen import closed_loop
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import MODEL_DIR
@@ -83,7 +83,7 @@ def run(index_dir: Path, dataset: Path, split: str = "test", clients=(1, 4, 16, 
 def markdown(report: dict) -> str:
     results, clients, peaks = report["results"], report["clients"], report["peaks"]
     names = list(results)
-    lines = ["## Concurrent serving (`python -m hybrid_retrieval.evaluation.serving_bench`)", "",
+    lines = ["## Concurrent serving (`python -m bench.serving_bench`)", "",
              f"`hybrid serve` on 127.0.0.1, POST /search with a scifact {report['split']} query (k=10, every other default), "
              f"closed loop: each client sends its next request when the previous answer arrives, {report['seconds']:.0f} s per "
              "cell after a warm-up, one asyncio client process on the same cores. The configurations ran side by side "

@@ -1,6 +1,6 @@
 """Filters, highlights and batches, measured side by side on scifact with synthetic metadata.
 
-    python -m hybrid_retrieval.evaluation.filter_bench DATA/scifact WORKDIR [--out filters.json] [--markdown]
+    python -m bench.filter_bench DATA/scifact WORKDIR [--out filters.json] [--markdown]
 
 Builds (once) a flat index of the corpus with metadata derived from each document id (`synthetic_metadata`;
 nothing is stored in the repository), then measures, in one run:
@@ -168,7 +168,7 @@ def run(dataset: Path, workdir: Path, split: str = "test") -> dict:
 def markdown(report: dict) -> str:
     """The BENCHMARKS.md section for a filter benchmark report (sentences drawn from the numbers)."""
     n = report["documents"]
-    lines = ["## Filters, highlights, batches (`python -m hybrid_retrieval.evaluation.filter_bench`)", "",
+    lines = ["## Filters, highlights, batches (`python -m bench.filter_bench`)", "",
              f"scifact ({n:,} documents, {report['queries']} test queries) with synthetic metadata derived from each "
              "document id. Filters `{\"bucket\": {\"lt\": N}}` admit "
              + ", ".join(f"{name} ({count:,} documents)" for name, count in report["filter_documents"].items()) + ".", "",

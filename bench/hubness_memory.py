@@ -1,6 +1,6 @@
 """Peak memory of fitting hubness corrections at scale, on random unit vectors.
 
-Usage: python -m hybrid_retrieval.evaluation.hubness_memory [--bank 100000] [--docs 50000] [--dim 384]
+Usage: python -m bench.hubness_memory [--bank 100000] [--docs 50000] [--dim 384]
 Prints one JSON line: sizes, seconds and the process's peak resident memory.
 """
 

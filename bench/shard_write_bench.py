@@ -2,7 +2,7 @@
 before and after a write (after one, every BM25 leg first sums the shards' corpus statistics of the query's terms),
 and the rate at which each takes the same upserts (each shard's writer embeds and logs its own documents).
 
-    python -m hybrid_retrieval.evaluation.shard_write_bench INDEX DATA/scifact [--queries 100] [--shards 2 4 8] [--write-docs 64]
+    python -m bench.shard_write_bench INDEX DATA/scifact [--queries 100] [--shards 2 4 8] [--write-docs 64]
         [--out writes.json] [--markdown] [--benchmarks docs/BENCHMARKS.md]
 
 The index is copied first: nothing is written to INDEX. The writes are re-upserts of the index's first documents,
@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.accel_bench import interleaved_ms
-from hybrid_retrieval.evaluation.bench import percentiles
+from bench.accel_bench import interleaved_ms
+from bench.measure import percentiles
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.live import Collection
@@ -80,7 +80,7 @@ def _searches(whole: Collection, sharded: dict, queries: list[str]) -> dict:
 def markdown(report: dict) -> str:
     rows = report["rows"]
     whole_before, whole_after = rows["whole"]["before"]["p50_ms"], rows["whole"]["after"]["p50_ms"]
-    lines = ["## Writes on a sharded index (`python -m hybrid_retrieval.evaluation.shard_write_bench`)", "",
+    lines = ["## Writes on a sharded index (`python -m bench.shard_write_bench`)", "",
              f"In one process, the {report['documents']}-document index whole and split: hybrid searches (k=10, the "
              f"index's default spec) of {report['queries']} test queries interleaved query by query, before any write "
              f"and after one batch of {report['write_docs']} upserts (re-upserts of unchanged documents: the same corpus, "

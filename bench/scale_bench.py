@@ -1,6 +1,6 @@
 """Scale-out on one machine: index builds embedded by Ray actors vs one process, and what sharding costs a query.
 
-    python -m hybrid_retrieval.evaluation.scale_bench INDEX DATA/scifact [--build-docs 600] [--rounds 2] [--queries 100]
+    python -m bench.scale_bench INDEX DATA/scifact [--build-docs 600] [--rounds 2] [--queries 100]
         [--shards 2 4 8] [--out scale.json] [--markdown]
 
 1. Build: the first --build-docs documents built in this process, and with Ray (a local instance: 1 and 2 embedding
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_retrieval.evaluation.accel_bench import interleaved_ms
-from hybrid_retrieval.evaluation.bench import percentiles
+from bench.accel_bench import interleaved_ms
+from bench.measure import percentiles
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
-from hybrid_retrieval.evaluation.compute_floor import graph_flops, machine_peaks, peak, texts_floor
+from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from hybrid_retrieval.evaluation.server import free_port, running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import corpus_file, split_queries
@@ -171,7 +171,7 @@ def run_all(index_dir: Path, dataset: Path, build_docs: int, rounds: int, n_quer
 
 def markdown(report: dict) -> str:
     build, coord = report["build"], report["coordinator"]
-    lines = ["## Scale-out on Ray (`python -m hybrid_retrieval.evaluation.scale_bench`)", "",
+    lines = ["## Scale-out on Ray (`python -m bench.scale_bench`)", "",
              f"{report['cores']} cores, one machine. Build: the first {build['documents']} scifact documents, each "
              f"configuration {build['rounds']} times, alternating (median; a local Ray instance started once in "
              f"{build['ray_start_s']} s, not counted). Fraction of peak: the embedding stage's FLOPs over the real token "
