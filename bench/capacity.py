@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.accel_bench import clustered_unit_vectors
-from bench.measure import percentiles
+from bench.harness import percentiles
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index

@@ -10,8 +10,9 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.accel_bench import interleaved_ms, faiss_cpu_vs_gpu, rerank_latency
-from bench.measure import percentiles
+from bench.accel_bench import faiss_cpu_vs_gpu, rerank_latency
+from bench.harness import interleaved
+from bench.harness import percentiles
 from bench.machine import describe_machine
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
@@ -49,7 +50,7 @@ def run(index_dir: Path, dataset: Path, split: str = "test", reranker: str | Non
         index.embedder.encode(documents, batch_size=batch_size)
         rates.append(len(documents) / (time.perf_counter() - start))
     cpu = OnnxEmbedder(index_dir / MODEL_DIR, device="cpu")
-    times = interleaved_ms({"gpu": lambda q: index.embedder.encode([q]), "cpu": lambda q: cpu.encode([q])}, texts[:200])
+    times = interleaved({"gpu": lambda q: index.embedder.encode([q]), "cpu": lambda q: cpu.encode([q])}, texts[:200])
     report = {"machine": describe_machine(), "index": str(index_dir),
               "passage_embedding": {"passages_per_s": round(statistics.median(rates), 1), "passages": passages,
                                     "batch_size": batch_size},

@@ -11,7 +11,7 @@ import asyncio
 import time
 from urllib.parse import urlsplit
 
-import numpy as np
+from bench.harness import percentiles
 
 
 def post_request(host: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
@@ -62,9 +62,8 @@ async def _closed_loop(url: str, requests: list[bytes], clients: int, max_reques
     started = time.perf_counter()
     await asyncio.gather(*(client(reader, writer) for reader, writer in connections))
     wall = time.perf_counter() - started
-    p50, p95, p99 = np.percentile(latencies, [50, 95, 99]) if latencies else (float("nan"),) * 3
     return {"requests": len(latencies), "errors": errors, "throughput_rps": round(len(latencies) / wall, 1),
-            "p50_ms": round(float(p50), 3), "p95_ms": round(float(p95), 3), "p99_ms": round(float(p99), 3)}
+            **percentiles(latencies)}
 
 
 def closed_loop(url: str, bodies: list[bytes], clients: int, max_requests: int, seconds: float, path: str = "/search",

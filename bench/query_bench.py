@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.accel_bench import interleaved_ms
+from bench.harness import interleaved
 from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from hybrid_retrieval.evaluation.runner import run_queries
 from hybrid_retrieval.indexer.corpus import split_queries
@@ -47,7 +47,7 @@ def run(index_dir: Path, dataset: Path, split: str = "test") -> dict:
     cached = CachedEmbedder(index.embedder, QueryCache(len(texts)), "fp32")
     cached.encode(texts)  # every query in the cache: what follows are hits
     calls = {**{p: (lambda q, e=e: e.encode([q])) for p, e in embedders.items()}, "cache hit": lambda q: cached.encode([q])}
-    times = interleaved_ms(calls, texts, warmup=1)
+    times = interleaved(calls, texts, warmup=1)
     p50 = {name: round(statistics.median(v), 3) for name, v in times.items()}
     return {"split": split, "queries": len(texts), "ndcg@10": quality,
             "cosine_fp32_int8": {"min": round(float(cosines.min()), 4), "median": round(float(np.median(cosines)), 4)},

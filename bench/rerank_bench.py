@@ -13,7 +13,7 @@ import os
 import statistics
 from pathlib import Path
 
-from bench.accel_bench import interleaved_ms
+from bench.harness import interleaved
 from bench.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from hybrid_retrieval.evaluation.runner import run_queries
@@ -53,7 +53,7 @@ def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], split: str =
         report["rerankers"][name] = entry
     texts = list(queries.values())[:latency_queries]
     inputs = [(q, [index.doc_text(int(d)) for d in first_stage.search(q, k=depth).ranking.doc_idx]) for q in texts]
-    times = interleaved_ms({key: (lambda x, m=model: m.score(*x)) for key, model in models.items()}, inputs, warmup=1)
+    times = interleaved({key: (lambda x, m=model: m.score(*x)) for key, model in models.items()}, inputs, warmup=1)
     cores = len(os.sched_getaffinity(0))
     for (name, precision, execution), model in models.items():
         report["rerankers"][name].setdefault("latency", {}).setdefault(precision, {})[execution] = pairs_floor(

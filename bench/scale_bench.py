@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.accel_bench import interleaved_ms
-from bench.measure import percentiles
+from bench.harness import interleaved
+from bench.harness import percentiles
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from hybrid_retrieval.evaluation.server import free_port, running_server
@@ -91,7 +91,7 @@ def coordinator_rows(index_dir: Path, work: Path, queries: list[str], shard_coun
             answers[name][query] = [d["id"] for d in docs] if docs else [whole.doc_ids[i] for i in result.ranking.doc_idx]
         return run
 
-    times = interleaved_ms({name: search(name) for name in pipelines}, queries)
+    times = interleaved({name: search(name) for name in pipelines}, queries)
     rows = {}
     for name in pipelines:
         same = sum(answers[name][q] == answers["whole"][q] for q in queries)
@@ -119,7 +119,7 @@ def call_rows(calls: int = 200, fan_out: int = 8) -> dict:
     one = {"Serve handle": lambda _: handle.ping.remote(payload).result(), "Ray actor": lambda _: ray.get(actor.ping.remote(payload))}
     many = {"Serve handle": lambda _: [r.result() for r in [handle.ping.remote(payload) for _ in range(fan_out)]],
             "Ray actor": lambda _: ray.get([actor.ping.remote(payload) for _ in range(fan_out)])}
-    single, fanned = interleaved_ms(one, list(range(calls)), warmup=20), interleaved_ms(many, list(range(calls // 4)), warmup=5)
+    single, fanned = interleaved(one, list(range(calls)), warmup=20), interleaved(many, list(range(calls // 4)), warmup=5)
     serve.delete("echo")
     ray.kill(actor)
     return {"fan_out": fan_out, "rows": {name: {"one_p50_ms": round(float(np.median(single[name])), 2),
@@ -146,7 +146,7 @@ def serve_rows(index_dir: Path, work: Path, queries: list[str], shard_counts: li
                 urls = {"hybrid serve, whole": whole_url, f"Ray Serve, {count} shards": f"http://127.0.0.1:{port}"}
                 calls = {name: (lambda q, u=url: client.post(f"{u}/search", json={"query": q, "k": 10}).raise_for_status())
                          for name, url in urls.items()}
-                times = interleaved_ms(calls, queries)
+                times = interleaved(calls, queries)
                 rows[count] = {name: percentiles(values) for name, values in times.items()}
                 serve.delete(APP_NAME)
     finally:

@@ -20,7 +20,7 @@ import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench.accel_bench import interleaved_ms
+from bench.harness import interleaved
 from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
 from bench.loadgen import closed_loop
 from hybrid_retrieval.evaluation.server import running_server
@@ -45,7 +45,7 @@ def model_floor(index_dir: Path, texts: list[str], peaks: dict) -> dict:
     folder = Path(index_dir) / MODEL_DIR
     flops = graph_flops(model_file(folder, "fp32"))
     embedders = {p: OnnxEmbedder(folder, device="cpu", threads=1, precision=p) for p in ("fp32", "int8")}
-    times = interleaved_ms({p: (lambda q, e=e: e.encode([q])) for p, e in embedders.items()}, texts)
+    times = interleaved({p: (lambda q, e=e: e.encode([q])) for p, e in embedders.items()}, texts)
     return {p: texts_floor(flops, e, texts, peak(peaks, p, 1), 1, measured_ms=statistics.median(times[p]))
             for p, e in embedders.items()}
 

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.accel_bench import interleaved_ms
-from bench.measure import percentiles
+from bench.harness import interleaved
+from bench.harness import percentiles
 from hybrid_retrieval.evaluation.report import add_output_flags, emit
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.live import Collection
@@ -72,7 +72,7 @@ def _searches(whole: Collection, sharded: dict, queries: list[str]) -> dict:
             answers[name][query] = [doc["id"] for doc in docs]
         return run_one
 
-    times = interleaved_ms({name: search(name) for name in pipelines}, queries)
+    times = interleaved({name: search(name) for name in pipelines}, queries)
     return {name: {**percentiles(times[name]), "same_answers": sum(answers[name][q] == answers["whole"][q] for q in queries)}
             for name in pipelines}
 

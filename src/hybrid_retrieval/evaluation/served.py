@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from hybrid_retrieval.evaluation.server import running_server
@@ -16,20 +17,26 @@ from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.training.metrics import evaluate
 
 
-def served_quality(index_dir: Path, dataset: Path, split: str = "test", env: dict[str, str] | None = None, k: int = 100) -> dict:
+def served_quality(index_dir: Path, dataset: Path, split: str = "test", env: dict[str, str] | None = None, k: int = 100,
+                   request: dict | None = None) -> dict:
+    """Metrics of the split's queries as served; `request`: more fields for every POST /search (e.g. a mode). Also each
+    request's round-trip time in `latencies_ms`, in query order."""
     import httpx  # a dev dependency, like every server-starting benchmark
 
     queries, qrels = split_queries(dataset, split)
     with running_server(index_dir, {"HYBRID_VERIFY": "size", **(env or {})}) as (url, _):
         with httpx.Client(base_url=url, timeout=120) as client:
             ready = client.get("/ready").json()
-            run = {}
+            run, latencies_ms = {}, []
             for qid, text in queries.items():
-                response = client.post("/search", json={"query": text, "k": k})
+                start = time.perf_counter()
+                response = client.post("/search", json={**(request or {}), "query": text, "k": k})
+                latencies_ms.append(round((time.perf_counter() - start) * 1000, 3))
                 response.raise_for_status()
                 run[qid] = {hit["id"]: hit["score"] for hit in response.json()["hits"]}
     metrics = {name: round(value, 4) for name, value in evaluate(run, qrels).items()}
-    return {"split": split, "queries": len(queries), **metrics, "defaults": ready["defaults"], "evidence": ready["evidence"]}
+    return {"split": split, "queries": len(queries), **metrics, "defaults": ready["defaults"], "evidence": ready["evidence"],
+            "latencies_ms": latencies_ms}
 
 
 def main() -> None:
