@@ -1,100 +1,76 @@
-"""The "Encoder adaptation" section of docs/BENCHMARKS.md, from what the commands left behind: each adapted model's
-training.json (`hybrid train-embedder`, `hybrid adapt`) and the `hybrid eval --baseline-index` report of the index
-re-embedded with it (`hybrid reembed`), plus reports of indexes whose fusion `hybrid tune --pseudo` chose.
-
-    python -m bench.adapt_bench --model supervised=MODEL_DIR:REPORT_JSON [--model ...] \\
-        [--pseudo-tuned LABEL=REPORT_JSON ...] [--note TEXT ...] [--markdown-file docs/BENCHMARKS.md]
-
-scripts/benchmarks.sh runs the commands and then this.
-"""
+"""Encoder adaptation: the encoder fine-tuned on the train split (`hybrid train-embedder`) and encoders adapted on
+label-free pseudo-queries (`hybrid adapt`), each index re-embedded with it (`hybrid reembed`) and compared with its
+base by `hybrid eval --baseline-index`; and the fusion chosen on pseudo-queries (`hybrid tune --pseudo`) against RRF."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from hybrid_retrieval.evaluation.report import write_section
+from bench.harness import Case, Table
 from hybrid_retrieval.search.fusion import fusion_from_dict, fusion_to_string
 
-SECTION = "## Encoder adaptation (`hybrid train-embedder`, `hybrid adapt`, `hybrid reembed`)"
 METRIC = "ndcg@10"
+RECIPES = ("title", "ict")
 
 
-def _pair(text: str) -> tuple[str, str]:
-    label, sep, value = text.partition("=")
-    if not sep or not label or not value:
-        raise argparse.ArgumentTypeError(f"expected LABEL=VALUE, got {text!r}")
-    return label, value
+def _compared(ctx, index: Path, baseline: Path, out: str, pipelines: str, *flags) -> dict:
+    """`hybrid eval` of `index` against the same pipelines on `baseline` (paired randomisation test)."""
+    folder = ctx.work / "adapt" / out
+    ctx.hybrid("eval", "--data", ctx.data, "--index", index, "--baseline-index", baseline, "--no-tune", "--quiet",
+               "--pipelines", pipelines, "--out", folder, *flags)
+    return json.loads((folder / ctx.data.name / "report.json").read_text())
 
 
-def _training_row(label: str, record: dict) -> str:
+def _training_row(label: str, record: dict) -> dict:
     data, held_out, options = record["data"], record["held_out"], record["options"]
-    epochs = len(held_out["per_epoch"]) - 1
-    curve = " -> ".join(f"{row[METRIC]:.4f}" for row in held_out["per_epoch"])
     pseudo = data.get("pseudo")
-    examples = f"{data['examples_per_epoch']}" + (f" (of {sum(pseudo['generated'].values())} generated)" if pseudo else "")
-    return (f"| {label} | {data['recipe']} | {examples} | {data['held_out_queries']} ({data['held_out_pool']} pooled docs) | "
-            f"{epochs} of {options['epochs']}, best {held_out['best_epoch']} | {curve} | {record['seconds']['total'] / 60:.1f} | "
-            f"{record['peak_rss_mib'] / 1024:.1f} | {record['device']} |")
+    return {"model": label, "recipe": data["recipe"], "examples per epoch": data["examples_per_epoch"],
+            "generated": sum(pseudo["generated"].values()) if pseudo else None,
+            "held-out queries": data["held_out_queries"], "epochs run": len(held_out["per_epoch"]) - 1,
+            "epochs asked": options["epochs"], "best epoch": held_out["best_epoch"],
+            "held-out nDCG@10 by epoch": " -> ".join(f"{row[METRIC]:.4f}" for row in held_out["per_epoch"]),
+            "training s": record["seconds"]["total"], "peak RSS MiB": record["peak_rss_mib"], "device": record["device"]}
 
 
-def _test_rows(label: str, report: dict) -> list[str]:
+def _test_rows(label: str, report: dict) -> list[dict]:
     rows = []
     for pipeline, row in report["baseline_index"]["pipelines"].items():
         before = row["baseline"][METRIC]
-        rows.append(f"| {label} | {pipeline} | {before:.4f} | {before + row[f'{METRIC}_delta']:.4f} | {row[f'{METRIC}_delta']:+.4f} | "
-                    f"{row['p_value']:.4f} | {row['wins']}/{row['ties']}/{row['losses']} |")
+        rows.append({"model": label, "pipeline": pipeline, "base": before,
+                     "adapted": round(before + row[f"{METRIC}_delta"], 4), "change": row[f"{METRIC}_delta"],
+                     "p": row["p_value"], "wins/ties/losses": f"{row['wins']}/{row['ties']}/{row['losses']}"})
     return rows
 
 
-def markdown(models: list[tuple[str, dict, dict]], pseudo_tuned: list[tuple[str, dict]], notes: list[str] = ()) -> str:
-    """`models`: (label, training record, eval report with baseline_index); `pseudo_tuned`: (label, eval report);
-    `notes`: how this run was made, one paragraph each."""
-    lines = [SECTION, "", "Training (held-out nDCG@10: dense retrieval of the held-out queries over their pooled hybrid top-N; "
-             "epoch 0 is the base model):", "",
-             "| model | recipe | examples per epoch | held-out queries | epochs run | held-out nDCG@10 by epoch | minutes | peak GiB | device |",
-             "|---|---|---:|---:|---|---|---:|---:|---|"]
-    lines += [_training_row(label, record) for label, record, _ in models]
-    split = models[0][2] if models else (pseudo_tuned[0][1] if pseudo_tuned else None)
-    if split:
-        lines += ["", f"{split['dataset']} {split['split']} ({split['queries']} queries, never used for any choice): each pipeline "
-                  "on the base index and on the index re-embedded with the model, same fusion procedure (`hybrid reembed` re-tunes "
-                  "a tuned fusion on the same split; an untuned index stays RRF), paired two-sided randomisation test:", "",
-                  "| model | pipeline | base | adapted | change | p | wins/ties/losses |", "|---|---|---:|---:|---:|---:|---|"]
-        for label, _, report in models:
-            lines += _test_rows(label, report)
-    if pseudo_tuned:
-        lines += ["", "Label-free fusion (`hybrid tune --pseudo`) against the unlabelled default, RRF (rrf_k 60), on the same test "
-                  "queries:", "", "| pseudo-queries | fusion chosen | RRF 60 | tuned | change | p | wins/ties/losses |",
-                  "|---|---|---:|---:|---:|---:|---|"]
-        for label, report in pseudo_tuned:
-            row = report["baseline_index"]["pipelines"]["hybrid"]
-            before = row["baseline"][METRIC]
-            fusion = fusion_to_string(fusion_from_dict(report["defaults"]["fusion"]))
-            lines.append(f"| {label} | {fusion} | {before:.4f} | {before + row[f'{METRIC}_delta']:.4f} | {row[f'{METRIC}_delta']:+.4f} | "
-                         f"{row['p_value']:.4f} | {row['wins']}/{row['ties']}/{row['losses']} |")
-    for note in notes:
-        lines += ["", note]
-    return "\n".join(lines) + "\n"
+def _adaptation(ctx) -> list[Table]:
+    supervised = ctx.copy_of(ctx.index, ctx.data.name + "-adapted")
+    ctx.hybrid("reembed", supervised, "--model", ctx.embedder, "--quiet")
+    models = [("supervised", ctx.embedder, _compared(ctx, supervised, ctx.index, "supervised",
+                                                     "bm25,dense,hybrid,rrf:60,hybrid+rerank", "--reranker", ctx.reranker))]
+    pseudo_tuned = []
+    for recipe in RECIPES:
+        adapted = ctx.copy_of(ctx.untuned_index, f"{ctx.data.name}-{recipe}")
+        ctx.hybrid("reembed", adapted, "--model", ctx.adapted(recipe), "--quiet")
+        models.append((f"{recipe} pseudo-queries", ctx.adapted(recipe),
+                       _compared(ctx, adapted, ctx.untuned_index, recipe, "bm25,dense,hybrid")))
+        tuned = ctx.copy_of(ctx.untuned_index, f"{ctx.data.name}-pseudo-{recipe}")
+        ctx.hybrid("tune", tuned, "--pseudo", recipe, "--max-queries", 1000, "--quiet")
+        pseudo_tuned.append((recipe, _compared(ctx, tuned, ctx.untuned_index, f"pseudo-{recipe}", "hybrid")))
+    training = [_training_row(label, json.loads((folder / "training.json").read_text())) for label, folder, _ in models]
+    test = [row for label, _, report in models for row in _test_rows(label, report)]
+    fusion = []
+    for label, report in pseudo_tuned:
+        row = report["baseline_index"]["pipelines"]["hybrid"]
+        fusion.append({"pseudo-queries": label, "fusion chosen": fusion_to_string(fusion_from_dict(report["defaults"]["fusion"])),
+                       "RRF 60": row["baseline"][METRIC], "tuned": round(row["baseline"][METRIC] + row[f"{METRIC}_delta"], 4),
+                       "change": row[f"{METRIC}_delta"], "p": row["p_value"],
+                       "wins/ties/losses": f"{row['wins']}/{row['ties']}/{row['losses']}"})
+    return [Table("training (held-out nDCG@10: dense retrieval of held-out queries over their pooled hybrid top-N; epoch 0 "
+                  "is the base model)", training),
+            Table("test split, base index vs re-embedded (same fusion procedure; paired randomisation test)", test),
+            Table("label-free fusion (`hybrid tune --pseudo`) against RRF 60 on the test queries", fusion)]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=_pair, action="append", default=[], help="LABEL=MODEL_DIR:REPORT_JSON")
-    parser.add_argument("--pseudo-tuned", type=_pair, action="append", default=[], help="LABEL=REPORT_JSON")
-    parser.add_argument("--note", action="append", default=[], help="a paragraph on how this run was made (repeatable)")
-    parser.add_argument("--markdown-file", type=Path, default=Path("docs/BENCHMARKS.md"))
-    args = parser.parse_args(argv)
-    models = []
-    for label, value in args.model:
-        folder, _, report = value.rpartition(":")
-        models.append((label, json.loads((Path(folder) / "training.json").read_text()), json.loads(Path(report).read_text())))
-    pseudo = [(label, json.loads(Path(report).read_text())) for label, report in args.pseudo_tuned]
-    section = markdown(models, pseudo, args.note)
-    write_section(args.markdown_file, section)
-    print(section)
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Models", "Encoder adaptation", "encoders trained on the train split and on label-free pseudo-queries, "
+              "each index re-embedded and compared with its base on the test split", _adaptation)]

@@ -1,24 +1,20 @@
-"""What a document costs: the measured inputs of docs/SCALING.md's capacity plan.
-
-    python -m bench.capacity INDEX [--vectors 100000] [--queries 200] [--bm25-sizes 50000 100000 200000] [--markdown]
+"""What a document costs: the measured inputs of the capacity plan in docs/scaling.md.
 
 1. Bytes a document of each part of a built index (from its manifest's file sizes).
-2. Each FAISS index kind over --vectors clustered synthetic unit vectors of the index's dimension: bytes a vector,
+2. Each FAISS index kind over N clustered synthetic unit vectors of the index's dimension: bytes a vector,
    build seconds a million vectors, one-query search latency on one thread and recall@10 against flat.
-3. BM25 query latency over synthetic corpora of --bm25-sizes documents: what sizes a shard.
+3. BM25 query latency over synthetic corpora of growing sizes: what sizes a shard.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
 from bench.accel_bench import clustered_unit_vectors
-from bench.harness import percentiles
-from hybrid_retrieval.evaluation.report import add_output_flags, emit
+from bench.harness import Case, Table, percentiles, rows_from
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 
@@ -94,45 +90,24 @@ def bm25_rows(sizes: list[int], queries: int = 200, doc_terms: int = 100, vocabu
     return {"doc_terms": doc_terms, "vocabulary": vocabulary, "queries": queries, "sizes": rows}
 
 
-def markdown(report: dict) -> str:
-    parts, kinds = report["index"], report["faiss"]
-    lines = ["## Capacity inputs (`python -m bench.capacity`)", "",
-             f"Bytes a document of the scifact index ({parts['documents']} documents, dimension {parts['dimension']}, FAISS flat):", "",
-             "| part | bytes a document |", "|---|---:|"]
-    for name, row in parts["parts"].items():
-        value = f"{row['bytes_per_doc']:.0f}" if row["bytes_per_doc"] is not None else f"{row['bytes'] / 2**20:.0f} MiB in all"
-        lines.append(f"| {name} | {value} |")
-    lines += ["", f"FAISS kinds over {kinds['vectors']:,} clustered synthetic unit vectors of dimension {parts['dimension']}, "
-              f"{kinds['queries']} queries one at a time on one thread (built on every core):", "",
-              "| kind | factory | bytes a vector | build s a million | p50 ms | p99 ms | recall@10 vs flat |",
-              "|---|---|---:|---:|---:|---:|---:|"]
-    for kind, row in kinds["kinds"].items():
-        lines.append(f"| {kind} | {row['factory']} | {row['bytes_per_vector']:.0f} | {row['build_s_per_million']:.0f} | "
-                     f"{row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['recall@10']:.4f} |")
-    bm25 = report["bm25"]
-    lines += ["", f"BM25 (bm25s, the top 100) over synthetic documents of {bm25['doc_terms']} Zipf-distributed terms "
-              f"({bm25['vocabulary']:,}-term vocabulary), 5-term queries one at a time: it scores into an array of every "
-              "document, so a query costs time in proportion to the shard's documents.", "",
-              "| documents | p50 ms | p99 ms | p50 µs per 1,000 documents |", "|---:|---:|---:|---:|"]
-    for size, row in bm25["sizes"].items():
-        lines.append(f"| {int(size):,} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['p50_ms'] * 1000 / (int(size) / 1000):.1f} |")
-    lines.append("")
-    return "\n".join(lines)
+def _capacity(ctx) -> list[Table]:
+    parts = index_bytes(ctx.untuned_index)
+    kinds = faiss_rows(parts["dimension"], ctx.size(100_000, 5_000), ctx.size(200, 20))
+    bm25 = bm25_rows([50_000, 100_000, 200_000] if not ctx.quick else [5_000, 10_000], ctx.size(200, 20))
+    part_rows = [{"part": name, "bytes a document": row["bytes_per_doc"],
+                  "MiB in all": round(row["bytes"] / 2**20, 1)} for name, row in parts["parts"].items()]
+    kind_rows = rows_from(kinds["kinds"], "kind", {"factory": "factory", "bytes_per_vector": "bytes a vector",
+                                                  "build_s_per_million": "build s a million", "p50_ms": "p50 ms",
+                                                  "p99_ms": "p99 ms", "recall@10": "recall@10 vs flat"})
+    bm25_rows_ = [{"documents": int(size), "p50 ms": row["p50_ms"], "p99 ms": row["p99_ms"],
+                   "p50 µs per 1,000 documents": round(row["p50_ms"] * 1e6 / int(size), 1)}
+                  for size, row in bm25["sizes"].items()]
+    return [Table(f"bytes a document ({parts['documents']} documents, dimension {parts['dimension']}, FAISS flat)", part_rows),
+            Table(f"FAISS kinds over {kinds['vectors']:,} clustered synthetic unit vectors, {kinds['queries']} queries one at "
+                  "a time on one thread", kind_rows),
+            Table(f"BM25 top 100 over synthetic documents of {bm25['doc_terms']} Zipf-distributed terms, 5-term queries",
+                  bm25_rows_)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("index", type=Path)
-    parser.add_argument("--vectors", type=int, default=100_000)
-    parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--bm25-sizes", type=int, nargs="+", default=[50_000, 100_000, 200_000])
-    add_output_flags(parser)
-    args = parser.parse_args()
-    parts = index_bytes(args.index)
-    report = {"index": parts, "faiss": faiss_rows(parts["dimension"], args.vectors, args.queries),
-              "bm25": bm25_rows(args.bm25_sizes)}
-    emit(report, markdown, args)
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Scale-out", "Capacity inputs", "bytes a document of each part of an index; FAISS kinds and BM25 by corpus "
+              "size on synthetic data", _capacity)]

@@ -1,6 +1,4 @@
-"""Filters, highlights and batches, measured side by side on scifact with synthetic metadata.
-
-    python -m bench.filter_bench DATA/scifact WORKDIR [--out filters.json] [--markdown]
+"""Filters, highlights and batches, measured side by side on the dataset with synthetic metadata.
 
 Builds (once) a flat index of the corpus with metadata derived from each document id (`synthetic_metadata`;
 nothing is stored in the repository), then measures, in one run:
@@ -14,7 +12,6 @@ nothing is stored in the repository), then measures, in one run:
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import statistics
@@ -24,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.harness import Case, Table, verdict
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
-from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
+from hybrid_retrieval.indexer.corpus import read_corpus
 from hybrid_retrieval.indexer.store import OpenIndex, open_index
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index, exact_top_k
 
@@ -155,75 +153,34 @@ def batch_vs_single(index_dir: Path, queries: list[str], size: int = 32, rounds:
             "singles_qps": round(size / single, 1), "batch_qps": round(size / batch, 1), "throughput_ratio": round(single / batch, 2)}
 
 
-def run(dataset: Path, workdir: Path, split: str = "test") -> dict:
-    index = metadata_index(dataset, workdir)
-    queries = list(split_queries(dataset, split)[0].values())
-    query_vectors = index.query_embedder.encode(queries)
-    return {"documents": index.num_docs, "queries": len(queries),
-            "filter_documents": {name: index.metadata.allowed(selectivity_filter(name)).count for name in SELECTIVITIES},
-            "filtered_recall": filtered_recall(index, query_vectors), "hybrid_latency": hybrid_latency(index, queries),
-            "highlight": highlight_cost(index, queries), "batch": batch_vs_single(index.path, queries)}
+def _filters(ctx) -> list[Table]:
+    index = metadata_index(ctx.data, ctx.work / "metadata")
+    queries = ctx.queries()[:ctx.size(10_000, 20)]
+    vectors = index.query_embedder.encode(queries)
+    admitted = [{"filter": name, "documents": index.metadata.allowed(selectivity_filter(name)).count}
+                for name in SELECTIVITIES]
+    recall = [{"index": factory, "filter": name, "documents": row["documents"], "cost rule: path": row["cost_rule"]["path"],
+               "recall@10": row["cost_rule"]["recall@10"], "p50 ms": row["cost_rule"]["p50_ms"],
+               "selector forced: recall@10": row["selector_forced"]["recall@10"],
+               "selector forced: p50 ms": row["selector_forced"]["p50_ms"]}
+              for factory, rows in filtered_recall(index, vectors).items() for name, row in rows.items()]
+    latency = hybrid_latency(index, queries, rounds=ctx.size(2, 1))
+    hybrid = [{"filter": name, "p50 ms": p50, "ratio": round(p50 / latency["p50_ms"]["unfiltered"], 3),
+               "verdict": verdict(p50 / latency["p50_ms"]["unfiltered"], higher_is_better=False)}
+              for name, p50 in latency["p50_ms"].items()]
+    highlight = highlight_cost(index, queries)
+    batch = batch_vs_single(index.path, queries, rounds=ctx.size(5, 1))
+    return [Table("filters `{\"bucket\": {\"lt\": N}}` on synthetic metadata", admitted),
+            Table("dense recall@10 against the exact filtered ranking", recall,
+                  "cost rule: what the service does (brute force over the admitted documents when a filter admits at most "
+                  "`flat_search_cutoff` of them); selector forced: the FAISS index searched with an `IDSelectorBitmap` "
+                  "whatever the selectivity."),
+            Table(f"hybrid search p50 by filter ({latency['queries']} queries x {latency['rounds']} rounds, interleaved)",
+                  hybrid),
+            Table(f"building {highlight['hits_per_request']} dense hits with and without highlights", [highlight]),
+            Table(f"one POST /search/batch of {batch['searches']} searches vs {batch['searches']} POST /search, loopback",
+                  [batch])]
 
 
-def markdown(report: dict) -> str:
-    """The BENCHMARKS.md section for a filter benchmark report (sentences drawn from the numbers)."""
-    n = report["documents"]
-    lines = ["## Filters, highlights, batches (`python -m bench.filter_bench`)", "",
-             f"scifact ({n:,} documents, {report['queries']} test queries) with synthetic metadata derived from each "
-             "document id. Filters `{\"bucket\": {\"lt\": N}}` admit "
-             + ", ".join(f"{name} ({count:,} documents)" for name, count in report["filter_documents"].items()) + ".", "",
-             "Dense recall@10 against the exact filtered ranking (brute force over the admitted documents). *cost rule*: "
-             "what the service does (brute force when the filter admits at most `flat_search_cutoff` = 10,000 documents on IVF "
-             "and HNSW, 1,000 on flat); "
-             "*selector forced*: the FAISS index searched with an `IDSelectorBitmap` whatever the selectivity (IVF probes "
-             "and HNSW `efSearch` grown by 1 / selectivity).", "",
-             "| index | filter | documents | cost rule: path | recall@10 | p50 ms | selector forced: recall@10 | p50 ms |",
-             "|---|---|---:|---|---:|---:|---:|---:|"]
-    for factory, rows in report["filtered_recall"].items():
-        for name, row in rows.items():
-            rule, forced = row["cost_rule"], row["selector_forced"]
-            lines.append(f"| {factory} | {name} | {row['documents']:,} | {rule['path']} | {rule['recall@10']:.4f} | "
-                         f"{rule['p50_ms']:.3f} | {forced['recall@10']:.4f} | {forced['p50_ms']:.3f} |")
-    worst = min((row["selector_forced"]["recall@10"], factory, name) for factory, rows in report["filtered_recall"].items()
-                for name, row in rows.items())
-    ruled = min(row["cost_rule"]["recall@10"] for rows in report["filtered_recall"].values() for row in rows.values())
-    lines += ["", f"With the cost rule every filtered search here has recall@10 >= {ruled:.4f}; forcing the selector, the "
-              f"worst is {worst[0]:.4f} ({worst[1]} at {worst[2]})."]
-    lat = report["hybrid_latency"]
-    p50 = lat["p50_ms"]
-    lines += ["", f"Hybrid search (flat index, RRF, depth 100), p50 over {lat['queries']} queries x {lat['rounds']} rounds, "
-              "interleaved: unfiltered "
-              f"{p50['unfiltered']:.2f} ms, filter at 10% {p50['10%']:.2f} ms ({lat['ratio_10%']:.2f}x), at 0.1% "
-              f"{p50['0.1%']:.2f} ms ({lat['ratio_0.1%']:.2f}x)."]
-    h = report["highlight"]
-    lines += ["", f"Highlighting {h['hits_per_request']} dense hits: building the hits takes {h['plain_p50_ms']:.2f} ms without "
-              f"highlights and {h['highlight_p50_ms']:.2f} ms with them (p50), {h['per_hit_ms']:.3f} ms per hit. The semantic "
-              f"sentence, for the {h['semantic_hits_per_request']:.1f} hits per request on average that no query term matches, "
-              f"embeds their sentences in one model run: {h['semantic_p50_ms']:.2f} ms per request (p50), "
-              f"{h['semantic_extra_per_dense_hit_ms']:.1f} ms more per such hit on average."]
-    b = report["batch"]
-    lines += ["", f"Batch: one `POST /search/batch` of {b['searches']} searches took {b['batch_median_s'] * 1000:.0f} ms, "
-              f"{b['searches']} `POST /search` one after another {b['singles_median_s'] * 1000:.0f} ms (medians of "
-              f"{b['rounds']} rounds, loopback HTTP, interleaved): {b['batch_qps']:.0f} vs {b['singles_qps']:.0f} searches/s, "
-              f"{b['throughput_ratio']:.2f}x. The batch embeds its queries in one model run; on a CPU that costs about what "
-              "one run per query costs (ONNX Runtime already spreads one query over the cores), so a batch saves the "
-              "per-request HTTP overhead and little else. On a GPU one run for many queries is expected to pay (not measured "
-              "here: this run had no GPU)."]
-    return "\n".join(lines) + "\n"
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dataset", type=Path)
-    parser.add_argument("workdir", type=Path, help="where the metadata corpus and its index are built (reused when current)")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--markdown", action="store_true", help="print the BENCHMARKS.md section instead of the JSON")
-    args = parser.parse_args()
-    report = run(args.dataset, args.workdir)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
-    print(markdown(report) if args.markdown else json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Filters and highlights", "Filters, highlights, batches",
+              "the corpus with synthetic metadata derived from each document id (its own flat index)", _filters)]

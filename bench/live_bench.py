@@ -1,7 +1,5 @@
-"""Live writes measured on scifact: ingest throughput, write-to-visible latency, search with a live segment vs
+"""Live writes measured on the dataset: ingest throughput, write-to-visible latency, search with a live segment vs
 compacted, compaction time, and a mixed search + write load over loopback HTTP.
-
-    python -m bench.live_bench DATA/scifact WORKDIR [--out live.json] [--markdown] [--seconds 60]
 
 Builds (once) an index of the corpus without every tenth document, then writes those documents (10% of the
 collection) through the service's API and measures side by side in one run.
@@ -9,7 +7,6 @@ collection) through the service's API and measures side by side in one run.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import os
@@ -22,9 +19,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.harness import Case, Table, percentiles, verdict
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import EMBED_BATCH, BuildOptions, build_index, index_is_current
-from hybrid_retrieval.indexer.corpus import indexed_text, read_corpus, split_queries
+from hybrid_retrieval.indexer.corpus import indexed_text, read_corpus
 from hybrid_retrieval.indexer.live import Collection
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
@@ -52,10 +50,6 @@ def base_index(dataset: Path, workdir: Path, kept: list[dict]) -> Path:
     if open_index(workdir / "base", verify="size").manifest.hubness is None:  # written documents get biases from its banks
         fit_from_bank(workdir / "base", dataset / "queries.jsonl", HUBNESS, split_qrels=dataset / "qrels" / "train.tsv", tune=False)
     return workdir / "base"
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def offline_embedding(index_dir: Path, documents: list[dict]) -> float:
@@ -95,7 +89,7 @@ def visibility(url: str, samples: int = 30) -> dict:
                     break
                 time.sleep(0.005)
             latencies.append((time.perf_counter() - acked) * 1000)
-    return {"samples": samples, "p50_ms": round(percentile(latencies, 50), 1), "p99_ms": round(percentile(latencies, 99), 1)}
+    return {"samples": samples, **percentiles(latencies)}
 
 
 def live_vs_compacted(index_dir: Path, workdir: Path, queries: list[str], rounds: int = 2) -> dict:
@@ -165,14 +159,14 @@ def mixed_load(url: str, queries: list[str], seconds: float, searchers: int = 16
         with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
             lost = sum(client.get(f"/documents/{doc_id}").status_code != 200 for doc_id in acknowledged)
         return {"searches": len(latencies), "errors": int(sum(errors)), "written_documents": len(acknowledged), "lost": lost,
-                "search_p50_ms": round(percentile(latencies, 50), 1), "search_p99_ms": round(percentile(latencies, 99), 1)}
+                **{f"search_{name}": value for name, value in percentiles(latencies).items()}}
 
     idle, busy = phase(False), phase(True)
     return {"seconds": seconds, "searchers": searchers, "writers": writers, "idle": idle, "with_writes": busy,
             "p50_ratio": round(busy["search_p50_ms"] / idle["search_p50_ms"], 3)}
 
 
-def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> dict:
+def run(dataset: Path, workdir: Path, seconds: float, queries: list[str], samples: int) -> dict:
     documents = _documents(dataset)
     held_out, kept = documents[::10], [d for i, d in enumerate(documents) if i % 10]
     base = base_index(dataset, workdir, kept)
@@ -180,7 +174,6 @@ def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> di
     if live_dir.exists():
         shutil.rmtree(live_dir)
     shutil.copytree(base, live_dir)
-    queries = list(split_queries(dataset, split)[0].values())
     report = {"documents": len(documents), "base_documents": len(kept), "written": len(held_out)}
     before = offline_embedding(base, held_out)
     with running_server(live_dir, ENV) as (url, _):
@@ -189,7 +182,7 @@ def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> di
     report["offline_embedding_docs_per_s"] = round(offline, 1)
     report["ingest_ratio"] = round(report["ingest"]["docs_per_s"] / offline, 3)
     with running_server(live_dir, ENV) as (url, _):
-        report["visibility"] = visibility(url)
+        report["visibility"] = visibility(url, samples)
     report["search"] = live_vs_compacted(live_dir, workdir, queries)
     # Each load configuration starts from the same collection (a copy) and runs with the service's own background
     # compaction, as it would in production.
@@ -205,56 +198,33 @@ def run(dataset: Path, workdir: Path, seconds: float, split: str = "test") -> di
     return report
 
 
-def _load_sentence(load: dict, how: str) -> str:
-    idle, busy = load["idle"], load["with_writes"]
-    return (f"{how}: search p50 {idle['search_p50_ms']:.0f} ms idle vs {busy['search_p50_ms']:.0f} ms with writes "
-            f"({load['p50_ratio']:.2f}x), p99 {idle['search_p99_ms']:.0f} vs {busy['search_p99_ms']:.0f} ms; "
-            f"{idle['errors'] + busy['errors']} errors, {busy['written_documents']:,} documents written, {busy['lost']} lost.")
+def _live(ctx) -> list[Table]:
+    r = run(ctx.data, ctx.work / "live", ctx.size(60, 2), ctx.queries()[:ctx.size(10_000, 20)], ctx.size(30, 3))
+    ing, vis, search = r["ingest"], r["visibility"], r["search"]
+    writes = [{"measurement": "ingest through the API, docs/s", "value": ing["docs_per_s"]},
+              {"measurement": "the offline build's embedding stage on the same documents, docs/s",
+               "value": r["offline_embedding_docs_per_s"]},
+              {"measurement": "ingest / offline", "value": r["ingest_ratio"]},
+              {"measurement": f"write-to-visible p50 ms ({vis['samples']} single-document writes, refresh every 1 s)",
+               "value": vis["p50_ms"]},
+              {"measurement": "write-to-visible p99 ms", "value": vis["p99_ms"]},
+              {"measurement": f"compaction of {search['documents']:,} documents (vectors reused), s",
+               "value": search["compaction_s"]}]
+    live = [{"search": mode, "live p50 ms": search["p50_ms"][f"live {mode}"],
+             "compacted p50 ms": search["p50_ms"][f"compacted {mode}"], "ratio": search[f"{mode}_ratio"],
+             "verdict": verdict(search[f"{mode}_ratio"], higher_is_better=False)} for mode in SEARCH_MODES]
+    load = [{"writes embedded on": how, "phase": phase, "searches": row["searches"], "search p50 ms": row["search_p50_ms"],
+             "search p99 ms": row["search_p99_ms"], "errors": row["errors"], "written": row["written_documents"],
+             "lost": row["lost"]}
+            for key, how in (("mixed_load", "the default thread policy"), ("mixed_load_all_cores", "all cores"))
+            for phase, row in (("searches alone", r[key]["idle"]), ("with writes", r[key]["with_writes"]))]
+    return [Table(f"{r['written']:,} documents written through PUT /documents (batches of {ing['batch']}) onto "
+                  f"{r['base_documents']:,} built offline", writes),
+            Table(f"search p50 with {search['live_documents']} live documents vs compacted, interleaved", live),
+            Table(f"mixed load: {r['mixed_load']['searchers']} search clients alone, then beside "
+                  f"{r['mixed_load']['writers']} writing clients, {r['mixed_load']['seconds']:.0f} s each; every written "
+                  "id read back", load)]
 
 
-def markdown(report: dict) -> str:
-    ing, vis, search, load = report["ingest"], report["visibility"], report["search"], report["mixed_load"]
-    p50 = search["p50_ms"]
-    return "\n".join([
-        "## Live writes (`python -m bench.live_bench`)", "",
-        f"scifact without every tenth document ({report['base_documents']:,} documents built offline, DBNorm fitted "
-        f"with the train queries), then the other {report['written']:,} written through `PUT /documents` on loopback "
-        f"(batches of {ing['batch']}).", "",
-        "| measurement | value |", "|---|---:|",
-        f"| ingest through the API | {ing['docs_per_s']:.1f} docs/s ({ing['seconds']:.1f} s) |",
-        f"| offline build's embedding stage over the same documents (before and after the ingest) | "
-        f"{report['offline_embedding_docs_per_s']:.1f} docs/s |",
-        f"| ingest / offline | {report['ingest_ratio']:.2f}x |",
-        f"| write-to-visible, p50 / p99 ({vis['samples']} single-document writes, refresh every 1 s) | "
-        f"{vis['p50_ms']:.0f} / {vis['p99_ms']:.0f} ms |",
-        f"| BM25 p50, {search['live_documents']} live documents vs compacted | {p50['live bm25']:.3f} vs "
-        f"{p50['compacted bm25']:.3f} ms ({search['bm25_ratio']:.2f}x) |",
-        f"| hybrid p50, live vs compacted | {p50['live hybrid']:.2f} vs {p50['compacted hybrid']:.2f} ms "
-        f"({search['hybrid_ratio']:.2f}x) |",
-        f"| hybrid + DBNorm (DIS) p50, live vs compacted (the fitted correction extended to the writes) | "
-        f"{p50['live hybrid_dbnorm']:.2f} vs {p50['compacted hybrid_dbnorm']:.2f} ms ({search['hybrid_dbnorm_ratio']:.2f}x) |",
-        f"| compaction of {search['documents']:,} documents (vectors reused) | {search['compaction_s']:.1f} s |", "",
-        f"Mixed load on loopback, {load['searchers']} search clients for {load['seconds']:.0f} s alone, then again with "
-        f"{load['writers']} clients writing batches of 4 (then every written id is read back), each configuration from a "
-        "copy of the same collection, background compaction on. "
-        + _load_sentence(load, "The default (writes embedded on all cores while no search runs, on half of them while "
-                               "searches run)") + " "
-        + _load_sentence(report["mixed_load_all_cores"], "Writes always on all cores (`HYBRID_WRITE_THREADS` = cores)"), ""])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dataset", type=Path)
-    parser.add_argument("workdir", type=Path)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--seconds", type=float, default=60.0, help="each phase of the mixed load")
-    parser.add_argument("--markdown", action="store_true")
-    args = parser.parse_args()
-    report = run(args.dataset, args.workdir, args.seconds)
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2))
-    print(markdown(report) if args.markdown else json.dumps(report, indent=2))
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Live writes", "Live writes", "the corpus without every tenth document built offline (DBNorm fitted on "
+              "the train queries), the rest written through the API of `hybrid serve` on loopback", _live)]

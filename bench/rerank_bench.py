@@ -1,21 +1,16 @@
 """Rerankers side by side on a BEIR split: hybrid + rerank quality (each reranker at its tuned weight, fp32 and int8),
 the time to rerank a query's hybrid top 50 on all cores (interleaved query by query), and each against the compute
 floor (FLOPs of its graph over the real pair token counts; GEMM peaks measured in the same run).
-
-    python -m bench.rerank_bench INDEX DATA/scifact NAME=RERANKER_DIR [NAME=DIR ...] [--split test]
-        [--latency-queries 30] [--out rerank.json] [--markdown]
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 from pathlib import Path
 
-from bench.harness import interleaved
-from bench.compute_floor import graph_flops, machine_peaks, pairs_floor, peak
-from hybrid_retrieval.evaluation.report import add_output_flags, emit
+from bench.compute_floor import graph_flops, pairs_floor, peak
+from bench.harness import Case, Table, interleaved
 from hybrid_retrieval.evaluation.runner import run_queries
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import open_index
@@ -29,14 +24,14 @@ SIDE_BY_SIDE = "side by side"  # as served on CPU: one single-threaded run per c
 ONE_RUN = "one run on all cores"  # one session whose runs use every core (intra-op threads), as before
 
 
-def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], split: str = "test", latency_queries: int = 30,
-        depth: int = DEFAULT_RERANK_DEPTH) -> dict:
+def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], peaks: dict, split: str = "test",
+        latency_queries: int = 30, depth: int = DEFAULT_RERANK_DEPTH) -> dict:
     queries, qrels = split_queries(dataset, split)
     index = open_index(index_dir, verify="size")
     first_stage = index.pipeline()
     hybrid, _ = run_queries(first_stage, index.doc_ids, queries, {})
     report = {"split": split, "queries": len(queries), "depth": depth, "hybrid_ndcg@10": _ndcg(hybrid, qrels),
-              "peaks": machine_peaks(), "rerankers": {}}
+              "peaks": peaks, "rerankers": {}}
     models = {}
     for name, folder in rerankers.items():
         record = training_record(folder) or {}
@@ -66,55 +61,35 @@ def _ndcg(run: dict, qrels: dict) -> float:
     return round(evaluate(run, qrels, ("ndcg@10",))["ndcg@10"], 4)
 
 
-def markdown(report: dict) -> str:
-    peaks = report["peaks"]
-    cores = peaks["cores"]
-    fp32_peak, int8_peak = peaks[f"fp32_gflops_{cores}"], peaks.get(f"int8_gops_{cores}", float("nan"))
-    lines = ["## Rerankers (`python -m bench.rerank_bench`)", "",
-             f"scifact {report['split']} ({report['queries']} queries): the index's hybrid top {report['depth']} reranked, "
-             f"each reranker at the weight `hybrid train-reranker` tuned on held-out train queries; first stage alone "
-             f"{report['hybrid_ndcg@10']:.4f}. Latency: one query's {report['depth']} pairs on all "
-             f"{cores} cores, the models interleaved query by query, either {SIDE_BY_SIDE} (as served on CPU: pair "
-             f"batches (int8: one pair) on single-threaded runs, one per core) or as {ONE_RUN} (each run's products "
-             f"split across the cores); floor: the pairs' FLOPs at the GEMM peak ({fp32_peak:.0f} GFLOP/s fp32, "
-             f"{int8_peak:.0f} GOP/s int8 on {cores} cores).", "",
-             f"| reranker | layers | precision | nDCG@10 | p50 ms, {SIDE_BY_SIDE} | p50 ms, {ONE_RUN} | floor ms | "
-             f"fraction of peak, {SIDE_BY_SIDE} |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for name, entry in report["rerankers"].items():
+def _rerankers(ctx) -> list[Table]:
+    rerankers = {"6 layers": ctx.reranker, "3 layers, distilled": ctx.small_reranker(from_base=False),
+                 "3 layers, distilled, from the base model": ctx.small_reranker(from_base=True)}
+    r = run(ctx.index, ctx.data, rerankers, ctx.peaks, latency_queries=ctx.size(30, 3))
+    quality = []
+    for name, entry in r["rerankers"].items():
         for precision in PRECISIONS:
-            row, before = entry["latency"][precision][SIDE_BY_SIDE], entry["latency"][precision][ONE_RUN]
-            lines.append(f"| {name} | {entry['layers']} | {precision} | {entry['ndcg@10'][precision]:.4f} | "
-                         f"{row['measured_ms']:.0f} | {before['measured_ms']:.0f} | {row['floor_ms']:.0f} | {row['fraction']:.0%} |")
-    lines += ["", "How each was trained (its training.json): where it started, the interpolation weight chosen on the held-out "
-              "train queries and their nDCG@10 there (fp32; the first stage alone, the reranker alone, interpolated), and "
-              "training minutes on this CPU.", "",
-              "| reranker | started from | weight | held-out: first stage | reranker alone | interpolated | training min |",
-              "|---|---|---:|---:|---:|---:|---:|"]
-    for name, entry in report["rerankers"].items():
+            side, one = entry["latency"][precision][SIDE_BY_SIDE], entry["latency"][precision][ONE_RUN]
+            quality.append({"reranker": name, "layers": entry["layers"], "precision": precision,
+                            "nDCG@10": entry["ndcg@10"][precision], "change vs first stage":
+                            round(entry["ndcg@10"][precision] - r["hybrid_ndcg@10"], 4),
+                            f"p50 ms, {SIDE_BY_SIDE}": side["measured_ms"], f"p50 ms, {ONE_RUN}": one["measured_ms"],
+                            "floor ms": side["floor_ms"], "fraction of peak": side["fraction"]})
+    training = []
+    for name, entry in r["rerankers"].items():
         record = training_record(entry["path"]) or {}
         dev = record.get("interpolation", {}).get("dev", {}).get("ndcg@10", {})
-        started = record.get("base_model", {}).get("name", "?")
-        started = "its teacher" if started == record.get("options", {}).get("teacher") else started
-        lines.append(f"| {name} | {started} | {entry['weight']:g} | {dev.get('first_stage', float('nan')):.4f} | "
-                     f"{dev.get('reranker_only', float('nan')):.4f} | {dev.get('interpolated', float('nan')):.4f} | "
-                     f"{(entry['training_s'] or float('nan')) / 60:.1f} |")
-    lines.append("")
-    return "\n".join(lines)
+        started = record.get("base_model", {}).get("name")
+        training.append({"reranker": name, "started from": "its teacher" if started == record.get("options", {}).get("teacher")
+                         else started, "weight": entry["weight"], "held-out: first stage": dev.get("first_stage"),
+                         "reranker alone": dev.get("reranker_only"), "interpolated": dev.get("interpolated"),
+                         "training s": entry["training_s"]})
+    return [Table(f"the hybrid top {r['depth']} reranked ({r['queries']} test queries; first stage alone "
+                  f"{r['hybrid_ndcg@10']})", quality,
+                  f"Latency: one query's pairs on every core, the models interleaved query by query; {SIDE_BY_SIDE}: "
+                  f"single-threaded runs, one per core, as served on CPU; {ONE_RUN}: each run's products split across "
+                  "the cores. Floor: the pairs' FLOPs at the machine's GEMM peak."),
+            Table("how each was trained (its training.json; nDCG@10 on the held-out train queries)", training)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("index", type=Path)
-    parser.add_argument("dataset", type=Path)
-    parser.add_argument("rerankers", nargs="+", help="NAME=DIR: a `hybrid train-reranker` folder")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--latency-queries", type=int, default=30)
-    add_output_flags(parser)
-    args = parser.parse_args()
-    rerankers = {name: Path(folder) for name, folder in (item.split("=", 1) for item in args.rerankers)}
-    emit(run(args.index, args.dataset, rerankers, args.split, args.latency_queries), markdown, args)
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Models", "Rerankers", "a 6-layer cross-encoder trained on the train split, and 3-layer ones distilled "
+              "from it (started from its layers, or from the base model), each at its tuned weight", _rerankers)]

@@ -1,12 +1,9 @@
 """Scale-out on one machine: index builds embedded by Ray actors vs one process, and what sharding costs a query.
 
-    python -m bench.scale_bench INDEX DATA/scifact [--build-docs 600] [--rounds 2] [--queries 100]
-        [--shards 2 4 8] [--out scale.json] [--markdown]
-
-1. Build: the first --build-docs documents built in this process, and with Ray (a local instance: 1 and 2 embedding
-   actors), alternating, --rounds each; documents per second of the embedding stage and of the whole build, the
+1. Build: the first N documents built in this process, and with Ray (a local instance: 1 and 2 embedding
+   actors), alternating rounds; documents per second of the embedding stage and of the whole build, the
    embedding stage against the compute floor (its FLOPs over the real token counts at this machine's GEMM peak).
-2. Coordinator, in process: the index whole and split into each --shards count, the same hybrid searches interleaved
+2. Coordinator, in process: the index whole and split into each shard count, the same hybrid searches interleaved
    query by query (every answer checked against the whole index's); p50 per configuration and the coordinator's
    merge of the shards' candidates.
 3. Ray Serve: each shard count deployed (one replica a shard) beside `hybrid serve` of the whole index, HTTP searches
@@ -15,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import os
 import statistics
@@ -25,13 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import interleaved
-from bench.harness import percentiles
-from hybrid_retrieval.evaluation.report import add_output_flags, emit
-from bench.compute_floor import graph_flops, machine_peaks, peak, texts_floor
+from bench.compute_floor import graph_flops, peak, texts_floor
+from bench.harness import Case, Table, interleaved, percentiles, rows_from
 from hybrid_retrieval.evaluation.server import free_port, running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
-from hybrid_retrieval.indexer.corpus import corpus_file, split_queries
+from hybrid_retrieval.indexer.corpus import corpus_file
 from hybrid_retrieval.indexer.shards import open_sharded, split_index
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.onnx_export import model_file
@@ -155,9 +149,8 @@ def serve_rows(index_dir: Path, work: Path, queries: list[str], shard_counts: li
     return rows
 
 
-def run_all(index_dir: Path, dataset: Path, build_docs: int, rounds: int, n_queries: int, shard_counts: list[int]) -> dict:
-    queries = list(split_queries(dataset, "test")[0].values())[:n_queries]
-    peaks = machine_peaks()
+def run_all(index_dir: Path, dataset: Path, build_docs: int, rounds: int, queries: list[str], shard_counts: list[int],
+            peaks: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="scale-bench-") as tmp:
         work = Path(tmp)
         build = build_rows(dataset, work, build_docs, rounds)
@@ -169,58 +162,36 @@ def run_all(index_dir: Path, dataset: Path, build_docs: int, rounds: int, n_quer
             "documents": open_index(index_dir, verify="size").num_docs}
 
 
-def markdown(report: dict) -> str:
-    build, coord = report["build"], report["coordinator"]
-    lines = ["## Scale-out on Ray (`python -m bench.scale_bench`)", "",
-             f"{report['cores']} cores, one machine. Build: the first {build['documents']} scifact documents, each "
-             f"configuration {build['rounds']} times, alternating (median; a local Ray instance started once in "
-             f"{build['ray_start_s']} s, not counted). Fraction of peak: the embedding stage's FLOPs over the real token "
-             "counts at this machine's fp32 GEMM peak on every core.", "",
-             "| build | embedding docs/s | whole build docs/s | fraction of peak |", "|---|---:|---:|---:|"]
-    for name, row in build["configs"].items():
-        lines.append(f"| {name} | {row['embed_docs_per_s']} | {row['build_docs_per_s']} | {row['embed_floor']['fraction']:.0%} |")
-    rows = coord["rows"]
-    whole = rows["whole"]["p50_ms"]
-    lines += ["", f"Coordinator in one process: hybrid searches (k=10, the index's default spec) over the "
-              f"{report['documents']}-document index whole and split, {coord['queries']} test queries interleaved "
-              "query by query; the merge is the coordinator's union of the shards' candidates (search.sharded).", "",
-              "| index | p50 ms | p99 ms | vs whole | merge p50 ms | answers equal to the whole index's |",
-              "|---|---:|---:|---:|---:|---:|"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['p50_ms'] / whole:.2f}x | "
-                     f"{row['merge_p50_ms']:.3f} | {row['same_answers']} of {coord['queries']} |")
-    lines += ["", "Over HTTP on loopback: Ray Serve (one replica a shard, the ingress running the service's app) beside "
-              "`hybrid serve` of the whole index, requests alternating query by query:", "",
-              "| shards | whole p50 ms | Ray Serve p50 ms | Ray Serve p99 ms | overhead p50 ms |", "|---:|---:|---:|---:|---:|"]
-    serving = dict(report["serving"])
+def _scale(ctx) -> list[Table]:
+    r = run_all(ctx.untuned_index, ctx.data, ctx.size(600, 40), ctx.size(2, 1), ctx.queries()[:ctx.size(100, 10)],
+                [2, 4, 8] if not ctx.quick else [2], ctx.peaks)
+    build, coordinator = r["build"], r["coordinator"]
+    builds = [{"build": name, "embedding docs/s": row["embed_docs_per_s"], "whole build docs/s": row["build_docs_per_s"],
+               "fraction of peak": row["embed_floor"]["fraction"]} for name, row in build["configs"].items()]
+    whole = coordinator["rows"]["whole"]["p50_ms"]
+    coordinated = [{"index": name, "p50 ms": row["p50_ms"], "p99 ms": row["p99_ms"], "ratio to whole":
+                    round(row["p50_ms"] / whole, 3), "merge p50 ms": row["merge_p50_ms"],
+                    "answers equal to the whole index's": f"{row['same_answers']} of {coordinator['queries']}"}
+                   for name, row in coordinator["rows"].items()]
+    serving = dict(r["serving"])
     calls = serving.pop("calls")
+    served = []
     for count, row in serving.items():
         whole_row = row["hybrid serve, whole"]
         ray_row = next(v for k, v in row.items() if k.startswith("Ray Serve"))
-        lines.append(f"| {count} | {whole_row['p50_ms']:.1f} | {ray_row['p50_ms']:.1f} | {ray_row['p99_ms']:.1f} | "
-                     f"{ray_row['p50_ms'] - whole_row['p50_ms']:.1f} |")
-    lines += ["", f"Where the Ray Serve overhead goes: one call with a query vector as its payload, a Serve deployment handle "
-              f"vs a plain Ray actor, interleaved; one at a time, and {calls['fan_out']} at once (a query's calls to "
-              f"{calls['fan_out']} shards):", "", f"| call | one p50 ms | {calls['fan_out']} at once p50 ms |", "|---|---:|---:|"]
-    for name, row in calls["rows"].items():
-        lines.append(f"| {name} | {row['one_p50_ms']:.2f} | {row['fan_out_p50_ms']:.2f} |")
-    lines.append("")
-    return "\n".join(lines)
+        served.append({"shards": int(count), "whole p50 ms": whole_row["p50_ms"], "Ray Serve p50 ms": ray_row["p50_ms"],
+                       "Ray Serve p99 ms": ray_row["p99_ms"],
+                       "overhead p50 ms": round(ray_row["p50_ms"] - whole_row["p50_ms"], 3)})
+    call_rows = rows_from(calls["rows"], "call", {"one_p50_ms": "one p50 ms",
+                                                  "fan_out_p50_ms": f"{calls['fan_out']} at once p50 ms"})
+    return [Table(f"building the first {build['documents']} documents, {build['rounds']} alternating rounds (a local Ray "
+                  f"instance started once in {build['ray_start_s']} s, not counted)", builds),
+            Table(f"the coordinator in one process: hybrid k=10 over the index whole and split, {coordinator['queries']} "
+                  "queries interleaved", coordinated),
+            Table("over HTTP on loopback: Ray Serve (one replica a shard) beside `hybrid serve` of the whole index, "
+                  "requests alternating", served),
+            Table("one call with a query vector as payload: a Serve deployment handle vs a plain Ray actor", call_rows)]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("index", type=Path)
-    parser.add_argument("dataset", type=Path)
-    parser.add_argument("--build-docs", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--queries", type=int, default=100)
-    parser.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8])
-    add_output_flags(parser)
-    args = parser.parse_args()
-    report = run_all(args.index, args.dataset, args.build_docs, args.rounds, args.queries, args.shards)
-    emit(report, markdown, args)
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Scale-out", "Scale-out on Ray", "Ray builds vs one process, the coordinator's cost by shard count, Ray "
+              "Serve vs `hybrid serve` (one machine)", _scale, needs=("ray",))]

@@ -2,33 +2,24 @@
 before and after a write (after one, every BM25 leg first sums the shards' corpus statistics of the query's terms),
 and the rate at which each takes the same upserts (each shard's writer embeds and logs its own documents).
 
-    python -m bench.shard_write_bench INDEX DATA/scifact [--queries 100] [--shards 2 4 8] [--write-docs 64]
-        [--out writes.json] [--markdown] [--benchmarks docs/BENCHMARKS.md]
-
-The index is copied first: nothing is written to INDEX. The writes are re-upserts of the index's first documents,
+The index is copied first: nothing is written to the source. The writes are re-upserts of the index's first documents,
 unchanged, so the corpus (and every answer) stays the same and each answer is checked against the whole index's.
 """
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import interleaved
-from bench.harness import percentiles
-from hybrid_retrieval.evaluation.report import add_output_flags, emit
-from hybrid_retrieval.indexer.corpus import split_queries
+from bench.harness import Case, Table, interleaved, percentiles
 from hybrid_retrieval.indexer.live import Collection
 from hybrid_retrieval.indexer.shards import ShardedCollection, open_sharded, split_index
 from hybrid_retrieval.indexer.store import open_index
 
 
-def run(index_dir: Path, dataset: Path, n_queries: int = 100, shard_counts: list[int] = (2, 4, 8),
-        write_docs: int = 64) -> dict:
-    queries = list(split_queries(dataset, "test")[0].values())[:n_queries]
+def run(index_dir: Path, queries: list[str], shard_counts: list[int] = (2, 4, 8), write_docs: int = 64) -> dict:
     with tempfile.TemporaryDirectory(prefix="shard-write-bench-") as tmp:
         work = Path(tmp)
         shutil.copytree(index_dir, work / "whole")
@@ -77,40 +68,19 @@ def _searches(whole: Collection, sharded: dict, queries: list[str]) -> dict:
             for name in pipelines}
 
 
-def markdown(report: dict) -> str:
-    rows = report["rows"]
-    whole_before, whole_after = rows["whole"]["before"]["p50_ms"], rows["whole"]["after"]["p50_ms"]
-    lines = ["## Writes on a sharded index (`python -m bench.shard_write_bench`)", "",
-             f"In one process, the {report['documents']}-document index whole and split: hybrid searches (k=10, the "
-             f"index's default spec) of {report['queries']} test queries interleaved query by query, before any write "
-             f"and after one batch of {report['write_docs']} upserts (re-upserts of unchanged documents: the same corpus, "
-             "so every answer is checked against the whole index's). After a write, each BM25 leg of a sharded index "
-             "first sums the shards' statistics of the query's terms (one more call to every shard), and the whole "
-             "index scores its live segment the same way (search.segments.LiveBM25). Upserts: the batch's documents "
-             "per second, embedding and the durable log included (each shard's writer embeds its own documents).", "",
-             "| index | p50 ms before | p50 ms after | p99 ms after | after vs whole after | answers equal (after) | "
-             "upserts/s |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, row in rows.items():
-        lines.append(f"| {name} | {row['before']['p50_ms']:.2f} | {row['after']['p50_ms']:.2f} | "
-                     f"{row['after']['p99_ms']:.2f} | {row['after']['p50_ms'] / whole_after:.2f}x | "
-                     f"{row['after']['same_answers']} of {report['queries']} | {row['upserts_per_s']} |")
-    lines += ["", f"The whole index itself: {whole_before:.2f} ms p50 before the write, {whole_after:.2f} after "
-              f"({whole_after / whole_before:.2f}x; after a write its BM25 scores from postings, search.segments.LiveBM25, "
-              "instead of bm25s's precomputed matrix).", ""]
-    return "\n".join(lines)
+def _shard_writes(ctx) -> list[Table]:
+    r = run(ctx.index, ctx.queries()[:ctx.size(100, 10)], [2, 4, 8] if not ctx.quick else [2], ctx.size(64, 8))
+    rows, whole_after = r["rows"], r["rows"]["whole"]["after"]["p50_ms"]
+    table = [{"index": name, "p50 ms before": row["before"]["p50_ms"], "p50 ms after": row["after"]["p50_ms"],
+              "p99 ms after": row["after"]["p99_ms"], "after, ratio to whole after": round(row["after"]["p50_ms"] / whole_after, 3),
+              "answers equal (after)": f"{row['after']['same_answers']} of {r['queries']}", "upserts/s": row["upserts_per_s"]}
+             for name, row in rows.items()]
+    return [Table(f"hybrid k=10 over the {r['documents']}-document index whole and split, {r['queries']} queries "
+                  f"interleaved, before and after one batch of {r['write_docs']} upserts (re-upserts of unchanged "
+                  "documents, so every answer is checked against the whole index's)", table,
+                  "After a write each BM25 leg of a sharded index first sums the shards' statistics of the query's terms, "
+                  "and the whole index scores its live segment from postings.")]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("index", type=Path)
-    parser.add_argument("dataset", type=Path)
-    parser.add_argument("--queries", type=int, default=100)
-    parser.add_argument("--shards", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--write-docs", type=int, default=64)
-    add_output_flags(parser)
-    args = parser.parse_args()
-    emit(run(args.index, args.dataset, args.queries, args.shards, args.write_docs), markdown, args)
-
-
-if __name__ == "__main__":
-    main()
+CASES = [Case("Scale-out", "Writes on a sharded index", "searches and upserts on the index whole and split, in one "
+              "process", _shard_writes)]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
-import re
 from pathlib import Path
 
 import numpy as np
@@ -120,39 +117,3 @@ def baseline_index_table(comparison: dict | None, metric: str = "ndcg@10") -> li
                      f"({row[f'{metric}_delta']:+.4f}, p = {row['p_value']:.4f}; {row['wins']}/{row['ties']}/{row['losses']} "
                      "wins/ties/losses)")
     return lines
-
-
-def write_section(document: Path, section: str) -> None:
-    """Put `section` (markdown starting with its "## " heading) in place of the document's section of that heading, or
-    before its "## Reproduce" section (else at the end): one benchmark's rows rewritten without re-running the rest."""
-    text = document.read_text() if document.exists() else ""
-    body = section.rstrip("\n") + "\n\n"
-    heading = section.split("\n", 1)[0]
-    pattern = re.compile("^" + re.escape(heading) + r"$.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: body, text, count=1)
-    elif "\n## Reproduce" in text:
-        head, _, tail = text.partition("\n## Reproduce")
-        text = f"{head}\n{body}## Reproduce{tail}"
-    else:
-        text = f"{text.rstrip()}\n\n{body}" if text else body
-    tmp = document.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(document)
-
-
-def add_output_flags(parser) -> None:
-    """A benchmark's output flags (`emit` acts on them)."""
-    parser.add_argument("--out", type=Path, help="write the JSON report here")
-    parser.add_argument("--markdown", action="store_true", help="print the markdown section instead of the JSON")
-    parser.add_argument("--benchmarks", type=Path, help="write the section into this markdown file in place (docs/BENCHMARKS.md)")
-
-
-def emit(report: dict, render, args) -> None:
-    """A benchmark's ending, as its `add_output_flags` flags say: the JSON report to --out, the section `render(report)`
-    into --benchmarks in place, and the section or the JSON printed."""
-    if args.out:
-        args.out.write_text(json.dumps(report, indent=2, default=str))
-    if args.benchmarks:
-        write_section(args.benchmarks, render(report))
-    print(render(report) if args.markdown else json.dumps(report, indent=2, default=str))

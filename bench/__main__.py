@@ -1,0 +1,58 @@
+"""Run the benchmarks and render docs/BENCHMARKS.md and the README's headline from the record.
+
+    python -m bench run [--only SECTION_OR_CASE ...] [--skip ...] [--quick] [--baseline REF] [--out RECORD.json]
+    python -m bench render RECORD.json [--benchmarks docs/BENCHMARKS.md] [--readme README.md]
+    python -m bench list
+
+`bash scripts/benchmarks.sh` does both on this machine in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from bench.catalog import CASES, select
+from bench.context import Context
+from bench.harness import run_cases, write_record
+from bench.render import render_benchmarks, write_headline
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run cases and write their record")
+    run.add_argument("--data", type=Path, default=Path(os.environ.get("BEIR_DATA", "../shared/data/beir")) / "scifact",
+                     help="BEIR dataset folder (default $BEIR_DATA/scifact)")
+    run.add_argument("--work", type=Path, default=Path("runs/bench"), help="indexes and models made for the cases, reused")
+    run.add_argument("--only", nargs="+", help="sections or case names to run (default: all)")
+    run.add_argument("--skip", nargs="+", help="sections or case names not to run")
+    run.add_argument("--quick", action="store_true", help="smoke-sized cases (seconds, not the published figures)")
+    run.add_argument("--baseline", metavar="REF", help="a git ref whose service also runs in the serving case")
+    run.add_argument("--out", type=Path, default=Path("runs/bench/record.json"))
+    render = commands.add_parser("render", help="write docs/BENCHMARKS.md (and the README's headline) from a record")
+    render.add_argument("record", type=Path)
+    render.add_argument("--benchmarks", type=Path, default=Path("docs/BENCHMARKS.md"))
+    render.add_argument("--readme", type=Path, default=Path("README.md"), help="where the headline block goes")
+    commands.add_parser("list", help="list the cases")
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for case in CASES:
+            print(f"{case.section} / {case.name}{' (needs ' + ', '.join(case.needs) + ')' if case.needs else ''}: {case.measures}")
+    elif args.command == "run":
+        cases = select(args.only, args.skip)
+        record = run_cases(cases, Context(args.data, args.work, quick=args.quick, baseline=args.baseline))
+        write_record(record, args.out)
+        print(f"[bench] record: {args.out}")
+    else:
+        record = json.loads(args.record.read_text())
+        args.benchmarks.write_text(render_benchmarks(record))
+        write_headline(args.readme, record)
+        print(f"[bench] wrote {args.benchmarks} and the headline of {args.readme}")
+
+
+if __name__ == "__main__":
+    main()
