@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
-from hybrid_retrieval.search.filters import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
+from hybrid_retrieval.search.filters.language import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.hits import ALL_FIELDS, MAX_FACET_VALUES

@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.devices import DEVICES
 from hybrid_retrieval.search.errors import ConfigError
-from hybrid_retrieval.search.filters import check_filter
+from hybrid_retrieval.search.filters.language import check_filter
 
 
 def default(cls, name: str):

@@ -39,7 +39,7 @@ from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
 from hybrid_retrieval.search.devices import check_device
 from hybrid_retrieval.search.errors import ConfigError, HybridError
-from hybrid_retrieval.search.filters import MetadataCollector
+from hybrid_retrieval.search.filters.columns import MetadataCollector
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.spec import SearchSpec
 

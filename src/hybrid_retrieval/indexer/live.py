@@ -36,7 +36,8 @@ from hybrid_retrieval.indexer.wal import Salvage, WriteAheadLog, salvage
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.errors import HybridError, SpecError, StorageError
-from hybrid_retrieval.search.filters import FieldInfo, MetadataCollector, MetadataColumns, encodable, type_of_kind, written_value
+from hybrid_retrieval.search.filters.columns import MetadataCollector, MetadataColumns
+from hybrid_retrieval.search.filters.types import FieldInfo, encodable, type_of_kind, written_value
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.rerank import Reranker

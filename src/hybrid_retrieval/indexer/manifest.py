@@ -17,7 +17,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
 from hybrid_retrieval.search.errors import HybridError
-from hybrid_retrieval.search.filters import FieldInfo
+from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.spec import SearchSpec
 

@@ -37,7 +37,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.errors import ConfigError
-from hybrid_retrieval.search.filters import MetadataColumns
+from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
 from hybrid_retrieval.search.pipeline import SearchPipeline

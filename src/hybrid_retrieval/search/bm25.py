@@ -16,7 +16,7 @@ import numpy as np
 
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.errors import ConfigError
-from hybrid_retrieval.search.filters import Allowed
+from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)

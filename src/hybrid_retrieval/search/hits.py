@@ -14,7 +14,7 @@ import numpy as np
 
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.errors import SpecError
-from hybrid_retrieval.search.filters import MetadataColumns
+from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.highlight import Highlighter, best_sentence, split_sentences
 from hybrid_retrieval.search.pipeline import SearchResult
 

@@ -27,7 +27,7 @@ import numpy as np
 from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.dense import exact_top_k
-from hybrid_retrieval.search.filters import Allowed
+from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking
 
 HUBNESS_METHODS = ("none", "qbnorm", "dbnorm")

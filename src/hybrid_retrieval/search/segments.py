@@ -22,7 +22,8 @@ import numpy as np
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.errors import ConfigError
-from hybrid_retrieval.search.filters import Allowed, KeywordColumn, MetadataColumns, ValueColumn
+from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
+from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.errors import SpecError
-from hybrid_retrieval.search.filters import check_filter
+from hybrid_retrieval.search.filters.language import check_filter
 from hybrid_retrieval.search.fusion import (
     FUSIONS,
     RRF,
