@@ -92,7 +92,7 @@ def rate(count: int, call: Callable[[], Any]) -> float:
 def verdict(ratio: float, p_value: float | None = None, higher_is_better: bool = True) -> str:
     """"better", "worse" or "within noise" for a new/old ratio: within noise when the change is at most NOISE, or when
     the samples' p-value does not reach ALPHA."""
-    if abs(ratio - 1) <= NOISE or (p_value is not None and p_value >= ALPHA):
+    if abs(ratio - 1) <= NOISE + 1e-12 or (p_value is not None and p_value >= ALPHA):
         return "within noise"
     return "better" if (ratio > 1) == higher_is_better else "worse"
 

@@ -1,0 +1,116 @@
+"""The benchmark harness (bench/): its one percentile and comparison rule, a run that survives failing and impossible
+cases, and BENCHMARKS.md + the README headline rendered from one record."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bench.catalog import CASES, select
+from bench.harness import NOISE, Case, Table, compare, percentiles, run_cases, verdict
+from bench.render import HEADLINE_END, HEADLINE_START, render_benchmarks, write_headline
+from tests.conftest import REPO
+
+
+def test_percentiles_are_numpys():
+    values = [float(v) for v in np.random.default_rng(0).exponential(5, 1001)]
+    p50, p95, p99 = np.percentile(values, [50, 95, 99])
+    assert percentiles(values) == {"p50_ms": round(p50, 3), "p95_ms": round(p95, 3), "p99_ms": round(p99, 3)}
+    assert all(np.isnan(v) for v in percentiles([]).values())
+
+
+def test_a_verdict_needs_a_change_beyond_noise_and_a_significant_sample():
+    assert verdict(1 + NOISE) == "within noise" and verdict(1 - NOISE) == "within noise"
+    assert verdict(1.2) == "better" and verdict(0.8) == "worse"
+    assert verdict(1.2, higher_is_better=False) == "worse"  # 20% more milliseconds
+    assert verdict(1.5, p_value=0.2) == "within noise"
+    slow, fast = [10.0, 11.0, 12.0, 10.5, 11.5] * 4, [5.0, 5.5, 6.0, 5.2, 5.8] * 4
+    result = compare(fast, slow)  # latencies: lower is better
+    assert result["ratio"] == round(np.median(fast) / np.median(slow), 3) and result["p"] < 0.001
+    assert result["verdict"] == "better"
+    assert compare(slow, slow)["verdict"] == "within noise"
+
+
+class FakeContext:
+    def has(self, need):
+        return need != "gpu"
+
+    def why_not(self, need):
+        return f"no {need} here"
+
+    def describe(self):
+        return {"dataset": "tinyset", "quick": True, "baseline": None}
+
+
+def _record():
+    cases = [
+        Case("Speed", "ok", "what it runs", lambda ctx: [Table("t", [{"name": "a", "p50 ms": 1.23456, "n": 12_345},
+                                                                         {"name": "b|c", "p50 ms": None, "n": 2}])],
+             headline=True),
+        Case("Speed", "broken", "raises", lambda ctx: 1 / 0),
+        Case("GPU", "needs a gpu", "never runs here", lambda ctx: pytest.fail("ran without its resource"), needs=("gpu",)),
+    ]
+    return run_cases(cases, FakeContext(), progress=lambda line: None)
+
+
+def test_a_run_records_every_case_with_its_status_and_keeps_going():
+    record = _record()
+    statuses = [case["status"] for case in record["cases"]]
+    assert statuses == ["ran", "failed: ZeroDivisionError: division by zero", "skipped: no gpu here"]
+    stamp = record["stamp"]
+    assert stamp["commit"] and stamp["date"][:4].isdigit() and stamp["machine"]["cpu_count"] >= 1
+    assert "numpy" in stamp["versions"]
+    assert record["cases"][0]["tables"][0]["rows"][0] == {"name": "a", "p50 ms": 1.23456, "n": 12_345}
+    json.dumps(record)  # a record is plain JSON
+
+
+def test_the_document_states_when_where_and_what_did_not_run():
+    record = _record()
+    text = render_benchmarks(record)
+    stamp = record["stamp"]
+    assert text.startswith("# Benchmarks\n") and f"| date | {stamp['date']} |" in text
+    assert f"`{stamp['commit']}`" in text and f"{stamp['machine']['cpu_count']} cores" in text
+    assert "- Speed / broken: failed: ZeroDivisionError" in text and "- GPU / needs a gpu: skipped: no gpu here" in text
+    assert "| name | p50 ms | n |\n|---|---:|---:|\n| a | 1.235 | 12,345 |\n| b\\|c |  | 2 |" in text
+    assert text.index("## Speed") < text.index("## GPU")
+
+
+def test_the_headline_block_is_replaced_and_nothing_else(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# Title\n\nintro\n\n{HEADLINE_START}\nold figures\n{HEADLINE_END}\n\n## More\n")
+    write_headline(readme, _record())
+    text = readme.read_text()
+    assert text.startswith("# Title\n\nintro\n\n" + HEADLINE_START) and text.endswith(HEADLINE_END + "\n\n## More\n")
+    assert "old figures" not in text and "| a | 1.235 | 12,345 |" in text and "bash scripts/benchmarks.sh" in text
+    (tmp_path / "bare.md").write_text("# no block\n")
+    with pytest.raises(ValueError, match="headline:start"):
+        write_headline(tmp_path / "bare.md", _record())
+
+
+def test_the_catalog_names_each_case_once_and_selects_by_section_or_name():
+    names = [(case.section, case.name) for case in CASES]
+    assert len(names) == len(set(names))
+    assert [case.name for case in select(["hubness"])] == ["Correction overhead", "Fitting memory"]
+    assert "Headline" not in [case.name for case in select(skip=["quality"])]
+    with pytest.raises(SystemExit, match="Quality / Headline"):
+        select(["no such section"])
+    assert sum(case.headline for case in CASES) == 1
+
+
+def test_without_a_gpu_the_gpu_case_refuses_clearly():
+    from bench.gpu_bench import check_gpu
+    from bench.machine import describe_machine
+    from hybrid_retrieval.search.dense import gpu_count
+
+    if "CUDAExecutionProvider" in describe_machine()["onnx_providers"] and gpu_count():
+        pytest.skip("this machine has a GPU: the refusal cannot be shown")
+    with pytest.raises(Exception, match="FAISS sees 0 GPU"):
+        check_gpu()
+
+
+def test_bench_lists_its_cases_from_a_checkout():
+    listed = subprocess.run([sys.executable, "-m", "bench", "list"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.splitlines()) == len(CASES) and "Scale-out / Scale-out on Ray (needs ray)" in listed.stdout
