@@ -20,7 +20,7 @@ def check_gpu() -> None:
     """A clear error, before anything is loaded, on a machine where neither ONNX Runtime nor FAISS can use a GPU."""
     machine = describe_machine()
     if "CUDAExecutionProvider" not in machine["onnx_providers"] or not gpu_count():
-        raise ConfigError(f"`hybrid bench --gpu` needs a CUDA GPU for ONNX Runtime and FAISS: ONNX Runtime offers "
+        raise ConfigError(f"the GPU case needs a CUDA GPU for ONNX Runtime and FAISS: ONNX Runtime offers "
                           f"{machine['onnx_providers'] or 'nothing'}, FAISS sees {gpu_count()} GPU(s) (GPUs: "
                           f"{', '.join(machine['gpus']) or 'none'}); install the gpu extra on a GPU machine")
 

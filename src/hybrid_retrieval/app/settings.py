@@ -28,13 +28,12 @@ class Settings(BaseSettings):
     depth: int | None = Field(None, description="hybrid candidates per retriever (default: the index's)")
     parallel_legs: Literal["auto", "on", "off"] = Field(
         "auto", description="run the BM25 leg beside embedding + dense search; auto: only when queries are embedded on a GPU "
-        "(measure with `hybrid bench`: docs/BENCHMARKS.md compares both on the machine it ran on)")
+        "(docs/deployment.md: when it pays)")
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
     search_threads: int | None = Field(None, ge=1, description="threads that run searches; more in flight wait for one (up "
                                        "to HYBRID_MAX_IN_FLIGHT). Default: cores + 1, one model run per core and one thread "
-                                       "in Python; more threads lengthen the tail (16 clients, fp32 queries, 2 cores: p99 136 ms with 2 "
-                                       "threads, 189 with 16, 221 with 64)")
+                                       "in Python; more threads lengthen the tail (docs/deployment.md)")
     http: Literal["auto", "h11", "httptools"] = Field("auto", description="uvicorn's HTTP parser; auto: httptools when installed")
     loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvicorn's event loop; auto: uvloop when installed")
     inference_threads: int | Literal["auto"] = Field(
@@ -72,11 +71,11 @@ class Settings(BaseSettings):
                                  "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
     query_precision: Literal[SERVED_PRECISIONS] = Field(
         "auto", description="ONNX weights that embed queries (documents are always embedded in fp32); auto: int8 on CPU "
-        "(scifact test nDCG@10 within 0.003 of fp32, half the time) and fp32 on GPU; `hybrid eval` and `hybrid tune` "
+        "(about as good, faster: docs/BENCHMARKS.md, \"Query precision and cache\") and fp32 on GPU; `hybrid eval` and `hybrid tune` "
         "embed queries the same way (--query-precision)")
     reranker_precision: Literal[SERVED_PRECISIONS] = Field(
-        "auto", description="ONNX weights of the reranker; auto: int8 on CPU (2.3x faster, scifact test nDCG@10 within "
-        "0.003 of fp32) and fp32 on GPU")
+        "auto", description="ONNX weights of the reranker; auto: int8 on CPU (about as good, faster: docs/BENCHMARKS.md, "
+        "\"Rerankers\") and fp32 on GPU")
     reranker_workers: int | None = Field(None, ge=1, description="cross-encoder runs side by side on CPU, each on one core "
                                          "(a request's pairs are spread over them; concurrent requests share them); "
                                          "default: one per core")
@@ -87,7 +86,7 @@ class Settings(BaseSettings):
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
     batch_queries: Literal["auto", "on", "off"] = Field(
         "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
-        "when the models run on a GPU (measure with `hybrid bench`: docs/BENCHMARKS.md compares both)")
+        "when the models run on a GPU (docs/deployment.md: when it pays)")
 
     def spec_overrides(self, reranking: bool, tuned_weight: float | None = None, gained: bool | None = None) -> dict:
         """The partial search spec these settings put over the index's defaults. `tuned_weight` and `gained`:

@@ -12,8 +12,8 @@ from hybrid_retrieval.search import budget
 
 def sequence_batch(precision: str, batch_size: int) -> int:
     """Sequences per model run. int8 graphs quantise activations per tensor, one scale for the whole batch (padding
-    included): batched, a text's vector would depend on its companions, so they run one sequence at a time (no padding
-    either: on one core a scifact query cost 3.3 ms alone and 3.6 ms in a batch of 4, measured on a 2-core EPYC)."""
+    included): batched, a text's vector would depend on its companions, so they run one sequence at a time (which also
+    saves the padding, and costs little: docs/experiments.md)."""
     return 1 if precision == "int8" else batch_size
 
 

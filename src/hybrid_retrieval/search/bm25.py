@@ -45,7 +45,7 @@ class BM25Index:
     """Sparse precomputed BM25 scores over analysed documents."""
 
     def __init__(self, engine, analyzer: Analyzer):
-        # plain arrays over a mapping: np.memmap's per-slice overhead took ~5% of a loaded service's CPU (py-spy)
+        # plain arrays over a mapping: np.memmap's per-slice overhead showed in a loaded service's profile
         engine.scores = {name: np.asarray(v) if isinstance(v, np.ndarray) else v for name, v in engine.scores.items()}
         self._engine = engine
         self.analyzer = analyzer

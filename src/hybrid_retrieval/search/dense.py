@@ -153,8 +153,8 @@ class DenseIndex:
         """The cost rule: score the allowed documents exactly rather than search FAISS with a selector, when
         they are few or the index is on GPU (GPU FAISS takes no selector). "Few" is `flat_search_cutoff` for IVF
         and HNSW, whose walks through mostly excluded documents lose recall or time; a flat index's selector
-        scan is exact and beats gathering the vectors above about FLAT_GATHER_CUTOFF documents (on scifact:
-        0.38 ms vs 2.4 ms for all 5,183, 0.06 ms for both at 514; docs/BENCHMARKS.md)."""
+        scan is exact and beats gathering the vectors above about FLAT_GATHER_CUTOFF documents (docs/BENCHMARKS.md,
+        "Filters, highlights, batches")."""
         cutoff = self.params.flat_search_cutoff
         if self.params.kind == "flat":
             cutoff = min(cutoff, FLAT_GATHER_CUTOFF)

@@ -25,8 +25,8 @@ BETAS = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 DB_BETA1 = (1 / 1.99, 5.0, 20.0)
 DB_BETA2 = (1.0, 3.0, 10.0, 20.0)
 FOLDS = 5
-# Inverse temperatures per unit of score spread (see `score_spread`), measured on scifact with all-MiniLM-L6-v2:
-# 5-fold cross-fitting on its 809 train queries chose qbnorm beta 5 and dbnorm beta1 5, beta2 1 at a spread of 0.051.
+# Inverse temperatures per unit of score spread (see `score_spread`): what cross-fitting chose on a labelled dataset,
+# scaled by its spread, so that an unlabelled one starts from the same sharpness (docs/relevance.md, "Hubness").
 BETA_PER_SPREAD = {"beta": 0.25, "beta1": 0.25, "beta2": 0.05}
 SPREAD_TOP = 100
 

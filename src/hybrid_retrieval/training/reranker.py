@@ -11,9 +11,8 @@ on top of the base model's encoder; the word embeddings are frozen (most of the 
 thousand pairs, and the optimiser step on them dominates CPU time). With a `teacher` (a larger reranker, e.g. our
 6-layer one for a `--layers 3` model), the loss adds the KL divergence from the teacher's softmax over each group to the
 model's: distillation on our own mined groups. The student then starts from its teacher's own weights unless told
-otherwise (the teacher's first layers, its last and its head: `--layers`), not from the untrained base: on scifact's
-held-out queries that lifted a 3-layer student alone from nDCG@10 0.32 to 0.55 and hybrid + rerank from 0.789 to
-0.792, in 12 minutes of training instead of 20 (docs/BENCHMARKS.md, "Rerankers").
+otherwise (the teacher's first layers, its last and its head: `--layers`), not from the untrained base, which trains
+a better student in less time (docs/BENCHMARKS.md, "Rerankers").
 
 Then the dev queries' hybrid top-`DEFAULT_RERANK_DEPTH` are scored by the exported model and the
 interpolation weight (search.rerank.interpolate) that maximises their nDCG@10 is recorded: a small
