@@ -2,6 +2,7 @@
 
     python -m bench run [--only SECTION_OR_CASE ...] [--skip ...] [--quick] [--baseline REF] [--out RECORD.json]
     python -m bench render RECORD.json [--benchmarks docs/BENCHMARKS.md] [--readme README.md]
+    python -m bench prepare   (make the indexes and models the cases measure, once: hours on a small CPU)
     python -m bench list
 
 `bash scripts/benchmarks.sh` does both on this machine in one run.
@@ -25,9 +26,11 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run cases and write their record")
-    run.add_argument("--data", type=Path, default=Path(os.environ.get("BEIR_DATA", "../shared/data/beir")) / "scifact",
-                     help="BEIR dataset folder (default $BEIR_DATA/scifact)")
-    run.add_argument("--work", type=Path, default=Path("runs/bench"), help="indexes and models made for the cases, reused")
+    prepare = commands.add_parser("prepare", help="make every index and model the cases use (reused while present)")
+    for command in (run, prepare):
+        command.add_argument("--data", type=Path, default=Path(os.environ.get("BEIR_DATA", "../shared/data/beir")) / "scifact",
+                             help="BEIR dataset folder (default $BEIR_DATA/scifact)")
+        command.add_argument("--work", type=Path, default=Path("runs/bench"), help="indexes and models made for the cases, reused")
     run.add_argument("--only", nargs="+", help="sections or case names to run (default: all)")
     run.add_argument("--skip", nargs="+", help="sections or case names not to run")
     run.add_argument("--quick", action="store_true", help="smoke-sized cases (seconds, not the published figures)")
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "list":
         for case in CASES:
             print(f"{case.section} / {case.name}{' (needs ' + ', '.join(case.needs) + ')' if case.needs else ''}: {case.measures}")
+    elif args.command == "prepare":
+        Context(args.data, args.work).prepare()
     elif args.command == "run":
         cases = select(args.only, args.skip)
         record = run_cases(cases, Context(args.data, args.work, quick=args.quick, baseline=args.baseline))

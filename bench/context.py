@@ -140,6 +140,13 @@ class Context:
         return self._model(f"adapt-{recipe}", "adapt", self.untuned_index, "--recipe", recipe, "--max-queries", 1000,
                            "--epochs", 2, "--eval-depth", 20)
 
+    def prepare(self) -> None:
+        """Make every artefact the cases use, so a run afterwards measures and does nothing else."""
+        for artefact in (lambda: self.index, lambda: self.untuned_index, lambda: self.int8_index, lambda: self.reranker,
+                         lambda: self.small_reranker(from_base=False), lambda: self.small_reranker(from_base=True),
+                         lambda: self.embedder, *(lambda recipe=recipe: self.adapted(recipe) for recipe in ("title", "ict"))):
+            artefact()
+
     def copy_of(self, source: Path, name: str) -> Path:
         """A fresh copy of an index folder to change (re-embed, re-tune) without touching the source."""
         import shutil
