@@ -1,5 +1,6 @@
 """Ray scale-out on a local Ray instance (2 CPUs, loopback only, started and stopped here): a Ray-built index is the
-single-process build, and a 3-shard index served through Ray Serve answers like the whole index."""
+single-process build, and a 3-shard index served through Ray Serve answers like the whole index, even when Serve's
+proxy misses Ray's own start-up wait."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.conftest import sample_queries, write_jsonl
 from tests.test_shards import SPECS
 
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'hybrid-retrieval[ray]')")
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # each test starts Ray or Serve: 20 to 45 s
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +102,7 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
     """Writes through the ingress go to each shard's writer; the 2 search replicas of each shard follow its log (and
     its compaction), so every search, whichever replica answers, equals the whole index given the same writes."""
     from hybrid_retrieval.cluster.serve import serve_index
-    from hybrid_retrieval.indexer.live import Collection
+    from hybrid_retrieval.indexer.live.collection import Collection
     from tests.test_shard_writes import SPECS as WRITE_SPECS, new_documents
 
     whole_index = shutil.copytree(metadata_index, tmp_path / "whole")
@@ -145,3 +146,24 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
         whole.upsert(more)
         whole.refresh()
         same_answers()
+
+
+def test_serve_comes_up_when_the_proxy_misses_rays_own_wait(serve_port, sharded_index, whole_index, scifact, monkeypatch,
+                                                           caplog):
+    """A machine too busy for Ray's fixed wait on its HTTP proxy (60 s; here none at all): serving waits on Serve's
+    status instead, and answers like the whole index."""
+    from ray.serve._private import api, client
+
+    from hybrid_retrieval.cluster.serve import serve_index
+
+    for module in (api, client):  # what serve.start and serve.run wait for the proxy with
+        monkeypatch.setattr(module, "HTTP_PROXY_TIMEOUT", 0)
+    serve_index(sharded_index, port=serve_port, verify="size")
+    # serve.start ("HTTP proxies ...") and serve.run ("Proxies ...") both gave up at once, and serving waited on
+    assert caplog.text.count("roxies not available after 0s. Waiting up to") == 2, caplog.text
+    whole = open_index(whole_index)
+    with httpx.Client(base_url=f"http://127.0.0.1:{serve_port}", timeout=60) as http:
+        for query in sample_queries(scifact, 2, 60):
+            served = search(http, query, {"mode": "hybrid"}, k=10)
+            expected = whole.pipeline().search(query, 10, {"mode": "hybrid"})
+            assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in expected.ranking.doc_idx]

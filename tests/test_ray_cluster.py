@@ -18,7 +18,7 @@ from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import REPO, sample_queries
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'hybrid-retrieval[ray]')")
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two Ray nodes and a Serve deployment: about 40 s
 
 
 def test_serve_through_a_head_and_a_worker_node(whole_index, scifact, tmp_path):

@@ -12,6 +12,10 @@ shard carries the checksum of the shards.json the coordinator opened, and a repl
 its shard folder before it answers, so replicas follow a re-split without being redeployed.
 
 The shard folders must be readable (and, for the writers, writable) at the same path by every node: shared storage.
+
+Start-up: Ray gives its HTTP proxy a fixed 60 s to come up, which a busy machine can miss; past that, `run` keeps
+waiting on Serve's own status until the proxy is healthy and the application runs, up to $HYBRID_RAY_START_TIMEOUT
+seconds (default 600) in all.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import math
+import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 from hybrid_retrieval.cluster import connect, require_ray
@@ -30,6 +37,20 @@ from hybrid_retrieval.search.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 APP_NAME = "hybrid"
+START_TIMEOUT_VARIABLE = "HYBRID_RAY_START_TIMEOUT"
+DEFAULT_START_TIMEOUT_S = 600.0
+
+
+def start_timeout() -> float:
+    """Seconds `run` waits for the proxy and the application to come up: $HYBRID_RAY_START_TIMEOUT, default 600."""
+    value = os.environ.get(START_TIMEOUT_VARIABLE, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_START_TIMEOUT_S
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ConfigError(f"{START_TIMEOUT_VARIABLE} must be a number of seconds > 0, got {value!r}")
+    return seconds
 
 
 def shard_version(folder: Path) -> str:
@@ -152,17 +173,43 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(signum, lambda *_: stop.set())
 
 
+def _wait_until_up(serve, deadline: float, application: bool, missed: TimeoutError) -> None:
+    """Poll Serve's status until every proxy is healthy (and, with `application`, the application runs); raise `missed`
+    (Ray's own timeout) once `deadline` passes."""
+    logger.warning("%s Waiting up to %.0f s more for Ray Serve to come up (%s)", missed,
+                   max(0.0, deadline - time.monotonic()), START_TIMEOUT_VARIABLE)
+    while True:
+        status = serve.status()
+        app = status.applications.get(APP_NAME)
+        if app is not None and app.status == "DEPLOY_FAILED":
+            raise RuntimeError(f"deploying {APP_NAME} on Ray Serve failed: {app.message}")
+        if status.proxies and all(proxy == "HEALTHY" for proxy in status.proxies.values()) and (
+                not application or (app is not None and app.status == "RUNNING")):
+            return
+        if time.monotonic() > deadline:
+            raise missed
+        time.sleep(1)
+
+
 def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None,
         block: bool = True):
     """Deploy on the cluster at `address` (a local instance when None) and serve HTTP on the settings' host and port."""
+    deadline = time.monotonic() + start_timeout()  # read first: a bad value fails before Ray starts
     connect(address, num_cpus)
     from ray import serve
 
     stop = threading.Event()
     if block:  # Ray's driver installs its own SIGTERM handler (exit status 15): ours replace it, before and after deploying
         _stop_on_signals(stop)
-    serve.start(http_options={"host": settings.host, "port": settings.port}, proxy_location="HeadOnly")
-    handle = serve.run(application(settings, replicas, replica_cpus), name=APP_NAME, route_prefix="/")
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port}, proxy_location="HeadOnly")
+    except TimeoutError as missed:  # the proxy missed Ray's fixed wait, but goes on starting
+        _wait_until_up(serve, deadline, application=False, missed=missed)
+    try:
+        handle = serve.run(application(settings, replicas, replica_cpus), name=APP_NAME, route_prefix="/")
+    except TimeoutError as missed:  # the same fixed wait, after the application is deployed
+        _wait_until_up(serve, deadline, application=True, missed=missed)
+        handle = serve.get_app_handle(APP_NAME)
     logger.info("serving %s on Ray Serve at http://%s:%d (%d replica(s) per shard)", settings.index, settings.host,
                 settings.port, replicas)
     if block:
