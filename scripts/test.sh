@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install into .venv and run the test suite (slow, GPU and Docker tests are deselected by default).
+# Install into .venv and run the default test suite (slow, GPU, Docker and crash tests are deselected: .ci/run runs
+# all of them but the GPU tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

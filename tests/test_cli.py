@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from hybrid_retrieval.evaluation.server import free_port
 from hybrid_retrieval.training.reranker import WEIGHT_GRID
 from tests.conftest import TINY_CORPUS, write_jsonl
@@ -51,12 +53,18 @@ def test_serve_reports_invalid_settings_in_one_line(tiny_index, monkeypatch):
     assert "error: invalid settings: " in result.stderr and "rerank.weight: must be between 0 and 1, got 1.5" in result.stderr
 
 
-def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_index, tmp_path):
-    queries = write_jsonl(tmp_path / "queries.jsonl", [
+def reranker_data(folder):
+    """Three judged queries on the tiny corpus, and the same judgements as a train and a test split."""
+    queries = write_jsonl(folder / "queries.jsonl", [
         {"_id": "q1", "text": "cat on a mat"}, {"_id": "q2", "text": "stock markets"}, {"_id": "q3", "text": "pet dog"}])
-    (tmp_path / "qrels").mkdir()
+    (folder / "qrels").mkdir()
     for split in ("train", "test"):
-        (tmp_path / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\nq3\td6\t1\n")
+        (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\nq3\td6\t1\n")
+    return queries
+
+
+def test_train_reranker_refuses_test_qrels_and_layers_the_model_lacks(tiny_index, tmp_path):
+    queries = reranker_data(tmp_path)
     refused = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "test.tsv",
                      "--out", tmp_path / "rr")
     assert refused.returncode == 2 and "refusing" in refused.stderr and "test queries must never" in refused.stderr
@@ -67,6 +75,10 @@ def test_train_reranker_writes_a_servable_model_and_refuses_test_qrels(tiny_inde
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     assert not (tmp_path / "rr").exists()
 
+
+@pytest.mark.slow  # three trainings and their ONNX exports: about 30 s
+def test_train_reranker_writes_a_servable_model_and_distils_a_student(tiny_index, tmp_path):
+    queries = reranker_data(tmp_path)
     out = tmp_path / "rr"
     result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
                     "--out", out, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu",

@@ -63,9 +63,11 @@ def test_scores_do_not_depend_on_batching(export, pairs):
     assert model.score(query, []).shape == (0,)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_runs_side_by_side_score_like_one_run_at_a_time(export, pairs, precision):
-    query, texts = pairs
+# 8 texts make each caller's run two batches, enough to interleave; all 40 take 25 s, for the slow suite
+@pytest.mark.parametrize("precision, count", [("fp32", 8), ("int8", 8), pytest.param("fp32", 40, marks=pytest.mark.slow),
+                                              pytest.param("int8", 40, marks=pytest.mark.slow)])
+def test_runs_side_by_side_score_like_one_run_at_a_time(export, pairs, precision, count):
+    query, texts = pairs[0], pairs[1][:count]
     serial = OnnxCrossEncoder(export, device="cpu", threads=1, workers=1, precision=precision)
     parallel = OnnxCrossEncoder(export, device="cpu", workers=3, precision=precision)
     assert (serial.workers, parallel.workers) == (1, 3)

@@ -69,16 +69,19 @@ def test_unknown_kind_and_device_list_valid_values():
 
 
 
-def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact():
+# Training the product quantizer (256 centroids for each of pq_m sub-vectors) takes most of the time: the slow suite
+# trains on 6,000 vectors, the default one on fewer and shorter ones, 4 dimensions a sub-vector in both
+@pytest.mark.parametrize("count, dim, pq_m", [(2000, 32, 8), pytest.param(6000, 64, 16, marks=pytest.mark.slow)])
+def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact(count, dim, pq_m):
     import faiss
 
     rng = np.random.default_rng(3)
-    docs = unit_vectors(6000, 64, seed=4)
-    queries = docs[:50] + 0.05 * rng.standard_normal((50, 64)).astype(np.float32)
-    params = FaissParams(kind="ivfpq", nlist=16, nprobe=16, pq_m=16)
+    docs = unit_vectors(count, dim, seed=4)
+    queries = docs[:50] + 0.05 * rng.standard_normal((50, dim)).astype(np.float32)
+    params = FaissParams(kind="ivfpq", nlist=16, nprobe=16, pq_m=pq_m)
     index = build_faiss_index(docs, params, "cpu")
-    assert params.factory(6000) == "IVF16,PQ16x8"
-    assert faiss.extract_index_ivf(index).code_size == 16  # bytes a vector, vs 64 * 4 for flat
+    assert params.factory(count) == f"IVF16,PQ{pq_m}x8"
+    assert faiss.extract_index_ivf(index).code_size == pq_m  # bytes a vector, vs dim * 4 for flat
     exact, _ = brute_force_top_k(queries, docs, 10)
 
     def recall(rankings):
@@ -86,7 +89,7 @@ def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact():
 
     approximate = DenseIndex(index, params, "cpu").search_batch(queries, 10)
     refined = DenseIndex(index, params, "cpu", vectors=docs).search_batch(queries, 10)  # 4 candidates a result, rescored
-    assert recall(approximate) >= 0.3 and np.mean([i in r.doc_idx for i, r in enumerate(approximate)]) >= 0.9  # random: 10 / 6000
+    assert recall(approximate) >= 0.3 and np.mean([i in r.doc_idx for i, r in enumerate(approximate)]) >= 0.9  # random: 10 / count
     assert recall(refined) > recall(approximate)
     for query, ranking in zip(queries, refined):  # exact cosines, best first
         np.testing.assert_allclose(ranking.scores, docs[ranking.doc_idx] @ query, rtol=1e-5)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import replace
 
@@ -26,15 +25,13 @@ from hybrid_retrieval.search.pipeline import Query
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from tests.conftest import TINY_CORPUS, LengthScorer, write_jsonl
 
-META_DOCS = 1000
-
-
-# (filter, the same condition in Python over a document's metadata); selectivities over the 1,000 documents
+# (filter, the same condition in Python over a document's metadata); selectivities over the 500 documents: the last
+# three admit 46, 10 and 1 of them
 SELECTIVITY = {
     "100%": ({"bucket": {"lt": 1000}}, lambda m: m["bucket"] < 1000),
     "10%": ({"bucket": {"lt": 100}}, lambda m: m["bucket"] < 100),
-    "1%": ({"bucket": {"lt": 10}}, lambda m: m["bucket"] < 10),
-    "0.1%": ({"bucket": {"$lt": 1}}, lambda m: m["bucket"] < 1),
+    "2%": ({"bucket": {"lt": 20}}, lambda m: m["bucket"] < 20),
+    "0.2%": ({"bucket": {"$lt": 4}}, lambda m: m["bucket"] < 4),
 }
 GRAMMAR = [
     ({"journal": "Cell"}, lambda m: m["journal"] == "Cell"),
@@ -53,14 +50,18 @@ GRAMMAR = [
 
 
 @pytest.fixture(scope="module")
-def meta(scifact, tmp_path_factory):
-    """(open index, metadata by internal index) of the first 1,000 scifact documents with synthetic metadata."""
+def meta(scifact_slice, scifact_slice_index, tmp_path_factory):
+    """(open index, metadata by internal index) of the scifact slice with synthetic metadata. Metadata leaves the
+    embedded text alone, so the slice index's vectors are these documents' vectors: the build takes them rather than
+    embedding the same texts again."""
     root = tmp_path_factory.mktemp("scifact-meta")
-    with (scifact / "corpus.jsonl").open() as fh:
-        docs = [json.loads(line) for line in itertools.islice(fh, META_DOCS)]
+    with scifact_slice.open() as fh:
+        docs = [json.loads(line) for line in fh]
     write_jsonl(root / "corpus.jsonl", [{**doc, "metadata": synthetic_metadata(doc["_id"])} for doc in docs])
-    build_index(root / "corpus.jsonl", root / "index", BuildOptions(progress=False))
+    vectors = np.load(scifact_slice_index / "embeddings.npy")
+    build_index(root / "corpus.jsonl", root / "index", BuildOptions(progress=False), embed=lambda *_: vectors)
     index = open_index(root / "index")
+    assert index.doc_ids == open_index(scifact_slice_index).doc_ids  # the same documents in the same order
     return index, [index.docs.get(i)["metadata"] for i in range(index.num_docs)]
 
 
@@ -181,11 +182,11 @@ def test_page_two_is_ranks_11_to_20_with_the_same_scores(meta, queries, spec):
 
 def test_has_more_is_false_on_the_last_page(meta):
     index, metadata = meta
-    matching = int(reference_mask(metadata, SELECTIVITY["1%"][1]).sum())
+    matching = int(reference_mask(metadata, SELECTIVITY["2%"][1]).sum())
     pipeline = index.pipeline()
-    last = pipeline.search("cancer", k=5, spec={"mode": "dense", "filter": SELECTIVITY["1%"][0]}, offset=matching - 5)
+    last = pipeline.search("cancer", k=5, spec={"mode": "dense", "filter": SELECTIVITY["2%"][0]}, offset=matching - 5)
     assert len(last.page) == 5 and not last.has_more
-    before = pipeline.search("cancer", k=5, spec={"mode": "dense", "filter": SELECTIVITY["1%"][0]}, offset=matching - 6)
+    before = pipeline.search("cancer", k=5, spec={"mode": "dense", "filter": SELECTIVITY["2%"][0]}, offset=matching - 6)
     assert before.has_more
     with pytest.raises(SpecError, match="offset"):
         pipeline.search("cancer", k=5, offset=10_001)

@@ -16,7 +16,6 @@ from hybrid_retrieval.indexer.store import open_index  # noqa: E402
 from hybrid_retrieval.search.hubness import HubnessParams  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
-EXAMPLES_PER_OPERATION = 150
 INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids"}
 
 
@@ -28,7 +27,8 @@ def _names_index_fields(body) -> bool:
     return any(isinstance(item, dict) and INDEX_FIELD_KEYS & set(item) for item in items)
 
 
-def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys):
+@pytest.mark.parametrize("examples", [20, pytest.param(150, marks=pytest.mark.slow)])  # per operation
+def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys, examples):
     # A fitted hubness correction, so every schema-valid request (any hubness method) can be served.
     index_dir = tmp_path / "index"
     shutil.copytree(tiny_index, index_dir)
@@ -45,7 +45,7 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
             counts[label] = 0
 
             @given(case=operation.as_strategy())
-            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, derandomize=True,
+            @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
                       suppress_health_check=list(HealthCheck))
             def fuzz(case):
                 counts[label] += 1
@@ -60,5 +60,5 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
             fuzz()
     with capsys.disabled():
         print(f"\nschemathesis: {sum(counts.values())} generated cases: {counts}")
-    assert "POST /search" in counts and counts["POST /search"] >= 100
-    assert "POST /search/batch" in counts and counts["POST /search/batch"] >= 100
+    assert "POST /search" in counts and counts["POST /search"] >= examples * 2 // 3
+    assert "POST /search/batch" in counts and counts["POST /search/batch"] >= examples * 2 // 3

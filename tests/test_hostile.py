@@ -257,12 +257,32 @@ writes = st.lists(st.one_of(
     st.tuples(st.just("delete"), st.sampled_from([f"d{i}" for i in range(1, 7)] + ["n1", "n2"]), st.none())), max_size=6)
 
 
+# The default suite runs these writes and filters (a new bool field typed by a write, years and tags outside the
+# base's values, deletes of base and written documents, every operator and $or/$and/$not) ...
+@pytest.mark.parametrize("steps, checks", [
+    ([("upsert", "d2", {"year": 1995, "tags": ["c"], "open": True}), ("upsert", "n1", {"year": 2005, "tags": ["a", "b"]}),
+      ("delete", "d4", None), ("upsert", "n2", {})],
+     [{"year": {"lt": 2002}}, {"tags": {"nin": ["pets", "a"]}}, {"open": {"exists": False}},
+      {"$or": [{"year": {"in": [1995, 2005]}}, {"$not": {"tags": "misc"}}]}, {"$and": [{"open": True}, {"year": {"gte": 1995}}]}]),
+    ([("delete", "d1", None), ("upsert", "n1", {"year": 2001}), ("delete", "n1", None), ("upsert", "d6", {"tags": []})],
+     [{"year": {"ne": 2001}}, {"tags": {"exists": True}}, {"tags": "pets"}, {"$not": {"year": {"gt": 2003}}}]),
+])
+def test_filters_after_these_writes_equal_a_brute_force_filter(mixed_index, tmp_path, steps, checks):
+    check_filters_after_writes(mixed_index, tmp_path, steps, checks)
+
+
+# ... and the slow suite 40 generated ones.
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=writes, checks=st.lists(filters, min_size=1, max_size=5))
 def test_filters_after_writes_equal_a_brute_force_filter_over_every_stored_document(mixed_index, tmp_path_factory, steps, checks):
+    check_filters_after_writes(mixed_index, tmp_path_factory.mktemp("exact"), steps, checks)
+
+
+def check_filters_after_writes(mixed_index, root, steps, checks):
     from hybrid_retrieval.indexer.live import Collection
 
-    folder = tmp_path_factory.mktemp("exact") / "index"
+    folder = root / "index"
     shutil.copytree(mixed_index, folder)
     collection = Collection(open_index(folder))
     for op, doc_id, meta in steps:  # writes give `open` (a new bool field) its type, and years and tags new values

@@ -77,7 +77,18 @@ def assert_rankings_match(live: dict[str, float], fresh: dict[str, float]) -> No
     assert order_live == order_fresh
 
 
-# No shrinking: every example builds an index (and holds ONNX sessions); the failing example is printed as generated.
+# Every example builds an index (about 2 s): the default suite runs these sequences (a base document replaced, new
+# ones written, base and written documents deleted, one id deleted then written again) ...
+@pytest.mark.parametrize("ops", [
+    [("upsert", "b1", "quantum cat market", 2004), ("upsert", "n0", "pet dog running", 1999), ("delete", "b3")],
+    [("upsert", "n1", "stock investor", 2008), ("delete", "n1"), ("delete", "b0"), ("upsert", "b0", "heart care daily", 2002)],
+])
+def test_rankings_after_these_writes_equal_a_fresh_build(base_index, tmp_path, ops):
+    check_against_fresh_build(base_index, tmp_path, ops)
+
+
+# ... and the slow suite 25 generated ones. No shrinking: the failing example is printed as generated.
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(operations)
