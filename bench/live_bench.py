@@ -23,7 +23,7 @@ from bench.harness import Case, Table, percentiles, verdict
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import EMBED_BATCH, BuildOptions, build_index, index_is_current
 from hybrid_retrieval.indexer.corpus import indexed_text, read_corpus
-from hybrid_retrieval.indexer.live import Collection
+from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.search.spec import HubnessSpec

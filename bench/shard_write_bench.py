@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bench.harness import Case, Table, interleaved, percentiles
-from hybrid_retrieval.indexer.live import Collection
+from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.shards import ShardedCollection, open_sharded, split_index
 from hybrid_retrieval.indexer.store import open_index
 

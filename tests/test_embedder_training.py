@@ -152,7 +152,7 @@ def test_reembed_swaps_the_dense_half_and_serves_what_torch_computes(synthetic, 
 def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, trained, tmp_path):
     import shutil
 
-    from hybrid_retrieval.indexer.live import Collection
+    from hybrid_retrieval.indexer.live.collection import Collection
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.store import open_index
     from hybrid_retrieval.training.fusion import tune_index

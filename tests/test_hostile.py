@@ -280,7 +280,7 @@ def test_filters_after_writes_equal_a_brute_force_filter_over_every_stored_docum
 
 
 def check_filters_after_writes(mixed_index, root, steps, checks):
-    from hybrid_retrieval.indexer.live import Collection
+    from hybrid_retrieval.indexer.live.collection import Collection
 
     folder = root / "index"
     shutil.copytree(mixed_index, folder)

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
-from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE, Collection
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import SpecError

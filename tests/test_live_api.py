@@ -129,7 +129,7 @@ def test_ndjson_keeps_unicode_line_separators_inside_strings(index_dir):
 
 
 def test_a_log_held_by_another_writer_answers_409(index_dir):
-    from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE
+    from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
     from hybrid_retrieval.indexer.wal import WriteAheadLog
 
     held = WriteAheadLog(index_dir / LIVE_DIR / WAL_FILE, lock=True)  # e.g. `hybrid ingest` running on the index

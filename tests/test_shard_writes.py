@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
-from hybrid_retrieval.indexer.live import Collection
+from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.shards import ShardedCollection, open_sharded, read_shards, shard_of, split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import HybridError

@@ -8,7 +8,9 @@ import threading
 from dataclasses import dataclass
 
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
-from hybrid_retrieval.indexer.live import Collection, ReplayError, Snapshot
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.replay import ReplayError
+from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.wal import CorruptLog
 from hybrid_retrieval.indexer.shards import ShardedCollection, ShardedIndex, open_any
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex

@@ -15,7 +15,9 @@ from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
 from hybrid_retrieval.indexer.shards import check_shard_count, split_index
 from hybrid_retrieval.indexer.corpus import read_corpus
-from hybrid_retrieval.indexer.live import DEFAULT_MAX_BATCH_DOCS, LIVE_DIR, Collection, repair_log
+from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
+from hybrid_retrieval.indexer.live.log import LIVE_DIR
+from hybrid_retrieval.indexer.live.repair import repair_log
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.providers import BACKENDS

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_filter
-from hybrid_retrieval.indexer.live import current_view
+from hybrid_retrieval.indexer.live.collection import current_view
 from hybrid_retrieval.indexer.shards import ShardedIndex, open_any
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.build import build_into
-from hybrid_retrieval.indexer.live import LIVE_DIR, WAL_FILE, Collection, build_options_of, current_corpus
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.compaction import build_options_of, current_corpus
+from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder

@@ -32,7 +32,9 @@ import numpy as np
 from hybrid_retrieval.common.publish import publish_dir, write_atomic
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.corpus import indexed_text
-from hybrid_retrieval.indexer.live import Collection, Snapshot, check_batch, check_ids, current_view, decide_types, restricted_fields
+from hybrid_retrieval.indexer.live.collection import Collection, current_view
+from hybrid_retrieval.indexer.live.snapshot import Snapshot
+from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types, restricted_fields
 from hybrid_retrieval.indexer.manifest import IndexOpenError, read_json, read_manifest, write_manifest
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import resolve_precision

@@ -1,0 +1,99 @@
+"""A collection's in-memory state: its base index and the writes applied on top of it (the documents written, the
+base documents deleted, each metadata field's type, the hubness state), frozen into a Snapshot for searches.
+
+It applies records that are already checked (indexer.live.validate) and logged; it takes no lock: the collection's
+write lock guards it.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+
+from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.live.snapshot import Snapshot
+from hybrid_retrieval.indexer.live.validate import field_types_of, restricted_fields
+from hybrid_retrieval.indexer.store import OpenIndex
+from hybrid_retrieval.search.live_hubness import LiveHubness, Prepared
+from hybrid_retrieval.search.segments import LiveDocument, LiveSegment
+
+
+class LiveState:
+    """The writes applied on a base index, up to sequence number `seq`."""
+
+    def __init__(self, index: OpenIndex, seq: int):
+        self.last_position = -1  # in a shard: the largest position a written document was given (kept across bases)
+        self.start(index, seq)
+
+    def start(self, index: OpenIndex, seq: int) -> None:
+        """Begin on `index` as base, holding the writes up to `seq`, with nothing written on top of it yet."""
+        self.index, self.seq = index, seq
+        self.dirty = False  # writes applied that no snapshot holds yet
+        self.base_idx = index.doc_positions
+        self.base_alive = np.ones(index.num_docs, dtype=bool)
+        self.live: dict[str, LiveDocument] = {}
+        self.vocabulary: dict[str, int] = {}  # terms of the live documents (search.segments.LiveSegment)
+        # keys of documents for the hubness state: base index, or num_docs + a serial for written ones (search.live_hubness)
+        self.keys: dict[str, int] = {}
+        self.next_key = index.num_docs
+        has_banks = index.hubness is not None and index.hubness.banks is not None
+        self.hubness = LiveHubness(index.hubness, index.num_docs) if has_banks else None
+        # each metadata field's type, decided once: the index's, or the first write's for a field it lacks
+        self.field_types = field_types_of(index.manifest.metadata)
+        self.restricted = restricted_fields(index.manifest.metadata)
+
+    def apply(self, record: dict, prepared: Prepared | None = None, added: dict | None = None) -> None:
+        """Apply a checked record; `added`: the types of the metadata fields it adds (decide_types)."""
+        ids = [doc["id"] for doc in record["documents"]] if record["op"] == "upsert" else record["ids"]
+        removed = [key for key in map(self._remove, ids) if key is not None]
+        if self.hubness is not None and removed:
+            self.hubness.remove(removed)
+        if record["op"] == "upsert":
+            self.field_types.update(added or {})
+            vectors = []
+            for doc in record["documents"]:
+                vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
+                tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
+                self.live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens,
+                                                             vectors[-1], self.vocabulary, doc.get("position", -1))
+                self.last_position = max(self.last_position, doc.get("position", -1))
+                self.keys[doc["id"]], self.next_key = self.next_key, self.next_key + 1
+            if self.hubness is not None:
+                prepared = prepared or self.hubness.prepare(ids, np.stack(vectors))
+                self.hubness.add(np.array([self.keys[i] for i in ids], dtype=np.int64), prepared)
+        self.seq = record["seq"]
+        self.dirty = True
+
+    def _remove(self, doc_id: str) -> int | None:
+        """Forget the document's current version; its key (None: it did not exist)."""
+        if self.live.pop(doc_id, None) is not None:
+            return self.keys.pop(doc_id)
+        idx = self.base_idx.get(doc_id)
+        if idx is None or not self.base_alive[idx]:
+            return None
+        self.base_alive[idx] = False
+        return idx
+
+    def key_of(self, doc_id: str) -> int:
+        if doc_id in self.keys:
+            return self.keys[doc_id]
+        idx = self.base_idx.get(doc_id)
+        return idx if idx is not None and self.base_alive[idx] else -1
+
+    def get(self, doc_id: str) -> dict | None:
+        """The latest applied version of a document."""
+        live = self.live.get(doc_id)
+        if live is not None:
+            return {"id": live.doc_id, "title": live.title, "text": live.text, "metadata": live.metadata}
+        idx = self.base_idx.get(doc_id)
+        return self.index.docs.get(idx) if idx is not None and self.base_alive[idx] else None
+
+    def freeze(self) -> Snapshot:
+        """The current state, as searches read it."""
+        live = LiveSegment(list(self.live.values()), self.index.dense.dimension, self.vocabulary)
+        hubness = None
+        if self.hubness is not None:
+            hubness = self.hubness.view(self.index.embeddings, self.base_alive, np.array(list(self.keys.values()), dtype=np.int64),
+                                        live.vectors, self.key_of)
+        return Snapshot(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness)

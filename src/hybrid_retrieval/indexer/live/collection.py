@@ -1,0 +1,294 @@
+"""The writable collection over an opened index: it takes writes (checked, embedded, logged, applied) and publishes
+them to searches by `refresh`, follows another process's log, and compacts. It holds the thread policy (which lock
+guards what, where writes are embedded); the steps are its sibling modules'.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_retrieval.common.publish import publish_dir, scratch_dir
+from hybrid_retrieval.indexer.build import EMBED_BATCH
+from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.leftovers import remove_leftovers
+from hybrid_retrieval.indexer.live.apply import LiveState
+from hybrid_retrieval.indexer.live.compaction import build_compacted, current_corpus, link_log, reopen
+from hybrid_retrieval.indexer.live.log import log_path, unwritable
+from hybrid_retrieval.indexer.live.replay import apply_logged, replay_records
+from hybrid_retrieval.indexer.live.snapshot import Snapshot
+from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
+from hybrid_retrieval.indexer.wal import WriteAheadLog
+from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.search import budget
+from hybrid_retrieval.search.errors import StorageError
+from hybrid_retrieval.search.live_hubness import Prepared
+from hybrid_retrieval.search.segments import check_live_method
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH_DOCS = 1000
+EMBED_CHUNK = 32  # documents embedded per decision of where (all cores, or half while searches run)
+
+
+def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
+    """What a search of `index` should read: the built index with the writes its log holds (read-only: nothing is
+    locked or written), or the index itself when it has no log."""
+    if not log_path(index.path).exists():
+        return index
+    return Collection(index).snapshot
+
+
+class Collection:
+    """The writable collection over an opened index: writes are logged, applied, and published by `refresh`."""
+
+    def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None,
+                 write_threads: int | None = None, searching=None, replay: bool = True):
+        """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
+        called before a new snapshot counts as visible (the service swaps its searches to it there).
+
+        Where written documents are embedded: with `write_threads`, always on a session of that many cores, one batch
+        at a time. Otherwise on all cores (the index's own session, the fastest ingest), except while `searching()`
+        says searches are running: then each chunk of a batch goes to a session on half the cores, so writes cannot
+        take every core from searches (docs/BENCHMARKS.md, "Live writes", measures both)."""
+        self.max_batch_docs, self.on_refresh = max_batch_docs, on_refresh
+        # what else a compaction writes into the new base folder before its manifest: on_compact(state, manifest, folder)
+        self.on_compact = None
+        self.write_threads, self.searching = write_threads, searching
+        self._write_embedder = None
+        self._embed_lock = threading.Lock()
+        index.postings  # noqa: B018  (refuse early an index that cannot take writes)
+        check_live_method(index.manifest.bm25)
+        self._state = LiveState(index, index.manifest.applied_sequence)
+        self._write_lock = threading.Lock()  # guards the state and the log
+        self._compact_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._visible = threading.Condition()
+        self.write_problem: str | None = None  # why the last write could not be logged (cleared by the next that is)
+        if replay:
+            replay_records(self._state, WriteAheadLog.replay(self.wal_path))
+        self._wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
+        self.snapshot = self._state.freeze()
+
+    @property
+    def index(self) -> OpenIndex:
+        """The base index (a compaction's new one once it is published)."""
+        return self._state.index
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last write applied."""
+        return self._state.seq
+
+    @property
+    def last_position(self) -> int:
+        """In a shard: the largest position a written document was given."""
+        return self._state.last_position
+
+    @property
+    def wal_path(self) -> Path:
+        return log_path(self.index.path)
+
+    def apply_logged(self, record: dict) -> str | None:
+        """Check a record read from the log as a write is checked, then apply it; why it cannot be applied, or None."""
+        return apply_logged(self._state, record)
+
+    # writes
+
+    def upsert(self, documents: list, positions: list[int] | None = None) -> int:
+        """Validate every document (SpecError naming `documents[i].field`), embed, log durably, apply; the sequence
+        number. `positions`: in a shard, each document's position in the whole sharded index (logged with it)."""
+        checked = self._check_batch(documents)  # everything a record holds is checked and converted before it is logged
+        if positions is not None:
+            checked = [{**doc, "position": int(position)} for doc, position in zip(checked, positions, strict=True)]
+        texts = [indexed_text(doc["title"], doc["text"]) for doc in checked]
+        vectors = self._embed(texts)
+        hubness = self._state.hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
+        prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None else None
+        record_docs = [{**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()}
+                       for doc, v in zip(checked, vectors)]
+        return self._log_and_apply({"op": "upsert", "documents": record_docs}, prepared)
+
+    def _embed(self, texts: list[str]) -> np.ndarray:
+        if self.write_threads is not None:
+            return self._embed_limited(texts, self.write_threads)
+        if self.searching is None:
+            return self.index.embedder.encode(texts, batch_size=EMBED_BATCH)
+        threads = max(1, len(os.sched_getaffinity(0)) // 2)
+        return np.concatenate([self._embed_limited(chunk, threads) if self.searching()
+                               else self.index.embedder.encode(chunk, batch_size=EMBED_BATCH)
+                               for chunk in (texts[i : i + EMBED_CHUNK] for i in range(0, len(texts), EMBED_CHUNK))])
+
+    def _embed_limited(self, texts: list[str], threads: int) -> np.ndarray:
+        """On the collection's own session of `threads` cores, one caller at a time."""
+        with self._embed_lock:
+            if self._write_embedder is None:
+                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=threads,
+                                                    precision=self.index.manifest.embedder.document_precision)
+            return self._write_embedder.encode(texts, batch_size=EMBED_BATCH)
+
+    def delete(self, ids: list) -> int:
+        return self._log_and_apply({"op": "delete", "ids": check_ids(ids)})
+
+    def _log_and_apply(self, record: dict, prepared: Prepared | None = None) -> int:
+        budget.check("embedding the documents")  # past its deadline, a write is dropped before it is logged
+        state = self._state
+        with self._write_lock:
+            try:
+                if self._wal is None:
+                    self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
+                    replay_records(state, self._wal.take_records())  # records another writer added since we opened
+                # the authoritative decision (the early check ran before embedding, unlocked)
+                added = decide_types(record["documents"], state.field_types, state.restricted) if record["op"] == "upsert" else {}
+                record = {"seq": state.seq + 1, **record}
+                self._wal.append(record)  # durable before it is acknowledged; nothing stays of a failed append
+            except StorageError as exc:
+                self.write_problem = str(exc)
+                raise
+            self.write_problem = None
+            state.apply(record, prepared, added)
+            return record["seq"]
+
+    def storage_problem(self) -> str | None:
+        """Why writes fail now, or None: the last write's failure, or a folder this process cannot write."""
+        if self.write_problem is not None:
+            return self.write_problem
+        return unwritable(self.wal_path, self.index.path)
+
+    def _check_batch(self, documents) -> list[dict]:
+        with self._write_lock:
+            types = dict(self._state.field_types)
+        checked = check_batch(documents, self.max_batch_docs, types)
+        decide_types(checked, types, self._state.restricted)  # fail before embedding; decided again when logged
+        return checked
+
+    def field_types(self) -> dict[str, str | None]:
+        """Each metadata field's type in the collection (None: not filterable)."""
+        with self._write_lock:
+            return dict(self._state.field_types)
+
+    # reads
+
+    def get(self, doc_id: str) -> dict | None:
+        """The latest acknowledged version of a document (read-your-writes, before any refresh)."""
+        with self._write_lock:
+            return self._state.get(doc_id)
+
+    def follow(self, up_to: int | None = None) -> Snapshot:
+        """Apply and publish what another process logged since, up to sequence number `up_to` (None: all of it): a
+        replica serving a shard that a writer elsewhere takes writes for. When that writer compacted (the manifest on
+        disk names another base, or the log skips a sequence number: it was cut), the index is opened again first."""
+        with self._write_lock:
+            for _ in range(3):  # a compaction may swap the folder between the reads: look again
+                on_disk = read_manifest(self.index.path)
+                if (on_disk.created_at, on_disk.applied_sequence) != (self.index.manifest.created_at,
+                                                                      self.index.manifest.applied_sequence):
+                    self._follow_new_base()
+                records = [r for r in WriteAheadLog.replay(self.wal_path)  # a torn tail: in progress
+                           if r["seq"] > self.seq and (up_to is None or r["seq"] <= up_to)]
+                if not records or records[0]["seq"] == self.seq + 1:
+                    replay_records(self._state, records)
+                    break
+        return self.refresh()
+
+    def _follow_new_base(self) -> None:
+        """(write lock held) Start over on the base the writer published; its log is applied next."""
+        fresh = reopen(self.index)
+        self._state.start(fresh, fresh.manifest.applied_sequence)
+        self._state.dirty = True
+
+    # visibility
+
+    def refresh(self) -> Snapshot:
+        """Publish the writes applied so far to searches (a no-op when nothing changed). One refresh at a time (the
+        refresher, `?wait=true` writes, compaction): an older snapshot is never published over a newer one."""
+        with self._refresh_lock:
+            with self._write_lock:
+                if not self._state.dirty:
+                    return self.snapshot
+                self._state.dirty = False
+                snapshot = self._state.freeze()
+            if self.on_refresh is not None:
+                self.on_refresh(snapshot)
+            with self._visible:
+                self.snapshot = snapshot  # one reference assignment: searches see the old or the new snapshot
+                self._visible.notify_all()
+            return snapshot
+
+    def wait_visible(self, seq: int, timeout: float) -> bool:
+        """Block until a snapshot at `seq` or later is searchable (True), or `timeout` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        with self._visible:
+            while self.snapshot.seq < seq:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._visible.wait(left):
+                    return self.snapshot.seq >= seq
+        return True
+
+    # compaction
+
+    def compact(self) -> Snapshot:
+        """Merge the live segment and the deletions into a new base segment, published atomically in place of the
+        index folder; writes continue while it builds. Rankings do not change (the same documents, the same
+        statistics). The log moves into the new folder (hard link) before the swap, and the new manifest records
+        the last sequence it holds, so a crash at any point leaves the old or the new base with every write."""
+        with self._compact_lock:
+            with self._write_lock:
+                state = self._state.freeze()
+            if not state.live.docs and state.base_alive.all():
+                return self.refresh()  # nothing to merge
+            path = state.index.path
+            with scratch_dir(path) as work:
+                corpus, vectors = current_corpus(state.index, state.base_alive, state.live.docs, work)
+                held = False
+                try:
+                    with publish_dir(path) as tmp:
+                        build_compacted(state, corpus, vectors, tmp, self.on_compact)
+                        self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
+                        held = True
+                        link_log(path, tmp)
+                    self._reopen(reopen(state.index), state.seq)
+                finally:
+                    if held:
+                        self._write_lock.release()
+        logger.info("compacted %s: %d documents up to sequence %d", path, self.snapshot.documents, state.seq)
+        remove_leftovers(path)
+        return self.refresh()
+
+    def needs_compaction(self, fraction: float, min_docs: int) -> bool:
+        """Whether the live segment and the deletions have grown past `fraction` of the base (and `min_docs`)."""
+        changed = len(self._state.live) + int((~self._state.base_alive).sum())
+        return changed >= max(min_docs, fraction * len(self._state.base_alive))
+
+    @property
+    def compacting(self) -> bool:
+        return self._compact_lock.locked()
+
+    def _reopen(self, index: OpenIndex, applied: int) -> None:
+        """Continue on the compacted base: writes logged after `applied` are applied on top of it (lock held)."""
+        self._state.start(index, applied)
+        newer = [r for r in WriteAheadLog.replay(log_path(index.path)) if r["seq"] > applied]
+        replay_records(self._state, newer)
+        if self._wal is not None:  # keep only what the base does not hold yet
+            self._wal.close()
+            self._wal = WriteAheadLog.rewrite(log_path(index.path), newer)
+        self._state.dirty = True
+
+    def stats(self) -> dict:
+        snapshot = self.snapshot
+        return {"documents": snapshot.documents, "base_documents": len(snapshot.base_alive),
+                "deleted_base_documents": int((~snapshot.base_alive).sum()), "live_documents": len(snapshot.live),
+                "last_sequence": self.seq, "visible_sequence": snapshot.seq}
+
+    def close(self) -> None:
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None

@@ -1,0 +1,100 @@
+"""Compaction's steps: the collection's documents written out as a corpus, the new base segment built from them in a
+folder (keeping the old base's tuned defaults and extending its hubness correction), the log carried into it, and
+the folder opened again once published. The collection (indexer.live.collection) takes the locks and swaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_retrieval.indexer.build import BuildOptions, build_into
+from hybrid_retrieval.indexer.hubness import correction_folder_name, write_correction
+from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
+from hybrid_retrieval.indexer.live.snapshot import Snapshot
+from hybrid_retrieval.indexer.live.validate import restricted_fields
+from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
+from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
+from hybrid_retrieval.search.segments import LiveDocument
+
+
+def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None) -> None:
+    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus), with
+    what it keeps of the old base and what `on_compact(state, manifest, folder)` adds; the manifest is written last."""
+    index = state.index
+    options = replace(build_options_of(index), field_types={
+        name: kind for name, kind in state.field_types.items() if kind is not None})
+    manifest = build_into(folder, corpus, options, index.path / MODEL_DIR,
+                          json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
+    _carry_over(state, manifest, folder, vectors)
+    if on_compact is not None:
+        on_compact(state, manifest, folder)
+    write_manifest(folder, manifest)
+
+
+def link_log(path: Path, folder: Path) -> None:
+    """The log of the index at `path` into the new base `folder` (a hard link: the same file)."""
+    (folder / LIVE_DIR).mkdir()
+    wal = path / LIVE_DIR / WAL_FILE
+    if wal.exists():
+        os.link(wal, folder / LIVE_DIR / WAL_FILE)
+
+
+def reopen(index: OpenIndex) -> OpenIndex:
+    """The index's folder opened again (a compaction published a new base there), on the same device, embedder and
+    query precision."""
+    return open_index(index.path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
+                      embedder=index.embedder, query_precision=index.query_precision)
+
+
+def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
+    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors."""
+    corpus = work / "corpus.jsonl"
+    alive = np.flatnonzero(base_alive)
+    with corpus.open("w", encoding="utf-8") as fh:
+        for i in alive:
+            doc = index.docs.get(int(i))
+            fh.write(json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]},
+                                ensure_ascii=False) + "\n")
+        for doc in live:
+            fh.write(json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata},
+                                ensure_ascii=False) + "\n")
+    vectors = np.concatenate([np.asarray(index.embeddings[alive], dtype=np.float32),
+                              np.stack([doc.vector for doc in live]) if live else np.empty((0, index.dense.dimension), np.float32)])
+    return corpus, vectors
+
+
+def build_options_of(index: OpenIndex) -> BuildOptions:
+    """The build options the index was made with (the filterable fields it kept, when they were restricted)."""
+    fields = index.manifest.metadata
+    restricted = restricted_fields(fields)
+    return BuildOptions(model=index.manifest.embedder.model, backend=index.manifest.embedder.document_backend,
+                        precision=index.manifest.embedder.document_precision,
+                        analyzer=index.analyzer, bm25=index.manifest.bm25, faiss=index.manifest.faiss.params, device="cpu",
+                        progress=False, filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None)
+
+
+def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarray) -> None:
+    """What the compacted base (in `folder`, of `vectors`) keeps of the old: its tuned defaults and their evidence, and a
+    fitted hubness correction, extended to the written documents (what a fresh fit with the same banks gives). A
+    correction fitted before fits kept their banks cannot be extended: it is dropped (refit it)."""
+    old = state.index.manifest
+    new.defaults, new.evidence = old.defaults, dict(old.evidence)
+    new.fusion_tuning, new.corpus, new.applied_sequence = old.fusion_tuning, old.corpus, state.seq
+    if old.hubness is None:
+        return
+    if state.hubness is None:
+        new.defaults = old.defaults.merge({"hubness": {"method": "none"}})
+        new.evidence.pop("hubness", None)
+        return
+    alive = np.concatenate([state.base_alive, np.ones(len(state.live), dtype=bool)])
+    correction, banks = state.hubness.compacted(state.index.hubness, alive)
+    name = correction_folder_name()
+    (folder / name).mkdir()
+    write_correction(folder / name, correction, banks, vectors, old.faiss.params)
+    new.files.update(file_inventory(folder / name, prefix=f"{name}/"))
+    new.hubness = replace(old.hubness, folder=name, activation={b: int(m.sum()) for b, m in correction.activation.items()})

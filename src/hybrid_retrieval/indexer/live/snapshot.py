@@ -1,0 +1,117 @@
+"""What searches of a live collection read: an immutable Snapshot of the base index, the documents written since
+(the live segment) and the base documents deleted, with the pipeline and presenter over both segments.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.store import OpenIndex
+from hybrid_retrieval.search.filters.columns import MetadataCollector, MetadataColumns
+from hybrid_retrieval.search.filters.types import FieldInfo
+from hybrid_retrieval.search.hits import Presenter
+from hybrid_retrieval.search.live_hubness import LiveHubnessView
+from hybrid_retrieval.search.pipeline import SearchPipeline
+from hybrid_retrieval.search.rerank import Reranker
+from hybrid_retrieval.search.segments import LiveBM25, LiveDense, LiveSegment, LiveVectors, concat_columns
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What searches read: the base index, the live documents, which base documents are deleted, as of `seq`."""
+
+    index: OpenIndex
+    live: LiveSegment
+    base_alive: np.ndarray  # bool (n,)
+    seq: int
+    field_types: dict  # each metadata field's type in the collection (None: not filterable)
+    hubness: LiveHubnessView | None = None  # the fitted correction extended to the writes (None: no fit, or no banks)
+
+    @property
+    def changed(self) -> bool:
+        """Whether writes changed anything searches see: documents, deletions, or a filterable field added."""
+        added = any(kind and name not in self.index.manifest.metadata for name, kind in self.field_types.items())
+        return len(self.live) > 0 or not bool(self.base_alive.all()) or added
+
+    @property
+    def num_docs(self) -> int:
+        """Documents in the numbering (base then live), deleted base documents included."""
+        return len(self.base_alive) + len(self.live)
+
+    @property
+    def documents(self) -> int:
+        """Documents that exist."""
+        return int(self.base_alive.sum()) + len(self.live)
+
+    def document(self, doc_idx: int) -> dict:
+        if doc_idx < len(self.base_alive):
+            return self.index.docs.get(doc_idx)
+        doc = self.live.docs[doc_idx - len(self.base_alive)]
+        return {"id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata}
+
+    def doc_text(self, doc_idx: int) -> str:
+        doc = self.document(doc_idx)
+        return indexed_text(doc["title"], doc["text"])
+
+    @functools.cached_property
+    def metadata(self) -> MetadataColumns | None:
+        """The filterable columns over both segments, built once per snapshot (its pipeline and presenter share them)."""
+        if not self.changed:
+            return self.index.metadata
+        live = _live_columns(self.field_types, self.live, self.index.manifest.metadata)
+        return concat_columns(self.index.metadata, live, len(self.base_alive), len(self.live))
+
+    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
+                 embedder=None) -> SearchPipeline:
+        """As OpenIndex.pipeline, over the snapshot. An unchanged snapshot is served by the base index as built."""
+        if not self.changed:
+            return self.index.pipeline(overrides, executor, cross_encoder, cross_encoder_name, embedder)
+        index = self.index
+        defaults = index.manifest.defaults.merge(overrides)
+        alive = None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)])
+        hubness, unfitted = None, {}
+        if self.hubness is not None:
+            hubness = self.hubness.searcher(index.hubness, self.live.vectors, alive)
+        elif index.hubness is not None:
+            if defaults.hubness.method != "none":
+                logger.warning("hubness correction is not applied to the written documents: the fit has no banks")
+                defaults = defaults.merge({"hubness": {"method": "none"}})
+            unfitted = {"no_hubness_reason": (
+                "this index's hubness correction was fitted before fits kept their banks, so it cannot be extended to "
+                "written documents: refit it with `hybrid hubness fit`")}
+        reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
+        return SearchPipeline(
+            LiveBM25(index.bm25, index.postings, index.manifest.bm25, self.base_alive, self.live),
+            LiveDense(index.dense, self.live.vectors), embedder or index.query_embedder,
+            LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, hubness=hubness,
+            reranker=reranker, metadata=self.metadata, alive=alive, **unfitted)
+
+    def presenter(self, embedder=None) -> Presenter:
+        fields = set(self.index.manifest.metadata) | {name for doc in self.live.docs for name in doc.metadata}
+        return Presenter(self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), self.metadata)
+
+
+def _live_columns(types: dict[str, str | None], live: LiveSegment, base_fields: dict):
+    """The filterable columns of the written documents, each field of the type the collection decided for it: a field
+    that is not filterable in the collection (None) never gets a column from writes, so a filter is exact or refused.
+    A field a write added keeps its column when no document holds it any more (its type stays decided)."""
+    filterable = {name: kind for name, kind in types.items() if kind is not None}
+    added = [name for name in filterable if name not in base_fields]
+    if not live.docs and not added:
+        return None
+    collector = MetadataCollector(types=filterable)
+    for doc in live.docs:
+        collector.add({name: value for name, value in doc.metadata.items() if name in filterable})
+    columns = collector.finish()
+    for name in added:
+        if name not in columns.columns:
+            columns.columns[name] = collector.empty_column(filterable[name])
+            columns.fields[name] = FieldInfo(filterable[name], 0, 0 if filterable[name] == "keyword" else None)
+    return columns if columns.columns else None

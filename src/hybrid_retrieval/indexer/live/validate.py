@@ -1,0 +1,110 @@
+"""Checking writes before they are embedded and logged: a batch of documents (check_batch), the ids of a delete
+(check_ids), and the types of the metadata fields a batch adds to the collection (decide_types). A checked batch is
+converted to what the log holds, so a logged record always applies.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.filters.types import encodable, type_of_kind, written_value
+
+MAX_ID_BYTES = 512
+
+
+def field_types_of(fields: dict) -> dict[str, str | None]:
+    """Each metadata field's type as an index's manifest decided it (None: not filterable)."""
+    return {name: info.type for name, info in fields.items()}
+
+
+def restricted_fields(fields: dict) -> bool:
+    """Whether the index was built with `--filterable` naming its filterable fields (then written fields are not)."""
+    return any(info.reason == "not listed in --filterable" for info in fields.values())
+
+
+
+def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) -> list[dict]:
+    """A write batch, checked whole and converted to what the log holds (so a logged record always applies):
+    SpecError naming `documents[i].field` of the first problem. `types`: each metadata field's type in the collection
+    (None: not filterable); a value its field cannot take is refused (decide_types settles the fields it adds)."""
+    if not isinstance(documents, list) or not documents:
+        raise SpecError("documents", "must be a non-empty list of documents")
+    if len(documents) > max_batch_docs:
+        raise SpecError("documents", f"at most {max_batch_docs} documents per batch (HYBRID_MAX_BATCH_DOCS), got {len(documents)}")
+    seen: dict[str, int] = {}
+    checked = []
+    for i, doc in enumerate(documents):
+        where = ("documents", i)
+        if not isinstance(doc, dict):
+            raise SpecError(where, "must be an object with id, text and optionally title and metadata")
+        unknown = set(doc) - {"id", "title", "text", "metadata"}
+        if unknown:
+            raise SpecError((*where, sorted(unknown)[0]), "unknown field; valid: id, title, text, metadata")
+        doc_id = check_id(doc.get("id"), (*where, "id"), written=True)
+        if doc_id in seen:
+            raise SpecError((*where, "id"), f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
+        seen[doc_id] = i
+        if "text" not in doc or not isinstance(doc["text"], str):
+            raise SpecError((*where, "text"), "required: a string")
+        title = doc.get("title") or ""
+        if not isinstance(title, str):
+            raise SpecError((*where, "title"), "must be a string")
+        for name, value in (("title", title), ("text", doc["text"])):
+            if not encodable(value):
+                raise SpecError((*where, name), "not valid Unicode (a lone surrogate such as \\ud800)")
+        if not (doc["text"].strip() or title.strip()):
+            raise SpecError((*where, "text"), "the document has neither text nor title")
+        metadata = doc.get("metadata") or {}
+        if not isinstance(metadata, dict):
+            raise SpecError((*where, "metadata"), "must be an object")
+        converted = {}
+        for name, value in metadata.items():
+            if not encodable(name):
+                raise SpecError((*where, "metadata"), "a field name is not valid Unicode (a lone surrogate such as \\ud800)")
+            converted[name] = written_value(types.get(name), value, (*where, "metadata", name))[0]
+        checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": converted})
+    return checked
+
+
+def decide_types(documents: list[dict], types: dict[str, str | None], restricted: bool) -> dict[str, str | None]:
+    """The types of the metadata fields these (checked) documents add to a collection whose fields have `types`: a new
+    field takes the type of its first value (not filterable when the index restricts its filterable fields, or for a
+    reserved `$` name); SpecError naming the value when a field's type cannot take it."""
+    added: dict[str, str | None] = {}
+    for i, doc in enumerate(documents):
+        for name, value in doc["metadata"].items():
+            known = types[name] if name in types else added.get(name)
+            kind = written_value(known, value, ("documents", i, "metadata", name))[1]
+            if kind is not None and name not in types and name not in added:
+                added[name] = None if restricted or name.startswith("$") else type_of_kind(kind)
+    return added
+
+
+def check_ids(ids) -> list[str]:
+    """The ids of a delete, checked (SpecError naming `ids[i]`)."""
+    if not isinstance(ids, list) or not ids:
+        raise SpecError("ids", "must be a non-empty list of document ids")
+    return [check_id(doc_id, ("ids", i)) for i, doc_id in enumerate(ids)]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def check_id(doc_id, where, written: bool = False) -> str:
+    """A document id: a non-empty string (or integer) of at most MAX_ID_BYTES of UTF-8; one `written` now also without
+    control characters and not `.` or `..` (a URL path cannot carry those). Any other character, `/` included, is
+    addressed percent-encoded in `/documents/{id}`."""
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool) and doc_id.bit_length() > 3 * MAX_ID_BYTES:
+        raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8")  # (str() refuses integers of 4,300+ digits)
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or str(doc_id).strip() == "":
+        raise SpecError(where, "required: a non-empty string (or integer) id")
+    doc_id = str(doc_id)
+    if not encodable(doc_id):
+        raise SpecError(where, "not valid Unicode (a lone surrogate such as \\ud800)")
+    size = len(doc_id.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise SpecError(where, f"at most {MAX_ID_BYTES} bytes in UTF-8, got {size}")
+    if written and (_CONTROL.search(doc_id) or doc_id in (".", "..")):
+        raise SpecError(where, "an id may not hold control characters, nor be . or ..")
+    return doc_id
