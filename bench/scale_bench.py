@@ -26,7 +26,8 @@ from bench.harness import Case, Table, interleaved, percentiles, rows_from
 from hybrid_retrieval.evaluation.server import free_port, running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import corpus_file
-from hybrid_retrieval.indexer.shards import open_sharded, split_index
+from hybrid_retrieval.indexer.shards.open import open_sharded
+from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.onnx_export import model_file
 

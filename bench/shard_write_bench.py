@@ -15,7 +15,9 @@ from pathlib import Path
 
 from bench.harness import Case, Table, interleaved, percentiles
 from hybrid_retrieval.indexer.live.collection import Collection
-from hybrid_retrieval.indexer.shards import ShardedCollection, open_sharded, split_index
+from hybrid_retrieval.indexer.shards.open import open_sharded
+from hybrid_retrieval.indexer.shards.split import split_index
+from hybrid_retrieval.indexer.shards.writes import ShardedCollection
 from hybrid_retrieval.indexer.store import open_index
 
 

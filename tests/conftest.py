@@ -111,7 +111,7 @@ def whole_index(metadata_index, scifact, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sharded_index(whole_index, tmp_path_factory):
-    from hybrid_retrieval.indexer.shards import split_index
+    from hybrid_retrieval.indexer.shards.split import split_index
 
     out = tmp_path_factory.mktemp("sharded") / "index"
     split_index(whole_index, out, 3)

@@ -15,7 +15,7 @@ import pytest
 from hybrid_retrieval.evaluation.server import free_port
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.manifest import update_manifest
-from hybrid_retrieval.indexer.shards import split_index
+from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import sample_queries, write_jsonl
 from tests.test_shards import SPECS

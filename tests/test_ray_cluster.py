@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from hybrid_retrieval.evaluation.server import free_port
-from hybrid_retrieval.indexer.shards import split_index
+from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import REPO, sample_queries
 

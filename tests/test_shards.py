@@ -14,7 +14,9 @@ from fastapi.testclient import TestClient
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
-from hybrid_retrieval.indexer.shards import SHARDS_FILE, global_bm25, open_sharded, read_shards, shard_of, split_index
+from hybrid_retrieval.indexer.shards.layout import SHARDS_FILE, read_shards, shard_of
+from hybrid_retrieval.indexer.shards.open import open_sharded
+from hybrid_retrieval.indexer.shards.split import global_bm25, split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params

@@ -12,7 +12,9 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.wal import CorruptLog
-from hybrid_retrieval.indexer.shards import ShardedCollection, ShardedIndex, open_any
+from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
+from hybrid_retrieval.indexer.shards.open import open_any
+from hybrid_retrieval.indexer.shards.writes import ShardedCollection
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
 from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence

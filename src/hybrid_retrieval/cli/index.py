@@ -13,7 +13,8 @@ from pathlib import Path
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
-from hybrid_retrieval.indexer.shards import check_shard_count, split_index
+from hybrid_retrieval.indexer.shards.layout import check_shard_count
+from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.corpus import read_corpus
 from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_filter
 from hybrid_retrieval.indexer.live.collection import current_view
-from hybrid_retrieval.indexer.shards import ShardedIndex, open_any
+from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
+from hybrid_retrieval.indexer.shards.open import open_any
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.errors import ConfigError

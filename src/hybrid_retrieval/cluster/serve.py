@@ -31,7 +31,10 @@ import time
 from pathlib import Path
 
 from hybrid_retrieval.cluster import connect, require_ray
-from hybrid_retrieval.indexer.shards import SHARDS_FILE, ShardedIndex, ShardSearcher, open_shard, read_shards
+from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
+from hybrid_retrieval.indexer.shards.layout import SHARDS_FILE, read_shards
+from hybrid_retrieval.indexer.shards.open import open_shard
+from hybrid_retrieval.indexer.shards.shard import ShardSearcher
 from hybrid_retrieval.search.errors import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -1,0 +1,163 @@
+"""Splitting a built index into shards (`hybrid shard`, `hybrid index --shards N`): each shard a complete index folder
+of the documents whose id hashes to it, scored with the whole corpus's BM25 statistics and keeping each document's
+hubness biases; nothing is embedded again. The folder is published atomically, like a build.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from hybrid_retrieval.common.publish import publish_dir, write_atomic
+from hybrid_retrieval.indexer import store
+from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.live.collection import current_view
+from hybrid_retrieval.indexer.manifest import write_manifest
+from hybrid_retrieval.indexer.shards.layout import (
+    HASH,
+    POSITIONS,
+    SHARDS_FILE,
+    SHARDS_FORMAT,
+    SHARDS_FORMAT_VERSION,
+    check_shard_count,
+    is_sharded,
+    shard_folder,
+    shard_of,
+)
+from hybrid_retrieval.search.bm25 import BM25Index
+from hybrid_retrieval.search.dense import build_faiss_index
+from hybrid_retrieval.search.errors import ConfigError, HybridError
+from hybrid_retrieval.search.hubness import HubnessCorrection, augment_documents
+from hybrid_retrieval.search.postings import Postings
+
+logger = logging.getLogger(__name__)
+
+
+def split_index(source: Path | str, out: Path | str, shards: int, verify: str = "full") -> dict:
+    """Split the index at `source` into `shards` shards at `out` (replacing a sharded index there); returns shards.json."""
+    check_shard_count(shards)
+    source, out = Path(source).resolve(), Path(out).resolve()
+    if out == source:
+        raise ConfigError("the sharded index must go to another folder than its source")
+    if out.exists() and not is_sharded(out):
+        raise HybridError(f"{out} exists and is not a sharded index: refusing to replace it")
+    index = store.open_index(source, verify=verify, device="cpu", query_precision="fp32")
+    try:
+        manifest = index.manifest
+        if manifest.bm25.method != "lucene":
+            raise ConfigError(f"sharding keeps corpus-wide BM25 statistics for the lucene method only; {source} was built "
+                              f"with {manifest.bm25.method!r}: rebuild it with --bm25-method lucene")
+        if manifest.shard is not None:
+            raise ConfigError(f"{source} is itself a shard: split the whole index instead")
+        _check_no_pending_writes(index)
+        owner = shard_of(index.doc_ids, shards)
+        empty = np.flatnonzero(np.bincount(owner, minlength=shards) == 0)
+        if len(empty):  # nothing could ever be written to it: a sharded index is read-only
+            raise ConfigError(f"{shards} shards of {index.num_docs} documents would leave shard(s) "
+                              f"{', '.join(map(str, empty[:10]))} empty: use fewer shards")
+        postings = index.postings
+        stats = {"documents": index.num_docs, "avgdl": float(np.mean(postings.lengths)) if index.num_docs else 0.0}
+        df = dict(zip(index.bm25.vocabulary, postings.document_frequency()[list(index.bm25.vocabulary.values())].tolist()))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with publish_dir(out) as tmp:
+            listing = []
+            for i in range(shards):
+                positions = np.flatnonzero(owner == i).astype(np.int64)
+                folder = tmp / shard_folder(i)
+                folder.mkdir()
+                _write_shard(index, positions, folder, df, stats, {"index": i, "shards": shards, "hash": HASH})
+                listing.append({"folder": shard_folder(i), "documents": int(len(positions)),
+                                "positions_sha256": store.sha256_file(folder / POSITIONS)})
+                logger.info("shard %d of %d: %d documents", i + 1, shards, len(positions))
+            shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR)  # what the coordinator embeds queries with
+            info = {"format": SHARDS_FORMAT, "format_version": SHARDS_FORMAT_VERSION, "hash": HASH,
+                    "documents": index.num_docs, "bm25_statistics": stats, "source": str(source),
+                    "source_created_at": manifest.created_at, "model": manifest.embedder.model,
+                    "model_checksum": manifest.embedder.model_checksum,
+                    "model_files": store.file_inventory(tmp / store.MODEL_DIR, prefix=f"{store.MODEL_DIR}/"), "shards": listing}
+            write_atomic(tmp / SHARDS_FILE, json.dumps(info, indent=2))
+    finally:
+        index.close()
+    return info
+
+
+def _check_no_pending_writes(index: store.OpenIndex) -> None:
+    """Writes in the index's log that no compaction folded into it yet would be lost by the split."""
+    view = current_view(index)
+    if view is not index and view.changed:
+        raise HybridError(f"{index.path} has live writes that are not compacted into it yet: compact it first "
+                          "(POST /admin/compact), then split it")
+
+
+def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df: dict[str, int], stats: dict,
+                 shard: dict) -> None:
+    """One shard's folder: its documents, BM25 with corpus-wide statistics, vectors, FAISS, metadata, hubness."""
+    manifest = index.manifest
+    writer = store.DocStoreWriter(folder)
+    tokens = []
+    try:
+        for position in positions:
+            doc = index.docs.get(int(position))
+            writer.add(doc["id"], doc["title"], doc["text"], doc["metadata"])
+            tokens.append(index.analyzer.analyze(indexed_text(doc["title"], doc["text"])))
+    finally:
+        writer.close()
+    bm25 = global_bm25(tokens, index.analyzer, manifest.bm25, df, stats)
+    bm25.save(folder / store.BM25_DIR)
+    Postings.from_tokens(tokens, bm25.vocabulary).save(folder)  # what writes score with (search.segments.LiveBM25)
+    np.save(folder / POSITIONS, positions)
+    vectors = np.ascontiguousarray(index.embeddings[positions], dtype=np.float32)
+    np.save(folder / store.EMBEDDINGS, vectors)
+    faiss.write_index(build_faiss_index(vectors, manifest.faiss.params, "cpu"), str(folder / store.FAISS_FILE))
+    shutil.copytree(index.path / store.MODEL_DIR, folder / store.MODEL_DIR)
+    if index.metadata is not None:
+        index.metadata.take(positions).save(folder)
+    if index.hubness is not None:
+        _write_hubness(index, positions, vectors, folder / manifest.hubness.folder)
+    stats_of_shard = {**shard, "corpus_documents": stats["documents"], "corpus_avgdl": stats["avgdl"]}
+    write_manifest(folder, replace(
+        manifest, counts={"documents": int(len(positions)), "bm25_vocabulary": bm25.vocabulary_size},
+        files=store.file_inventory(folder), shard=stats_of_shard, applied_sequence=0))
+
+
+def _write_hubness(index: store.OpenIndex, positions: np.ndarray, vectors: np.ndarray, folder: Path) -> None:
+    """The shard's slice of the fitted correction: each document's biases and activation, and the augmented index.
+    The banks stay with the whole index: a shard takes no writes, so it never extends the correction."""
+    folder.mkdir()
+    full = index.hubness.correction
+    part = HubnessCorrection(full.params, {name: np.asarray(lse)[positions] for name, lse in full.lse.items()},
+                             {bank: np.asarray(mask)[positions] for bank, mask in full.activation.items()})
+    for column, lse in part.lse.items():
+        np.save(folder / f"{column}.npy", lse)
+    for bank, mask in part.activation.items():
+        np.save(folder / f"activation_{bank}.npy", mask)
+    augmented = build_faiss_index(augment_documents(vectors, part), index.manifest.faiss.params, "cpu")
+    faiss.write_index(augmented, str(folder / store.AUGMENTED_FAISS))
+
+
+def global_bm25(tokens: list[list[str]], analyzer, params, df: dict[str, int], stats: dict) -> BM25Index:
+    """BM25 (Lucene variant) over `tokens` whose scores use the whole corpus's statistics: `df` (term -> document
+    frequency), stats["documents"] and stats["avgdl"]. bm25s lays out the sparse matrix; its values are replaced by
+        idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)),   idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))."""
+    bm25 = BM25Index.build(tokens, analyzer, params)
+    engine = bm25.engine
+    postings = Postings.from_tokens(tokens, bm25.vocabulary)
+    indptr = np.asarray(engine.scores["indptr"])  # bm25s's vocabulary ends with "", which has no column
+    if not np.array_equal(indptr, postings.indptr[: len(indptr)]) or not np.array_equal(
+            np.asarray(engine.scores["indices"]), postings.docs):
+        raise HybridError("bm25s laid out its score matrix in an unexpected order: cannot apply corpus-wide statistics")
+    terms = sorted(bm25.vocabulary, key=bm25.vocabulary.get)[: len(indptr) - 1]
+    n, avgdl = stats["documents"], stats["avgdl"]
+    term_df = np.array([df[t] for t in terms], dtype=np.float64)
+    idf = np.log(1.0 + (n - term_df + 0.5) / (term_df + 0.5))
+    tf = postings.tfs.astype(np.float64)
+    lengths = postings.lengths.astype(np.float64)[postings.docs]
+    norm = params.k1 * (1.0 - params.b + params.b * lengths / avgdl)
+    engine.scores["data"] = (np.repeat(idf, np.diff(indptr)) * tf / (tf + norm)).astype(np.float32)
+    return bm25
