@@ -22,7 +22,7 @@ def _compared(ctx, index: Path, baseline: Path, out: str, pipelines: str, *flags
     return json.loads((folder / ctx.data.name / "report.json").read_text())
 
 
-def _training_row(label: str, record: dict) -> dict:
+def training_row(label: str, record: dict) -> dict:
     data, held_out, options = record["data"], record["held_out"], record["options"]
     pseudo = data.get("pseudo")
     return {"model": label, "recipe": data["recipe"], "examples per epoch": data["examples_per_epoch"],
@@ -33,7 +33,7 @@ def _training_row(label: str, record: dict) -> dict:
             "training s": record["seconds"]["total"], "peak RSS MiB": record["peak_rss_mib"], "device": record["device"]}
 
 
-def _test_rows(label: str, report: dict) -> list[dict]:
+def comparison_rows(label: str, report: dict) -> list[dict]:
     rows = []
     for pipeline, row in report["baseline_index"]["pipelines"].items():
         before = row["baseline"][METRIC]
@@ -57,8 +57,8 @@ def _adaptation(ctx) -> list[Table]:
         tuned = ctx.copy_of(ctx.untuned_index, f"{ctx.data.name}-pseudo-{recipe}")
         ctx.hybrid("tune", tuned, "--pseudo", recipe, "--max-queries", 1000, "--quiet")
         pseudo_tuned.append((recipe, _compared(ctx, tuned, ctx.untuned_index, f"pseudo-{recipe}", "hybrid")))
-    training = [_training_row(label, json.loads((folder / "training.json").read_text())) for label, folder, _ in models]
-    test = [row for label, _, report in models for row in _test_rows(label, report)]
+    training = [training_row(label, json.loads((folder / "training.json").read_text())) for label, folder, _ in models]
+    test = [row for label, _, report in models for row in comparison_rows(label, report)]
     fusion = []
     for label, report in pseudo_tuned:
         row = report["baseline_index"]["pipelines"]["hybrid"]

@@ -143,7 +143,7 @@ def _bm25(ctx) -> list[Table]:
     return [Table("queries/s, median of interleaved rounds", rows)]
 
 
-def _latency(ctx) -> list[Table]:
+def _latency_by_mode(ctx) -> list[Table]:
     report = pipeline_latency(ctx.opened, ctx.queries()[:ctx.size(10_000, 30)])
     rows = [{"pipeline": mode, "p50 ms": m["p50_ms"], "p95 ms": m["p95_ms"], "p99 ms": m["p99_ms"],
              "fusion share": m.get("fusion_share"),
@@ -191,7 +191,7 @@ CASES = [
     Case("Search engine", "BM25 engine vs rank-bm25", "bm25s (ours) vs rank-bm25 on the same corpus, analyzer, k1 and b, "
          "test queries, depth 100, interleaved rounds in one process", _bm25),
     Case("Search engine", "In-process query latency", "each mode and fusion on the test queries, k=10, one thread, "
-         "legs sequential and concurrent", _latency, headline=False),
+         "legs sequential and concurrent", _latency_by_mode),
     Case("Search engine", "Dense index types", "flat (exact) vs IVF and HNSW built from the same stored vectors, one query "
          "at a time", _dense_kinds),
     Case("Serving", "HTTP end to end", "`hybrid serve` on 127.0.0.1, hybrid k=10, closed loop from one asyncio client "

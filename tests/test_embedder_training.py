@@ -303,15 +303,15 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     assert rows["dense"]["ndcg@10_delta"] == pytest.approx(report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4)
     assert rows["dense"]["wins"] + rows["dense"]["ties"] + rows["dense"]["losses"] == 30
 
-    from bench.adapt_bench import SECTION, markdown
+    from bench.adapt_bench import comparison_rows, training_row
 
-    text = markdown([("supervised", trained[1], report)], [("titles", report)])
-    assert text.startswith(SECTION)
     dense = rows["dense"]
-    after = dense["baseline"]["ndcg@10"] + dense["ndcg@10_delta"]
-    assert (f"| supervised | dense | {dense['baseline']['ndcg@10']:.4f} | {after:.4f} | {dense['ndcg@10_delta']:+.4f} | "
-            f"{dense['p_value']:.4f} |") in text
-    assert "| titles | rrf:60 |" in text and "| supervised | supervised | 24 | 6 " in text
+    assert {"model": "supervised", "pipeline": "dense", "base": dense["baseline"]["ndcg@10"],
+            "adapted": round(dense["baseline"]["ndcg@10"] + dense["ndcg@10_delta"], 4), "change": dense["ndcg@10_delta"],
+            "p": dense["p_value"], "wins/ties/losses": f"{dense['wins']}/{dense['ties']}/{dense['losses']}"} in comparison_rows(
+        "supervised", report)
+    recipe = training_row("supervised", trained[1])
+    assert (recipe["recipe"], recipe["examples per epoch"], recipe["held-out queries"]) == ("supervised", 24, 6)
 
 
 def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp_path):

@@ -124,6 +124,10 @@ def test_ids_with_a_slash_work_through_every_route_percent_encoded(client):
     assert client.get("/documents/a%2Fb").status_code == 404
     for bad in (".", "..", "tab\there"):
         assert loc_of(put_raw(client, json.dumps({"documents": [{"id": bad, "text": "x"}]}))) == ["body", "documents", 0, "id"]
+    # reads and deletes take any id, a line break included: the routes answer, not a bare "Not Found" of no route
+    missing = client.get("/documents/a%0Ab")
+    assert missing.status_code == 404 and missing.json()["detail"] != "Not Found"
+    assert client.delete("/documents/a%0Ab?wait=true", headers=WRITE).status_code == 200
 
 
 def test_a_field_keeps_its_type_once_a_write_sets_it(client):

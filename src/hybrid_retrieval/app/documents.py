@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 
 from hybrid_retrieval.app.json_body import CheckedRoute, clean, parse_body
 from hybrid_retrieval.app.routes import ServingDep
@@ -93,8 +94,23 @@ async def put_documents(request: Request, serving: ServingDep, wait: Wait = Fals
     return await run_in_threadpool(_written, serving, seq, len(documents), wait)
 
 
-# {doc_id:path}: an id may hold "/" (sent percent-encoded, a%2Fb, which the server decodes before routing)
-@router.delete("/documents/{doc_id:path}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
+class DocumentIdConvertor(Convertor[str]):
+    """Any character of an id, "/" (sent percent-encoded, a%2Fb, decoded before routing) and line breaks included:
+    Starlette's `path` stops at a newline, which left such ids unreachable by these routes."""
+
+    regex = r"[\s\S]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("document_id", DocumentIdConvertor())
+
+
+@router.delete("/documents/{doc_id:document_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
                responses=_WRITE_RESPONSES)
 def delete_document(doc_id: str, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
     seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
@@ -108,7 +124,7 @@ def delete_documents(body: DeleteRequest, request: Request, serving: ServingDep,
     return _written(serving, seq, len(body.ids), wait)
 
 
-@router.get("/documents/{doc_id:path}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
+@router.get("/documents/{doc_id:document_id}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
             responses={404: {"description": "no such document"}})
 def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
     """The latest acknowledged version of a document (before it is searchable, too)."""
