@@ -22,14 +22,17 @@ from bench.render import render_benchmarks, write_headline
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run cases and write their record")
     prepare = commands.add_parser("prepare", help="make every index and model the cases use (reused while present)")
     for command in (run, prepare):
-        command.add_argument("--data", type=Path, default=Path(os.environ.get("BEIR_DATA", "../shared/data/beir")) / "scifact",
-                             help="BEIR dataset folder (default $BEIR_DATA/scifact)")
+        command.add_argument(
+            "--data",
+            type=Path,
+            default=Path(os.environ.get("BEIR_DATA", "../shared/data/beir")) / "scifact",
+            help="BEIR dataset folder (default $BEIR_DATA/scifact)",
+        )
         command.add_argument("--work", type=Path, default=Path("runs/bench"), help="indexes and models made for the cases, reused")
     run.add_argument("--only", nargs="+", help="sections or case names to run (default: all)")
     run.add_argument("--skip", nargs="+", help="sections or case names not to run")

@@ -82,9 +82,13 @@ def int8_peak_gops(threads: int, size: int = 1536, repeats: int = 5) -> float:
 
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.integers(-127, 128, (size, size), dtype=np.int8), "b")
-    graph = helper.make_graph([helper.make_node("MatMulInteger", ["a", "b"], ["y"])], "gemm",
-                              [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])], [weight])
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["y"])],
+        "gemm",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [size, size])],
+        [weight],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -111,12 +115,18 @@ def peak(peaks: dict, precision: str, threads: int) -> float:
     return peaks.get(key) or peaks[f"fp32_gflops_{threads}"]
 
 
-def stage(flops_per_item: float, peak_gflops: float, measured_ms: float | None = None, items_per_s: float | None = None,
-          threads: int = 1) -> dict:
+def stage(
+    flops_per_item: float, peak_gflops: float, measured_ms: float | None = None, items_per_s: float | None = None, threads: int = 1
+) -> dict:
     """One stage against the floor: `measured_ms` per item on `threads` cores, or `items_per_s` across them."""
     floor_ms = flops_per_item / (peak_gflops * 1e9) * 1000
-    row = {"gflop": round(flops_per_item / 1e9, 4), "peak_gflops": peak_gflops, "threads": threads,
-           "floor_ms": round(floor_ms, 3), "floor_per_s": round(1000 / floor_ms, 1)}
+    row = {
+        "gflop": round(flops_per_item / 1e9, 4),
+        "peak_gflops": peak_gflops,
+        "threads": threads,
+        "floor_ms": round(floor_ms, 3),
+        "floor_per_s": round(1000 / floor_ms, 1),
+    }
     if measured_ms is not None:
         row |= {"measured_ms": round(measured_ms, 3), "fraction": round(floor_ms / measured_ms, 3)}
     if items_per_s is not None:
@@ -128,12 +138,13 @@ def texts_floor(flops: GraphFlops, embedder, texts: list[str], peak_gflops: floa
     """An embedder's work on `texts` (real token counts, no padding) against the floor; `measured`: `measured_ms` per
     text or `items_per_s`, as `stage` takes them."""
     lengths = [len(ids) for ids in embedder.token_ids(texts)]
-    return {**stage(float(np.mean([flops.forward(n) for n in lengths])), peak_gflops, threads=threads, **measured),
-            "mean_tokens": round(float(np.mean(lengths)), 1)}
+    return {
+        **stage(float(np.mean([flops.forward(n) for n in lengths])), peak_gflops, threads=threads, **measured),
+        "mean_tokens": round(float(np.mean(lengths)), 1),
+    }
 
 
-def embedding_floor(index, queries: list[str], query_p50_ms: float, passages_per_s: float, peaks: dict,
-                    passages: int = 256) -> dict:
+def embedding_floor(index, queries: list[str], query_p50_ms: float, passages_per_s: float, peaks: dict, passages: int = 256) -> dict:
     """The index's fp32 model on all cores against the floor: one query at a time (p50), and passages in batches (the
     indexing rate, over the first `passages` documents as `accel_bench.embedding_throughput` embeds them)."""
     from hybrid_retrieval.indexer.store import MODEL_DIR
@@ -142,8 +153,10 @@ def embedding_floor(index, queries: list[str], query_p50_ms: float, passages_per
     flops = graph_flops(model_file(index.path / MODEL_DIR, "fp32"))
     cores = peaks["cores"]
     documents = [index.doc_text(i) for i in range(min(passages, index.num_docs))]
-    return {"query": texts_floor(flops, index.embedder, queries, peak(peaks, "fp32", cores), cores, measured_ms=query_p50_ms),
-            "passage": texts_floor(flops, index.embedder, documents, peak(peaks, "fp32", cores), cores, items_per_s=passages_per_s)}
+    return {
+        "query": texts_floor(flops, index.embedder, queries, peak(peaks, "fp32", cores), cores, measured_ms=query_p50_ms),
+        "passage": texts_floor(flops, index.embedder, documents, peak(peaks, "fp32", cores), cores, items_per_s=passages_per_s),
+    }
 
 
 def pairs_floor(model, inputs: list[tuple[str, list[str]]], peak_gflops: float, measured_ms: float, threads: int) -> dict:

@@ -22,8 +22,7 @@ from hybrid_retrieval.indexer.store import OpenIndex, open_index
 
 
 class Context:
-    def __init__(self, data: Path, work: Path, quick: bool = False, baseline: str | None = None,
-                 progress: bool = True) -> None:
+    def __init__(self, data: Path, work: Path, quick: bool = False, baseline: str | None = None, progress: bool = True) -> None:
         self.data = Path(data)  # a BEIR dataset folder (scifact)
         self.work = Path(work)
         self.quick = quick
@@ -45,8 +44,11 @@ class Context:
         raise ValueError(f"unknown need {need!r}: gpu, ray or baseline")
 
     def why_not(self, need: str) -> str:
-        return {"gpu": "no GPU visible to FAISS or ONNX Runtime", "ray": "Ray is not installed (the ray extra)",
-                "baseline": "no --baseline REF given"}[need]
+        return {
+            "gpu": "no GPU visible to FAISS or ONNX Runtime",
+            "ray": "Ray is not installed (the ray extra)",
+            "baseline": "no --baseline REF given",
+        }[need]
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full
@@ -127,8 +129,17 @@ class Context:
     def small_reranker(self, from_base: bool) -> Path:
         """A 3-layer reranker distilled from `reranker`, cut from the teacher's layers or started from the base model."""
         flags = ["--base-model", "all-MiniLM-L6-v2"] if from_base else []
-        return self._model("reranker-l3" + ("-base" if from_base else ""), "train-reranker", self.index, "--layers", 3,
-                           "--teacher", self.reranker, *flags, *self.train)
+        return self._model(
+            "reranker-l3" + ("-base" if from_base else ""),
+            "train-reranker",
+            self.index,
+            "--layers",
+            3,
+            "--teacher",
+            self.reranker,
+            *flags,
+            *self.train,
+        )
 
     @cached_property
     def embedder(self) -> Path:
@@ -137,14 +148,22 @@ class Context:
 
     def adapted(self, recipe: str) -> Path:
         """The encoder adapted on label-free pseudo-queries (`title` or `ict`) mined with the untuned index."""
-        return self._model(f"adapt-{recipe}", "adapt", self.untuned_index, "--recipe", recipe, "--max-queries", 1000,
-                           "--epochs", 2, "--eval-depth", 20)
+        return self._model(
+            f"adapt-{recipe}", "adapt", self.untuned_index, "--recipe", recipe, "--max-queries", 1000, "--epochs", 2, "--eval-depth", 20
+        )
 
     def prepare(self) -> None:
         """Make every artefact the cases use, so a run afterwards measures and does nothing else."""
-        for artefact in (lambda: self.index, lambda: self.untuned_index, lambda: self.int8_index, lambda: self.reranker,
-                         lambda: self.small_reranker(from_base=False), lambda: self.small_reranker(from_base=True),
-                         lambda: self.embedder, *(lambda recipe=recipe: self.adapted(recipe) for recipe in ("title", "ict"))):
+        for artefact in (
+            lambda: self.index,
+            lambda: self.untuned_index,
+            lambda: self.int8_index,
+            lambda: self.reranker,
+            lambda: self.small_reranker(from_base=False),
+            lambda: self.small_reranker(from_base=True),
+            lambda: self.embedder,
+            *(lambda recipe=recipe: self.adapted(recipe) for recipe in ("title", "ict")),
+        ):
             artefact()
 
     def copy_of(self, source: Path, name: str) -> Path:
@@ -162,7 +181,5 @@ class Context:
         assert self.baseline_ref is not None
         folder = self.work / f"baseline-{self.baseline_ref}"
         if not folder.is_dir():
-            subprocess.run(["git", "worktree", "add", "--detach", str(folder), self.baseline_ref], check=True,
-                           capture_output=True)
+            subprocess.run(["git", "worktree", "add", "--detach", str(folder), self.baseline_ref], check=True, capture_output=True)
         return folder
-

@@ -38,9 +38,14 @@ def synthetic_metadata(doc_id: str) -> dict:
     """Deterministic metadata from a (numeric) document id: a multiplicative hash spreads consecutive ids."""
     h = (int(doc_id) * 2654435761) % 2**32
     year = 1990 + (h >> 10) % 30
-    return {"bucket": h % 1000, "year": year, "journal": JOURNALS[(h >> 15) % 10],
-            "tags": [tag for i, tag in enumerate(TAGS) if (h >> (20 + i)) & 1],
-            "published": f"{year}-{1 + (h >> 5) % 12:02d}-{1 + (h >> 2) % 28:02d}", "open_access": bool((h >> 24) & 1)}
+    return {
+        "bucket": h % 1000,
+        "year": year,
+        "journal": JOURNALS[(h >> 15) % 10],
+        "tags": [tag for i, tag in enumerate(TAGS) if (h >> (20 + i)) & 1],
+        "published": f"{year}-{1 + (h >> 5) % 12:02d}-{1 + (h >> 2) % 28:02d}",
+        "open_access": bool((h >> 24) & 1),
+    }
 
 
 def selectivity_filter(name: str) -> dict:
@@ -86,8 +91,11 @@ def filtered_recall(index: OpenIndex, query_vectors: np.ndarray, k: int = 10) ->
                         found = dense.search(vector, k, allowed).doc_idx
                     latencies.append((time.perf_counter() - start) * 1000)
                     recalls.append(len(set(found.tolist()) & set(exact.tolist())) / max(1, min(k, len(exact))))
-                row[label] = {"path": "brute force" if dense.brute_force(allowed) else "FAISS selector",
-                              f"recall@{k}": round(float(np.mean(recalls)), 4), "p50_ms": round(statistics.median(latencies), 3)}
+                row[label] = {
+                    "path": "brute force" if dense.brute_force(allowed) else "FAISS selector",
+                    f"recall@{k}": round(float(np.mean(recalls)), 4),
+                    "p50_ms": round(statistics.median(latencies), 3),
+                }
             rows[name] = row
         report[params.factory(len(vectors))] = rows
     return report
@@ -106,8 +114,13 @@ def hybrid_latency(index: OpenIndex, queries: list[str], rounds: int = 2) -> dic
             for name, spec in specs.items():
                 times[name].append(pipeline.search(query, 10, spec).timings_ms["total"])
     p50 = {name: round(statistics.median(values), 3) for name, values in times.items()}
-    return {"p50_ms": p50, "ratio_10%": round(p50["10%"] / p50["unfiltered"], 3),
-            "ratio_0.1%": round(p50["0.1%"] / p50["unfiltered"], 3), "queries": len(queries), "rounds": rounds}
+    return {
+        "p50_ms": p50,
+        "ratio_10%": round(p50["10%"] / p50["unfiltered"], 3),
+        "ratio_0.1%": round(p50["0.1%"] / p50["unfiltered"], 3),
+        "queries": len(queries),
+        "rounds": rounds,
+    }
 
 
 def highlight_cost(index: OpenIndex, queries: list[str], k: int = 10) -> dict:
@@ -116,19 +129,25 @@ def highlight_cost(index: OpenIndex, queries: list[str], k: int = 10) -> dict:
     pipeline, presenter = index.pipeline(), index.presenter()
     plain, lexical, semantic, dense_only = [], [], [], []
     for query in queries:
-        results = {name: pipeline.search(query, k, {"mode": "dense", "highlight": h}) for name, h in
-                   (("plain", False), ("lexical", True), ("semantic", {"semantic": True}))}
+        results = {
+            name: pipeline.search(query, k, {"mode": "dense", "highlight": h})
+            for name, h in (("plain", False), ("lexical", True), ("semantic", {"semantic": True}))
+        }
         for name, bucket in (("plain", plain), ("lexical", lexical), ("semantic", semantic)):
             start = time.perf_counter()
             hits = presenter.hits(results[name], query)
             bucket.append((time.perf_counter() - start) * 1000)
         dense_only.append(sum("semantic" in hit["highlight"] for hit in hits))
     per_hit = (statistics.median(lexical) - statistics.median(plain)) / k
-    return {"hits_per_request": k, "plain_p50_ms": round(statistics.median(plain), 3),
-            "highlight_p50_ms": round(statistics.median(lexical), 3), "per_hit_ms": round(per_hit, 4),
-            "semantic_p50_ms": round(statistics.median(semantic), 3),
-            "semantic_hits_per_request": round(float(np.mean(dense_only)), 2),
-            "semantic_extra_per_dense_hit_ms": round((sum(semantic) - sum(lexical)) / max(1, sum(dense_only)), 3)}
+    return {
+        "hits_per_request": k,
+        "plain_p50_ms": round(statistics.median(plain), 3),
+        "highlight_p50_ms": round(statistics.median(lexical), 3),
+        "per_hit_ms": round(per_hit, 4),
+        "semantic_p50_ms": round(statistics.median(semantic), 3),
+        "semantic_hits_per_request": round(float(np.mean(dense_only)), 2),
+        "semantic_extra_per_dense_hit_ms": round((sum(semantic) - sum(lexical)) / max(1, sum(dense_only)), 3),
+    }
 
 
 def batch_vs_single(index_dir: Path, queries: list[str], size: int = 32, rounds: int = 5) -> dict:
@@ -149,38 +168,68 @@ def batch_vs_single(index_dir: Path, queries: list[str], size: int = 32, rounds:
             client.post("/search/batch", json={"searches": [{"query": q} for q in group]}).raise_for_status()
             batch_s.append(time.perf_counter() - start)
     single, batch = statistics.median(single_s), statistics.median(batch_s)
-    return {"searches": size, "rounds": len(groups), "singles_median_s": round(single, 4), "batch_median_s": round(batch, 4),
-            "singles_qps": round(size / single, 1), "batch_qps": round(size / batch, 1), "throughput_ratio": round(single / batch, 2)}
+    return {
+        "searches": size,
+        "rounds": len(groups),
+        "singles_median_s": round(single, 4),
+        "batch_median_s": round(batch, 4),
+        "singles_qps": round(size / single, 1),
+        "batch_qps": round(size / batch, 1),
+        "throughput_ratio": round(single / batch, 2),
+    }
 
 
 def _filters(ctx) -> list[Table]:
     index = metadata_index(ctx.data, ctx.work / "metadata")
-    queries = ctx.queries()[:ctx.size(10_000, 20)]
+    queries = ctx.queries()[: ctx.size(10_000, 20)]
     vectors = index.query_embedder.encode(queries)
-    admitted = [{"filter": name, "documents": index.metadata.allowed(selectivity_filter(name)).count}
-                for name in SELECTIVITIES]
-    recall = [{"index": factory, "filter": name, "documents": row["documents"], "cost rule: path": row["cost_rule"]["path"],
-               "recall@10": row["cost_rule"]["recall@10"], "p50 ms": row["cost_rule"]["p50_ms"],
-               "selector forced: recall@10": row["selector_forced"]["recall@10"],
-               "selector forced: p50 ms": row["selector_forced"]["p50_ms"]}
-              for factory, rows in filtered_recall(index, vectors).items() for name, row in rows.items()]
+    admitted = [{"filter": name, "documents": index.metadata.allowed(selectivity_filter(name)).count} for name in SELECTIVITIES]
+    recall = [
+        {
+            "index": factory,
+            "filter": name,
+            "documents": row["documents"],
+            "cost rule: path": row["cost_rule"]["path"],
+            "recall@10": row["cost_rule"]["recall@10"],
+            "p50 ms": row["cost_rule"]["p50_ms"],
+            "selector forced: recall@10": row["selector_forced"]["recall@10"],
+            "selector forced: p50 ms": row["selector_forced"]["p50_ms"],
+        }
+        for factory, rows in filtered_recall(index, vectors).items()
+        for name, row in rows.items()
+    ]
     latency = hybrid_latency(index, queries, rounds=ctx.size(2, 1))
-    hybrid = [{"filter": name, "p50 ms": p50, "ratio": round(p50 / latency["p50_ms"]["unfiltered"], 3),
-               "verdict": verdict(p50 / latency["p50_ms"]["unfiltered"], higher_is_better=False)}
-              for name, p50 in latency["p50_ms"].items()]
+    hybrid = [
+        {
+            "filter": name,
+            "p50 ms": p50,
+            "ratio": round(p50 / latency["p50_ms"]["unfiltered"], 3),
+            "verdict": verdict(p50 / latency["p50_ms"]["unfiltered"], higher_is_better=False),
+        }
+        for name, p50 in latency["p50_ms"].items()
+    ]
     highlight = highlight_cost(index, queries)
     batch = batch_vs_single(index.path, queries, rounds=ctx.size(5, 1))
-    return [Table("filters `{\"bucket\": {\"lt\": N}}` on synthetic metadata", admitted),
-            Table("dense recall@10 against the exact filtered ranking", recall,
-                  "cost rule: what the service does (brute force over the admitted documents when a filter admits at most "
-                  "`flat_search_cutoff` of them); selector forced: the FAISS index searched with an `IDSelectorBitmap` "
-                  "whatever the selectivity."),
-            Table(f"hybrid search p50 by filter ({latency['queries']} queries x {latency['rounds']} rounds, interleaved)",
-                  hybrid),
-            Table(f"building {highlight['hits_per_request']} dense hits with and without highlights", [highlight]),
-            Table(f"one POST /search/batch of {batch['searches']} searches vs {batch['searches']} POST /search, loopback",
-                  [batch])]
+    return [
+        Table('filters `{"bucket": {"lt": N}}` on synthetic metadata', admitted),
+        Table(
+            "dense recall@10 against the exact filtered ranking",
+            recall,
+            "cost rule: what the service does (brute force over the admitted documents when a filter admits at most "
+            "`flat_search_cutoff` of them); selector forced: the FAISS index searched with an `IDSelectorBitmap` "
+            "whatever the selectivity.",
+        ),
+        Table(f"hybrid search p50 by filter ({latency['queries']} queries x {latency['rounds']} rounds, interleaved)", hybrid),
+        Table(f"building {highlight['hits_per_request']} dense hits with and without highlights", [highlight]),
+        Table(f"one POST /search/batch of {batch['searches']} searches vs {batch['searches']} POST /search, loopback", [batch]),
+    ]
 
 
-CASES = [Case("Filters and highlights", "Filters, highlights, batches",
-              "the corpus with synthetic metadata derived from each document id (its own flat index)", _filters)]
+CASES = [
+    Case(
+        "Filters and highlights",
+        "Filters, highlights, batches",
+        "the corpus with synthetic metadata derived from each document id (its own flat index)",
+        _filters,
+    )
+]

@@ -31,8 +31,17 @@ NOISE = 0.03
 # The p-value under which a difference between two samples is taken as real.
 ALPHA = 0.05
 # Library versions a record names (the first of each group that is installed).
-LIBRARIES = (("numpy",), ("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu"), ("onnxruntime", "onnxruntime-gpu"), ("bm25s",),
-             ("torch",), ("sentence-transformers",), ("fastapi",), ("uvicorn",), ("ray",))
+LIBRARIES = (
+    ("numpy",),
+    ("faiss-cpu", "faiss-gpu-cu12", "faiss-gpu"),
+    ("onnxruntime", "onnxruntime-gpu"),
+    ("bm25s",),
+    ("torch",),
+    ("sentence-transformers",),
+    ("fastapi",),
+    ("uvicorn",),
+    ("ray",),
+)
 
 
 @dataclass(frozen=True)
@@ -69,8 +78,7 @@ def timed_ms(call: Callable[[], Any]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def interleaved(calls: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], warmup: int = 3,
-                rounds: int = 1) -> dict[str, list[float]]:
+def interleaved(calls: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], warmup: int = 3, rounds: int = 1) -> dict[str, list[float]]:
     """Milliseconds of every call on every input, the calls alternating input by input (and round by round) so that
     machine noise hits all of them alike; the first `warmup` inputs run once untimed."""
     for x in inputs[:warmup]:
@@ -80,7 +88,7 @@ def interleaved(calls: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], w
     for _ in range(rounds):
         for x in inputs:
             for name, call in calls.items():
-                times[name].append(timed_ms(lambda: call(x)))
+                times[name].append(timed_ms(lambda call=call, x=x: call(x)))
     return times
 
 
@@ -90,7 +98,7 @@ def rate(count: int, call: Callable[[], Any]) -> float:
 
 
 def verdict(ratio: float, p_value: float | None = None, higher_is_better: bool = True) -> str:
-    """"better", "worse" or "within noise" for a new/old ratio: within noise when the change is at most NOISE, or when
+    """ "better", "worse" or "within noise" for a new/old ratio: within noise when the change is at most NOISE, or when
     the samples' p-value does not reach ALPHA."""
     if abs(ratio - 1) <= NOISE + 1e-12 or (p_value is not None and p_value >= ALPHA):
         return "within noise"
@@ -130,10 +138,14 @@ def library_versions() -> dict[str, str]:
 
 def stamp() -> dict[str, Any]:
     """When, where and on which code a run happens."""
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _git("rev-parse", "--short=12", "HEAD") or "unknown",
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "machine": describe_machine(), "platform": platform.platform(), "versions": library_versions()}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "--short=12", "HEAD") or "unknown",
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "machine": describe_machine(),
+        "platform": platform.platform(),
+        "versions": library_versions(),
+    }
 
 
 @dataclass
@@ -156,7 +168,7 @@ def run_case(case: Case, context: Any) -> CaseResult:
     start = time.perf_counter()
     try:
         result.tables = [asdict(table) for table in case.run(context)]
-    except Exception as exc:  # noqa: BLE001 - one broken case must not lose the others' results
+    except Exception as exc:
         traceback.print_exc()
         result.status = f"failed: {type(exc).__name__}: {exc}"
     result.seconds = round(time.perf_counter() - start, 1)

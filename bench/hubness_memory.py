@@ -34,12 +34,19 @@ def main() -> None:
     docs, bank = unit_vectors(args.docs, args.dim, rng), unit_vectors(args.bank, args.dim, rng)
     start = time.perf_counter()
     fit_correction(bank, docs, HubnessParams(), gallery_size=args.gallery)
-    print(json.dumps({
-        "bank": args.bank, "docs": args.docs, "dim": args.dim, "gallery": args.gallery,
-        "inputs_mib": round((docs.nbytes + bank.nbytes) / 2**20, 1),
-        "fit_seconds": round(time.perf_counter() - start, 1),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "bank": args.bank,
+                "docs": args.docs,
+                "dim": args.dim,
+                "gallery": args.gallery,
+                "inputs_mib": round((docs.nbytes + bank.nbytes) / 2**20, 1),
+                "fit_seconds": round(time.perf_counter() - start, 1),
+                "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ from hybrid_retrieval.training.hubness import fit_from_bank
 
 KEY = "live-bench-writer"
 HUBNESS = HubnessSpec("dbnorm", dynamic=True)
-SEARCH_MODES = {"bm25": {"mode": "bm25"}, "hybrid": {"mode": "hybrid"},
-                "hybrid_dbnorm": {"mode": "hybrid", "hubness": {"method": HUBNESS.method, "dynamic": HUBNESS.dynamic}}}
+SEARCH_MODES = {
+    "bm25": {"mode": "bm25"},
+    "hybrid": {"mode": "hybrid"},
+    "hybrid_dbnorm": {"mode": "hybrid", "hubness": {"method": HUBNESS.method, "dynamic": HUBNESS.dynamic}},
+}
 ENV = {"HYBRID_WRITE_KEYS": KEY, "HYBRID_VERIFY": "size", "HYBRID_COMPACT_MIN_DOCS": "1000000"}
 HEADERS = {"X-API-Key": KEY}
 
@@ -113,13 +116,19 @@ def live_vs_compacted(index_dir: Path, workdir: Path, queries: list[str], rounds
     p50 = {f"{view} {mode}": round(statistics.median(v), 3) for (view, mode), v in times.items()}
     live.close()
     copy.close()
-    return {"p50_ms": p50, **{f"{mode}_ratio": round(p50[f"live {mode}"] / p50[f"compacted {mode}"], 3) for mode in SEARCH_MODES},
-            "compaction_s": round(compaction_s, 2), "live_documents": len(live.snapshot.live), "documents": live.snapshot.documents}
+    return {
+        "p50_ms": p50,
+        **{f"{mode}_ratio": round(p50[f"live {mode}"] / p50[f"compacted {mode}"], 3) for mode in SEARCH_MODES},
+        "compaction_s": round(compaction_s, 2),
+        "live_documents": len(live.snapshot.live),
+        "documents": live.snapshot.documents,
+    }
 
 
 def mixed_load(url: str, queries: list[str], seconds: float, searchers: int = 16, writers: int = 2) -> dict:
     """`searchers` search clients for `seconds` alone, then again beside `writers` writing clients: errors, lost writes,
     search p50/p99 in both phases."""
+
     def phase(with_writes: bool) -> dict:
         stop_at = time.monotonic() + seconds
         latencies, errors, acknowledged = [], [], []
@@ -158,12 +167,23 @@ def mixed_load(url: str, queries: list[str], seconds: float, searchers: int = 16
             t.join()
         with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
             lost = sum(client.get(f"/documents/{doc_id}").status_code != 200 for doc_id in acknowledged)
-        return {"searches": len(latencies), "errors": int(sum(errors)), "written_documents": len(acknowledged), "lost": lost,
-                **{f"search_{name}": value for name, value in percentiles(latencies).items()}}
+        return {
+            "searches": len(latencies),
+            "errors": int(sum(errors)),
+            "written_documents": len(acknowledged),
+            "lost": lost,
+            **{f"search_{name}": value for name, value in percentiles(latencies).items()},
+        }
 
     idle, busy = phase(False), phase(True)
-    return {"seconds": seconds, "searchers": searchers, "writers": writers, "idle": idle, "with_writes": busy,
-            "p50_ratio": round(busy["search_p50_ms"] / idle["search_p50_ms"], 3)}
+    return {
+        "seconds": seconds,
+        "searchers": searchers,
+        "writers": writers,
+        "idle": idle,
+        "with_writes": busy,
+        "p50_ratio": round(busy["search_p50_ms"] / idle["search_p50_ms"], 3),
+    }
 
 
 def run(dataset: Path, workdir: Path, seconds: float, queries: list[str], samples: int) -> dict:
@@ -199,32 +219,62 @@ def run(dataset: Path, workdir: Path, seconds: float, queries: list[str], sample
 
 
 def _live(ctx) -> list[Table]:
-    r = run(ctx.data, ctx.work / "live", ctx.size(60, 2), ctx.queries()[:ctx.size(10_000, 20)], ctx.size(30, 3))
+    r = run(ctx.data, ctx.work / "live", ctx.size(60, 2), ctx.queries()[: ctx.size(10_000, 20)], ctx.size(30, 3))
     ing, vis, search = r["ingest"], r["visibility"], r["search"]
-    writes = [{"measurement": "ingest through the API, docs/s", "value": ing["docs_per_s"]},
-              {"measurement": "the offline build's embedding stage on the same documents, docs/s",
-               "value": r["offline_embedding_docs_per_s"]},
-              {"measurement": "ingest / offline", "value": r["ingest_ratio"]},
-              {"measurement": f"write-to-visible p50 ms ({vis['samples']} single-document writes, refresh every 1 s)",
-               "value": vis["p50_ms"]},
-              {"measurement": "write-to-visible p99 ms", "value": vis["p99_ms"]},
-              {"measurement": f"compaction of {search['documents']:,} documents (vectors reused), s",
-               "value": search["compaction_s"]}]
-    live = [{"search": mode, "live p50 ms": search["p50_ms"][f"live {mode}"],
-             "compacted p50 ms": search["p50_ms"][f"compacted {mode}"], "ratio": search[f"{mode}_ratio"],
-             "verdict": verdict(search[f"{mode}_ratio"], higher_is_better=False)} for mode in SEARCH_MODES]
-    load = [{"writes embedded on": how, "phase": phase, "searches": row["searches"], "search p50 ms": row["search_p50_ms"],
-             "search p99 ms": row["search_p99_ms"], "errors": row["errors"], "written": row["written_documents"],
-             "lost": row["lost"]}
-            for key, how in (("mixed_load", "the default thread policy"), ("mixed_load_all_cores", "all cores"))
-            for phase, row in (("searches alone", r[key]["idle"]), ("with writes", r[key]["with_writes"]))]
-    return [Table(f"{r['written']:,} documents written through PUT /documents (batches of {ing['batch']}) onto "
-                  f"{r['base_documents']:,} built offline", writes),
-            Table(f"search p50 with {search['live_documents']} live documents vs compacted, interleaved", live),
-            Table(f"mixed load: {r['mixed_load']['searchers']} search clients alone, then beside "
-                  f"{r['mixed_load']['writers']} writing clients, {r['mixed_load']['seconds']:.0f} s each; every written "
-                  "id read back", load)]
+    writes = [
+        {"measurement": "ingest through the API, docs/s", "value": ing["docs_per_s"]},
+        {"measurement": "the offline build's embedding stage on the same documents, docs/s", "value": r["offline_embedding_docs_per_s"]},
+        {"measurement": "ingest / offline", "value": r["ingest_ratio"]},
+        {"measurement": f"write-to-visible p50 ms ({vis['samples']} single-document writes, refresh every 1 s)", "value": vis["p50_ms"]},
+        {"measurement": "write-to-visible p99 ms", "value": vis["p99_ms"]},
+        {"measurement": f"compaction of {search['documents']:,} documents (vectors reused), s", "value": search["compaction_s"]},
+    ]
+    live = [
+        {
+            "search": mode,
+            "live p50 ms": search["p50_ms"][f"live {mode}"],
+            "compacted p50 ms": search["p50_ms"][f"compacted {mode}"],
+            "ratio": search[f"{mode}_ratio"],
+            "verdict": verdict(search[f"{mode}_ratio"], higher_is_better=False),
+        }
+        for mode in SEARCH_MODES
+    ]
+    load = [
+        {
+            "writes embedded on": how,
+            "phase": phase,
+            "searches": row["searches"],
+            "search p50 ms": row["search_p50_ms"],
+            "search p99 ms": row["search_p99_ms"],
+            "errors": row["errors"],
+            "written": row["written_documents"],
+            "lost": row["lost"],
+        }
+        for key, how in (("mixed_load", "the default thread policy"), ("mixed_load_all_cores", "all cores"))
+        for phase, row in (("searches alone", r[key]["idle"]), ("with writes", r[key]["with_writes"]))
+    ]
+    return [
+        Table(
+            f"{r['written']:,} documents written through PUT /documents (batches of {ing['batch']}) onto "
+            f"{r['base_documents']:,} built offline",
+            writes,
+        ),
+        Table(f"search p50 with {search['live_documents']} live documents vs compacted, interleaved", live),
+        Table(
+            f"mixed load: {r['mixed_load']['searchers']} search clients alone, then beside "
+            f"{r['mixed_load']['writers']} writing clients, {r['mixed_load']['seconds']:.0f} s each; every written "
+            "id read back",
+            load,
+        ),
+    ]
 
 
-CASES = [Case("Live writes", "Live writes", "the corpus without every tenth document built offline (DBNorm fitted on "
-              "the train queries), the rest written through the API of `hybrid serve` on loopback", _live)]
+CASES = [
+    Case(
+        "Live writes",
+        "Live writes",
+        "the corpus without every tenth document built offline (DBNorm fitted on "
+        "the train queries), the rest written through the API of `hybrid serve` on loopback",
+        _live,
+    )
+]

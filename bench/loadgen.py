@@ -16,8 +16,13 @@ from bench.harness import percentiles
 
 def post_request(host: str, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
     """One HTTP/1.1 POST of a JSON body on a kept-alive connection, as raw bytes."""
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json", f"Content-Length: {len(body)}",
-             *(f"{name}: {value}" for name, value in (headers or {}).items())]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        *(f"{name}: {value}" for name, value in (headers or {}).items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
@@ -34,7 +39,7 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 async def _closed_loop(url: str, requests: list[bytes], clients: int, max_requests: int, seconds: float) -> dict:
     parts = urlsplit(url)
-    connect = lambda: asyncio.open_connection(parts.hostname, parts.port)  # noqa: E731
+    connect = lambda: asyncio.open_connection(parts.hostname, parts.port)
     connections = [await connect() for _ in range(clients)]  # opened before the clock starts
     tickets = iter(range(max_requests))  # shared: the level stops after max_requests in all
     latencies: list[float] = []
@@ -62,12 +67,18 @@ async def _closed_loop(url: str, requests: list[bytes], clients: int, max_reques
     started = time.perf_counter()
     await asyncio.gather(*(client(reader, writer) for reader, writer in connections))
     wall = time.perf_counter() - started
-    return {"requests": len(latencies), "errors": errors, "throughput_rps": round(len(latencies) / wall, 1),
-            **percentiles(latencies)}
+    return {"requests": len(latencies), "errors": errors, "throughput_rps": round(len(latencies) / wall, 1), **percentiles(latencies)}
 
 
-def closed_loop(url: str, bodies: list[bytes], clients: int, max_requests: int, seconds: float, path: str = "/search",
-                headers: dict[str, str] | None = None) -> dict:
+def closed_loop(
+    url: str,
+    bodies: list[bytes],
+    clients: int,
+    max_requests: int,
+    seconds: float,
+    path: str = "/search",
+    headers: dict[str, str] | None = None,
+) -> dict:
     """`clients` connections POSTing `bodies` in turn to `url` + `path` until `max_requests` were answered or
     `seconds` passed: requests, errors (non-200 or broken connections), throughput and latency percentiles."""
     host = urlsplit(url).netloc

@@ -22,8 +22,9 @@ def cpu_model() -> str:
 def gpu_names(timeout_s: float = 5.0) -> list[str]:
     """GPU names that `nvidia-smi` lists; empty when it is missing, fails or hangs."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=timeout_s, check=True).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=timeout_s, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError, ValueError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
@@ -37,7 +38,7 @@ def faiss_gpus() -> int:
         return 0
     try:
         return int(faiss.get_num_gpus()) if hasattr(faiss, "get_num_gpus") else 0
-    except Exception:  # noqa: BLE001 - a broken CUDA runtime must not stop a benchmark
+    except Exception:
         return 0
 
 
@@ -49,14 +50,20 @@ def onnx_providers() -> list[str]:
         return []
     try:
         return list(onnxruntime.get_available_providers())
-    except Exception:  # noqa: BLE001
+    except Exception:
         return []
 
 
 def describe_machine() -> dict:
     """CPU model and count, GPUs by name, what faiss and ONNX Runtime can use, Python version."""
-    return {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "gpus": gpu_names(), "faiss_gpus": faiss_gpus(),
-            "onnx_providers": onnx_providers(), "python": platform.python_version()}
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpus": gpu_names(),
+        "faiss_gpus": faiss_gpus(),
+        "onnx_providers": onnx_providers(),
+        "python": platform.python_version(),
+    }
 
 
 if __name__ == "__main__":

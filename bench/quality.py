@@ -21,43 +21,107 @@ PIPELINES = "bm25,dense,hybrid,bm25+rerank:w=1,bm25+rerank,hybrid+rerank:w=1,hyb
 
 def _headline(ctx) -> list[Table]:
     rows = []
-    served = [("BM25", {"mode": "bm25"}, {}), ("dense", {"mode": "dense"}, {}), ("hybrid (the default)", {}, {}),
-              ("hybrid + trained reranker", {}, {"HYBRID_RERANKER": str(ctx.reranker)})]
+    served = [
+        ("BM25", {"mode": "bm25"}, {}),
+        ("dense", {"mode": "dense"}, {}),
+        ("hybrid (the default)", {}, {}),
+        ("hybrid + trained reranker", {}, {"HYBRID_RERANKER": str(ctx.reranker)}),
+    ]
     for name, request, env in served:
         result = served_quality(ctx.index, ctx.data, "test", env, request=request)
-        rows.append({"search": name, "dataset": f"{ctx.data.name} test ({result['queries']} queries)",
-                     "nDCG@10": result["ndcg@10"], "Recall@100": result["recall@100"],
-                     "p50 ms": percentiles(result["latencies_ms"])["p50_ms"]})
-    return [Table("as served over HTTP", rows, "POST /search with the query (and the mode) alone, k=100, one client; the "
-                  "latency is the round trip on loopback, the model on the CPU cores listed above.")]
+        rows.append(
+            {
+                "search": name,
+                "dataset": f"{ctx.data.name} test ({result['queries']} queries)",
+                "nDCG@10": result["ndcg@10"],
+                "Recall@100": result["recall@100"],
+                "p50 ms": percentiles(result["latencies_ms"])["p50_ms"],
+            }
+        )
+    return [
+        Table(
+            "as served over HTTP",
+            rows,
+            "POST /search with the query (and the mode) alone, k=100, one client; the "
+            "latency is the round trip on loopback, the model on the CPU cores listed above.",
+        )
+    ]
 
 
 def _pipelines(ctx) -> list[Table]:
     out = ctx.work / "eval"
-    ctx.hybrid("eval", "--data", ctx.data, "--split", "test", "--index", ctx.index, "--all-fusions", "--all-hubness",
-               "--reranker", ctx.reranker, "--pipelines", PIPELINES, "--out", out, "--quiet")
+    ctx.hybrid(
+        "eval",
+        "--data",
+        ctx.data,
+        "--split",
+        "test",
+        "--index",
+        ctx.index,
+        "--all-fusions",
+        "--all-hubness",
+        "--reranker",
+        ctx.reranker,
+        "--pipelines",
+        PIPELINES,
+        "--out",
+        out,
+        "--quiet",
+    )
     report = json.loads((out / ctx.data.name / "report.json").read_text())
     baseline = report["baseline"]
-    rows = [{"pipeline": name, "nDCG@10": m["ndcg@10"], "Recall@100": m["recall@100"], "MRR@10": m["mrr@10"],
-             "MAP@100": m["map@100"], "N10 skewness": m["n10_skewness"], f"wins/ties/losses vs {baseline}":
-             f"{m['wins']}/{m['ties']}/{m['losses']}", "p": m["p_value_vs_baseline"]}
-            for name, m in report["pipelines"].items()]
-    tables = [Table(f"every pipeline ({report['queries']} queries)", rows,
-                    f"p: paired two-sided randomisation test of per-query nDCG@10 against {baseline} (10,000 permutations). "
-                    "`+qbnorm` / `+dbnorm`: hubness corrections (`:dis` the dynamic variants); `+rerank:w=1` the "
-                    "cross-encoder's order alone, `+rerank` interpolated at the tuned weight, `@int8` int8 weights.")]
-    reranked = [{"pipeline": name, "first stage": v["first_stage"], "nDCG@10 change": v["ndcg@10_delta"],
-                 "wins/ties/losses": f"{v['wins']}/{v['ties']}/{v['losses']}", "p": v["p_value"]}
-                for name, r in report["pipelines"].items() if (v := r.get("vs_first_stage"))]
+    rows = [
+        {
+            "pipeline": name,
+            "nDCG@10": m["ndcg@10"],
+            "Recall@100": m["recall@100"],
+            "MRR@10": m["mrr@10"],
+            "MAP@100": m["map@100"],
+            "N10 skewness": m["n10_skewness"],
+            f"wins/ties/losses vs {baseline}": f"{m['wins']}/{m['ties']}/{m['losses']}",
+            "p": m["p_value_vs_baseline"],
+        }
+        for name, m in report["pipelines"].items()
+    ]
+    tables = [
+        Table(
+            f"every pipeline ({report['queries']} queries)",
+            rows,
+            f"p: paired two-sided randomisation test of per-query nDCG@10 against {baseline} (10,000 permutations). "
+            "`+qbnorm` / `+dbnorm`: hubness corrections (`:dis` the dynamic variants); `+rerank:w=1` the "
+            "cross-encoder's order alone, `+rerank` interpolated at the tuned weight, `@int8` int8 weights.",
+        )
+    ]
+    reranked = [
+        {
+            "pipeline": name,
+            "first stage": v["first_stage"],
+            "nDCG@10 change": v["ndcg@10_delta"],
+            "wins/ties/losses": f"{v['wins']}/{v['ties']}/{v['losses']}",
+            "p": v["p_value"],
+        }
+        for name, r in report["pipelines"].items()
+        if (v := r.get("vs_first_stage"))
+    ]
     if reranked:
         tables.append(Table("reranking against its own first stage", reranked))
     return tables
 
 
 CASES = [
-    Case("Quality", "Headline", "the service as served: `hybrid serve` over the index built, tuned and fitted on the "
-         "train split, every test query sent to POST /search", _headline, headline=True),
+    Case(
+        "Quality",
+        "Headline",
+        "the service as served: `hybrid serve` over the index built, tuned and fitted on the "
+        "train split, every test query sent to POST /search",
+        _headline,
+        headline=True,
+    ),
     Case("Quality", "Pipelines", "`hybrid eval` on the test split, the fusion tuned and hubness fitted on train", _pipelines),
-    Case("Quality", "Published references", "numbers published for the same split (not measured here)",
-         lambda ctx: [Table("published", REFERENCES)]),
+    Case(
+        "Quality",
+        "Published references",
+        "numbers published for the same split (not measured here)",
+        lambda ctx: [Table("published", REFERENCES)],
+    ),
 ]

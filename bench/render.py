@@ -43,7 +43,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 def machine_line(machine: dict[str, Any]) -> str:
     gpus = Counter(machine.get("gpus") or [])
     gpu = ", ".join(name if n == 1 else f"{n}x {name}" for name, n in gpus.items()) or (
-        f"{machine['faiss_gpus']} GPU(s) seen by FAISS" if machine.get("faiss_gpus") else "no GPU")
+        f"{machine['faiss_gpus']} GPU(s) seen by FAISS" if machine.get("faiss_gpus") else "no GPU"
+    )
     return f"{machine.get('cpu_count')} cores, {machine.get('cpu_model')}, {gpu}"
 
 
@@ -52,20 +53,28 @@ def header(record: dict[str, Any]) -> list[str]:
     versions = ", ".join(f"{name} {version}" for name, version in s["versions"].items())
     not_run = [f"{c['section']} / {c['name']}: {c['status']}" for c in record["cases"] if c["status"] != "ran"]
     ran = [c for c in record["cases"] if c["status"] == "ran"]
-    lines = ["# Benchmarks", "",
-             f"Generated from one run by `{COMMAND}` (`python -m bench run`, then `python -m bench render`): do not edit by hand.",
-             "", "| run | |", "|---|---|",
-             f"| date | {s['date']} |",
-             f"| commit | `{s['commit']}`{' with uncommitted changes' if s['dirty'] else ''} |",
-             f"| machine | {machine_line(s['machine'])} |",
-             f"| software | Python {s['machine'].get('python')}, {versions} |",
-             f"| dataset | {record['context']['dataset']}{' (quick: smoke-sized cases)' if record['context'].get('quick') else ''} |",
-             f"| cases | {len(ran)} ran, {len(record['cases']) - len(ran)} not run here, {sum(c['seconds'] for c in record['cases']):.0f} s |"]
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Generated from one run by `{COMMAND}` (`python -m bench run`, then `python -m bench render`): do not edit by hand.",
+        "",
+        "| run | |",
+        "|---|---|",
+        f"| date | {s['date']} |",
+        f"| commit | `{s['commit']}`{' with uncommitted changes' if s['dirty'] else ''} |",
+        f"| machine | {machine_line(s['machine'])} |",
+        f"| software | Python {s['machine'].get('python')}, {versions} |",
+        f"| dataset | {record['context']['dataset']}{' (quick: smoke-sized cases)' if record['context'].get('quick') else ''} |",
+        f"| cases | {len(ran)} ran, {len(record['cases']) - len(ran)} not run here, {sum(c['seconds'] for c in record['cases']):.0f} s |",
+    ]
     if record["context"].get("baseline"):
         lines.append(f"| baseline | `{record['context']['baseline']}` (rows named `baseline`) |")
-    lines += ["", f"Ratios compare two measurements taken side by side in this run; a verdict is *within noise* when the "
-              f"medians differ by {NOISE:.0%} or less, or when a two-sided Mann-Whitney test over the samples gives "
-              f"p >= {ALPHA}."]
+    lines += [
+        "",
+        f"Ratios compare two measurements taken side by side in this run; a verdict is *within noise* when the "
+        f"medians differ by {NOISE:.0%} or less, or when a two-sided Mann-Whitney test over the samples gives "
+        f"p >= {ALPHA}.",
+    ]
     if not_run:
         lines += ["", "Not run here:", "", *(f"- {line}" for line in not_run)]
     return lines
@@ -79,8 +88,12 @@ def render_benchmarks(record: dict[str, Any]) -> str:
     for section, cases in sections.items():
         lines += ["", f"## {section}"]
         for case in cases:
-            lines += ["", f"### {case['name']}", "", f"{case['measures']} ({case['status']}"
-                      + (f", {case['seconds']:.0f} s" if case["status"] == "ran" else "") + ")"]
+            lines += [
+                "",
+                f"### {case['name']}",
+                "",
+                f"{case['measures']} ({case['status']}" + (f", {case['seconds']:.0f} s" if case["status"] == "ran" else "") + ")",
+            ]
             for t in case["tables"]:
                 if t["title"] and t["title"] != case["name"]:
                     lines += ["", f"**{t['title']}**"]
@@ -97,9 +110,12 @@ def render_headline(record: dict[str, Any]) -> str:
     for case in record["cases"]:
         if case.get("headline") and case["status"] == "ran" and case["tables"]:
             lines += ["", *table(case["tables"][0]["rows"])]
-    lines += ["", f"{record['context']['dataset']}, measured {s['date'][:10]} at `{s['commit']}` on "
-              f"{machine_line(s['machine'])}; reproduce with `{COMMAND}` (all figures: [docs/BENCHMARKS.md](docs/BENCHMARKS.md)).",
-              HEADLINE_END]
+    lines += [
+        "",
+        f"{record['context']['dataset']}, measured {s['date'][:10]} at `{s['commit']}` on "
+        f"{machine_line(s['machine'])}; reproduce with `{COMMAND}` (all figures: [docs/BENCHMARKS.md](docs/BENCHMARKS.md)).",
+        HEADLINE_END,
+    ]
     return "\n".join(lines)
 
 

@@ -24,14 +24,27 @@ SIDE_BY_SIDE = "side by side"  # as served on CPU: one single-threaded run per c
 ONE_RUN = "one run on all cores"  # one session whose runs use every core (intra-op threads), as before
 
 
-def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], peaks: dict, split: str = "test",
-        latency_queries: int = 30, depth: int = DEFAULT_RERANK_DEPTH) -> dict:
+def run(
+    index_dir: Path,
+    dataset: Path,
+    rerankers: dict[str, Path],
+    peaks: dict,
+    split: str = "test",
+    latency_queries: int = 30,
+    depth: int = DEFAULT_RERANK_DEPTH,
+) -> dict:
     queries, qrels = split_queries(dataset, split)
     index = open_index(index_dir, verify="size")
     first_stage = index.pipeline()
     hybrid, _ = run_queries(first_stage, index.doc_ids, queries, {})
-    report = {"split": split, "queries": len(queries), "depth": depth, "hybrid_ndcg@10": _ndcg(hybrid, qrels),
-              "peaks": peaks, "rerankers": {}}
+    report = {
+        "split": split,
+        "queries": len(queries),
+        "depth": depth,
+        "hybrid_ndcg@10": _ndcg(hybrid, qrels),
+        "peaks": peaks,
+        "rerankers": {},
+    }
     models = {}
     for name, folder in rerankers.items():
         record = training_record(folder) or {}
@@ -52,7 +65,8 @@ def run(index_dir: Path, dataset: Path, rerankers: dict[str, Path], peaks: dict,
     cores = len(os.sched_getaffinity(0))
     for (name, precision, execution), model in models.items():
         report["rerankers"][name].setdefault("latency", {}).setdefault(precision, {})[execution] = pairs_floor(
-            model, inputs, peak(report["peaks"], precision, cores), statistics.median(times[(name, precision, execution)]), cores)
+            model, inputs, peak(report["peaks"], precision, cores), statistics.median(times[(name, precision, execution)]), cores
+        )
     index.close()
     return report
 
@@ -62,34 +76,63 @@ def _ndcg(run: dict, qrels: dict) -> float:
 
 
 def _rerankers(ctx) -> list[Table]:
-    rerankers = {"6 layers": ctx.reranker, "3 layers, distilled": ctx.small_reranker(from_base=False),
-                 "3 layers, distilled, from the base model": ctx.small_reranker(from_base=True)}
+    rerankers = {
+        "6 layers": ctx.reranker,
+        "3 layers, distilled": ctx.small_reranker(from_base=False),
+        "3 layers, distilled, from the base model": ctx.small_reranker(from_base=True),
+    }
     r = run(ctx.index, ctx.data, rerankers, ctx.peaks, latency_queries=ctx.size(30, 3))
     quality = []
     for name, entry in r["rerankers"].items():
         for precision in PRECISIONS:
             side, one = entry["latency"][precision][SIDE_BY_SIDE], entry["latency"][precision][ONE_RUN]
-            quality.append({"reranker": name, "layers": entry["layers"], "precision": precision,
-                            "nDCG@10": entry["ndcg@10"][precision], "change vs first stage":
-                            round(entry["ndcg@10"][precision] - r["hybrid_ndcg@10"], 4),
-                            f"p50 ms, {SIDE_BY_SIDE}": side["measured_ms"], f"p50 ms, {ONE_RUN}": one["measured_ms"],
-                            "floor ms": side["floor_ms"], "fraction of peak": side["fraction"]})
+            quality.append(
+                {
+                    "reranker": name,
+                    "layers": entry["layers"],
+                    "precision": precision,
+                    "nDCG@10": entry["ndcg@10"][precision],
+                    "change vs first stage": round(entry["ndcg@10"][precision] - r["hybrid_ndcg@10"], 4),
+                    f"p50 ms, {SIDE_BY_SIDE}": side["measured_ms"],
+                    f"p50 ms, {ONE_RUN}": one["measured_ms"],
+                    "floor ms": side["floor_ms"],
+                    "fraction of peak": side["fraction"],
+                }
+            )
     training = []
     for name, entry in r["rerankers"].items():
         record = training_record(entry["path"]) or {}
         dev = record.get("interpolation", {}).get("dev", {}).get("ndcg@10", {})
         started = record.get("base_model", {}).get("name")
-        training.append({"reranker": name, "started from": "its teacher" if started == record.get("options", {}).get("teacher")
-                         else started, "weight": entry["weight"], "held-out: first stage": dev.get("first_stage"),
-                         "reranker alone": dev.get("reranker_only"), "interpolated": dev.get("interpolated"),
-                         "training s": entry["training_s"]})
-    return [Table(f"the hybrid top {r['depth']} reranked ({r['queries']} test queries; first stage alone "
-                  f"{r['hybrid_ndcg@10']})", quality,
-                  f"Latency: one query's pairs on every core, the models interleaved query by query; {SIDE_BY_SIDE}: "
-                  f"single-threaded runs, one per core, as served on CPU; {ONE_RUN}: each run's products split across "
-                  "the cores. Floor: the pairs' FLOPs at the machine's GEMM peak."),
-            Table("how each was trained (its training.json; nDCG@10 on the held-out train queries)", training)]
+        training.append(
+            {
+                "reranker": name,
+                "started from": "its teacher" if started == record.get("options", {}).get("teacher") else started,
+                "weight": entry["weight"],
+                "held-out: first stage": dev.get("first_stage"),
+                "reranker alone": dev.get("reranker_only"),
+                "interpolated": dev.get("interpolated"),
+                "training s": entry["training_s"],
+            }
+        )
+    return [
+        Table(
+            f"the hybrid top {r['depth']} reranked ({r['queries']} test queries; first stage alone {r['hybrid_ndcg@10']})",
+            quality,
+            f"Latency: one query's pairs on every core, the models interleaved query by query; {SIDE_BY_SIDE}: "
+            f"single-threaded runs, one per core, as served on CPU; {ONE_RUN}: each run's products split across "
+            "the cores. Floor: the pairs' FLOPs at the machine's GEMM peak.",
+        ),
+        Table("how each was trained (its training.json; nDCG@10 on the held-out train queries)", training),
+    ]
 
 
-CASES = [Case("Models", "Rerankers", "a 6-layer cross-encoder trained on the train split, and 3-layer ones distilled "
-              "from it (started from its layers, or from the base model), each at its tuned weight", _rerankers)]
+CASES = [
+    Case(
+        "Models",
+        "Rerankers",
+        "a 6-layer cross-encoder trained on the train split, and 3-layer ones distilled "
+        "from it (started from its layers, or from the base model), each at its tuned weight",
+        _rerankers,
+    )
+]

@@ -32,8 +32,10 @@ def run(index_dir: Path, queries: list[str], shard_counts: list[int] = (2, 4, 8)
             index = open_sharded(work / f"shards-{count}", verify="size")
             sharded[f"{count} shards"] = (index, ShardedCollection(index, max_batch_docs=write_docs))
         base = whole.index
-        documents = [{"id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]}
-                     for doc in map(base.docs.get, range(write_docs))]
+        documents = [
+            {"id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]}
+            for doc in map(base.docs.get, range(write_docs))
+        ]
         try:
             before = _searches(whole, sharded, queries)
             rates = {}
@@ -47,8 +49,12 @@ def run(index_dir: Path, queries: list[str], shard_counts: list[int] = (2, 4, 8)
             for index, _ in sharded.values():
                 index.close()
             whole.close()
-    return {"documents": base.num_docs, "queries": len(queries), "write_docs": write_docs,
-            "rows": {name: {"before": before[name], "after": after[name], "upserts_per_s": rates[name]} for name in before}}
+    return {
+        "documents": base.num_docs,
+        "queries": len(queries),
+        "write_docs": write_docs,
+        "rows": {name: {"before": before[name], "after": after[name], "upserts_per_s": rates[name]} for name in before},
+    }
 
 
 def _searches(whole: Collection, sharded: dict, queries: list[str]) -> dict:
@@ -63,26 +69,41 @@ def _searches(whole: Collection, sharded: dict, queries: list[str]) -> dict:
             ranking = pipelines[name].search(query, 10).ranking
             docs = sharded[name][0].documents(ranking.doc_idx) if name in sharded else map(snapshot.document, ranking.doc_idx)
             answers[name][query] = [doc["id"] for doc in docs]
+
         return run_one
 
     times = interleaved({name: search(name) for name in pipelines}, queries)
-    return {name: {**percentiles(times[name]), "same_answers": sum(answers[name][q] == answers["whole"][q] for q in queries)}
-            for name in pipelines}
+    return {
+        name: {**percentiles(times[name]), "same_answers": sum(answers[name][q] == answers["whole"][q] for q in queries)}
+        for name in pipelines
+    }
 
 
 def _shard_writes(ctx) -> list[Table]:
-    r = run(ctx.index, ctx.queries()[:ctx.size(100, 10)], [2, 4, 8] if not ctx.quick else [2], ctx.size(64, 8))
+    r = run(ctx.index, ctx.queries()[: ctx.size(100, 10)], [2, 4, 8] if not ctx.quick else [2], ctx.size(64, 8))
     rows, whole_after = r["rows"], r["rows"]["whole"]["after"]["p50_ms"]
-    table = [{"index": name, "p50 ms before": row["before"]["p50_ms"], "p50 ms after": row["after"]["p50_ms"],
-              "p99 ms after": row["after"]["p99_ms"], "after, ratio to whole after": round(row["after"]["p50_ms"] / whole_after, 3),
-              "answers equal (after)": f"{row['after']['same_answers']} of {r['queries']}", "upserts/s": row["upserts_per_s"]}
-             for name, row in rows.items()]
-    return [Table(f"hybrid k=10 over the {r['documents']}-document index whole and split, {r['queries']} queries "
-                  f"interleaved, before and after one batch of {r['write_docs']} upserts (re-upserts of unchanged "
-                  "documents, so every answer is checked against the whole index's)", table,
-                  "After a write each BM25 leg of a sharded index first sums the shards' statistics of the query's terms, "
-                  "and the whole index scores its live segment from postings.")]
+    table = [
+        {
+            "index": name,
+            "p50 ms before": row["before"]["p50_ms"],
+            "p50 ms after": row["after"]["p50_ms"],
+            "p99 ms after": row["after"]["p99_ms"],
+            "after, ratio to whole after": round(row["after"]["p50_ms"] / whole_after, 3),
+            "answers equal (after)": f"{row['after']['same_answers']} of {r['queries']}",
+            "upserts/s": row["upserts_per_s"],
+        }
+        for name, row in rows.items()
+    ]
+    return [
+        Table(
+            f"hybrid k=10 over the {r['documents']}-document index whole and split, {r['queries']} queries "
+            f"interleaved, before and after one batch of {r['write_docs']} upserts (re-upserts of unchanged "
+            "documents, so every answer is checked against the whole index's)",
+            table,
+            "After a write each BM25 leg of a sharded index first sums the shards' statistics of the query's terms, "
+            "and the whole index scores its live segment from postings.",
+        )
+    ]
 
 
-CASES = [Case("Scale-out", "Writes on a sharded index", "searches and upserts on the index whole and split, in one "
-              "process", _shard_writes)]
+CASES = [Case("Scale-out", "Writes on a sharded index", "searches and upserts on the index whole and split, in one process", _shard_writes)]

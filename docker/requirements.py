@@ -4,6 +4,7 @@ The images install these before copying the code, so a code change does not rein
 """
 
 import sys
+
 import tomllib
 
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]

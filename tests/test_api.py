@@ -67,20 +67,23 @@ def test_unknown_words_give_empty_bm25_hits(client):
     assert client.post("/search", json={"query": "zzqxv", "mode": "bm25"}).json()["hits"] == []
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"query": ""}, "query"),
-    ({"query": "   \t "}, "query"),
-    ({"query": "x" * 5000}, "query"),
-    ({"query": "ok", "k": 0}, "k"),
-    ({"query": "ok", "k": 1001}, "k"),
-    ({"query": "ok", "k": "ten"}, "k"),
-    ({"query": "ok", "mode": "magic"}, "mode"),
-    ({"query": "ok", "depth": 0}, "depth"),
-    ({"query": "ok", "color": "red"}, "color"),
-    ({"query": "bad\x00byte"}, "query"),
-    ({"query": "bell\x07"}, "query"),
-    ({"k": 3}, "query"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"query": ""}, "query"),
+        ({"query": "   \t "}, "query"),
+        ({"query": "x" * 5000}, "query"),
+        ({"query": "ok", "k": 0}, "k"),
+        ({"query": "ok", "k": 1001}, "k"),
+        ({"query": "ok", "k": "ten"}, "k"),
+        ({"query": "ok", "mode": "magic"}, "mode"),
+        ({"query": "ok", "depth": 0}, "depth"),
+        ({"query": "ok", "color": "red"}, "color"),
+        ({"query": "bad\x00byte"}, "query"),
+        ({"query": "bell\x07"}, "query"),
+        ({"k": 3}, "query"),
+    ],
+)
 def test_bad_input_is_422_naming_the_field(client, payload, field):
     response = client.post("/search", json=payload)
     assert response.status_code == 422
@@ -131,8 +134,9 @@ QUERY = "cancer cell proliferation and apoptosis"
 
 
 def test_explain_rrf_components_reproduce_the_fused_score(client):
-    body = client.post("/search", json={"query": QUERY, "k": 20, "explain": True,
-                                        "fusion": {"method": "rrf", "rrf_k": 30, "weights": [0.7, 1.3]}}).json()
+    body = client.post(
+        "/search", json={"query": QUERY, "k": 20, "explain": True, "fusion": {"method": "rrf", "rrf_k": 30, "weights": [0.7, 1.3]}}
+    ).json()
     assert body["spec"]["fusion"] == {"method": "rrf", "rrf_k": 30.0, "weights": [0.7, 1.3]}
     for hit in body["hits"]:
         e = hit["explain"]
@@ -143,8 +147,9 @@ def test_explain_rrf_components_reproduce_the_fused_score(client):
 
 @pytest.mark.parametrize("norm", ["minmax", "zscore", "tmm", "dbsf", "none"])
 def test_explain_cc_components_reproduce_the_fused_score(client, norm):
-    body = client.post("/search", json={"query": QUERY, "k": 20, "explain": True,
-                                        "fusion": {"method": "cc", "alpha": 0.3, "norm": norm}}).json()
+    body = client.post(
+        "/search", json={"query": QUERY, "k": 20, "explain": True, "fusion": {"method": "cc", "alpha": 0.3, "norm": norm}}
+    ).json()
     for hit in body["hits"]:
         e = hit["explain"]
         expected = 0.3 * e["dense"]["normalized"] + 0.7 * e["bm25"]["normalized"]
@@ -169,14 +174,17 @@ def test_min_score_applies_after_fusion(client):
     assert [h["id"] for h in kept] == [h["id"] for h in hits if h["score"] >= cut]
 
 
-@pytest.mark.parametrize("fusion, field", [
-    ({"method": "borda"}, "fusion"),
-    ({"method": "cc", "alpha": 1.5}, "alpha"),
-    ({"method": "cc", "norm": "softmax"}, "norm"),
-    ({"method": "rrf", "rrf_k": -1}, "rrf_k"),
-    ({"method": "rrf", "weights": [1]}, "weights"),
-    ({"method": "rrf", "k": 60}, "k"),
-])
+@pytest.mark.parametrize(
+    "fusion, field",
+    [
+        ({"method": "borda"}, "fusion"),
+        ({"method": "cc", "alpha": 1.5}, "alpha"),
+        ({"method": "cc", "norm": "softmax"}, "norm"),
+        ({"method": "rrf", "rrf_k": -1}, "rrf_k"),
+        ({"method": "rrf", "weights": [1]}, "weights"),
+        ({"method": "rrf", "k": 60}, "k"),
+    ],
+)
 def test_bad_fusion_is_422_naming_the_field(client, fusion, field):
     response = client.post("/search", json={"query": "ok", "fusion": fusion})
     assert response.status_code == 422

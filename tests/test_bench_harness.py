@@ -46,9 +46,13 @@ class FakeContext:
 
 def _record():
     cases = [
-        Case("Speed", "ok", "what it runs", lambda ctx: [Table("t", [{"name": "a", "p50 ms": 1.23456, "n": 12_345},
-                                                                         {"name": "b|c", "p50 ms": None, "n": 2}])],
-             headline=True),
+        Case(
+            "Speed",
+            "ok",
+            "what it runs",
+            lambda ctx: [Table("t", [{"name": "a", "p50 ms": 1.23456, "n": 12_345}, {"name": "b|c", "p50 ms": None, "n": 2}])],
+            headline=True,
+        ),
         Case("Speed", "broken", "raises", lambda ctx: 1 / 0),
         Case("GPU", "needs a gpu", "never runs here", lambda ctx: pytest.fail("ran without its resource"), needs=("gpu",)),
     ]

@@ -40,8 +40,9 @@ def test_killed_build_keeps_the_previous_index(tiny_index, tmp_path, point):
     shutil.copytree(tiny_index, out)
     old = read_manifest(out)
     corpus = write_jsonl(tmp_path / "new.jsonl", TINY_CORPUS[:3])
-    child = subprocess.run([sys.executable, "-c", CHILD, KILL_POINTS[point], str(corpus), str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, KILL_POINTS[point], str(corpus), str(out)], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert child.returncode == -signal.SIGKILL, child.stderr
     index = open_index(out, verify="full")  # every file present with its checksum
     expected = 3 if point == "cleanup" else 6

@@ -17,7 +17,7 @@ def test_search_command_prints_json(tiny_index):
     result = hybrid("search", tiny_index, "cat on a mat", "--mode", "bm25", "--k", "2", "--json")
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
-    assert [h["id"] for h in body["hits"]][0] == "d1" and len(body["hits"]) == 2
+    assert body["hits"][0]["id"] == "d1" and len(body["hits"]) == 2
 
 
 def test_index_command_reports_bad_corpus_line(tmp_path):
@@ -55,8 +55,10 @@ def test_serve_reports_invalid_settings_in_one_line(tiny_index, monkeypatch):
 
 def reranker_data(folder):
     """Three judged queries on the tiny corpus, and the same judgements as a train and a test split."""
-    queries = write_jsonl(folder / "queries.jsonl", [
-        {"_id": "q1", "text": "cat on a mat"}, {"_id": "q2", "text": "stock markets"}, {"_id": "q3", "text": "pet dog"}])
+    queries = write_jsonl(
+        folder / "queries.jsonl",
+        [{"_id": "q1", "text": "cat on a mat"}, {"_id": "q2", "text": "stock markets"}, {"_id": "q3", "text": "pet dog"}],
+    )
     (folder / "qrels").mkdir()
     for split in ("train", "test"):
         (folder / "qrels" / f"{split}.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td4\t1\nq3\td6\t1\n")
@@ -65,13 +67,27 @@ def reranker_data(folder):
 
 def test_train_reranker_refuses_test_qrels_and_layers_the_model_lacks(tiny_index, tmp_path):
     queries = reranker_data(tmp_path)
-    refused = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "test.tsv",
-                     "--out", tmp_path / "rr")
+    refused = hybrid(
+        "train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "test.tsv", "--out", tmp_path / "rr"
+    )
     assert refused.returncode == 2 and "refusing" in refused.stderr and "test queries must never" in refused.stderr
     assert not (tmp_path / "rr").exists()
     for layers, message in ((0, "layers must be >= 1"), (7, "--layers 7: the base model has 6 layers")):
-        refused = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
-                         "--out", tmp_path / "rr", "--layers", layers, "--quiet", "--device", "cpu")
+        refused = hybrid(
+            "train-reranker",
+            tiny_index,
+            "--queries",
+            queries,
+            "--qrels",
+            tmp_path / "qrels" / "train.tsv",
+            "--out",
+            tmp_path / "rr",
+            "--layers",
+            layers,
+            "--quiet",
+            "--device",
+            "cpu",
+        )
         assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     assert not (tmp_path / "rr").exists()
 
@@ -80,9 +96,27 @@ def test_train_reranker_refuses_test_qrels_and_layers_the_model_lacks(tiny_index
 def test_train_reranker_writes_a_servable_model_and_distils_a_student(tiny_index, tmp_path):
     queries = reranker_data(tmp_path)
     out = tmp_path / "rr"
-    result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
-                    "--out", out, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu",
-                    "--layers", 2)
+    result = hybrid(
+        "train-reranker",
+        tiny_index,
+        "--queries",
+        queries,
+        "--qrels",
+        tmp_path / "qrels" / "train.tsv",
+        "--out",
+        out,
+        "--max-length",
+        32,
+        "--negatives",
+        2,
+        "--mine-depth",
+        4,
+        "--quiet",
+        "--device",
+        "cpu",
+        "--layers",
+        2,
+    )
     assert result.returncode == 0, result.stderr
     record = json.loads((out / "training.json").read_text())
     assert record["options"]["layers"] == 2 and json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
@@ -112,16 +146,51 @@ def test_train_reranker_writes_a_servable_model_and_distils_a_student(tiny_index
     assert body["spec"]["rerank"] == {"enabled": True, "depth": 50, "weight": record["interpolation"]["weight"]}
 
     student = tmp_path / "student"
-    result = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
-                    "--out", student, "--max-length", 32, "--negatives", 2, "--mine-depth", 4, "--quiet", "--device", "cpu",
-                    "--layers", 1, "--teacher", out)
+    result = hybrid(
+        "train-reranker",
+        tiny_index,
+        "--queries",
+        queries,
+        "--qrels",
+        tmp_path / "qrels" / "train.tsv",
+        "--out",
+        student,
+        "--max-length",
+        32,
+        "--negatives",
+        2,
+        "--mine-depth",
+        4,
+        "--quiet",
+        "--device",
+        "cpu",
+        "--layers",
+        1,
+        "--teacher",
+        out,
+    )
     assert result.returncode == 0, result.stderr
     distilled = json.loads((student / "training.json").read_text())
     assert distilled["options"]["teacher"] == str(out) and distilled["loss"]["first_10pct"] > 0
     assert distilled["base_model"]["name"] == str(out)  # a student starts from its teacher's own weights
 
-    onnx_only = hybrid("train-reranker", tiny_index, "--queries", queries, "--qrels", tmp_path / "qrels" / "train.tsv",
-                       "--out", tmp_path / "student2", "--quiet", "--device", "cpu", "--layers", 1, "--teacher", out / "onnx")
+    onnx_only = hybrid(
+        "train-reranker",
+        tiny_index,
+        "--queries",
+        queries,
+        "--qrels",
+        tmp_path / "qrels" / "train.tsv",
+        "--out",
+        tmp_path / "student2",
+        "--quiet",
+        "--device",
+        "cpu",
+        "--layers",
+        1,
+        "--teacher",
+        out / "onnx",
+    )
     assert onnx_only.returncode != 0 and "pass --base-model" in onnx_only.stderr
 
 

@@ -14,10 +14,13 @@ from tests.conftest import write_jsonl
 
 
 def test_reads_ids_titles_text_and_metadata(tmp_path):
-    path = write_jsonl(tmp_path / "c.jsonl", [
-        {"_id": "a", "title": "T", "text": "body", "metadata": {"year": 2020}},
-        {"id": 7, "text": "no title", "source": "web"},
-    ])
+    path = write_jsonl(
+        tmp_path / "c.jsonl",
+        [
+            {"_id": "a", "title": "T", "text": "body", "metadata": {"year": 2020}},
+            {"id": 7, "text": "no title", "source": "web"},
+        ],
+    )
     docs = list(read_corpus(path))
     assert [(d.doc_id, d.title, d.text) for d in docs] == [("a", "T", "body"), ("7", "", "no title")]
     assert docs[0].metadata == {"year": 2020} and docs[1].metadata == {"source": "web"}
@@ -33,15 +36,18 @@ def test_beir_folder_resolves_to_its_corpus(tmp_path):
         corpus_file(empty)
 
 
-@pytest.mark.parametrize("line, message", [
-    ('{"_id": "b", "text": ', "malformed JSON"),
-    ('{"_id": "b", "title": "only"}', "missing field 'text'"),
-    ('{"text": "no id"}', "missing or empty id"),
-    ('{"_id": "b", "text": 5}', "field 'text' must be a string"),
-    ('{"_id": "b", "text": "  ", "title": ""}', "document has neither text nor title"),
-    ('["a", "list"]', "expected a JSON object"),
-    ('{"_id": "a", "text": "again"}', "duplicate id 'a' \\(first seen on line 1\\)"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('{"_id": "b", "text": ', "malformed JSON"),
+        ('{"_id": "b", "title": "only"}', "missing field 'text'"),
+        ('{"text": "no id"}', "missing or empty id"),
+        ('{"_id": "b", "text": 5}', "field 'text' must be a string"),
+        ('{"_id": "b", "text": "  ", "title": ""}', "document has neither text nor title"),
+        ('["a", "list"]', "expected a JSON object"),
+        ('{"_id": "a", "text": "again"}', "duplicate id 'a' \\(first seen on line 1\\)"),
+    ],
+)
 def test_bad_line_names_file_and_line(tmp_path, line, message):
     path = tmp_path / "c.jsonl"
     path.write_text(json.dumps({"_id": "a", "text": "fine"}) + "\n\n" + line + "\n")

@@ -64,8 +64,10 @@ def test_scores_do_not_depend_on_batching(export, pairs):
 
 
 # 8 texts make each caller's run two batches, enough to interleave; all 40 take 25 s, for the slow suite
-@pytest.mark.parametrize("precision, count", [("fp32", 8), ("int8", 8), pytest.param("fp32", 40, marks=pytest.mark.slow),
-                                              pytest.param("int8", 40, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "precision, count",
+    [("fp32", 8), ("int8", 8), pytest.param("fp32", 40, marks=pytest.mark.slow), pytest.param("int8", 40, marks=pytest.mark.slow)],
+)
 def test_runs_side_by_side_score_like_one_run_at_a_time(export, pairs, precision, count):
     query, texts = pairs[0], pairs[1][:count]
     serial = OnnxCrossEncoder(export, device="cpu", threads=1, workers=1, precision=precision)

@@ -68,7 +68,6 @@ def test_unknown_kind_and_device_list_valid_values():
         build_faiss_index(DOCS, FaissParams(), device="tpu")
 
 
-
 # Training the product quantizer (256 centroids for each of pq_m sub-vectors) takes most of the time: the slow suite
 # trains on 6,000 vectors, the default one on fewer and shorter ones, 4 dimensions a sub-vector in both
 @pytest.mark.parametrize("count, dim, pq_m", [(2000, 32, 8), pytest.param(6000, 64, 16, marks=pytest.mark.slow)])

@@ -102,7 +102,7 @@ def test_options_are_validated():
 def test_train_embedder_selects_on_held_out_queries_and_records_the_recipe(trained):
     from sentence_transformers import SentenceTransformer
 
-    folder, record = trained
+    folder, _ = trained
     saved = json.loads((folder / "training.json").read_text())
     assert saved["kind"] == "embedder" and saved["data"]["recipe"] == "supervised"
     held_out = saved["held_out"]
@@ -210,11 +210,30 @@ def test_cli_refuses_test_qrels_and_reembeds_with_a_report(synthetic, trained, t
 
     from tests.test_cli import hybrid
 
-    refused = hybrid("train-embedder", synthetic / "index", "--queries", synthetic / "queries.jsonl", "--qrels",
-                     synthetic / "qrels" / "test.tsv", "--out", tmp_path / "model")
+    refused = hybrid(
+        "train-embedder",
+        synthetic / "index",
+        "--queries",
+        synthetic / "queries.jsonl",
+        "--qrels",
+        synthetic / "qrels" / "test.tsv",
+        "--out",
+        tmp_path / "model",
+    )
     assert refused.returncode == 2 and "test queries must never" in refused.stderr and not (tmp_path / "model").exists()
-    refused = hybrid("train-embedder", synthetic / "index", "--queries", synthetic / "queries.jsonl", "--qrels",
-                     synthetic / "qrels" / "train.tsv", "--out", tmp_path / "model", "--batch-size", 64, "--quiet")
+    refused = hybrid(
+        "train-embedder",
+        synthetic / "index",
+        "--queries",
+        synthetic / "queries.jsonl",
+        "--qrels",
+        synthetic / "qrels" / "train.tsv",
+        "--out",
+        tmp_path / "model",
+        "--batch-size",
+        64,
+        "--quiet",
+    )
     assert refused.returncode == 2 and "fewer than one batch of 64" in refused.stderr and not (tmp_path / "model").exists()
 
     shutil.copytree(synthetic / "index", tmp_path / "index")
@@ -270,12 +289,14 @@ def test_tune_on_pseudo_queries_records_how_to_make_them_again(synthetic, tmp_pa
     import shutil
 
     from hybrid_retrieval.indexer.manifest import read_manifest
-    from tests.test_cli import hybrid
     from hybrid_retrieval.training.pseudo import parse_source
+    from tests.test_cli import hybrid
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
-    both = hybrid("tune", index_dir, "--pseudo", "title", "--queries", synthetic / "queries.jsonl", "--qrels", synthetic / "qrels" / "train.tsv")
+    both = hybrid(
+        "tune", index_dir, "--pseudo", "title", "--queries", synthetic / "queries.jsonl", "--qrels", synthetic / "qrels" / "train.tsv"
+    )
     assert both.returncode == 2 and "either --queries and --qrels" in both.stderr
     result = hybrid("tune", index_dir, "--pseudo", "both", "--max-queries", 12, "--filter-depth", 3, "--quiet")
     assert result.returncode == 0, result.stderr
@@ -300,16 +321,23 @@ def test_eval_compares_each_pipeline_with_the_baseline_index(synthetic, trained,
     rows = report["baseline_index"]["pipelines"]
     assert rows["bm25"]["ndcg@10_delta"] == 0 and rows["bm25"]["ties"] == 30 and rows["bm25"]["p_value"] == 1.0  # BM25 is untouched
     assert rows["dense"]["baseline"]["ndcg@10"] == base["pipelines"]["dense"]["ndcg@10"]
-    assert rows["dense"]["ndcg@10_delta"] == pytest.approx(report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4)
+    assert rows["dense"]["ndcg@10_delta"] == pytest.approx(
+        report["pipelines"]["dense"]["ndcg@10"] - base["pipelines"]["dense"]["ndcg@10"], abs=2e-4
+    )
     assert rows["dense"]["wins"] + rows["dense"]["ties"] + rows["dense"]["losses"] == 30
 
     from bench.adapt_bench import comparison_rows, training_row
 
     dense = rows["dense"]
-    assert {"model": "supervised", "pipeline": "dense", "base": dense["baseline"]["ndcg@10"],
-            "adapted": round(dense["baseline"]["ndcg@10"] + dense["ndcg@10_delta"], 4), "change": dense["ndcg@10_delta"],
-            "p": dense["p_value"], "wins/ties/losses": f"{dense['wins']}/{dense['ties']}/{dense['losses']}"} in comparison_rows(
-        "supervised", report)
+    assert {
+        "model": "supervised",
+        "pipeline": "dense",
+        "base": dense["baseline"]["ndcg@10"],
+        "adapted": round(dense["baseline"]["ndcg@10"] + dense["ndcg@10_delta"], 4),
+        "change": dense["ndcg@10_delta"],
+        "p": dense["p_value"],
+        "wins/ties/losses": f"{dense['wins']}/{dense['ties']}/{dense['losses']}",
+    } in comparison_rows("supervised", report)
     recipe = training_row("supervised", trained[1])
     assert (recipe["recipe"], recipe["examples per epoch"], recipe["held-out queries"]) == ("supervised", 24, 6)
 

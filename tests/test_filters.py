@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.filter_bench import JOURNALS, synthetic_metadata
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
-from bench.filter_bench import JOURNALS, synthetic_metadata
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import read_queries
 from hybrid_retrieval.indexer.hubness import fit_hubness
@@ -36,15 +36,19 @@ SELECTIVITY = {
 GRAMMAR = [
     ({"journal": "Cell"}, lambda m: m["journal"] == "Cell"),
     ({"journal": {"ne": "Cell"}, "open_access": True}, lambda m: m["journal"] != "Cell" and m["open_access"]),
-    ({"journal": {"in": ["Nature", "Cell"]}, "year": {"gte": 2005, "lt": 2010}},
-     lambda m: m["journal"] in ("Nature", "Cell") and 2005 <= m["year"] < 2010),
+    (
+        {"journal": {"in": ["Nature", "Cell"]}, "year": {"gte": 2005, "lt": 2010}},
+        lambda m: m["journal"] in ("Nature", "Cell") and 2005 <= m["year"] < 2010,
+    ),
     ({"tags": "genetics"}, lambda m: "genetics" in m["tags"]),
     ({"tags": {"nin": ["genetics", "oncology"]}}, lambda m: not {"genetics", "oncology"} & set(m["tags"])),
     ({"tags": {"exists": False}}, lambda m: not m["tags"]),
     ({"published": {"gte": "2001-06-15", "lte": "2003-01-01T00:00:00Z"}}, lambda m: "2001-06-15" <= m["published"] <= "2003-01-01"),
     ({"journal": {"gt": "JAMA", "lte": "NEJM"}}, lambda m: "JAMA" < m["journal"] <= "NEJM"),
-    ({"$or": [{"year": 1990}, {"$and": [{"tags": "immunology"}, {"$not": {"open_access": True}}]}]},
-     lambda m: m["year"] == 1990 or ("immunology" in m["tags"] and not m["open_access"])),
+    (
+        {"$or": [{"year": 1990}, {"$and": [{"tags": "immunology"}, {"$not": {"open_access": True}}]}]},
+        lambda m: m["year"] == 1990 or ("immunology" in m["tags"] and not m["open_access"]),
+    ),
     ({"year": {"eq": 1999.5}}, lambda m: False),
 ]
 
@@ -90,8 +94,7 @@ def assert_same(ranking: Ranking, expected: Ranking) -> None:
 def test_manifest_lists_fields_and_types(meta):
     index, _ = meta
     fields = {name: info.type for name, info in index.manifest.metadata.items()}
-    assert fields == {"bucket": "int", "year": "int", "journal": "keyword", "tags": "keyword", "published": "date",
-                      "open_access": "bool"}
+    assert fields == {"bucket": "int", "year": "int", "journal": "keyword", "tags": "keyword", "published": "date", "open_access": "bool"}
     assert index.manifest.metadata["journal"].distinct == len(JOURNALS)
     assert index.manifest.metadata["tags"].documents == sum(bool(synthetic_metadata(i)["tags"]) for i in index.doc_ids)
     assert all(path in index.manifest.files for path in ("metadata/0.values.npy", "metadata/1.vocab.json", "metadata/4.offsets.npy"))
@@ -124,8 +127,13 @@ def test_every_mode_returns_the_brute_force_filtered_ranking(meta, queries, sele
                 assert_same(result.ranking, legs[mode].head(10))
             for fusion in ({"method": "rrf"}, {"method": "cc", "norm": "minmax", "alpha": 0.6}):
                 result = pipeline.search(query, k=10, spec={"filter": filter_, "fusion": fusion})
-                candidates = Candidates.from_rankings(legs, {"bm25": lambda i: index.bm25.scores(query)[i],  # noqa: B023
-                                                             "dense": lambda i: np.asarray(index.embeddings)[i] @ vector})  # noqa: B023
+                candidates = Candidates.from_rankings(
+                    legs,
+                    {
+                        "bm25": lambda i: index.bm25.scores(query)[i],
+                        "dense": lambda i: np.asarray(index.embeddings)[i] @ vector,
+                    },
+                )
                 expected = fuse(candidates, ConvexCombination(0.6, "minmax") if fusion["method"] == "cc" else pipeline.defaults.fusion)
                 assert_same(result.ranking, expected.ranking().head(10))
                 assert len(result.ranking) == min(10, int(mask.sum()))  # k hits whenever k documents match
@@ -153,8 +161,9 @@ def test_hubness_corrected_and_reranked_results_honour_the_filter(meta, queries,
     for dynamic in (False, True):
         for query in queries[:6]:
             vector = index.query_embedder.encode([query])[0]
-            result = pipeline.search(query, k=10, spec={"mode": "dense", "hubness": {"method": "qbnorm", "dynamic": dynamic},
-                                                        "filter": filter_})
+            result = pipeline.search(
+                query, k=10, spec={"mode": "dense", "hubness": {"method": "qbnorm", "dynamic": dynamic}, "filter": filter_}
+            )
             raw_top1 = int(np.argmax(np.asarray(index.embeddings) @ vector))  # DIS decides on the whole corpus
             coef = correction.coefficients("qbnorm", dynamic, raw_top1)
             all_ids = np.arange(index.num_docs)
@@ -166,8 +175,17 @@ def test_hubness_corrected_and_reranked_results_honour_the_filter(meta, queries,
     assert lengths == sorted(lengths, reverse=True)  # the stand-in scorer's order
 
 
-@pytest.mark.parametrize("spec", [{"mode": "bm25"}, {"mode": "dense"}, {}, {"fusion": {"method": "cc"}},
-                                  {"rerank": {"enabled": True, "depth": 15}}, {"filter": {"bucket": {"lt": 100}}}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"mode": "bm25"},
+        {"mode": "dense"},
+        {},
+        {"fusion": {"method": "cc"}},
+        {"rerank": {"enabled": True, "depth": 15}},
+        {"filter": {"bucket": {"lt": 100}}},
+    ],
+)
 def test_page_two_is_ranks_11_to_20_with_the_same_scores(meta, queries, spec):
     index, _ = meta
     pipeline = index.pipeline(cross_encoder=LengthScorer())
@@ -208,7 +226,7 @@ def test_search_many_equals_single_searches_and_names_a_bad_item(meta, queries):
 
 def test_ann_indexes_with_a_selector_and_the_cost_rule(meta, queries):
     """HNSW over the same vectors: the selector path keeps recall at 10%; the cost rule makes rare filters exact."""
-    index, metadata = meta
+    index, _ = meta
     vectors = np.asarray(index.embeddings)
     params = FaissParams(kind="hnsw", flat_search_cutoff=0)
     hnsw = DenseIndex(build_faiss_index(vectors, params, "cpu"), params, "cpu")
@@ -229,8 +247,11 @@ def test_filterable_restricts_and_a_corpus_without_metadata_costs_nothing(tmp_pa
     corpus = write_jsonl(tmp_path / "corpus.jsonl", docs)
     manifest = build_index(corpus, tmp_path / "restricted", BuildOptions(progress=False, filterable=("year",)))
     assert {n: (i.type, i.reason) for n, i in manifest.metadata.items()} == {
-        "year": ("int", None), "journal": (None, "not listed in --filterable"), "lang": (None, "not listed in --filterable"),
-        "mixed": (None, "values of several types (int, keyword)")}
+        "year": ("int", None),
+        "journal": (None, "not listed in --filterable"),
+        "lang": (None, "not listed in --filterable"),
+        "mixed": (None, "values of several types (int, keyword)"),
+    }
     with pytest.raises(SpecError, match="filter.journal: is not filterable"):
         open_index(tmp_path / "restricted").pipeline().search("cat", spec={"filter": {"journal": "Cell"}})
     with pytest.raises(ConfigError, match="'mixed', which cannot be filtered"):
@@ -250,15 +271,18 @@ def client(meta):
         yield client
 
 
-@pytest.mark.parametrize("filter_, loc", [
-    ({"yr": 1}, ["filter", "yr"]),
-    ({"year": {"gte": "2015"}}, ["filter", "year", "gte"]),
-    ({"year": {"between": [1, 2]}}, ["filter", "year", "between"]),
-    ({"$or": [{"year": 1}, {"tags": {"in": ["a", 2]}}]}, ["filter", "$or", 1, "tags", "in", 1]),
-    ({"open_access": {"gt": True}}, ["filter", "open_access", "gt"]),
-    ({"published": {"lt": "last year"}}, ["filter", "published", "lt"]),
-    ({"journal": ["Cell"]}, ["filter", "journal"]),
-])
+@pytest.mark.parametrize(
+    "filter_, loc",
+    [
+        ({"yr": 1}, ["filter", "yr"]),
+        ({"year": {"gte": "2015"}}, ["filter", "year", "gte"]),
+        ({"year": {"between": [1, 2]}}, ["filter", "year", "between"]),
+        ({"$or": [{"year": 1}, {"tags": {"in": ["a", 2]}}]}, ["filter", "$or", 1, "tags", "in", 1]),
+        ({"open_access": {"gt": True}}, ["filter", "open_access", "gt"]),
+        ({"published": {"lt": "last year"}}, ["filter", "published", "lt"]),
+        ({"journal": ["Cell"]}, ["filter", "journal"]),
+    ],
+)
 def test_bad_filters_answer_422_naming_the_path(client, filter_, loc):
     response = client.post("/search", json={"query": "cancer", "filter": filter_})
     assert response.status_code == 422, response.text
@@ -267,8 +291,13 @@ def test_bad_filters_answer_422_naming_the_path(client, filter_, loc):
 
 def test_api_filter_fields_facets_and_pages(client, meta):
     index, metadata = meta
-    body = {"query": "cancer treatment", "k": 5, "filter": {"journal": {"in": ["Nature", "Cell"]}}, "fields": ["year", "journal"],
-            "facets": ["journal", "open_access"]}
+    body = {
+        "query": "cancer treatment",
+        "k": 5,
+        "filter": {"journal": {"in": ["Nature", "Cell"]}},
+        "fields": ["year", "journal"],
+        "facets": ["journal", "open_access"],
+    }
     first = client.post("/search", json=body).json()
     assert all(hit["fields"]["journal"] in ("Nature", "Cell") and set(hit["fields"]) == {"year", "journal"} for hit in first["hits"])
     pool = index.pipeline().search(body["query"], k=5, spec={"filter": body["filter"]}).pool
@@ -290,8 +319,11 @@ def test_api_filter_fields_facets_and_pages(client, meta):
 
 
 def test_batch_answers_like_single_requests_and_rejects_a_bad_item_whole(client):
-    searches = [{"query": "cancer", "k": 3}, {"query": "vaccine", "mode": "bm25", "filter": {"year": {"gte": 2000}}},
-                {"query": "diabetes", "highlight": True, "offset": 2, "k": 2}]
+    searches = [
+        {"query": "cancer", "k": 3},
+        {"query": "vaccine", "mode": "bm25", "filter": {"year": {"gte": 2000}}},
+        {"query": "diabetes", "highlight": True, "offset": 2, "k": 2},
+    ]
     batch = client.post("/search/batch", json={"searches": searches})
     assert batch.status_code == 200
     for item, result in zip(searches, batch.json()["results"]):
@@ -315,13 +347,14 @@ def test_highlights_in_the_api_mark_stemmed_terms(client):
 def test_semantic_highlight_for_a_purely_dense_match(client, meta):
     index, _ = meta
     query = "zzzunknownword physiology"  # one term no document has: dense hits without a term match exist
-    body = client.post("/search", json={"query": query, "k": 10, "mode": "dense", "include_text": True,
-                                        "highlight": {"semantic": True}}).json()
+    body = client.post(
+        "/search", json={"query": query, "k": 10, "mode": "dense", "include_text": True, "highlight": {"semantic": True}}
+    ).json()
     dense_only = [hit for hit in body["hits"] if not hit["highlight"]["title"] and not hit["highlight"]["text"]]
     assert dense_only
     for hit in dense_only:
         sentence = hit["highlight"]["semantic"]
-        assert hit["text"][sentence["start"]:sentence["end"]].startswith(sentence["text"][:10].split("&")[0])
+        assert hit["text"][sentence["start"] : sentence["end"]].startswith(sentence["text"][:10].split("&")[0])
         vector = index.query_embedder.encode([query])[0]
-        expected = float(index.embedder.encode([hit["text"][sentence["start"]:sentence["end"]]])[0] @ vector)
+        expected = float(index.embedder.encode([hit["text"][sentence["start"] : sentence["end"]]])[0] @ vector)
         assert sentence["score"] == pytest.approx(expected, abs=1e-4)

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 
+from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.fusion import (
     RRF,
     Candidates,
@@ -11,7 +12,6 @@ from hybrid_retrieval.search.fusion import (
     fusion_to_dict,
     fusion_to_string,
 )
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.ranking import Ranking
 
 
@@ -167,8 +167,9 @@ def test_convex_combination_matches_ranx_wsum(norm, ranx_norm):
         c = candidates(full_bm25, full_dense, docs[np.argsort(-bm25)], docs[np.argsort(-dense)])
         fused = fuse(c, ConvexCombination(alpha=alpha, norm=norm))
         ours[f"q{q}"] = {f"d{d}": s for d, s in zip(c.doc_idx, fused.scores)}
-    theirs = ranx.fuse([ranx.Run(bm25_runs), ranx.Run(dense_runs)], norm=ranx_norm, method="wsum",
-                       params={"weights": [1 - alpha, alpha]}).to_dict()
+    theirs = ranx.fuse(
+        [ranx.Run(bm25_runs), ranx.Run(dense_runs)], norm=ranx_norm, method="wsum", params={"weights": [1 - alpha, alpha]}
+    ).to_dict()
     for q, scores in theirs.items():
         for doc, score in scores.items():
             assert ours[q][doc] == pytest.approx(score, abs=1e-6)

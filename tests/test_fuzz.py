@@ -32,10 +32,14 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
     # A fitted hubness correction, so every schema-valid request (any hubness method) can be served.
     index_dir = tmp_path / "index"
     shutil.copytree(tiny_index, index_dir)
-    fit_hubness(open_index(index_dir), ["cats and dogs", "stock market news", "healthy running"], {"kind": "test queries", "size": 3}, HubnessParams())
+    fit_hubness(
+        open_index(index_dir),
+        ["cats and dogs", "stock market news", "healthy running"],
+        {"kind": "test queries", "size": 3},
+        HubnessParams(),
+    )
     # and a (stand-in) reranker, so `rerank: true` can be served too
-    app = create_app(Settings(write_keys="fuzz-key", rerank_by_default=False), index=open_index(index_dir),
-                     cross_encoder=LengthScorer())
+    app = create_app(Settings(write_keys="fuzz-key", rerank_by_default=False), index=open_index(index_dir), cross_encoder=LengthScorer())
     counts = {}
     with TestClient(app):  # runs the lifespan: the index is served while the fuzzer calls the app
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
@@ -45,8 +49,7 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
             counts[label] = 0
 
             @given(case=operation.as_strategy())
-            @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck))
+            @settings(max_examples=examples, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
             def fuzz(case):
                 counts[label] += 1
                 case.headers = {**(case.headers or {}), "X-API-Key": "fuzz-key"}

@@ -42,15 +42,18 @@ def test_unstemmed_analyzer_matches_only_the_same_word():
     assert snippet.terms == ["bleeding"]
 
 
-@pytest.mark.parametrize("text", [
-    "The Running of the Studies, in 2024!",
-    "Café naïve Ünïcödé résumé",
-    "ΣΊΣΥΦΟΣ: Η ταχεία καφέ αλεπού",
-    "東京タワー is tall; 日本語テキストmixed with English words",
-    "émoji 🙂 bleeding ❤️ text, snake_case and CamelCase 42 x",
-    "Straße STRASSE ǅemal ﬁne",
-    "",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The Running of the Studies, in 2024!",
+        "Café naïve Ünïcödé résumé",
+        "ΣΊΣΥΦΟΣ: Η ταχεία καφέ αλεπού",
+        "東京タワー is tall; 日本語テキストmixed with English words",
+        "émoji 🙂 bleeding ❤️ text, snake_case and CamelCase 42 x",
+        "Straße STRASSE ǅemal ﬁne",
+        "",
+    ],
+)
 @pytest.mark.parametrize("analyzer", [Analyzer(), Analyzer(stemmer="none"), Analyzer(lowercase=False, stopwords="none")])
 def test_analyzed_spans_are_the_analyzer_terms_at_their_offsets(analyzer, text):
     spans = analyzed_spans(analyzer, text)
@@ -89,9 +92,11 @@ def test_every_occurrence_in_the_snippet_is_marked_in_order():
 def test_html_in_the_document_is_escaped_and_only_mark_tags_are_emitted():
     text = '<script>alert(1)</script> bleeding & <b>bold</b> <a href="x">link</a>'
     (snippet,) = STEMMED.highlight("bleeding bold", text)
-    assert snippet.text == ('&lt;script&gt;alert(1)&lt;/script&gt; <mark>bleeding</mark> &amp; '
-                            '&lt;b&gt;<mark>bold</mark>&lt;/b&gt; '
-                            '&lt;a href=&quot;x&quot;&gt;link&lt;/a&gt;')
+    assert snippet.text == (
+        "&lt;script&gt;alert(1)&lt;/script&gt; <mark>bleeding</mark> &amp; "
+        "&lt;b&gt;<mark>bold</mark>&lt;/b&gt; "
+        "&lt;a href=&quot;x&quot;&gt;link&lt;/a&gt;"
+    )
     assert "<script>" not in snippet.text and "<b>" not in snippet.text
     assert set(TAG.findall(snippet.text)) == {"<mark>", "</mark>"}
     (inside_tag,) = STEMMED.highlight("scripts", text)
@@ -113,7 +118,7 @@ def test_a_long_field_gives_a_window_around_the_matches_at_a_sentence_start():
     assert snippet.end == len(text) and snippet.end - snippet.start <= DEFAULT_SNIPPET_CHARS
     expected = "Severe <mark>bleeding</mark> follows <mark>aspirin</mark> use."
     assert snippet.text == "…" + "Lorem ipsum dolor sit amet. " * 4 + expected
-    assert text[snippet.start:snippet.end] == snippet.text[1:].replace("<mark>", "").replace("</mark>", "")
+    assert text[snippet.start : snippet.end] == snippet.text[1:].replace("<mark>", "").replace("</mark>", "")
 
 
 def test_windows_never_cut_words_and_stay_near_the_size():
@@ -141,15 +146,23 @@ def test_a_match_inside_a_long_unbroken_run_is_not_cut_into():
 
 
 def test_two_snippets_best_first_and_not_overlapping():
-    text = ("Aspirin reduces pain. " + "Filler words keep going here. " * 20
-            + "Bleeding risk rises with aspirin dose. " + "More filler text for the tail. " * 10)
+    text = (
+        "Aspirin reduces pain. "
+        + "Filler words keep going here. " * 20
+        + "Bleeding risk rises with aspirin dose. "
+        + "More filler text for the tail. " * 10
+    )
     first, second = STEMMED.highlight("aspirin bleeding", text, snippet_chars=120, max_snippets=2)
     assert first.terms == ["aspirin", "bleed"] and second.terms == ["aspirin"]
     assert first.start == text.index("Filler words keep going here. Bleeding")
-    assert first.text == ("…Filler words keep going here. <mark>Bleeding</mark> risk rises with <mark>aspirin</mark> dose. "
-                          "More filler text for the tail. More filler text for…")
-    assert second.text == ("<mark>Aspirin</mark> reduces pain. Filler words keep going here. Filler words keep going here. "
-                           "Filler words keep going here. Filler…")
+    assert first.text == (
+        "…Filler words keep going here. <mark>Bleeding</mark> risk rises with <mark>aspirin</mark> dose. "
+        "More filler text for the tail. More filler text for…"
+    )
+    assert second.text == (
+        "<mark>Aspirin</mark> reduces pain. Filler words keep going here. Filler words keep going here. "
+        "Filler words keep going here. Filler…"
+    )
     assert second.end <= first.start
     assert STEMMED.highlight("aspirin bleeding", text, snippet_chars=120, max_snippets=2) == [first, second]
 
@@ -173,9 +186,15 @@ def test_check_snippet_options_names_the_field():
     assert check_snippet_options(DEFAULT_SNIPPET_CHARS, DEFAULT_SNIPPETS) == (160, 1)
     chars, count = check_snippet_options(300.0, 10)
     assert (chars, count) == (300, 10) and type(chars) is int
-    for chars, count, field in [(19, 1, "snippet_chars"), (2001, 1, "snippet_chars"), (50.5, 1, "snippet_chars"),
-                                ("160", 1, "snippet_chars"), (160, 0, "snippets"), (160, 11, "snippets"),
-                                (160, True, "snippets")]:
+    for chars, count, field in [
+        (19, 1, "snippet_chars"),
+        (2001, 1, "snippet_chars"),
+        (50.5, 1, "snippet_chars"),
+        ("160", 1, "snippet_chars"),
+        (160, 0, "snippets"),
+        (160, 11, "snippets"),
+        (160, True, "snippets"),
+    ]:
         with pytest.raises(SpecError) as err:
             check_snippet_options(chars, count)
         assert err.value.field == field

@@ -27,8 +27,10 @@ SURROGATE = '"\\ud800"'
 def mixed_index(tmp_path_factory):
     """The tiny corpus with metadata: `year` int, `tags` keyword lists, `mixed` ints and strings (not filterable)."""
     root = tmp_path_factory.mktemp("mixed")
-    docs = [{**doc, "metadata": {"year": 2000 + i, "tags": ["pets"] if i % 2 else ["misc"], "mixed": 4 if i < 3 else "four"}}
-            for i, doc in enumerate(TINY_CORPUS)]
+    docs = [
+        {**doc, "metadata": {"year": 2000 + i, "tags": ["pets"] if i % 2 else ["misc"], "mixed": 4 if i < 3 else "four"}}
+        for i, doc in enumerate(TINY_CORPUS)
+    ]
     build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
     return root / "index"
 
@@ -37,8 +39,9 @@ def mixed_index(tmp_path_factory):
 def client(mixed_index, tmp_path):
     shutil.copytree(mixed_index, tmp_path / "index")
     settings = Settings(write_keys="writer", refresh_interval=0.05)
-    with TestClient(create_app(settings, index=open_index(tmp_path / "index")), raise_server_exceptions=False,
-                    headers=WRITE) as client:  # a write key may search too
+    with TestClient(
+        create_app(settings, index=open_index(tmp_path / "index")), raise_server_exceptions=False, headers=WRITE
+    ) as client:  # a write key may search too
         yield client
 
 
@@ -56,36 +59,45 @@ def loc_of(response):
     return response.json()["detail"][0]["loc"]
 
 
-@pytest.mark.parametrize("body, loc", [
-    (f'{{"query": "cat", "filter": {{"year": {{"lt": {HUGE}}}}}}}', ["body", "filter", "year", "lt"]),
-    (f'{{"query": "cat", "filter": {{"year": {{"in": [1, {HUGE}]}}}}}}', ["body", "filter", "year", "in", 1]),
-    ('{"query": "cat", "filter": {"year": {"lt": 1e400}}}', ["body", "filter", "year", "lt"]),
-    ('{"query": "cat", "filter": {"year": NaN}}', ["body", "filter", "year"]),
-    ('{"query": "cat", "k": Infinity}', ["body", "k"]),
-])
+@pytest.mark.parametrize(
+    "body, loc",
+    [
+        (f'{{"query": "cat", "filter": {{"year": {{"lt": {HUGE}}}}}}}', ["body", "filter", "year", "lt"]),
+        (f'{{"query": "cat", "filter": {{"year": {{"in": [1, {HUGE}]}}}}}}', ["body", "filter", "year", "in", 1]),
+        ('{"query": "cat", "filter": {"year": {"lt": 1e400}}}', ["body", "filter", "year", "lt"]),
+        ('{"query": "cat", "filter": {"year": NaN}}', ["body", "filter", "year"]),
+        ('{"query": "cat", "k": Infinity}', ["body", "k"]),
+    ],
+)
 def test_numbers_beyond_float_range_are_422_naming_the_field(client, body, loc):
     assert loc_of(post_raw(client, "/search", body)) == loc
 
 
-@pytest.mark.parametrize("path, body, loc", [
-    ("/search", f'{{"query": "cat", "filter": {{"tags": {SURROGATE}}}}}', ["body", "filter", "tags"]),
-    ("/search", f'{{"query": "cat", "filter": {{{SURROGATE}: "x"}}}}', ["body", "filter"]),
-    ("/search", f'{{"query": "cat", "filter": {{"tags": {{{SURROGATE}: "x"}}}}}}', ["body", "filter", "tags"]),
-    ("/search", f'{{"query": "cat", "filter": {{"tags": {{"in": ["a", {SURROGATE}]}}}}}}', ["body", "filter", "tags", "in", 1]),
-    ("/search/batch", f'{{"searches": [{{"query": "cat"}}, {{"query": {SURROGATE}}}]}}', ["body", "searches", 1, "query"]),
-    ("/documents/delete", f'{{"ids": [{SURROGATE}]}}', ["body", "ids", 0]),
-])
+@pytest.mark.parametrize(
+    "path, body, loc",
+    [
+        ("/search", f'{{"query": "cat", "filter": {{"tags": {SURROGATE}}}}}', ["body", "filter", "tags"]),
+        ("/search", f'{{"query": "cat", "filter": {{{SURROGATE}: "x"}}}}', ["body", "filter"]),
+        ("/search", f'{{"query": "cat", "filter": {{"tags": {{{SURROGATE}: "x"}}}}}}', ["body", "filter", "tags"]),
+        ("/search", f'{{"query": "cat", "filter": {{"tags": {{"in": ["a", {SURROGATE}]}}}}}}', ["body", "filter", "tags", "in", 1]),
+        ("/search/batch", f'{{"searches": [{{"query": "cat"}}, {{"query": {SURROGATE}}}]}}', ["body", "searches", 1, "query"]),
+        ("/documents/delete", f'{{"ids": [{SURROGATE}]}}', ["body", "ids", 0]),
+    ],
+)
 def test_lone_surrogates_are_422_naming_the_field(client, path, body, loc):
     assert loc_of(post_raw(client, path, body)) == loc
 
 
-@pytest.mark.parametrize("document, loc", [
-    (f'{{"id": {SURROGATE}, "text": "x"}}', ["body", "documents", 0, "id"]),
-    (f'{{"id": "a", "text": {SURROGATE}}}', ["body", "documents", 0, "text"]),
-    (f'{{"id": "a", "title": {SURROGATE}, "text": "x"}}', ["body", "documents", 0, "title"]),
-    (f'{{"id": "a", "text": "x", "metadata": {{"tag": {SURROGATE}}}}}', ["body", "documents", 0, "metadata", "tag"]),
-    (f'{{"id": "a", "text": "x", "metadata": {{"n": {HUGE}}}}}', ["body", "documents", 0, "metadata", "n"]),
-])
+@pytest.mark.parametrize(
+    "document, loc",
+    [
+        (f'{{"id": {SURROGATE}, "text": "x"}}', ["body", "documents", 0, "id"]),
+        (f'{{"id": "a", "text": {SURROGATE}}}', ["body", "documents", 0, "text"]),
+        (f'{{"id": "a", "title": {SURROGATE}, "text": "x"}}', ["body", "documents", 0, "title"]),
+        (f'{{"id": "a", "text": "x", "metadata": {{"tag": {SURROGATE}}}}}', ["body", "documents", 0, "metadata", "tag"]),
+        (f'{{"id": "a", "text": "x", "metadata": {{"n": {HUGE}}}}}', ["body", "documents", 0, "metadata", "n"]),
+    ],
+)
 def test_poison_values_in_writes_are_422_and_nothing_is_logged(client, document, loc):
     before = client.get("/stats").json()["last_sequence"]
     assert loc_of(put_raw(client, f'{{"documents": [{document}]}}')) == loc
@@ -174,11 +186,28 @@ def test_semantic_highlights_over_many_hits_are_refused_up_front(client):
 
 
 # Arbitrary JSON in every field of every request: answers are never 5xx.
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                           max_leaves=12)
-SEARCH_FIELDS = ["query", "k", "mode", "depth", "fusion", "hubness", "rerank", "min_score", "offset", "filter", "highlight",
-                 "fields", "facets", "explain", "include_text"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+SEARCH_FIELDS = [
+    "query",
+    "k",
+    "mode",
+    "depth",
+    "fusion",
+    "hubness",
+    "rerank",
+    "min_score",
+    "offset",
+    "filter",
+    "highlight",
+    "fields",
+    "facets",
+    "explain",
+    "include_text",
+]
 
 
 def _body(value) -> bytes:
@@ -195,13 +224,15 @@ def test_any_json_in_any_search_field_is_never_a_5xx(client, field, value, batch
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
-@given(field=st.sampled_from(["id", "title", "text", "metadata", "extra"]), value=json_values,
-       ndjson=st.booleans(), metadata_value=json_values)
+@given(
+    field=st.sampled_from(["id", "title", "text", "metadata", "extra"]), value=json_values, ndjson=st.booleans(), metadata_value=json_values
+)
 def test_any_json_in_any_write_field_is_never_a_5xx(client, field, value, ndjson, metadata_value):
     document = {"id": "h", "text": "hypothesis", "metadata": {"m": metadata_value}, field: value}
     text = json.dumps(document, allow_nan=True) + "\n" if ndjson else json.dumps({"documents": [document]}, allow_nan=True)
-    response = client.put("/documents", content=text.encode(), headers={
-        "content-type": "application/x-ndjson" if ndjson else "application/json", **WRITE})
+    response = client.put(
+        "/documents", content=text.encode(), headers={"content-type": "application/x-ndjson" if ndjson else "application/json", **WRITE}
+    )
     assert response.status_code < 500, (field, value, response.text)
     deleted = client.post("/documents/delete", content=_body({"ids": value}), headers={"content-type": "application/json", **WRITE})
     assert deleted.status_code < 500, (value, deleted.text)
@@ -225,16 +256,22 @@ def _matches(metadata: dict, node: dict) -> bool:
 
 def _condition(stored, condition: dict) -> bool:
     values = [] if stored is None or stored == [] else stored if isinstance(stored, list) else [stored]
+
     def hit(pred):
         return any(pred(v) for v in values)
+
     for op, operand in condition.items():
-        ok = {"eq": lambda: hit(lambda v: v == operand and type(v) is type(operand)),
-              "ne": lambda: not hit(lambda v: v == operand and type(v) is type(operand)),
-              "in": lambda: hit(lambda v: v in operand),
-              "nin": lambda: not hit(lambda v: v in operand),
-              "gt": lambda: hit(lambda v: v > operand), "gte": lambda: hit(lambda v: v >= operand),
-              "lt": lambda: hit(lambda v: v < operand), "lte": lambda: hit(lambda v: v <= operand),
-              "exists": lambda: bool(values) == operand}[op]()
+        ok = {
+            "eq": lambda: hit(lambda v: v == operand and type(v) is type(operand)),
+            "ne": lambda: not hit(lambda v: v == operand and type(v) is type(operand)),
+            "in": lambda: hit(lambda v: v in operand),
+            "nin": lambda: not hit(lambda v: v in operand),
+            "gt": lambda: hit(lambda v: v > operand),
+            "gte": lambda: hit(lambda v: v >= operand),
+            "lt": lambda: hit(lambda v: v < operand),
+            "lte": lambda: hit(lambda v: v <= operand),
+            "exists": lambda: bool(values) == operand,
+        }[op]()
         if not ok:
             return False
     return True
@@ -251,26 +288,51 @@ conditions = st.one_of(
     st.builds(lambda e: {"open": {"exists": e}}, st.booleans()),
     st.builds(lambda b: {"open": b}, st.booleans()),
 )
-filters = st.recursive(conditions, lambda inner: st.one_of(
-    st.builds(lambda parts: {"$or": parts}, st.lists(inner, min_size=1, max_size=3)),
-    st.builds(lambda parts: {"$and": parts}, st.lists(inner, min_size=1, max_size=3)),
-    st.builds(lambda part: {"$not": part}, inner)), max_leaves=5)
+filters = st.recursive(
+    conditions,
+    lambda inner: st.one_of(
+        st.builds(lambda parts: {"$or": parts}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda parts: {"$and": parts}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda part: {"$not": part}, inner),
+    ),
+    max_leaves=5,
+)
 metadata = st.fixed_dictionaries({}, optional={"year": years, "tags": tags, "open": st.booleans()})
-writes = st.lists(st.one_of(
-    st.tuples(st.just("upsert"), st.sampled_from([f"d{i}" for i in range(1, 7)] + ["n1", "n2", "n3"]), metadata),
-    st.tuples(st.just("delete"), st.sampled_from([f"d{i}" for i in range(1, 7)] + ["n1", "n2"]), st.none())), max_size=6)
+writes = st.lists(
+    st.one_of(
+        st.tuples(st.just("upsert"), st.sampled_from([f"d{i}" for i in range(1, 7)] + ["n1", "n2", "n3"]), metadata),
+        st.tuples(st.just("delete"), st.sampled_from([f"d{i}" for i in range(1, 7)] + ["n1", "n2"]), st.none()),
+    ),
+    max_size=6,
+)
 
 
 # The default suite runs these writes and filters (a new bool field typed by a write, years and tags outside the
 # base's values, deletes of base and written documents, every operator and $or/$and/$not) ...
-@pytest.mark.parametrize("steps, checks", [
-    ([("upsert", "d2", {"year": 1995, "tags": ["c"], "open": True}), ("upsert", "n1", {"year": 2005, "tags": ["a", "b"]}),
-      ("delete", "d4", None), ("upsert", "n2", {})],
-     [{"year": {"lt": 2002}}, {"tags": {"nin": ["pets", "a"]}}, {"open": {"exists": False}},
-      {"$or": [{"year": {"in": [1995, 2005]}}, {"$not": {"tags": "misc"}}]}, {"$and": [{"open": True}, {"year": {"gte": 1995}}]}]),
-    ([("delete", "d1", None), ("upsert", "n1", {"year": 2001}), ("delete", "n1", None), ("upsert", "d6", {"tags": []})],
-     [{"year": {"ne": 2001}}, {"tags": {"exists": True}}, {"tags": "pets"}, {"$not": {"year": {"gt": 2003}}}]),
-])
+@pytest.mark.parametrize(
+    "steps, checks",
+    [
+        (
+            [
+                ("upsert", "d2", {"year": 1995, "tags": ["c"], "open": True}),
+                ("upsert", "n1", {"year": 2005, "tags": ["a", "b"]}),
+                ("delete", "d4", None),
+                ("upsert", "n2", {}),
+            ],
+            [
+                {"year": {"lt": 2002}},
+                {"tags": {"nin": ["pets", "a"]}},
+                {"open": {"exists": False}},
+                {"$or": [{"year": {"in": [1995, 2005]}}, {"$not": {"tags": "misc"}}]},
+                {"$and": [{"open": True}, {"year": {"gte": 1995}}]},
+            ],
+        ),
+        (
+            [("delete", "d1", None), ("upsert", "n1", {"year": 2001}), ("delete", "n1", None), ("upsert", "d6", {"tags": []})],
+            [{"year": {"ne": 2001}}, {"tags": {"exists": True}}, {"tags": "pets"}, {"$not": {"year": {"gt": 2003}}}],
+        ),
+    ],
+)
 def test_filters_after_these_writes_equal_a_brute_force_filter(mixed_index, tmp_path, steps, checks):
     check_filters_after_writes(mixed_index, tmp_path, steps, checks)
 

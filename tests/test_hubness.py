@@ -170,7 +170,7 @@ def test_default_is_enabled_only_where_the_correction_wins_on_held_out_queries(w
 
 
 def test_default_betas_scale_with_the_score_spread():
-    from hybrid_retrieval.training.hubness import BETA_PER_SPREAD, score_spread, scaled_params
+    from hybrid_retrieval.training.hubness import BETA_PER_SPREAD, scaled_params, score_spread
 
     rng = np.random.default_rng(0)
     bank, docs = rng.standard_normal((7, 16)).astype(np.float32), rng.standard_normal((300, 16)).astype(np.float32)

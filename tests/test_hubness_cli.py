@@ -22,8 +22,23 @@ def fitted_index(scifact, scifact_slice_index, tmp_path_factory):
     root = tmp_path_factory.mktemp("hubness")
     index_dir = root / "index"
     shutil.copytree(scifact_slice_index, index_dir)
-    result = hybrid("hubness", "fit", index_dir, "--bank", scifact / "queries.jsonl", "--split-qrels", scifact / "qrels" / "train.tsv",
-                    "--method", "qbnorm", "--dynamic", "--beta", "10", "--no-tune", "--set-default", "--force")
+    result = hybrid(
+        "hubness",
+        "fit",
+        index_dir,
+        "--bank",
+        scifact / "queries.jsonl",
+        "--split-qrels",
+        scifact / "qrels" / "train.tsv",
+        "--method",
+        "qbnorm",
+        "--dynamic",
+        "--beta",
+        "10",
+        "--no-tune",
+        "--set-default",
+        "--force",
+    )
     assert result.returncode == 0, result.stderr
     return index_dir
 
@@ -55,7 +70,10 @@ def test_refit_publishes_a_new_folder_and_removes_the_old(fitted_index, tmp_path
     assert forced.returncode == 0, forced.stderr
     manifest = read_manifest(target)
     assert manifest.defaults.hubness == HubnessSpec("dbnorm", False)
-    assert manifest.evidence["hubness"] == {"decision": "forced", "why": "unlabelled bank (pseudo-queries (document titles)): nothing to compare on"}
+    assert manifest.evidence["hubness"] == {
+        "decision": "forced",
+        "why": "unlabelled bank (pseudo-queries (document titles)): nothing to compare on",
+    }
     assert open_index(target, verify="full").hubness is not None
 
 
@@ -75,11 +93,20 @@ def test_service_applies_the_fitted_default_and_per_request_choice(fitted_index)
         evidence = ready["evidence"]["hubness"]
         assert evidence == read_manifest(fitted_index).evidence["hubness"] and evidence["decision"] == "forced"
         assert set(evidence["values"]) == {"none", "qbnorm DIS"} and evidence["queries"] == 809
-        raw = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5,
-                                           "hubness": {"method": "none", "dynamic": False}}).json()
+        raw = client.post(
+            "/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5, "hubness": {"method": "none", "dynamic": False}}
+        ).json()
         assert raw["spec"]["hubness"]["method"] == "none" and all(-1 <= h["score"] <= 1 for h in raw["hits"])
-        static = client.post("/search", json={"query": "vitamin D deficiency", "mode": "hybrid", "k": 5,
-                                              "hubness": {"method": "dbnorm", "dynamic": False}, "explain": True}).json()
+        static = client.post(
+            "/search",
+            json={
+                "query": "vitamin D deficiency",
+                "mode": "hybrid",
+                "k": 5,
+                "hubness": {"method": "dbnorm", "dynamic": False},
+                "explain": True,
+            },
+        ).json()
         assert static["spec"]["hubness"] == {"method": "dbnorm", "dynamic": False} and len(static["hits"]) == 5
 
 
@@ -90,8 +117,17 @@ def test_unfitted_index_rejects_hubness_with_422(scifact_slice_index):
 
 
 def test_report_writes_table_histogram_and_json(scifact, fitted_index, tmp_path):
-    result = hybrid("hubness", "report", fitted_index, "--queries", scifact / "queries.jsonl", "--split-qrels",
-                    scifact / "qrels" / "test.tsv", "--out", tmp_path)
+    result = hybrid(
+        "hubness",
+        "report",
+        fitted_index,
+        "--queries",
+        scifact / "queries.jsonl",
+        "--split-qrels",
+        scifact / "qrels" / "test.tsv",
+        "--out",
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     assert set(report["variants"]) == {"none", "qbnorm IS", "qbnorm DIS", "dbnorm IS", "dbnorm DIS"}

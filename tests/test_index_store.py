@@ -83,14 +83,31 @@ def test_version_1_manifest_is_read_by_migration(index_copy):
     """Format 1 kept the fusion default and depth under `fusion` and the hubness default under `hubness`."""
     v2 = json.loads((index_copy / "manifest.json").read_text())
     v1 = {k: v for k, v in v2.items() if k not in ("defaults", "fusion_tuning", "hubness")}
-    tuning = {"metric": "ndcg@10", "value": 0.7, "queries": 3, "qrels": "train.tsv", "depth": 40,
-              "best_per_norm": {"minmax": 0.5}, "best_rrf_k": 60.0}
-    v1.update(format_version=1, fusion={"depth": 40, "default": {"method": "cc", "alpha": 0.3, "norm": "zscore"}, "tuning": tuning},
-              hubness={"default": {"method": "dbnorm", "dynamic": True}, "params": {"beta": 20.0, "beta1": 0.5, "beta2": 3.0, "k": 1},
-                       "bank": {}, "gallery": {}, "activation": {}, "fit_seconds": 1.0})
+    tuning = {
+        "metric": "ndcg@10",
+        "value": 0.7,
+        "queries": 3,
+        "qrels": "train.tsv",
+        "depth": 40,
+        "best_per_norm": {"minmax": 0.5},
+        "best_rrf_k": 60.0,
+    }
+    v1.update(
+        format_version=1,
+        fusion={"depth": 40, "default": {"method": "cc", "alpha": 0.3, "norm": "zscore"}, "tuning": tuning},
+        hubness={
+            "default": {"method": "dbnorm", "dynamic": True},
+            "params": {"beta": 20.0, "beta1": 0.5, "beta2": 3.0, "k": 1},
+            "bank": {},
+            "gallery": {},
+            "activation": {},
+            "fit_seconds": 1.0,
+        },
+    )
     manifest = Manifest.from_dict(v1)
-    assert manifest.defaults == SearchSpec.from_dict({"depth": 40, "fusion": {"method": "cc", "alpha": 0.3, "norm": "zscore"},
-                                                      "hubness": {"method": "dbnorm", "dynamic": True}})
+    assert manifest.defaults == SearchSpec.from_dict(
+        {"depth": 40, "fusion": {"method": "cc", "alpha": 0.3, "norm": "zscore"}, "hubness": {"method": "dbnorm", "dynamic": True}}
+    )
     assert manifest.fusion_tuning.value == 0.7 and manifest.hubness.folder == "hubness"
     assert manifest.defaults.hubness == HubnessSpec("dbnorm", True)
     assert manifest.to_dict()["format_version"] == FORMAT_VERSION

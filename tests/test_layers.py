@@ -17,8 +17,14 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
     """The contracts checked against the `hybrid_retrieval` package under `root`: PYTHONPATH comes before the
     editable install's path entry, so grimp reads that copy. No cache, so runs on two trees never share results."""
     environment = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"], cwd=root,
-                          env=environment, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(REPO / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_tree_keeps_every_contract():
@@ -28,8 +34,7 @@ def test_the_tree_keeps_every_contract():
 
 
 def test_an_upward_import_breaks_the_layers_contract(tmp_path):
-    shutil.copytree(REPO / "src" / "hybrid_retrieval", tmp_path / "hybrid_retrieval",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "src" / "hybrid_retrieval", tmp_path / "hybrid_retrieval", ignore=shutil.ignore_patterns("__pycache__"))
     with (tmp_path / "hybrid_retrieval" / "search" / "fusion.py").open("a") as fh:
         fh.write("\nfrom hybrid_retrieval.app import main  # search reaching up into the service\n")
     result = lint_imports(tmp_path)

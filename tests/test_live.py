@@ -18,20 +18,33 @@ from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
-from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.hubness import HubnessParams
 from tests.conftest import write_jsonl
 
-WORDS = ("cat dog mat bark market stock investor qubit quantum health running heart care pet mailman warm "
-         "computation sold fell daily chase").split()
-BASE = [{"_id": f"b{i}", "title": WORDS[i].title(), "text": " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i)),
-         "metadata": {"year": 2000 + i, "journal": ["Nature", "Cell"][i % 2]}} for i in range(8)]
+WORDS = (
+    "cat dog mat bark market stock investor qubit quantum health running heart care pet mailman warm computation sold fell daily chase"
+).split()
+BASE = [
+    {
+        "_id": f"b{i}",
+        "title": WORDS[i].title(),
+        "text": " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i)),
+        "metadata": {"year": 2000 + i, "journal": ["Nature", "Cell"][i % 2]},
+    }
+    for i in range(8)
+]
 QUERIES = ["cat on a mat", "quantum stock market", "daily health of pets", "dog"]
-SPECS = {"bm25": {"mode": "bm25"}, "dense": {"mode": "dense"}, "rrf": {}, "cc": {"fusion": {"method": "cc", "norm": "minmax"}},
-         "cc-dbsf": {"fusion": {"method": "cc", "norm": "dbsf", "alpha": 0.5}},
-         "cc+filter": {"fusion": {"method": "cc", "norm": "zscore", "alpha": 0.3}, "filter": {"year": {"gte": 2003}}}}
+SPECS = {
+    "bm25": {"mode": "bm25"},
+    "dense": {"mode": "dense"},
+    "rrf": {},
+    "cc": {"fusion": {"method": "cc", "norm": "minmax"}},
+    "cc-dbsf": {"fusion": {"method": "cc", "norm": "dbsf", "alpha": 0.5}},
+    "cc+filter": {"fusion": {"method": "cc", "norm": "zscore", "alpha": 0.3}, "filter": {"year": {"gte": 2003}}},
+}
 # The base carries a fitted correction (both banks kept): written documents get biases from the same banks.
 BANK = ["cat", "stock market news", "heart health care", "quantum computation", "pet dog running", "daily investor"]
 HUBNESS_PARAMS = HubnessParams(beta=20.0, beta1=0.5, beta2=3.0, k=2)
@@ -44,8 +57,9 @@ HUBNESS_SPECS = {
 }
 
 texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join)
-upsert = st.tuples(st.just("upsert"), st.sampled_from([d["_id"] for d in BASE] + [f"n{i}" for i in range(6)]), texts,
-                   st.integers(1995, 2010))
+upsert = st.tuples(
+    st.just("upsert"), st.sampled_from([d["_id"] for d in BASE] + [f"n{i}" for i in range(6)]), texts, st.integers(1995, 2010)
+)
 delete = st.tuples(st.just("delete"), st.sampled_from([d["_id"] for d in BASE] + [f"n{i}" for i in range(6)]))
 operations = st.lists(st.one_of(upsert, delete), min_size=1, max_size=8)
 
@@ -80,18 +94,26 @@ def assert_rankings_match(live: dict[str, float], fresh: dict[str, float]) -> No
 
 # Every example builds an index (about 2 s): the default suite runs these sequences (a base document replaced, new
 # ones written, base and written documents deleted, one id deleted then written again) ...
-@pytest.mark.parametrize("ops", [
-    [("upsert", "b1", "quantum cat market", 2004), ("upsert", "n0", "pet dog running", 1999), ("delete", "b3")],
-    [("upsert", "n1", "stock investor", 2008), ("delete", "n1"), ("delete", "b0"), ("upsert", "b0", "heart care daily", 2002)],
-])
+@pytest.mark.parametrize(
+    "ops",
+    [
+        [("upsert", "b1", "quantum cat market", 2004), ("upsert", "n0", "pet dog running", 1999), ("delete", "b3")],
+        [("upsert", "n1", "stock investor", 2008), ("delete", "n1"), ("delete", "b0"), ("upsert", "b0", "heart care daily", 2002)],
+    ],
+)
 def test_rankings_after_these_writes_equal_a_fresh_build(base_index, tmp_path, ops):
     check_against_fresh_build(base_index, tmp_path, ops)
 
 
 # ... and the slow suite 25 generated ones. No shrinking: the failing example is printed as generated.
 @pytest.mark.slow
-@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=list(HealthCheck),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 @given(operations)
 def test_rankings_after_writes_equal_a_fresh_build(base_index, ops):
     with tempfile.TemporaryDirectory() as tmp:  # each example's two indexes are removed at once (they hold the model)
@@ -117,8 +139,14 @@ def check_against_fresh_build(base_index, root, ops):
     snapshot = collection.refresh()
     build_index(write_jsonl(root / "fresh.jsonl", list(documents.values())), root / "fresh", BuildOptions(progress=False))
     banks = base.hubness.banks
-    fit_hubness(open_index(root / "fresh", embedder=base.embedder), BANK, {"kind": "query log", "size": len(BANK)},
-                HUBNESS_PARAMS, bank=banks.query, gallery=(banks.gallery, banks.gallery_ids))  # a fresh fit, same banks
+    fit_hubness(
+        open_index(root / "fresh", embedder=base.embedder),
+        BANK,
+        {"kind": "query log", "size": len(BANK)},
+        HUBNESS_PARAMS,
+        bank=banks.query,
+        gallery=(banks.gallery, banks.gallery_ids),
+    )  # a fresh fit, same banks
     fresh = open_index(root / "fresh", embedder=base.embedder)  # the same model: one ONNX session for both
     assert snapshot.documents == len(documents)
     # Identical texts make identical vectors: which of them is a bank member's top-k (so activated) is a tie.
@@ -164,14 +192,17 @@ def test_the_log_is_replayed_on_open_and_a_torn_tail_is_cut(base_index, tmp_path
     assert Collection(open_index(tmp_path / "index")).get("n2")["text"] == "dog"
 
 
-@pytest.mark.parametrize("documents, field", [
-    ([{"id": "x", "title": "no text"}], "documents[0].text"),
-    ([{"id": "x" * 513, "text": "long id"}], "documents[0].id"),
-    ([{"id": "a", "text": "one"}, {"id": "a", "text": "two"}], "documents[1].id"),
-    ([{"id": "a", "text": "t", "metadata": {"year": "recent"}}], "documents[0].metadata.year"),
-    ([{"id": "a", "text": "t", "metadata": {"tags": [1, 2]}}], "documents[0].metadata.tags"),
-    ([{"id": "a", "text": "t", "extra": 1}], "documents[0].extra"),
-])
+@pytest.mark.parametrize(
+    "documents, field",
+    [
+        ([{"id": "x", "title": "no text"}], "documents[0].text"),
+        ([{"id": "x" * 513, "text": "long id"}], "documents[0].id"),
+        ([{"id": "a", "text": "one"}, {"id": "a", "text": "two"}], "documents[1].id"),
+        ([{"id": "a", "text": "t", "metadata": {"year": "recent"}}], "documents[0].metadata.year"),
+        ([{"id": "a", "text": "t", "metadata": {"tags": [1, 2]}}], "documents[0].metadata.tags"),
+        ([{"id": "a", "text": "t", "extra": 1}], "documents[0].extra"),
+    ],
+)
 def test_a_bad_document_rejects_the_whole_batch(base_index, tmp_path, documents, field):
     shutil.copytree(base_index, tmp_path / "index")
     collection = Collection(open_index(tmp_path / "index"), max_batch_docs=3)
@@ -187,8 +218,12 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     shutil.copytree(base_index, tmp_path / "index")
     base = open_index(tmp_path / "index")
     collection = Collection(base)
-    collection.upsert([{"id": "n1", "text": "quantum cat market", "metadata": {"year": 2021, "journal": "Cell"}},
-                       {"id": "b2", "text": "replaced body about dogs", "metadata": {"year": 1999}}])
+    collection.upsert(
+        [
+            {"id": "n1", "text": "quantum cat market", "metadata": {"year": 2021, "journal": "Cell"}},
+            {"id": "b2", "text": "replaced body about dogs", "metadata": {"year": 1999}},
+        ]
+    )
     collection.delete(["b0", "b5"])
     before = collection.refresh().pipeline()
     ranked_before = {q: ranked(before, q, {}, lambda i: collection.snapshot.document(i)["id"]) for q in QUERIES}

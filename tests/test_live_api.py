@@ -41,16 +41,23 @@ def test_written_documents_are_searchable_readable_and_deletable(index_dir):
         assert ids(client, "quokka marsupial", mode="bm25") == ["n1"]
         assert client.get("/documents/n1", headers=READ).json() == {**doc, "metadata": {"kind": "animal"}}
         assert "n1" in ids(client, "quokka", filter={"kind": "animal"})
-        client.put("/documents?wait=true", json={"documents": [{"id": "d1", "text": "Replaced: nothing about felines."}]},
-                   headers=WRITE)
+        client.put("/documents?wait=true", json={"documents": [{"id": "d1", "text": "Replaced: nothing about felines."}]}, headers=WRITE)
         assert "d1" not in ids(client, "cats", mode="bm25")
         assert client.delete("/documents/n1?wait=true", headers=WRITE).json()["sequence"] == 3
         assert ids(client, "quokka marsupial", mode="bm25") == [] and client.get("/documents/n1", headers=READ).status_code == 404
         assert client.post("/documents/delete?wait=true", json={"ids": ["d2", "d3"]}, headers=WRITE).json()["sequence"] == 4
         stats = client.get("/stats").json()
-        assert stats == {"documents": len(TINY_CORPUS) - 2, "base_documents": len(TINY_CORPUS), "deleted_base_documents": 3,
-                         "live_documents": 1, "last_sequence": 4, "visible_sequence": 4, "writable": True, "write_refusal": None,
-                         "temporary_bytes": 0}
+        assert stats == {
+            "documents": len(TINY_CORPUS) - 2,
+            "base_documents": len(TINY_CORPUS),
+            "deleted_base_documents": 3,
+            "live_documents": 1,
+            "last_sequence": 4,
+            "visible_sequence": 4,
+            "writable": True,
+            "write_refusal": None,
+            "temporary_bytes": 0,
+        }
     with client_for(index_dir) as client:  # a restart replays the log
         assert client.get("/stats").json()["last_sequence"] == 4
         assert client.get("/documents/d1", headers=READ).json()["text"] == "Replaced: nothing about felines."
@@ -71,18 +78,21 @@ def test_ndjson_batches_and_visibility_within_the_refresh_interval(index_dir):
         assert sorted(ids(client, "wombat", mode="bm25")) == ["n0", "n1", "n2"]
 
 
-@pytest.mark.parametrize("documents, loc", [
-    ([{"id": "ok", "text": "fine"}, {"id": "bad", "title": "only a title"}], ["documents", 1, "text"]),
-    ([{"id": "ok", "text": "fine"}, {"id": "x" * 513, "text": "t"}], ["documents", 1, "id"]),
-    ([{"id": "ok", "text": "fine"}, {"id": "ok", "text": "again"}], ["documents", 1, "id"]),
-    ([{"id": "ok", "text": "fine", "metadata": {"lang": 3}}], ["documents", 0, "metadata", "lang"]),
-    ([{"id": "ok", "text": "fine", "metadata": {"nested": {"a": 1}}}], ["documents", 0, "metadata", "nested"]),
-])
+@pytest.mark.parametrize(
+    "documents, loc",
+    [
+        ([{"id": "ok", "text": "fine"}, {"id": "bad", "title": "only a title"}], ["documents", 1, "text"]),
+        ([{"id": "ok", "text": "fine"}, {"id": "x" * 513, "text": "t"}], ["documents", 1, "id"]),
+        ([{"id": "ok", "text": "fine"}, {"id": "ok", "text": "again"}], ["documents", 1, "id"]),
+        ([{"id": "ok", "text": "fine", "metadata": {"lang": 3}}], ["documents", 0, "metadata", "lang"]),
+        ([{"id": "ok", "text": "fine", "metadata": {"nested": {"a": 1}}}], ["documents", 0, "metadata", "nested"]),
+    ],
+)
 def test_a_bad_item_rejects_the_batch_naming_it(index_dir, documents, loc):
     with client_for(index_dir) as client:
         response = client.put("/documents?wait=true", json={"documents": documents}, headers=WRITE)
         assert response.status_code == 422, response.text
-        assert response.json()["detail"][0]["loc"][-len(loc):] == loc
+        assert response.json()["detail"][0]["loc"][-len(loc) :] == loc
         assert client.get("/documents/ok", headers=READ).status_code == 404 and client.get("/stats").json()["last_sequence"] == 0
 
 
@@ -90,8 +100,9 @@ def test_limits_and_encoding(index_dir):
     with client_for(index_dir, max_batch_docs=2) as client:
         too_many = client.put("/documents", json={"documents": [{"id": str(i), "text": "t"} for i in range(3)]}, headers=WRITE)
         assert too_many.status_code == 422 and "at most 2 documents" in too_many.text
-        invalid = client.put("/documents", content=b'{"documents": [{"id": "a", "text": "\xff"}]}',
-                             headers={**WRITE, "content-type": "application/json"})
+        invalid = client.put(
+            "/documents", content=b'{"documents": [{"id": "a", "text": "\xff"}]}', headers={**WRITE, "content-type": "application/json"}
+        )
         assert invalid.status_code == 422 and "UTF-8" in invalid.text
 
 

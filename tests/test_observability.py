@@ -31,7 +31,7 @@ def test_metrics_expose_stage_histograms_status_counts_and_index(client):
     assert 'hybrid_requests_total{path="/search",status="200"}' in text
     assert 'hybrid_requests_total{path="/search",status="422"}' in text
     assert "hybrid_index_documents 6.0" in text
-    assert 'hybrid_index_info{' in text and 'model="sentence-transformers/all-MiniLM-L6-v2"' in text
+    assert "hybrid_index_info{" in text and 'model="sentence-transformers/all-MiniLM-L6-v2"' in text
 
 
 def test_json_log_lines_carry_request_id_and_extras():

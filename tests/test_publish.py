@@ -125,9 +125,7 @@ def test_fallback_swaps(old_target: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert hidden_siblings(old_target) == []
 
 
-def test_fallback_restores_old_folder_when_second_rename_fails(
-    old_target: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fallback_restores_old_folder_when_second_rename_fails(old_target: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(publish, "_exchange", _no_exchange)
     real_rename = os.rename
 
@@ -203,7 +201,11 @@ def test_sigkill_leaves_old_or_complete_new(old_target: Path, point: str, expect
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.run(
         [sys.executable, "-c", CHILD, str(old_target), point, json.dumps(NEW)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=30,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert child.returncode == (0 if point == "none" else -signal.SIGKILL), child.stderr
     assert old_target.is_dir() and not old_target.is_symlink()

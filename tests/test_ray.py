@@ -53,9 +53,11 @@ def test_a_ray_built_index_is_the_single_process_build(local_ray, scifact, tmp_p
     # every file but the embeddings and the FAISS index over them is byte for byte the same
     assert different <= {"embeddings.npy", "dense.faiss"}
     assert {path for path in single.files if path.startswith(("bm25/", "postings/"))} and not {
-        path for path in different if path.startswith(("bm25/", "postings/", "docs"))}
-    np.testing.assert_allclose(np.load(tmp_path / "ray" / "embeddings.npy"), np.load(tmp_path / "single" / "embeddings.npy"),
-                               rtol=0, atol=1e-6)
+        path for path in different if path.startswith(("bm25/", "postings/", "docs"))
+    }
+    np.testing.assert_allclose(
+        np.load(tmp_path / "ray" / "embeddings.npy"), np.load(tmp_path / "single" / "embeddings.npy"), rtol=0, atol=1e-6
+    )
 
 
 def search(client, query, spec, k=20, headers=None):
@@ -103,7 +105,8 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
     its compaction), so every search, whichever replica answers, equals the whole index given the same writes."""
     from hybrid_retrieval.cluster.serve import serve_index
     from hybrid_retrieval.indexer.live.collection import Collection
-    from tests.test_shard_writes import SPECS as WRITE_SPECS, new_documents
+    from tests.test_shard_writes import SPECS as WRITE_SPECS
+    from tests.test_shard_writes import new_documents
 
     whole_index = shutil.copytree(metadata_index, tmp_path / "whole")
     sharded_index = tmp_path / "sharded"
@@ -113,6 +116,7 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
     whole, writer = Collection(open_index(whole_index)), {"X-API-Key": "writer"}
     queries = sample_queries(scifact, 3, 300)
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+
         def write(method: str, path: str, body: dict) -> None:
             done = client.request(method, path + "?wait=true", json=body, headers=writer)
             assert done.status_code == 200 and done.json()["visible"], done.text
@@ -148,8 +152,7 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
         same_answers()
 
 
-def test_serve_comes_up_when_the_proxy_misses_rays_own_wait(serve_port, sharded_index, whole_index, scifact, monkeypatch,
-                                                           caplog):
+def test_serve_comes_up_when_the_proxy_misses_rays_own_wait(serve_port, sharded_index, whole_index, scifact, monkeypatch, caplog):
     """A machine too busy for Ray's fixed wait on its HTTP proxy (60 s; here none at all): serving waits on Serve's
     status instead, and answers like the whole index."""
     from ray.serve._private import api, client

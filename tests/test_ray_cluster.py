@@ -32,15 +32,37 @@ def test_serve_through_a_head_and_a_worker_node(whole_index, scifact, tmp_path):
     try:
         deadline = time.monotonic() + 60
         while True:  # the status lags a node's registration by a few seconds
-            status = subprocess.run([str(REPO / ".venv" / "bin" / "ray"), "status", "--address", f"127.0.0.1:{ray_port}"],
-                                    cwd=REPO, env=env, capture_output=True, text=True).stdout
+            status = subprocess.run(
+                [str(REPO / ".venv" / "bin" / "ray"), "status", "--address", f"127.0.0.1:{ray_port}"],
+                cwd=REPO,
+                env=env,
+                capture_output=True,
+                text=True,
+            ).stdout
             if status.count(" node_") == 2 or time.monotonic() > deadline:
                 break
             time.sleep(2)
         assert status.count(" node_") == 2, status  # the head and the worker
-        server = subprocess.Popen([sys.executable, "-m", "hybrid_retrieval.cli", "serve", "--ray", f"127.0.0.1:{ray_port}", "--index",
-                                   str(sharded), "--port", str(http_port), "--replicas", "2"], cwd=REPO, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "hybrid_retrieval.cli",
+                "serve",
+                "--ray",
+                f"127.0.0.1:{ray_port}",
+                "--index",
+                str(sharded),
+                "--port",
+                str(http_port),
+                "--replicas",
+                "2",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 180
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as client:
             while True:

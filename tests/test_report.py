@@ -49,14 +49,18 @@ def test_reranked_pipelines_are_compared_with_their_own_first_stage():
     assert parse_pipeline("dense+rerank+qbnorm").first_stage == parse_pipeline("dense+qbnorm+rerank").first_stage == "dense+qbnorm"
     qids = [f"q{i}" for i in range(10)]
     base = {q: 0.5 for q in qids}
-    per_query = {"hybrid": {"ndcg@10": base},
-                 "hybrid+rerank": {"ndcg@10": {**base, "q0": 0.9, "q1": 0.9, "q2": 0.3}},  # +0.4 +0.4 -0.2 over 10 queries
-                 "dense+rerank": {"ndcg@10": base}}  # no `dense` evaluated: nothing to compare with
+    per_query = {
+        "hybrid": {"ndcg@10": base},
+        "hybrid+rerank": {"ndcg@10": {**base, "q0": 0.9, "q1": 0.9, "q2": 0.3}},  # +0.4 +0.4 -0.2 over 10 queries
+        "dense+rerank": {"ndcg@10": base},
+    }  # no `dense` evaluated: nothing to compare with
     compared = first_stage_comparisons(per_query)
     assert set(compared) == {"hybrid+rerank"}
     vs = compared["hybrid+rerank"]
     assert vs["first_stage"] == "hybrid" and vs["ndcg@10_delta"] == pytest.approx((0.4 + 0.4 - 0.2) / 10)
     assert (vs["wins"], vs["ties"], vs["losses"]) == (2, 7, 1) and 0 < vs["p_value"] <= 1
-    assert first_stage_table({"hybrid": {}, "hybrid+rerank": {"vs_first_stage": {**vs, "p_value": 0.37}}})[-1] == \
-        "| hybrid+rerank | hybrid | +0.0600 | 2/7/1 | 0.37 |"
+    assert (
+        first_stage_table({"hybrid": {}, "hybrid+rerank": {"vs_first_stage": {**vs, "p_value": 0.37}}})[-1]
+        == "| hybrid+rerank | hybrid | +0.0600 | 2/7/1 | 0.37 |"
+    )
     assert first_stage_table({"hybrid": {"ndcg@10": 0.7}}) == []

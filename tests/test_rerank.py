@@ -90,8 +90,9 @@ def test_bad_rerank_requests_name_the_field(index, pipeline):
 
 
 def test_http_rerank_and_explain(scifact_slice_index):
-    app = create_app(Settings(index=scifact_slice_index, device="cpu", rerank_depth=10, rerank_by_default=False),
-                     cross_encoder=LengthScorer())
+    app = create_app(
+        Settings(index=scifact_slice_index, device="cpu", rerank_depth=10, rerank_by_default=False), cross_encoder=LengthScorer()
+    )
     with TestClient(app) as client:
         plain = client.post("/search", json={"query": "vitamin D", "k": 5}).json()
         assert plain["reranker"] is None and "rerank" not in plain["timings_ms"]
@@ -103,12 +104,16 @@ def test_http_rerank_and_explain(scifact_slice_index):
         for hit in body["hits"]:
             assert hit["explain"]["final"] == hit["explain"]["rerank"]["score"] == hit["score"]
             assert hit["explain"]["fused"] is not None
-        shallow = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True, "depth": 3}, "explain": True}).json()
+        shallow = client.post(
+            "/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True, "depth": 3}, "explain": True}
+        ).json()
         assert shallow["spec"]["rerank"]["depth"] == 3
         assert [h["explain"]["rerank"]["score"] is None for h in shallow["hits"]] == [False] * 3 + [True] * 2
         bad = client.post("/search", json={"query": "vitamin D", "rerank": {"enabled": True, "depth": 201}})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "rerank", "depth"]
-        blended = client.post("/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True, "weight": 0.5}, "explain": True}).json()
+        blended = client.post(
+            "/search", json={"query": "vitamin D", "k": 5, "rerank": {"enabled": True, "weight": 0.5}, "explain": True}
+        ).json()
         assert blended["spec"]["rerank"]["weight"] == 0.5
         for hit in blended["hits"]:
             assert hit["explain"]["rerank"]["weight"] == 0.5 and hit["explain"]["final"] == hit["score"]
@@ -143,10 +148,16 @@ def test_rerank_weight_blends_the_first_stage_back_in(index, pipeline):
     assert result.ranking.doc_idx.tolist() == first.doc_idx[order].tolist()
     np.testing.assert_allclose(result.ranking.scores, expected[order], rtol=1e-5, atol=1e-6)
     explained = result.explain(0)
-    assert explained["rerank"] == {"score": pytest.approx(lengths[order[0]]), "weight": 0.3, "first_stage_rank": int(order[0]) + 1,
-                                   "first_stage_score": pytest.approx(float(first.scores[order[0]]))}
+    assert explained["rerank"] == {
+        "score": pytest.approx(lengths[order[0]]),
+        "weight": 0.3,
+        "first_stage_rank": int(order[0]) + 1,
+        "first_stage_score": pytest.approx(float(first.scores[order[0]])),
+    }
     # weight 0: the first stage's order, whatever the cross-encoder says
-    assert pipeline.search(query, k=20, spec={"mode": "hybrid", "rerank": {"weight": 0.0}}).ranking.doc_idx.tolist() == first.doc_idx.tolist()
+    assert (
+        pipeline.search(query, k=20, spec={"mode": "hybrid", "rerank": {"weight": 0.0}}).ranking.doc_idx.tolist() == first.doc_idx.tolist()
+    )
     with pytest.raises(SpecError, match="rerank.weight: must be between 0 and 1"):
         pipeline.search(query, spec={"rerank": {"weight": 2.0}})
 
@@ -198,8 +209,9 @@ def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scif
     tuned = tune_interpolation(index, LengthScorer(), dev_queries, dev_qrels, depth=20)
 
     plain = index.pipeline()
-    first_stage = {q: {ids[int(i)]: float(s) for i, s in zip(r.doc_idx, r.scores)}
-                   for q in dev for r in [plain.search(dev_queries[q], k=20).ranking]}
+    first_stage = {
+        q: {ids[int(i)]: float(s) for i, s in zip(r.doc_idx, r.scores)} for q in dev for r in [plain.search(dev_queries[q], k=20).ranking]
+    }
     by_length = {q: {d: len(index.doc_text(ids.index(d))) / 100.0 for d in docs} for q, docs in first_stage.items()}
     ndcg = tuned["dev"]["ndcg@10"]
     assert ndcg["first_stage"] == pytest.approx(evaluate(first_stage, dev_qrels, ("ndcg@10",))["ndcg@10"])
@@ -292,8 +304,9 @@ def test_evaluation_reranks_the_head_and_keeps_the_tail(index):
 
 def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
     for setting, batched in (("auto", False), ("on", True), ("off", False)):
-        app = create_app(Settings(index=scifact_slice_index, device="cpu", batch_queries=setting, rerank_depth=10),
-                         cross_encoder=LengthScorer())
+        app = create_app(
+            Settings(index=scifact_slice_index, device="cpu", batch_queries=setting, rerank_depth=10), cross_encoder=LengthScorer()
+        )
         with TestClient(app) as client:
             assert isinstance(app.state.serving.pipeline.embedder.embedder, BatchingEmbedder) == batched  # inside the query cache
             body = client.post("/search", json={"query": "vitamin D", "k": 3}).json()
@@ -301,10 +314,18 @@ def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
 
 
 def test_a_reranker_without_a_held_out_gain_is_off_by_default():
-    assert Settings().spec_overrides(reranking=True, tuned_weight=0.2, gained=False)["rerank"] == {"enabled": False, "depth": 50, "weight": 0.2}
+    assert Settings().spec_overrides(reranking=True, tuned_weight=0.2, gained=False)["rerank"] == {
+        "enabled": False,
+        "depth": 50,
+        "weight": 0.2,
+    }
     assert Settings().spec_overrides(reranking=True, tuned_weight=0.4, gained=True)["rerank"]["enabled"] is True
     assert Settings().spec_overrides(reranking=True)["rerank"]["enabled"] is True  # not ours: no record, the setting decides
-    assert Settings(rerank_weight=0.3).spec_overrides(reranking=True, tuned_weight=0.0, gained=False)["rerank"] == {"enabled": True, "depth": 50, "weight": 0.3}
+    assert Settings(rerank_weight=0.3).spec_overrides(reranking=True, tuned_weight=0.0, gained=False)["rerank"] == {
+        "enabled": True,
+        "depth": 50,
+        "weight": 0.3,
+    }
     assert Settings(rerank_by_default=False).spec_overrides(reranking=True, tuned_weight=0.4, gained=True)["rerank"]["enabled"] is False
 
 
@@ -312,15 +333,44 @@ def test_weight_evidence_reads_the_training_record(tmp_path):
     from hybrid_retrieval.models.cross_encoder import weight_evidence
 
     assert weight_evidence(tmp_path) is None
-    (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {
-        "weight": 0.5, "gain": True, "dev": {"queries": 162, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.67, "interpolated": 0.78,
-                                                                          "chosen_out_of_sample": 0.77}}}}))
-    assert weight_evidence(tmp_path) == {"metric": "ndcg@10", "queries": 162, "split": "held out of train",
-                                         "decision": "rerank by default at weight 0.5",
-                                         "values": {"first stage": 0.75, "cross-encoder alone": 0.67, "blend w=0.5, in-sample": 0.78,
-                                                    "blend, weight chosen out of sample": 0.77}}
-    (tmp_path / "training.json").write_text(json.dumps({"data": {"split": "train"}, "interpolation": {"weight": 0.3, "dev": {
-        "queries": 9, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.6, "interpolated": 0.76}}}}))  # an older record
+    (tmp_path / "training.json").write_text(
+        json.dumps(
+            {
+                "data": {"split": "train"},
+                "interpolation": {
+                    "weight": 0.5,
+                    "gain": True,
+                    "dev": {
+                        "queries": 162,
+                        "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.67, "interpolated": 0.78, "chosen_out_of_sample": 0.77},
+                    },
+                },
+            }
+        )
+    )
+    assert weight_evidence(tmp_path) == {
+        "metric": "ndcg@10",
+        "queries": 162,
+        "split": "held out of train",
+        "decision": "rerank by default at weight 0.5",
+        "values": {
+            "first stage": 0.75,
+            "cross-encoder alone": 0.67,
+            "blend w=0.5, in-sample": 0.78,
+            "blend, weight chosen out of sample": 0.77,
+        },
+    }
+    (tmp_path / "training.json").write_text(
+        json.dumps(
+            {
+                "data": {"split": "train"},
+                "interpolation": {
+                    "weight": 0.3,
+                    "dev": {"queries": 9, "ndcg@10": {"first_stage": 0.75, "reranker_only": 0.6, "interpolated": 0.76}},
+                },
+            }
+        )
+    )  # an older record
     assert weight_evidence(tmp_path)["decision"] == "rerank by default at weight 0.3"
 
 
@@ -342,8 +392,8 @@ def test_distillation_loss_is_the_kl_divergence_from_the_teachers_group_softmax(
 
 
 def test_teacher_scores_follow_each_groups_order_positive_first():
-    from tests.conftest import LengthScorer
     from hybrid_retrieval.training.reranker import Group, teacher_scores
+    from tests.conftest import LengthScorer
 
     texts = {0: "a", 1: "bbb", 2: "cc"}
     scores = teacher_scores(LengthScorer(), [Group("q", 1, (0, 2)), Group("q", 0, (2, 1))], {"q": "query"}, texts.get, 3)

@@ -31,7 +31,9 @@ def test_wrong_key_is_403(keyed_client):
     assert keyed_client.post("/search", json=BODY, headers={"X-API-Key": "env-ke"}).status_code == 403
 
 
-@pytest.mark.parametrize("headers", [{"Authorization": "Bearer env-key"}, {"X-API-Key": "file-key-2"}, {"authorization": "bearer file-key-1"}])
+@pytest.mark.parametrize(
+    "headers", [{"Authorization": "Bearer env-key"}, {"X-API-Key": "file-key-2"}, {"authorization": "bearer file-key-1"}]
+)
 def test_right_key_is_served(keyed_client, headers):
     response = keyed_client.post("/search", json=BODY, headers=headers)
     assert response.status_code == 200 and response.json()["hits"][0]["id"] == "d1"

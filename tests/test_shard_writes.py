@@ -21,10 +21,13 @@ from hybrid_retrieval.indexer.shards.writes import ShardedCollection
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import HybridError
 from hybrid_retrieval.search.segments import CorpusStatistics
-from tests.conftest import SHARDED_SLICE as SLICE, sample_queries, with_metadata
+from tests.conftest import SHARDED_SLICE as SLICE
+from tests.conftest import sample_queries, with_metadata
 
 SPECS = [
-    {"mode": "bm25"}, {"mode": "dense"}, {"mode": "hybrid"},
+    {"mode": "bm25"},
+    {"mode": "dense"},
+    {"mode": "hybrid"},
     {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 10}, "depth": 30},
     {"mode": "hybrid", "fusion": {"method": "cc", "norm": "zscore", "alpha": 0.6}},
     {"mode": "hybrid", "filter": {"year": {"gte": 2005}}},
@@ -45,8 +48,10 @@ def pair(metadata_index, tmp_path):
 def new_documents(scifact, start: int, count: int) -> list[dict]:
     with (scifact / "corpus.jsonl").open() as fh:
         docs = [json.loads(line) for line in itertools.islice(fh, start, start + count)]
-    return [{"id": d["_id"], "title": d["title"], "text": d["text"], "metadata": with_metadata(start + i, d)["metadata"]}
-            for i, d in enumerate(docs)]
+    return [
+        {"id": d["_id"], "title": d["title"], "text": d["text"], "metadata": with_metadata(start + i, d)["metadata"]}
+        for i, d in enumerate(docs)
+    ]
 
 
 def ids_and_scores(pipeline, ids_of, query: str, spec: dict, k: int = 20):
@@ -56,8 +61,8 @@ def ids_and_scores(pipeline, ids_of, query: str, spec: dict, k: int = 20):
 
 def assert_same_answers(whole_view, sharded, queries) -> int:
     pw, ps = whole_view.pipeline(), sharded.pipeline()
-    whole_ids = lambda idx: [whole_view.document(int(i))["id"] for i in idx]  # noqa: E731
-    sharded_ids = lambda idx: [doc["id"] for doc in sharded.documents(idx)]  # noqa: E731
+    whole_ids = lambda idx: [whole_view.document(int(i))["id"] for i in idx]
+    sharded_ids = lambda idx: [doc["id"] for doc in sharded.documents(idx)]
     compared = 0
     for spec in SPECS:
         for query in queries:
@@ -110,8 +115,10 @@ def test_writes_go_to_the_owning_shard_and_answers_equal_the_whole_index(pair, s
         writes.upsert(more)
         whole.refresh()
         writes.refresh()
-        assert all(not client.collection.snapshot.live.docs or client.collection.snapshot.live.docs[0].position >= SLICE
-                   for client in sharded.shards.clients)
+        assert all(
+            not client.collection.snapshot.live.docs or client.collection.snapshot.live.docs[0].position >= SLICE
+            for client in sharded.shards.clients
+        )
         assert assert_same_answers(whole.snapshot, sharded, queries[:4]) == 4 * len(SPECS)
     finally:
         sharded.close()

@@ -21,11 +21,14 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
-from tests.conftest import REPO, SHARDED_SLICE as SLICE, sample_queries
+from tests.conftest import REPO, sample_queries
+from tests.conftest import SHARDED_SLICE as SLICE
 
 # Every mode, both fusions, tmm floors under a correction, static and dynamic hubness, filters of each field type.
 SPECS = [
-    {"mode": "bm25"}, {"mode": "dense"}, {"mode": "hybrid"},
+    {"mode": "bm25"},
+    {"mode": "dense"},
+    {"mode": "hybrid"},
     {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 10, "weights": [0.7, 1.3]}, "depth": 30},
     {"mode": "hybrid", "fusion": {"method": "cc", "norm": "zscore", "alpha": 0.6}},
     {"mode": "hybrid", "fusion": {"method": "cc", "norm": "tmm", "alpha": 0.4}, "hubness": {"method": "qbnorm", "dynamic": True}},
@@ -73,8 +76,9 @@ def test_global_bm25_uses_the_corpus_statistics_given():
     bm25 = global_bm25(tokens, analyzer, params, {"apple": 5, "pear": 2}, {"documents": 10, "avgdl": 4.0})
     idf_apple, idf_pear = np.log(1 + (10 - 5 + 0.5) / (5 + 0.5)), np.log(1 + (10 - 2 + 0.5) / (2 + 0.5))
     norm0, norm1 = 1.2 * (1 - 0.75 + 0.75 * 3 / 4), 1.2 * (1 - 0.75 + 0.75 * 1 / 4)
-    np.testing.assert_allclose(bm25.scores("apple pear"),
-                               [idf_apple * 2 / (2 + norm0) + idf_pear * 1 / (1 + norm0), idf_pear * 1 / (1 + norm1)], rtol=1e-6)
+    np.testing.assert_allclose(
+        bm25.scores("apple pear"), [idf_apple * 2 / (2 + norm0) + idf_pear * 1 / (1 + norm0), idf_pear * 1 / (1 + norm1)], rtol=1e-6
+    )
 
 
 def same_answers(whole, sharded, queries, specs=SPECS, k=20):
@@ -167,8 +171,13 @@ def test_split_refuses_what_it_cannot_split(whole_index, sharded_index, tmp_path
 
 def test_shard_and_index_commands(tiny_index, tmp_path):
     def hybrid(*args):
-        return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, cwd=REPO,
-                              env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+        return subprocess.run(
+            [sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        )
 
     done = hybrid("shard", tiny_index, "--shards", 2, "--out", tmp_path / "sharded")
     assert done.returncode == 0, done.stderr
@@ -188,17 +197,25 @@ def test_shard_and_index_commands(tiny_index, tmp_path):
 
 def test_bm25_files_do_not_depend_on_the_process(tmp_path):
     """bm25s numbers terms in set order, which string hashing salts per process: our build sorts them."""
-    script = ("import sys; from hybrid_retrieval.search.bm25 import BM25Index, BM25Params; from hybrid_retrieval.search.analyzer import Analyzer; "
-              "from pathlib import Path; a = Analyzer(); "
-              "BM25Index.build([a.analyze(t) for t in ('cats chase dogs', 'dogs bark at the mailman', 'quantum qubits')], a, "
-              "BM25Params()).save(Path(sys.argv[1]))")
+    script = (
+        "import sys; from hybrid_retrieval.search.bm25 import BM25Index, BM25Params; "
+        "from hybrid_retrieval.search.analyzer import Analyzer; "
+        "from pathlib import Path; a = Analyzer(); "
+        "BM25Index.build([a.analyze(t) for t in ('cats chase dogs', 'dogs bark at the mailman', 'quantum qubits')], a, "
+        "BM25Params()).save(Path(sys.argv[1]))"
+    )
     for seed in ("1", "2"):
-        subprocess.run([sys.executable, "-c", script, str(tmp_path / seed)], check=True, cwd=REPO,
-                       env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"})
+        subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / seed)],
+            check=True,
+            cwd=REPO,
+            env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"},
+        )
     for path in sorted((tmp_path / "1").iterdir()):
         assert path.read_bytes() == (tmp_path / "2" / path.name).read_bytes(), path.name
-    assert shard_of(["d1", "d2"], 7).tolist() == [int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big") % 7
-                                                  for i in ("d1", "d2")]
+    assert shard_of(["d1", "d2"], 7).tolist() == [
+        int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big") % 7 for i in ("d1", "d2")
+    ]
 
 
 def test_the_query_model_of_a_sharded_index_is_verified(whole_index, tmp_path):

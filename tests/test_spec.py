@@ -12,9 +12,9 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
+from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
-from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
 from hybrid_retrieval.search.spec import (
     MAX_DEPTH,
@@ -34,16 +34,29 @@ fusions = st.one_of(
     st.builds(ConvexCombination, alpha=unit, norm=st.sampled_from(list(NORMALIZERS))),
 )
 specs = st.builds(
-    SearchSpec, mode=st.sampled_from(MODES), depth=st.integers(1, MAX_DEPTH), fusion=fusions,
+    SearchSpec,
+    mode=st.sampled_from(MODES),
+    depth=st.integers(1, MAX_DEPTH),
+    fusion=fusions,
     hubness=st.sampled_from(HUBNESS_METHODS).flatmap(
-        lambda method: st.builds(HubnessSpec, st.just(method), st.booleans() if method != "none" else st.just(False))),
+        lambda method: st.builds(HubnessSpec, st.just(method), st.booleans() if method != "none" else st.just(False))
+    ),
     rerank=st.builds(RerankSpec, enabled=st.booleans(), depth=st.integers(1, MAX_RERANK_DEPTH), weight=unit),
     min_score=st.none() | st.floats(-1e300, 1e300, allow_nan=False),
-    filter=st.none() | st.dictionaries(st.text(min_size=1).filter(lambda s: not s.startswith("$")),
-                                       st.integers() | st.text() | st.dictionaries(st.sampled_from(["gte", "in"]), st.integers()),
-                                       min_size=1, max_size=3),
-    highlight=st.builds(HighlightSpec, enabled=st.booleans(), semantic=st.booleans(), snippet_chars=st.integers(*SNIPPET_CHARS_RANGE),
-                        snippets=st.integers(*SNIPPETS_RANGE)),
+    filter=st.none()
+    | st.dictionaries(
+        st.text(min_size=1).filter(lambda s: not s.startswith("$")),
+        st.integers() | st.text() | st.dictionaries(st.sampled_from(["gte", "in"]), st.integers()),
+        min_size=1,
+        max_size=3,
+    ),
+    highlight=st.builds(
+        HighlightSpec,
+        enabled=st.booleans(),
+        semantic=st.booleans(),
+        snippet_chars=st.integers(*SNIPPET_CHARS_RANGE),
+        snippets=st.integers(*SNIPPETS_RANGE),
+    ),
 )
 
 
@@ -59,8 +72,14 @@ def test_spec_survives_dict_string_dict(spec):
 
 def test_string_form_examples():
     spec = SearchSpec.from_dict(parse_spec_string("dense+cc:zscore:0.45+depth:7+qbnorm:dis+rerank:d=20:w=0.35+min:-0.5"))
-    assert spec == SearchSpec(mode="dense", depth=7, fusion=ConvexCombination(alpha=0.45, norm="zscore"),
-                              hubness=HubnessSpec("qbnorm", True), rerank=RerankSpec(True, 20, 0.35), min_score=-0.5)
+    assert spec == SearchSpec(
+        mode="dense",
+        depth=7,
+        fusion=ConvexCombination(alpha=0.45, norm="zscore"),
+        hubness=HubnessSpec("qbnorm", True),
+        rerank=RerankSpec(True, 20, 0.35),
+        min_score=-0.5,
+    )
     assert SearchSpec().to_string() == "hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1"
     assert parse_spec_string("rrf:60:w=1,0.5") == {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 0.5]}}
     assert parse_spec_string("bm25+rerank") == {"mode": "bm25", "rerank": {"enabled": True}}
@@ -75,8 +94,12 @@ def test_merge_applies_layers_field_by_field():
     index = SearchSpec(fusion=ConvexCombination(alpha=0.45, norm="zscore"), hubness=HubnessSpec("dbnorm"))
     service = index.merge({"rerank": {"enabled": True, "depth": 30, "weight": 0.5}})
     request = service.merge({"mode": "dense", "fusion": {"alpha": 0.2}, "rerank": {"weight": 1.0}, "hubness": {"dynamic": True}})
-    assert request == SearchSpec(mode="dense", fusion=ConvexCombination(alpha=0.2, norm="zscore"),
-                                 hubness=HubnessSpec("dbnorm", True), rerank=RerankSpec(True, 30, 1.0))
+    assert request == SearchSpec(
+        mode="dense",
+        fusion=ConvexCombination(alpha=0.2, norm="zscore"),
+        hubness=HubnessSpec("dbnorm", True),
+        rerank=RerankSpec(True, 30, 1.0),
+    )
     assert service.merge({"fusion": {"method": "rrf"}}).fusion == RRF()  # another method: its own defaults
     assert service.merge(None) is service and service.merge({}) is service
 
@@ -97,7 +120,7 @@ INVALID = [
     ({"hubness": {"dynamic": "yes"}}, "hubness.dynamic", "must be true or false"),
     ({"hubness": {"beta": 3}}, "hubness.beta", "unknown field; valid: method, dynamic"),
     ({"depth": 10**400}, "depth", "must be a finite number"),
-    ({"rerank": {"depth": -10**400}}, "rerank.depth", "must be a finite number"),
+    ({"rerank": {"depth": -(10**400)}}, "rerank.depth", "must be a finite number"),
     ({"rerank": {"enabled": 1}}, "rerank.enabled", "must be true or false"),
     ({"rerank": {"depth": 201}}, "rerank.depth", "must be between 1 and 200, got 201"),
     ({"rerank": {"weight": -0.1}}, "rerank.weight", "must be between 0 and 1, got -0.1"),
@@ -138,8 +161,10 @@ def test_every_invalid_field_answers_422_naming_it(client, overrides, field, mes
 
 
 def test_non_finite_numbers_answer_422_naming_the_field(client):
-    for body, loc in [('{"query": "cats", "min_score": Infinity}', ["body", "min_score"]),
-                      ('{"query": "cats", "rerank": {"weight": NaN}}', ["body", "rerank", "weight"])]:
+    for body, loc in [
+        ('{"query": "cats", "min_score": Infinity}', ["body", "min_score"]),
+        ('{"query": "cats", "rerank": {"weight": NaN}}', ["body", "rerank", "weight"]),
+    ]:
         response = client.post("/search", content=body, headers={"content-type": "application/json"})
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == loc, response.text
 
@@ -152,12 +177,19 @@ def test_unservable_spec_answers_422(client):
 
 
 def test_response_echoes_the_applied_spec(client):
-    body = client.post("/search", json={"query": "cats", "k": 3, "fusion": {"method": "cc", "alpha": 0.3},
-                                        "rerank": {"enabled": True, "depth": 4}}).json()
-    assert body["spec"] == {"mode": "hybrid", "depth": 100, "fusion": {"method": "cc", "alpha": 0.3, "norm": "minmax"},
-                            "hubness": {"method": "none", "dynamic": False},
-                            "rerank": {"enabled": True, "depth": 4, "weight": 1.0}, "min_score": None, "filter": None,
-                            "highlight": {"enabled": False, "semantic": False, "snippet_chars": 160, "snippets": 1}}
+    body = client.post(
+        "/search", json={"query": "cats", "k": 3, "fusion": {"method": "cc", "alpha": 0.3}, "rerank": {"enabled": True, "depth": 4}}
+    ).json()
+    assert body["spec"] == {
+        "mode": "hybrid",
+        "depth": 100,
+        "fusion": {"method": "cc", "alpha": 0.3, "norm": "minmax"},
+        "hubness": {"method": "none", "dynamic": False},
+        "rerank": {"enabled": True, "depth": 4, "weight": 1.0},
+        "min_score": None,
+        "filter": None,
+        "highlight": {"enabled": False, "semantic": False, "snippet_chars": 160, "snippets": 1},
+    }
     assert body["reranker"] == "LengthScorer"
     ready = client.get("/ready").json()
     assert SearchSpec.from_dict(ready["defaults"]) == SearchSpec()

@@ -117,11 +117,21 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.parametrize("body, path", [
-    ({"query": "cell biology of cancer", "k": 100, "mode": "dense", "highlight": {"semantic": True}}, "/search"),
-    ({"searches": [{"query": f"protein {n} expression", "k": 100, "mode": "dense", "highlight": {"semantic": True}}
-                   for n in range(64)]}, "/search/batch"),
-], ids=["semantic highlights at the largest k", "a batch of 64 of them"])
+@pytest.mark.parametrize(
+    "body, path",
+    [
+        ({"query": "cell biology of cancer", "k": 100, "mode": "dense", "highlight": {"semantic": True}}, "/search"),
+        (
+            {
+                "searches": [
+                    {"query": f"protein {n} expression", "k": 100, "mode": "dense", "highlight": {"semantic": True}} for n in range(64)
+                ]
+            },
+            "/search/batch",
+        ),
+    ],
+    ids=["semantic highlights at the largest k", "a batch of 64 of them"],
+)
 def test_the_most_expensive_requests_stop_at_the_deadline_and_the_cores_idle_after(scifact_slice_index, body, path):
     with running_server(scifact_slice_index, {"HYBRID_REQUEST_TIMEOUT": "1"}) as (url, process):
         started = time.monotonic()

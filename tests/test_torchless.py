@@ -22,8 +22,12 @@ runpy.run_module("hybrid_retrieval.app", run_name="__main__")
 
 def test_the_service_starts_and_searches_without_torch(tiny_index):
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVE_WITHOUT_TORCH, str(tiny_index), str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVE_WITHOUT_TORCH, str(tiny_index), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             deadline = time.monotonic() + 120

@@ -42,7 +42,9 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
     shutil.copytree(scifact_slice_index, index_dir)
     queries, qrels = train_split
     (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in queries.items()))
-    (tmp_path / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, rel in qrels.items() for d, r in rel.items()))
+    (tmp_path / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{r}\n" for q, rel in qrels.items() for d, r in rel.items())
+    )
     cmd = [sys.executable, "-m", "hybrid_retrieval.cli", "tune", str(index_dir), "--queries", str(tmp_path / "queries.jsonl"), "--quiet"]
 
     refused = subprocess.run(cmd + ["--qrels", str(scifact / "qrels" / "test.tsv")], capture_output=True, text=True)
@@ -67,7 +69,7 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
 
 
 def _result(per_query: list[dict[str, float]]) -> TuningResult:
-    fusions = [RRF(), ConvexCombination(alpha=0.3), ConvexCombination(alpha=0.7)][:len(per_query)]
+    fusions = [RRF(), ConvexCombination(alpha=0.3), ConvexCombination(alpha=0.7)][: len(per_query)]
     table = [{**fusion_to_dict(f), "ndcg@10": sum(v.values()) / len(v)} for f, v in zip(fusions, per_query)]
     return TuningResult("ndcg@10", len(per_query[0]), table, {}, per_query)
 
@@ -116,15 +118,26 @@ def test_pipeline_specs():
     assert parse_pipeline("hybrid+qbnorm+rerank:w=0.35@int8").first_stage == "hybrid+qbnorm"
     assert parse_pipeline("hybrid+rerank:w=1").spec["rerank"] == {"enabled": True, "weight": 1.0}
     assert parse_pipeline("hybrid").first_stage is None
-    for bad, field in [("hybrid+rerank:w=x", "rerank.weight"), ("hybrid+rerank:fp16", "rerank"), ("dense+csls", "spec"),
-                       ("cx:zscore", "mode"), ("hybrid+rerank@fp16", "precision"), ("hybrid@int8", "precision"),
-                       ("hybrid+depth:1.5x", "depth")]:
+    for bad, field in [
+        ("hybrid+rerank:w=x", "rerank.weight"),
+        ("hybrid+rerank:fp16", "rerank"),
+        ("dense+csls", "spec"),
+        ("cx:zscore", "mode"),
+        ("hybrid+rerank@fp16", "precision"),
+        ("hybrid@int8", "precision"),
+        ("hybrid+depth:1.5x", "depth"),
+    ]:
         with pytest.raises(SpecError) as err:
             parse_pipeline(bad)
         assert err.value.field == field, bad
     # values are checked where the spec is built: the error names the field
-    for bad, field in [("hybrid+rerank:w=1.5", "rerank.weight"), ("cc:minmax:3", "fusion.alpha"), ("hybrid+rerank:w=nan", "rerank.weight"),
-                       ("hybrid+depth:0", "depth"), ("rrf:-1", "fusion.rrf_k")]:
+    for bad, field in [
+        ("hybrid+rerank:w=1.5", "rerank.weight"),
+        ("cc:minmax:3", "fusion.alpha"),
+        ("hybrid+rerank:w=nan", "rerank.weight"),
+        ("hybrid+depth:0", "depth"),
+        ("rrf:-1", "fusion.rrf_k"),
+    ]:
         with pytest.raises(SpecError) as err:
             SearchSpec.from_dict(parse_pipeline(bad).spec)
         assert err.value.field == field, bad
@@ -172,7 +185,9 @@ def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, sci
     from hybrid_retrieval.evaluation.suite import EvalConfig, evaluate_dataset
 
     dataset = _slice_dataset(scifact, scifact_slice, tmp_path)
-    report = evaluate_dataset(dataset, scifact_slice_index, EvalConfig(pipelines=("bm25", "hybrid"), tune=False, progress=False), tmp_path / "out")
+    report = evaluate_dataset(
+        dataset, scifact_slice_index, EvalConfig(pipelines=("bm25", "hybrid"), tune=False, progress=False), tmp_path / "out"
+    )
     qrels = ranx.Qrels(split_queries(dataset, "test")[1])
     for name in ("bm25", "hybrid"):
         run = ranx.Run.from_file(str(tmp_path / "out" / "runs" / f"{name}.trec"), kind="trec")

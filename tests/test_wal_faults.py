@@ -182,8 +182,11 @@ def test_big_integers_are_stored_as_floats_and_the_field_keeps_its_type(index_di
 def _poisoned_record(index_dir, seq: int) -> dict:
     """A record an earlier version could log: valid framing, a metadata value no column can hold."""
     vector = base64.b64encode(np.zeros(open_index(index_dir).dense.dimension, "<f4").tobytes()).decode()
-    return {"seq": seq, "op": "upsert", "documents": [{"id": "bad", "title": "", "text": "poison", "vector": vector,
-                                                        "metadata": {"score": 10**400}}]}
+    return {
+        "seq": seq,
+        "op": "upsert",
+        "documents": [{"id": "bad", "title": "", "text": "poison", "vector": vector, "metadata": {"score": 10**400}}],
+    }
 
 
 def test_a_record_that_cannot_be_applied_stops_the_replay_naming_it_and_repair_drops_it(index_dir):
@@ -212,11 +215,17 @@ def test_the_service_refuses_a_damaged_log_naming_file_and_offset_and_serves_all
     data = bytearray(path.read_bytes())
     data[third + 40] ^= 0x01  # one flipped bit in record 3 of 4
     path.write_bytes(bytes(data))
-    started = subprocess.run([sys.executable, "-m", "hybrid_retrieval.app", "--index", str(index_dir), "--port", "1", "--log-format", "text"],
-                             capture_output=True, text=True, timeout=120)
+    started = subprocess.run(
+        [sys.executable, "-m", "hybrid_retrieval.app", "--index", str(index_dir), "--port", "1", "--log-format", "text"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert started.returncode != 0
     assert str(path) in started.stderr and f"record 3 at byte offset {third}" in started.stderr and "hybrid repair" in started.stderr
-    repaired = subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", "repair", str(index_dir)], capture_output=True, text=True, timeout=300)
+    repaired = subprocess.run(
+        [sys.executable, "-m", "hybrid_retrieval.cli", "repair", str(index_dir)], capture_output=True, text=True, timeout=300
+    )
     assert repaired.returncode == 1, repaired.stderr  # something was dropped
     report = json.loads(repaired.stdout)
     assert report["kept_records"] == 3 and report["unreadable"][0]["record"] == 3 and report["unreadable"][0]["offset"] == third

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.observability import JsonFormatter
-from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.app.serving import open_configured
+from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.search.devices import DEVICES
 from hybrid_retrieval.search.errors import HybridError
@@ -53,9 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         for handler in logging.getLogger().handlers:
             handler.setFormatter(JsonFormatter())
     # Our middleware writes one structured access line per request: uvicorn's own access log would double it.
-    uvicorn.run(create_app(settings, index=index), host=settings.host, port=settings.port, log_level=settings.log_level,
-                access_log=False, log_config=None, http=settings.http, loop=settings.loop,
-                timeout_graceful_shutdown=settings.graceful_shutdown)
+    uvicorn.run(
+        create_app(settings, index=index),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        log_config=None,
+        http=settings.http,
+        loop=settings.loop,
+        timeout_graceful_shutdown=settings.graceful_shutdown,
+    )
     return 0
 
 

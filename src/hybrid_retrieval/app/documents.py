@@ -20,14 +20,23 @@ from hybrid_retrieval.search.errors import HybridError, SpecError, StorageError
 router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
 
 WAIT_SECONDS = 30.0
-Wait = Annotated[bool, Query(description="answer only once the write is searchable (a refresh is published at once; "
-                                         "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)")]
-_WRITE_RESPONSES = {401: {"description": "missing key"}, 403: {"description": "not a write key, or writes disabled"},
-                    409: {"description": "this index cannot take writes, or not now (the message says why)"},
-                    413: {"description": "body too large"}, 422: {"description": "invalid batch; `loc` names the item and field"},
-                    503: {"description": "the index folder cannot be written (read-only): nothing was written"},
-                    504: {"description": "the write ran past HYBRID_WRITE_TIMEOUT before it was logged: nothing was written"},
-                    507: {"description": "the disk is full: nothing was written"}}
+Wait = Annotated[
+    bool,
+    Query(
+        description="answer only once the write is searchable (a refresh is published at once; "
+        "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)"
+    ),
+]
+_WRITE_RESPONSES = {
+    401: {"description": "missing key"},
+    403: {"description": "not a write key, or writes disabled"},
+    409: {"description": "this index cannot take writes, or not now (the message says why)"},
+    413: {"description": "body too large"},
+    422: {"description": "invalid batch; `loc` names the item and field"},
+    503: {"description": "the index folder cannot be written (read-only): nothing was written"},
+    504: {"description": "the write ran past HYBRID_WRITE_TIMEOUT before it was logged: nothing was written"},
+    507: {"description": "the disk is full: nothing was written"},
+}
 NDJSON = "application/x-ndjson"
 
 
@@ -78,12 +87,23 @@ def _inline(schema: dict) -> dict:
             ref = node.get("$ref")
             return resolve(defs[ref.rsplit("/", 1)[-1]]) if ref else {k: resolve(v) for k, v in node.items()}
         return [resolve(v) for v in node] if isinstance(node, list) else node
+
     return resolve(schema)
 
 
-@router.put("/documents", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES,
-            openapi_extra={"requestBody": {"required": True, "description": f"JSON, or {NDJSON}: one document object per line",
-                                           "content": {"application/json": {"schema": _inline(DocumentBatch.model_json_schema())}}}})
+@router.put(
+    "/documents",
+    response_model=WriteResult,
+    dependencies=[Depends(require_write_key)],
+    responses=_WRITE_RESPONSES,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": f"JSON, or {NDJSON}: one document object per line",
+            "content": {"application/json": {"schema": _inline(DocumentBatch.model_json_schema())}},
+        }
+    },
+)
 async def put_documents(request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
     """Upsert documents by id, all or nothing: every document is checked, embedded and logged durably before the
     answer (its sequence number)."""
@@ -110,22 +130,26 @@ class DocumentIdConvertor(Convertor[str]):
 register_url_convertor("document_id", DocumentIdConvertor())
 
 
-@router.delete("/documents/{doc_id:document_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)],
-               responses=_WRITE_RESPONSES)
+@router.delete(
+    "/documents/{doc_id:document_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES
+)
 def delete_document(doc_id: str, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
     seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
     return _written(serving, seq, 1, wait)
 
 
-@router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)],
-             responses=_WRITE_RESPONSES)
+@router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
 def delete_documents(body: DeleteRequest, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
     seq = _write(request.app.state.deadlines, _collection(serving).delete, body.ids)
     return _written(serving, seq, len(body.ids), wait)
 
 
-@router.get("/documents/{doc_id:document_id}", response_model=DocumentOut, dependencies=[Depends(require_api_key)],
-            responses={404: {"description": "no such document"}})
+@router.get(
+    "/documents/{doc_id:document_id}",
+    response_model=DocumentOut,
+    dependencies=[Depends(require_api_key)],
+    responses={404: {"description": "no such document"}},
+)
 def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
     """The latest acknowledged version of a document (before it is searchable, too)."""
     doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
@@ -147,8 +171,13 @@ def stats(serving: ServingDep) -> Stats:
 def _stats(serving: Serving) -> Stats:
     temporary = temporary_bytes(serving.index.path)
     if serving.collection is None:
-        return Stats(documents=serving.documents, base_documents=serving.index.num_docs, writable=False,
-                     write_refusal=serving.write_refusal, temporary_bytes=temporary)
+        return Stats(
+            documents=serving.documents,
+            base_documents=serving.index.num_docs,
+            writable=False,
+            write_refusal=serving.write_refusal,
+            temporary_bytes=temporary,
+        )
     problem = serving.collection.storage_problem()
     return Stats(**serving.collection.stats(), writable=problem is None, write_refusal=problem, temporary_bytes=temporary)
 

@@ -94,8 +94,11 @@ def clean(value: Any, where: Loc = ()) -> Any:
             if not item.isascii():
                 container[key] = _text(item, path)
         elif isinstance(item, _OutOfRange):
-            raise SpecError(path or ("body",), f"{item.text[:20]}{'...' if len(item.text) > 20 else ''} is not a number a 64-bit "
-                                  "float can hold (nor are NaN and Infinity)")
+            raise SpecError(
+                path or ("body",),
+                f"{item.text[:20]}{'...' if len(item.text) > 20 else ''} is not a number a 64-bit "
+                "float can hold (nor are NaN and Infinity)",
+            )
     return root[0]
 
 

@@ -47,5 +47,11 @@ class BodySizeLimit:
 
     async def _reject(self, send, limit: int):
         body = json.dumps({"detail": f"request body exceeds {limit} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

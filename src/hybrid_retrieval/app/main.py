@@ -16,12 +16,12 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from threadpoolctl import threadpool_limits
 
+from hybrid_retrieval.app.budget import Deadlines
+from hybrid_retrieval.app.documents import router as documents_router
 from hybrid_retrieval.app.json_body import body_loc
 from hybrid_retrieval.app.limits import BodySizeLimit
 from hybrid_retrieval.app.observability import Metrics, RequestContext
-from hybrid_retrieval.app.documents import router as documents_router
 from hybrid_retrieval.app.routes import router
-from hybrid_retrieval.app.budget import Deadlines
 from hybrid_retrieval.app.security import InFlightLimit, load_api_keys, load_write_keys
 from hybrid_retrieval.app.serving import Reloader, load_reranker, open_configured
 from hybrid_retrieval.app.settings import Settings
@@ -129,8 +129,12 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost, so it sees every response
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST", "PUT", "DELETE"],
-                           allow_headers=["Authorization", "X-API-Key", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "X-API-Key", "Content-Type"],
+        )
     app.include_router(router)
     app.include_router(documents_router)
     app.include_router(ui_router)
@@ -144,8 +148,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     @app.exception_handler(SpecError)
     async def _spec_error(request: Request, exc: SpecError):
         # the same shape as request validation errors: where (the field's path in the body, names kept whole) and what
-        return JSONResponse(status_code=422, content={"detail": [{"loc": list(body_loc(exc)), "msg": str(exc),
-                                                                  "type": "value_error"}]})
+        return JSONResponse(status_code=422, content={"detail": [{"loc": list(body_loc(exc)), "msg": str(exc), "type": "value_error"}]})
 
     @app.exception_handler(StorageError)
     async def _storage_error(request: Request, exc: StorageError):

@@ -25,15 +25,22 @@ class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         self.requests = Counter("hybrid_requests", "HTTP requests by route and status", ["path", "status"], registry=self.registry)
-        self.stage_seconds = Histogram("hybrid_stage_seconds", "search time per pipeline stage", ["stage"],
-                                       buckets=STAGE_BUCKETS, registry=self.registry)
+        self.stage_seconds = Histogram(
+            "hybrid_stage_seconds", "search time per pipeline stage", ["stage"], buckets=STAGE_BUCKETS, registry=self.registry
+        )
         self.documents = Gauge("hybrid_index_documents", "documents in the loaded index", registry=self.registry)
-        self.query_cache = Counter("hybrid_query_cache_lookups", "query embedding cache lookups by result", ["result"],
-                                   registry=self.registry)
-        self.query_cache_hit_ratio = Gauge("hybrid_query_cache_hit_ratio", "query embedding cache hits / lookups since start (read from the cache)",
-                                           registry=self.registry)
-        self.build_info = Gauge("hybrid_index_info", "the loaded index (value 1)",
-                                ["format_version", "builder_version", "model", "faiss", "created_at"], registry=self.registry)
+        self.query_cache = Counter(
+            "hybrid_query_cache_lookups", "query embedding cache lookups by result", ["result"], registry=self.registry
+        )
+        self.query_cache_hit_ratio = Gauge(
+            "hybrid_query_cache_hit_ratio", "query embedding cache hits / lookups since start (read from the cache)", registry=self.registry
+        )
+        self.build_info = Gauge(
+            "hybrid_index_info",
+            "the loaded index (value 1)",
+            ["format_version", "builder_version", "model", "faiss", "created_at"],
+            registry=self.registry,
+        )
 
     def observe_query_cache(self, hits: int, misses: int) -> None:
         self.query_cache.labels("hit").inc(hits)
@@ -46,8 +53,9 @@ class Metrics:
     def describe_index(self, manifest: Manifest, documents: int) -> None:
         self.documents.set(documents)
         self.build_info.clear()
-        self.build_info.labels(str(FORMAT_VERSION), manifest.builder_version, manifest.embedder.model,
-                               manifest.faiss.factory, manifest.created_at).set(1)
+        self.build_info.labels(
+            str(FORMAT_VERSION), manifest.builder_version, manifest.embedder.model, manifest.faiss.factory, manifest.created_at
+        ).set(1)
 
 
 class RequestContext:
@@ -78,8 +86,15 @@ class RequestContext:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"  # route templates only: bounded label values
             self.metrics.requests.labels(path, str(status)).inc()
-            logger.info("request", extra={"method": scope["method"], "path": scope["path"], "status": status,
-                                          "ms": round((time.perf_counter() - started) * 1000, 3)})
+            logger.info(
+                "request",
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "ms": round((time.perf_counter() - started) * 1000, 3),
+                },
+            )
             request_id_var.reset(token)
 
 
@@ -89,8 +104,13 @@ class JsonFormatter(logging.Formatter):
     _standard = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}  # uvicorn's ANSI twin
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname, "logger": record.name,
-                 "msg": record.getMessage(), "request_id": request_id_var.get()}
+        entry = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+            "request_id": request_id_var.get(),
+        }
         entry.update({k: v for k, v in vars(record).items() if k not in self._standard})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

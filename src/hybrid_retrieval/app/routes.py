@@ -41,13 +41,18 @@ async def _in_flight(request: Request):
 ServingDep = Annotated[Serving, Depends(_serving)]
 
 
-_SEARCH_RESPONSES = {401: {"description": "missing API key"}, 403: {"description": "invalid API key"},
-                     413: {"description": "body too large"}, 422: {"description": "invalid request; `loc` names the field"},
-                     503: {"description": "busy or not ready; see Retry-After"}}
+_SEARCH_RESPONSES = {
+    401: {"description": "missing API key"},
+    403: {"description": "invalid API key"},
+    413: {"description": "body too large"},
+    422: {"description": "invalid request; `loc` names the field"},
+    503: {"description": "busy or not ready; see Retry-After"},
+}
 
 
-@router.post("/search", response_model=SearchResponse,
-             dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
+@router.post(
+    "/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES
+)
 async def search(body: SearchRequest, serving: ServingDep, request: Request) -> Response:
     def run() -> Response:
         fields, facets = _presentation(serving, body)
@@ -58,10 +63,12 @@ async def search(body: SearchRequest, serving: ServingDep, request: Request) -> 
     return await off_loop(request, run)
 
 
-@router.post("/search/batch", response_model=BatchResponse,
-             dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES)
+@router.post(
+    "/search/batch", response_model=BatchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES
+)
 async def search_batch(body: BatchRequest, serving: ServingDep, request: Request) -> Response:
     """Up to 64 searches in one call, their queries embedded in one model run; all checked before any runs."""
+
     def run() -> Response:
         started = time.perf_counter()
         shown = []
@@ -87,6 +94,7 @@ async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
     search (docs/BENCHMARKS.md, "Concurrent serving")."""
     deadlines = request.app.state.deadlines
     with deadlines.start(deadlines.search_seconds) as deadline:
+
         def run() -> Response:
             with budget.within(deadline):
                 deadline.check("waiting for a search thread")
@@ -114,7 +122,12 @@ def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> 
     presenter = serving.presenter
     hits = presenter.hits(result, body.query, include_text=body.include_text, explain=body.explain, fields=fields)
     return SearchResponse(
-        query=body.query, k=body.k, offset=result.offset, has_more=result.has_more, spec=result.spec.to_dict(), hits=hits,
+        query=body.query,
+        k=body.k,
+        offset=result.offset,
+        has_more=result.has_more,
+        spec=result.spec.to_dict(),
+        hits=hits,
         facets=presenter.facets(result, facets),
         reranker=serving.pipeline.reranker.name if result.reranked else None,
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
@@ -143,17 +156,31 @@ def ready(request: Request):
 def _ready(serving: Serving) -> Ready:
     index = serving.index
     problem = serving.collection.storage_problem() if serving.collection is not None else serving.write_refusal
-    return Ready(ready=True, documents=serving.documents, index=str(index.path), created_at=index.manifest.created_at,
-                 model=index.manifest.embedder.model,
-                 fusion_tuning=asdict(index.manifest.fusion_tuning) if index.manifest.fusion_tuning else None,
-                 defaults=serving.pipeline.defaults.to_dict(), evidence=serving.evidence,
-                 metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()},
-                 writable=problem is None, write_refusal=problem)
+    return Ready(
+        ready=True,
+        documents=serving.documents,
+        index=str(index.path),
+        created_at=index.manifest.created_at,
+        model=index.manifest.embedder.model,
+        fusion_tuning=asdict(index.manifest.fusion_tuning) if index.manifest.fusion_tuning else None,
+        defaults=serving.pipeline.defaults.to_dict(),
+        evidence=serving.evidence,
+        metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()},
+        writable=problem is None,
+        write_refusal=problem,
+    )
 
 
-@router.post("/admin/reload", response_model=Ready, dependencies=[Depends(require_write_key)],
-             responses={401: {"description": "missing API key"}, 403: {"description": "not a write key, or no write keys configured"},
-                        409: {"description": "reload failed or already running; the previous index stays in service"}})
+@router.post(
+    "/admin/reload",
+    response_model=Ready,
+    dependencies=[Depends(require_write_key)],
+    responses={
+        401: {"description": "missing API key"},
+        403: {"description": "not a write key, or no write keys configured"},
+        409: {"description": "reload failed or already running; the previous index stays in service"},
+    },
+)
 def reload(request: Request) -> Ready:
     """Open the configured index folder again (e.g. after `hybrid index` rebuilt it) and swap it in."""
     try:

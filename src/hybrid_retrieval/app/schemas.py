@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
@@ -70,8 +70,11 @@ class RRFBody(_Strict):
 
     method: Literal["rrf"]
     rrf_k: Float | None = Field(**_documented("the RRF constant (not the number of results)", minimum=0, maximum=MAX_RRF_K))
-    weights: list[Float] | None = Field(**_documented(f"[bm25, dense], each from 0 to {MAX_RRF_WEIGHT:g}", minItems=2, maxItems=2,
-                                                      items={"minimum": 0, "maximum": MAX_RRF_WEIGHT}))
+    weights: list[Float] | None = Field(
+        **_documented(
+            f"[bm25, dense], each from 0 to {MAX_RRF_WEIGHT:g}", minItems=2, maxItems=2, items={"minimum": 0, "maximum": MAX_RRF_WEIGHT}
+        )
+    )
 
 
 class CCBody(_Strict):
@@ -83,62 +86,105 @@ class CCBody(_Strict):
     norm: str | None = Field(**_documented("per-query normalisation", enum=list(NORMALIZERS)))
 
 
-FusionBody = Annotated[Union[RRFBody, CCBody], Field(discriminator="method")]
+FusionBody = Annotated[RRFBody | CCBody, Field(discriminator="method")]
 
 
 class HubnessBody(_Strict):
-    method: str | None = Field(**_documented("hubness correction of dense scores (QB-Norm, DBNorm); default: the index's",
-                                              enum=list(HUBNESS_METHODS)))
-    dynamic: StrictBool | None = Field(None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set")
+    method: str | None = Field(
+        **_documented("hubness correction of dense scores (QB-Norm, DBNorm); default: the index's", enum=list(HUBNESS_METHODS))
+    )
+    dynamic: StrictBool | None = Field(
+        None, description="dynamic inverted softmax: correct only queries whose raw top-1 is in the bank's activation set"
+    )
 
 
 class RerankBody(_Strict):
-    enabled: StrictBool | None = Field(None, description="rerank with the cross-encoder; default: the service's setting "
-                                 "(on when a reranker is configured)")
-    depth: Int | None = Field(**_documented("first-stage hits reranked; hits below it follow in first-stage order, "
-                                             "scores shifted under the reranked ones; default: the service's, 50",
-                                             minimum=1, maximum=MAX_RERANK_DEPTH))
-    weight: Float | None = Field(**_documented("trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
-                                              "z-scored logit with the z-scored first-stage score; default: the service's (the "
-                                              "weight `hybrid train-reranker` tuned on held-out queries, else 1)", minimum=0, maximum=1))
+    enabled: StrictBool | None = Field(
+        None, description="rerank with the cross-encoder; default: the service's setting (on when a reranker is configured)"
+    )
+    depth: Int | None = Field(
+        **_documented(
+            "first-stage hits reranked; hits below it follow in first-stage order, "
+            "scores shifted under the reranked ones; default: the service's, 50",
+            minimum=1,
+            maximum=MAX_RERANK_DEPTH,
+        )
+    )
+    weight: Float | None = Field(
+        **_documented(
+            "trust in the cross-encoder: 1 orders by its logit alone, lower values blend its "
+            "z-scored logit with the z-scored first-stage score; default: the service's (the "
+            "weight `hybrid train-reranker` tuned on held-out queries, else 1)",
+            minimum=0,
+            maximum=1,
+        )
+    )
 
 
 class HighlightBody(_Strict):
     enabled: StrictBool | None = Field(None, description="highlight the hits (default true when this object is given)")
-    semantic: StrictBool | None = Field(None, description="for a hit that no query term matches (a purely dense match), also "
-                                        "the sentence of its text nearest the query, by the served embedding model: one "
-                                        "extra model run per request over those hits' sentences (see docs/BENCHMARKS.md)")
-    snippet_chars: Int | None = Field(**_documented("about how many characters a snippet has (default 160)",
-                                                    minimum=SNIPPET_CHARS_RANGE[0], maximum=SNIPPET_CHARS_RANGE[1]))
-    snippets: Int | None = Field(**_documented("at most this many snippets of the text, best first (default 1)",
-                                               minimum=SNIPPETS_RANGE[0], maximum=SNIPPETS_RANGE[1]))
+    semantic: StrictBool | None = Field(
+        None,
+        description="for a hit that no query term matches (a purely dense match), also "
+        "the sentence of its text nearest the query, by the served embedding model: one "
+        "extra model run per request over those hits' sentences (see docs/BENCHMARKS.md)",
+    )
+    snippet_chars: Int | None = Field(
+        **_documented(
+            "about how many characters a snippet has (default 160)", minimum=SNIPPET_CHARS_RANGE[0], maximum=SNIPPET_CHARS_RANGE[1]
+        )
+    )
+    snippets: Int | None = Field(
+        **_documented(
+            "at most this many snippets of the text, best first (default 1)", minimum=SNIPPETS_RANGE[0], maximum=SNIPPETS_RANGE[1]
+        )
+    )
 
 
 class SearchRequest(_Strict):
-    query: str = Field(..., min_length=1, max_length=MAX_QUERY_CHARS, json_schema_extra={"pattern": QUERY_PATTERN},
-                       description="free-text query: not blank, no control characters except tab and newline")
+    query: str = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_QUERY_CHARS,
+        json_schema_extra={"pattern": QUERY_PATTERN},
+        description="free-text query: not blank, no control characters except tab and newline",
+    )
     k: Int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
-    mode: str | None = Field(**_documented("retrieval mode; hybrid fuses BM25 and dense candidates; default: the index's (hybrid)",
-                                          enum=list(MODES)))
-    depth: Int | None = Field(**_documented("hybrid candidates per retriever (default from the index, 100); independent of k",
-                                           minimum=1, maximum=MAX_DEPTH))
-    fusion: FusionBody | None = Field(None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)")
+    mode: str | None = Field(
+        **_documented("retrieval mode; hybrid fuses BM25 and dense candidates; default: the index's (hybrid)", enum=list(MODES))
+    )
+    depth: Int | None = Field(
+        **_documented("hybrid candidates per retriever (default from the index, 100); independent of k", minimum=1, maximum=MAX_DEPTH)
+    )
+    fusion: FusionBody | None = Field(
+        None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)"
+    )
     hubness: HubnessBody | None = Field(None, description="hubness correction of dense scores; default: what the index was fitted with")
     rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
-    min_score: Float | None = Field(None, description="drop hits whose final score is below this: the fused score, or "
-                                    "after reranking the logit (weight 1) or the z-score blend (weight < 1)")
-    offset: Int = Field(0, description="hits to skip: page 2 of 10 is offset 10, k 10 (ranks 11-20 of k 20, same scores)",
-                        json_schema_extra={"minimum": 0, "maximum": MAX_OFFSET})
+    min_score: Float | None = Field(
+        None,
+        description="drop hits whose final score is below this: the fused score, or "
+        "after reranking the logit (weight 1) or the z-score blend (weight < 1)",
+    )
+    offset: Int = Field(
+        0,
+        description="hits to skip: page 2 of 10 is offset 10, k 10 (ranks 11-20 of k 20, same scores)",
+        json_schema_extra={"minimum": 0, "maximum": MAX_OFFSET},
+    )
     filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION, json_schema_extra={"examples": FILTER_EXAMPLES})
     highlight: StrictBool | HighlightBody | None = Field(
-        None, description="mark the query's terms in snippets of each hit's title and text: matched through the index's "
+        None,
+        description="mark the query's terms in snippets of each hit's title and text: matched through the index's "
         "analyzer (so `bleeding` marks `bleeds`), HTML-escaped with <mark> tags, with character offsets (Unicode code "
-        "points) into the stored field; `true` or an object")
-    fields: list[str] | Literal["*"] | None = Field(None, description=f"metadata fields to return with each hit, or \"{ALL_FIELDS}\" "
-                                                    "for all")
-    facets: list[str] | None = Field(None, description=f"keyword, bool or int fields whose values to count (the top "
-                                     f"{MAX_FACET_VALUES} per field) over every hit the request could page through: the "
-                                     "filtered candidates")
+        "points) into the stored field; `true` or an object",
+    )
+    fields: list[str] | Literal["*"] | None = Field(None, description=f'metadata fields to return with each hit, or "{ALL_FIELDS}" for all')
+    facets: list[str] | None = Field(
+        None,
+        description=f"keyword, bool or int fields whose values to count (the top "
+        f"{MAX_FACET_VALUES} per field) over every hit the request could page through: the "
+        "filtered candidates",
+    )
     explain: StrictBool = Field(False, description="return every component of each hit's score")
     include_text: StrictBool = Field(False, description="return each hit's text")
 
@@ -165,8 +211,10 @@ class Component(BaseModel):
 
 class RerankComponent(BaseModel):
     score: float | None = Field(description="cross-encoder logit; null for a hit below the rerank depth")
-    weight: float = Field(description="interpolation weight: final = the logit when 1, else "
-                          "weight * zscore(logit) + (1 - weight) * zscore(first_stage_score) over the reranked candidates")
+    weight: float = Field(
+        description="interpolation weight: final = the logit when 1, else "
+        "weight * zscore(logit) + (1 - weight) * zscore(first_stage_score) over the reranked candidates"
+    )
     first_stage_rank: int = Field(description="rank before reranking, from 1")
     first_stage_score: float = Field(description="score before reranking (fused, BM25 or cosine)")
 
@@ -221,8 +269,10 @@ class SearchResponse(BaseModel):
     k: int
     offset: int
     has_more: bool = Field(description="whether hits exist after this page")
-    spec: dict = Field(description="the search spec applied, in full: the index's defaults, the service's settings and "
-                       "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score, filter, highlight)")
+    spec: dict = Field(
+        description="the search spec applied, in full: the index's defaults, the service's settings and "
+        "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score, filter, highlight)"
+    )
     reranker: str | None = Field(None, description="the cross-encoder, when the spec reranks")
     hits: list[Hit]
     facets: dict[str, list[FacetValue]] | None = None
@@ -230,10 +280,14 @@ class SearchResponse(BaseModel):
 
 
 class BatchRequest(_Strict):
-    searches: list[SearchRequest] = Field(..., min_length=1, max_length=MAX_BATCH,
-                                          description=f"up to {MAX_BATCH} searches, each a full /search request; their queries "
-                                          "are embedded in one model run. One invalid search answers 422 naming its index "
-                                          "(`searches[3].k`) and none is run")
+    searches: list[SearchRequest] = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_BATCH,
+        description=f"up to {MAX_BATCH} searches, each a full /search request; their queries "
+        "are embedded in one model run. One invalid search answers 422 naming its index "
+        "(`searches[3].k`) and none is run",
+    )
 
 
 class BatchResponse(BaseModel):
@@ -251,26 +305,39 @@ class Ready(BaseModel):
     index: str | None = None
     created_at: str | None = Field(None, description="when the served index was built")
     model: str | None = Field(None, description="the embedding model the index was built with")
-    fusion_tuning: dict | None = Field(None, description="what `hybrid tune` measured when it chose the default fusion: metric, "
-                                       "value, queries, qrels, when")
-    defaults: dict | None = Field(None, description="the search spec a request that sets nothing gets: the index's "
-                                  "defaults with the service's settings merged on")
-    evidence: dict | None = Field(None, description="what each fitted default rests on (fusion, hubness, rerank): the metric, "
-                                  "the held-out queries and split, the values compared and the decision")
-    metadata: dict | None = Field(None, description="the corpus's metadata fields: type (keyword, bool, int, float, date) "
-                                  "when filterable, documents with a value, distinct values (keyword), or why not filterable")
+    fusion_tuning: dict | None = Field(
+        None, description="what `hybrid tune` measured when it chose the default fusion: metric, value, queries, qrels, when"
+    )
+    defaults: dict | None = Field(
+        None, description="the search spec a request that sets nothing gets: the index's defaults with the service's settings merged on"
+    )
+    evidence: dict | None = Field(
+        None,
+        description="what each fitted default rests on (fusion, hubness, rerank): the metric, "
+        "the held-out queries and split, the values compared and the decision",
+    )
+    metadata: dict | None = Field(
+        None,
+        description="the corpus's metadata fields: type (keyword, bool, int, float, date) "
+        "when filterable, documents with a value, distinct values (keyword), or why not filterable",
+    )
     writable: bool | None = Field(None, description="whether writes can be taken now (GET /stats says why not)")
     write_refusal: str | None = None
 
 
 class DocumentIn(BaseModel):
-    id: str | int = Field(description="unique id, at most 512 bytes of UTF-8, no control characters, not . or ..; "
-                         "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)")
+    id: str | int = Field(
+        description="unique id, at most 512 bytes of UTF-8, no control characters, not . or ..; "
+        "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)"
+    )
     title: str | None = None
     text: str = Field(description="the body (may be empty when the title is not)")
-    metadata: dict[str, Any] | None = Field(None, description="strings, numbers, true/false, lists of strings, ISO-8601 dates; "
-                                            "a field keeps the type the index or its first write gave it (another "
-                                            "type answers 422)")
+    metadata: dict[str, Any] | None = Field(
+        None,
+        description="strings, numbers, true/false, lists of strings, ISO-8601 dates; "
+        "a field keeps the type the index or its first write gave it (another "
+        "type answers 422)",
+    )
 
 
 class DocumentBatch(BaseModel):
@@ -305,7 +372,12 @@ class Stats(BaseModel):
     last_sequence: int | None = Field(None, description="the last acknowledged write")
     visible_sequence: int | None = Field(None, description="the last write searches see")
     writable: bool = Field(description="whether writes can be taken now")
-    write_refusal: str | None = Field(None, description="why not: this index takes no writes, its folder is read-only, "
-                                      "or the last write failed (the disk was full); cleared by the next write that succeeds")
-    temporary_bytes: int | None = Field(None, description="disk used beside the index by builds and compactions in "
-                                        "progress (or left by a killed one: removed at the next start)")
+    write_refusal: str | None = Field(
+        None,
+        description="why not: this index takes no writes, its folder is read-only, "
+        "or the last write failed (the disk was full); cleared by the next write that succeeds",
+    )
+    temporary_bytes: int | None = Field(
+        None,
+        description="disk used beside the index by builds and compactions in progress (or left by a killed one: removed at the next start)",
+    )

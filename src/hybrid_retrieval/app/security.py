@@ -51,8 +51,10 @@ async def require_write_key(request: Request) -> None:
     """Writes and admin endpoints: refused (403) unless write keys are configured and one is presented."""
     keys: tuple[bytes, ...] = request.app.state.write_keys
     if not keys:
-        raise HTTPException(status_code=403, detail="writes and admin endpoints are disabled: configure HYBRID_WRITE_KEYS "
-                                                    "(or HYBRID_WRITE_KEYS_FILE) to enable them")
+        raise HTTPException(
+            status_code=403,
+            detail="writes and admin endpoints are disabled: configure HYBRID_WRITE_KEYS (or HYBRID_WRITE_KEYS_FILE) to enable them",
+        )
     _check_key(request, keys)
 
 
@@ -60,8 +62,11 @@ def _check_key(request: Request, keys: tuple[bytes, ...]) -> None:
     """401 without a key, 403 with a wrong one; every configured key is compared in constant time."""
     presented = _presented_key(request)
     if not presented:
-        raise HTTPException(status_code=401, detail="missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key'",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            status_code=401,
+            detail="missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     candidate = presented.encode()
     matched = False
     for key in keys:  # no early exit: timing must not reveal which key, or how much of one, matched

@@ -11,13 +11,13 @@ from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
-from hybrid_retrieval.indexer.wal import CorruptLog
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.open import open_any
 from hybrid_retrieval.indexer.shards.writes import ShardedCollection
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
+from hybrid_retrieval.indexer.wal import CorruptLog
 from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
-from hybrid_retrieval.models.cross_encoder import load_cross_encoder, reranking_gained, rerank_weight, weight_evidence
+from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight, reranking_gained, weight_evidence
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
@@ -26,8 +26,6 @@ from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.pipeline import SearchPipeline
 
 logger = logging.getLogger(__name__)
-
-
 
 
 @dataclass(frozen=True)
@@ -63,8 +61,9 @@ def load_reranker(settings, batch: bool = False):
     """The cross-encoder the settings name, loaded once for the life of the service (reloads keep it)."""
     if not settings.reranker:
         return None
-    model = load_cross_encoder(settings.reranker, device=settings.device, precision=settings.reranker_precision,
-                               workers=settings.reranker_workers)
+    model = load_cross_encoder(
+        settings.reranker, device=settings.device, precision=settings.reranker_precision, workers=settings.reranker_workers
+    )
     return BatchingCrossEncoder(model) if batch else model
 
 
@@ -95,8 +94,14 @@ class Reloader:
         self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned, gained=gained)
         if cross_encoder is not None:
             rerank = self.spec["rerank"]
-            logger.info("reranking with %s (%s) on the top %d, weight %g, by default=%s", self.reranker_name,
-                        settings.reranker_precision, rerank["depth"], rerank["weight"], rerank["enabled"])
+            logger.info(
+                "reranking with %s (%s) on the top %d, weight %g, by default=%s",
+                self.reranker_name,
+                settings.reranker_precision,
+                rerank["depth"],
+                rerank["weight"],
+                rerank["enabled"],
+            )
 
     def open(self, index: OpenIndex) -> Serving:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
@@ -105,8 +110,13 @@ class Reloader:
         serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
         if previous is not None and previous.collection is not None and previous.collection is not collection:
             previous.collection.close()  # its log is now the new collection's to write
-        logger.info("serving %s: %d documents, built %s, defaults %s", index.path, serving.documents, index.manifest.created_at,
-                    serving.pipeline.defaults.to_string())
+        logger.info(
+            "serving %s: %d documents, built %s, defaults %s",
+            index.path,
+            serving.documents,
+            index.manifest.created_at,
+            serving.pipeline.defaults.to_string(),
+        )
         return serving
 
     def _collection(self, index: OpenIndex | ShardedIndex) -> tuple[Collection | ShardedCollection | None, str | None]:
@@ -116,8 +126,9 @@ class Reloader:
             if isinstance(index, ShardedIndex):  # each shard's writer embeds its own documents
                 collection = ShardedCollection(index, self.settings.max_batch_docs)
             else:
-                collection = Collection(index, self.settings.max_batch_docs, write_threads=self.settings.write_threads,
-                                        searching=lambda: in_flight.active > 0)
+                collection = Collection(
+                    index, self.settings.max_batch_docs, write_threads=self.settings.write_threads, searching=lambda: in_flight.active > 0
+                )
             collection.on_refresh = functools.partial(self._publish_snapshot, collection)
             return collection, None
         except (CorruptLog, ReplayError):  # serving the index without its logged writes would hide them: refuse
@@ -141,8 +152,9 @@ class Reloader:
         if self.query_cache.size:
             queries = CachedEmbedder(queries, self.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
         view = snapshot if snapshot is not None else index
-        pipeline = view.pipeline(self.spec, executor=self.executor, cross_encoder=self.cross_encoder,
-                                 cross_encoder_name=self.reranker_name, embedder=queries)
+        pipeline = view.pipeline(
+            self.spec, executor=self.executor, cross_encoder=self.cross_encoder, cross_encoder_name=self.reranker_name, embedder=queries
+        )
         serving = Serving(index, pipeline, view.presenter(embedder), self.rerank_evidence, collection, refusal, snapshot)
         previous, self.app.state.serving = self.app.state.serving, serving  # a single reference assignment: atomic
         if previous is None or previous.index is not index:

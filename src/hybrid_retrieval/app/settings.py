@@ -27,66 +27,117 @@ class Settings(BaseSettings):
     verify: Literal[VERIFY_MODES] = Field("full", description="index file check at startup")
     depth: int | None = Field(None, description="hybrid candidates per retriever (default: the index's)")
     parallel_legs: Literal["auto", "on", "off"] = Field(
-        "auto", description="run the BM25 leg beside embedding + dense search; auto: only when queries are embedded on a GPU "
-        "(docs/deployment.md: when it pays)")
+        "auto",
+        description="run the BM25 leg beside embedding + dense search; auto: only when queries are embedded on a GPU "
+        "(docs/deployment.md: when it pays)",
+    )
     max_body_bytes: int = Field(64 * 1024, ge=1024)
     max_in_flight: int = Field(64, ge=1, description="searches processed at once; more get 503 + Retry-After")
-    search_threads: int | None = Field(None, ge=1, description="threads that run searches; more in flight wait for one (up "
-                                       "to HYBRID_MAX_IN_FLIGHT). Default: cores + 1, one model run per core and one thread "
-                                       "in Python; more threads lengthen the tail (docs/deployment.md)")
+    search_threads: int | None = Field(
+        None,
+        ge=1,
+        description="threads that run searches; more in flight wait for one (up "
+        "to HYBRID_MAX_IN_FLIGHT). Default: cores + 1, one model run per core and one thread "
+        "in Python; more threads lengthen the tail (docs/deployment.md)",
+    )
     http: Literal["auto", "h11", "httptools"] = Field("auto", description="uvicorn's HTTP parser; auto: httptools when installed")
     loop: Literal["auto", "asyncio", "uvloop"] = Field("auto", description="uvicorn's event loop; auto: uvloop when installed")
     inference_threads: int | Literal["auto"] = Field(
-        "auto", description="threads of each CPU model run that embeds a query or a highlight's sentences; auto: all cores "
+        "auto",
+        description="threads of each CPU model run that embeds a query or a highlight's sentences; auto: all cores "
         "while a search runs alone, one per search while several run (so concurrent searches never oversubscribe the cores); "
-        "N: always N")
-    query_cache_size: int = Field(10_000, ge=0, description="query embeddings kept (LRU, keyed by the model's checksum and "
-                                  "the query's token ids); 0: no cache")
-    api_keys: str | None = Field(None, description="comma-separated read keys (search); unset, with no write keys either: "
-                                 "searches need no key")
+        "N: always N",
+    )
+    query_cache_size: int = Field(
+        10_000, ge=0, description="query embeddings kept (LRU, keyed by the model's checksum and the query's token ids); 0: no cache"
+    )
+    api_keys: str | None = Field(
+        None, description="comma-separated read keys (search); unset, with no write keys either: searches need no key"
+    )
     api_keys_file: Path | None = Field(None, description="file with one read key per line")
-    write_keys: str | None = Field(None, description="comma-separated write keys: search, write documents, /admin/*; unset "
-                                   "(and no file): writes and admin endpoints are refused")
+    write_keys: str | None = Field(
+        None,
+        description="comma-separated write keys: search, write documents, /admin/*; unset "
+        "(and no file): writes and admin endpoints are refused",
+    )
     write_keys_file: Path | None = Field(None, description="file with one write key per line")
     refresh_interval: float = Field(1.0, gt=0, le=3600, description="seconds between publishing writes to searches")
     max_batch_docs: int = Field(1000, ge=1, description="documents per write batch")
-    write_threads: int | None = Field(None, ge=1, description="cores that embedding written documents may use, one batch "
-                                      "at a time; default: all while no search runs, half while searches run")
-    blas_threads: int = Field(1, ge=1, description="threads of NumPy's BLAS in the service (its products per request are "
-                              "small; more threads spin beside ONNX Runtime's and slow searches down under load)")
-    compact_fraction: float = Field(0.1, gt=0, description="compact in the background once live documents and deletions "
-                                    "reach this share of the base segment (and HYBRID_COMPACT_MIN_DOCS)")
+    write_threads: int | None = Field(
+        None,
+        ge=1,
+        description="cores that embedding written documents may use, one batch "
+        "at a time; default: all while no search runs, half while searches run",
+    )
+    blas_threads: int = Field(
+        1,
+        ge=1,
+        description="threads of NumPy's BLAS in the service (its products per request are "
+        "small; more threads spin beside ONNX Runtime's and slow searches down under load)",
+    )
+    compact_fraction: float = Field(
+        0.1,
+        gt=0,
+        description="compact in the background once live documents and deletions "
+        "reach this share of the base segment (and HYBRID_COMPACT_MIN_DOCS)",
+    )
     compact_min_docs: int = Field(1000, ge=1, description="the fewest changed documents worth a background compaction")
-    max_write_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="body limit of the write endpoints (PUT "
-                                      "/documents, deletes); HYBRID_MAX_BODY_BYTES is every other route's")
-    request_timeout: float = Field(30.0, gt=0, le=3600, description="seconds a search (or a batch of them) may run; past it "
-                                   "its work stops and it answers 504")
-    write_timeout: float = Field(120.0, gt=0, le=3600, description="seconds a write may spend before it is logged (embedding "
-                                 "its documents); past it nothing is written and it answers 504")
-    graceful_shutdown: float = Field(5.0, ge=0, le=3600, description="seconds a stop waits for requests in progress; then "
-                                     "they are cancelled (their work stops too)")
+    max_write_body_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="body limit of the write endpoints (PUT /documents, deletes); HYBRID_MAX_BODY_BYTES is every other route's",
+    )
+    request_timeout: float = Field(
+        30.0, gt=0, le=3600, description="seconds a search (or a batch of them) may run; past it its work stops and it answers 504"
+    )
+    write_timeout: float = Field(
+        120.0,
+        gt=0,
+        le=3600,
+        description="seconds a write may spend before it is logged (embedding "
+        "its documents); past it nothing is written and it answers 504",
+    )
+    graceful_shutdown: float = Field(
+        5.0, ge=0, le=3600, description="seconds a stop waits for requests in progress; then they are cancelled (their work stops too)"
+    )
     cors_origins: str = Field("", description="comma-separated origins allowed by CORS; empty: CORS off")
     log_level: str = "info"
-    reranker: str | None = Field(None, description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
-                                 "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)")
+    reranker: str | None = Field(
+        None,
+        description="cross-encoder: a `hybrid train-reranker` folder, an ONNX export folder, "
+        "or a sentence-transformers CrossEncoder name or path (exported to ONNX on first use; needs torch)",
+    )
     query_precision: Literal[SERVED_PRECISIONS] = Field(
-        "auto", description="ONNX weights that embed queries (documents are always embedded in fp32); auto: int8 on CPU "
-        "(about as good, faster: docs/BENCHMARKS.md, \"Query precision and cache\") and fp32 on GPU; `hybrid eval` and `hybrid tune` "
-        "embed queries the same way (--query-precision)")
+        "auto",
+        description="ONNX weights that embed queries (documents are always embedded in fp32); auto: int8 on CPU "
+        '(about as good, faster: docs/BENCHMARKS.md, "Query precision and cache") and fp32 on GPU; `hybrid eval` and `hybrid tune` '
+        "embed queries the same way (--query-precision)",
+    )
     reranker_precision: Literal[SERVED_PRECISIONS] = Field(
-        "auto", description="ONNX weights of the reranker; auto: int8 on CPU (about as good, faster: docs/BENCHMARKS.md, "
-        "\"Rerankers\") and fp32 on GPU")
-    reranker_workers: int | None = Field(None, ge=1, description="cross-encoder runs side by side on CPU, each on one core "
-                                         "(a request's pairs are spread over them; concurrent requests share them); "
-                                         "default: one per core")
+        "auto",
+        description="ONNX weights of the reranker; auto: int8 on CPU (about as good, faster: docs/BENCHMARKS.md, "
+        '"Rerankers") and fp32 on GPU',
+    )
+    reranker_workers: int | None = Field(
+        None,
+        ge=1,
+        description="cross-encoder runs side by side on CPU, each on one core "
+        "(a request's pairs are spread over them; concurrent requests share them); "
+        "default: one per core",
+    )
     rerank_depth: int = Field(DEFAULT_RERANK_DEPTH, description="first-stage hits reranked when a request does not say")
-    rerank_weight: float | None = Field(None, description="interpolation weight of the cross-encoder when a request does not "
-                                        "say (1: its logit alone); default: the weight `hybrid train-reranker` tuned on "
-                                        "held-out queries, else 1")
+    rerank_weight: float | None = Field(
+        None,
+        description="interpolation weight of the cross-encoder when a request does not "
+        "say (1: its logit alone); default: the weight `hybrid train-reranker` tuned on "
+        "held-out queries, else 1",
+    )
     rerank_by_default: bool = Field(True, description="rerank requests that do not say `rerank` (when a reranker is set)")
     batch_queries: Literal["auto", "on", "off"] = Field(
-        "auto", description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
-        "when the models run on a GPU (docs/deployment.md: when it pays)")
+        "auto",
+        description="coalesce concurrent requests' query embedding and reranking into shared model runs; auto: only "
+        "when the models run on a GPU (docs/deployment.md: when it pays)",
+    )
 
     def spec_overrides(self, reranking: bool, tuned_weight: float | None = None, gained: bool | None = None) -> dict:
         """The partial search spec these settings put over the index's defaults. `tuned_weight` and `gained`:

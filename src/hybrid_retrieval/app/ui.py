@@ -9,10 +9,16 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 
 UI_DIR = Path(__file__).parent / "ui"
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-           "Cache-Control": "no-cache"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+)
+HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 ASSET_TYPES = {"playground.js": "text/javascript; charset=utf-8", "playground.css": "text/css; charset=utf-8"}
 # Read once: a few kilobytes, and the page must load fast.
 _PAGE = (UI_DIR / "index.html").read_bytes()

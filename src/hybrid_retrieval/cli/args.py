@@ -23,9 +23,13 @@ def add_device(parser: argparse.ArgumentParser, help: str = "FAISS / ONNX device
 
 
 def add_query_precision(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--query-precision", choices=SERVED_PRECISIONS, default="auto",
-                        help="weights that embed queries, as the service's HYBRID_QUERY_PRECISION (default auto: int8 on CPU, "
-                        "fp32 on a GPU): evaluate and tune what you serve")
+    parser.add_argument(
+        "--query-precision",
+        choices=SERVED_PRECISIONS,
+        default="auto",
+        help="weights that embed queries, as the service's HYBRID_QUERY_PRECISION (default auto: int8 on CPU, "
+        "fp32 on a GPU): evaluate and tune what you serve",
+    )
 
 
 def add_quiet(parser: argparse.ArgumentParser) -> None:

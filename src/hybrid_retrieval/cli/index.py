@@ -13,12 +13,12 @@ from pathlib import Path
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
-from hybrid_retrieval.indexer.shards.layout import check_shard_count
-from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.corpus import read_corpus
 from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR
 from hybrid_retrieval.indexer.live.repair import repair_log
+from hybrid_retrieval.indexer.shards.layout import check_shard_count
+from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.providers import BACKENDS
@@ -33,17 +33,33 @@ def register(commands) -> None:
     p = commands.add_parser("index", help="build an index from a BEIR folder or a JSONL corpus")
     p.add_argument("corpus", type=Path)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--skip-if-current", action="store_true",
-                   help="do nothing when --out already holds an index of this corpus (same sha256; build options are not compared)")
+    p.add_argument(
+        "--skip-if-current",
+        action="store_true",
+        help="do nothing when --out already holds an index of this corpus (same sha256; build options are not compared)",
+    )
     add_device(p)
     add_build_flags(p)
     g = p.add_argument_group("scale-out")
-    g.add_argument("--shards", type=int, help="split the built index into N shards by a stable hash of the id "
-                   "(corpus-wide BM25 statistics in each; serve them with `hybrid serve --ray`)")
-    g.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                   help="embed the documents on a Ray cluster (none: start a local Ray instance); needs the ray extra")
-    g.add_argument("--embed-actors", type=int, default=1, help="with --ray: embedding actors (one ONNX session each; "
-                   "one GPU each when the cluster has as many GPUs)")
+    g.add_argument(
+        "--shards",
+        type=int,
+        help="split the built index into N shards by a stable hash of the id "
+        "(corpus-wide BM25 statistics in each; serve them with `hybrid serve --ray`)",
+    )
+    g.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="embed the documents on a Ray cluster (none: start a local Ray instance); needs the ray extra",
+    )
+    g.add_argument(
+        "--embed-actors",
+        type=int,
+        default=1,
+        help="with --ray: embedding actors (one ONNX session each; one GPU each when the cluster has as many GPUs)",
+    )
     p.set_defaults(run=run_index)
 
     p = commands.add_parser("shard", help="split a built index into N shards (corpus-wide BM25 statistics, hubness kept)")
@@ -60,14 +76,18 @@ def register(commands) -> None:
     add_device(p)
     p.set_defaults(run=run_ingest)
 
-    p = commands.add_parser("repair", help="salvage a damaged write-ahead log: keep every intact record, report what "
-                            "could not be read (stop the service first)")
+    p = commands.add_parser(
+        "repair", help="salvage a damaged write-ahead log: keep every intact record, report what could not be read (stop the service first)"
+    )
     p.add_argument("index", type=Path)
     p.add_argument("--dry-run", action="store_true", help="report only; change nothing")
     p.set_defaults(run=run_repair)
 
-    p = commands.add_parser("reembed", help="embed an index's documents again with another model (e.g. from train-embedder or adapt): "
-                            "new FAISS index, hubness refitted, fusion re-tuned; published atomically")
+    p = commands.add_parser(
+        "reembed",
+        help="embed an index's documents again with another model (e.g. from train-embedder or adapt): "
+        "new FAISS index, hubness refitted, fusion re-tuned; published atomically",
+    )
     p.add_argument("index", type=Path)
     p.add_argument("--model", required=True, help="sentence-transformers model name or local path")
     p.add_argument("--precision", choices=PRECISIONS, help="ONNX weights that embed the documents (default: the index's)")
@@ -87,26 +107,42 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("index build")
     g.add_argument("--model", default=default(BuildOptions, "model"), help="sentence-transformers model name or local path")
     g.add_argument("--backend", choices=BACKENDS, default=default(BuildOptions, "backend"), help="how documents are embedded")
-    g.add_argument("--precision", choices=PRECISIONS, default=default(BuildOptions, "precision"),
-                   help="ONNX weights that embed documents and later writes (int8: faster on CPU, see docs/BENCHMARKS.md)")
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=default(BuildOptions, "precision"),
+        help="ONNX weights that embed documents and later writes (int8: faster on CPU, see docs/BENCHMARKS.md)",
+    )
     g.add_argument("--faiss", choices=FAISS_KINDS, default=default(FaissParams, "kind"))
     g.add_argument("--nlist", type=int, default=default(FaissParams, "nlist"), help="IVF clusters (default ~4*sqrt(n))")
     g.add_argument("--nprobe", type=int, default=default(FaissParams, "nprobe"))
     g.add_argument("--hnsw-m", type=int, default=default(FaissParams, "hnsw_m"))
-    g.add_argument("--pq-m", type=int, default=default(FaissParams, "pq_m"),
-                   help="ivfpq: bytes a vector (sub-quantizers; must divide the dimension)")
-    g.add_argument("--pq-refine", type=int, default=default(FaissParams, "pq_refine"),
-                   help="ivfpq: candidates fetched per result and rescored exactly with the stored vectors")
+    g.add_argument(
+        "--pq-m", type=int, default=default(FaissParams, "pq_m"), help="ivfpq: bytes a vector (sub-quantizers; must divide the dimension)"
+    )
+    g.add_argument(
+        "--pq-refine",
+        type=int,
+        default=default(FaissParams, "pq_refine"),
+        help="ivfpq: candidates fetched per result and rescored exactly with the stored vectors",
+    )
     g.add_argument("--ef-search", type=int, default=default(FaissParams, "ef_search"))
     g.add_argument("--bm25-method", choices=BM25_METHODS, default=default(BM25Params, "method"))
     g.add_argument("--k1", type=float, default=default(BM25Params, "k1"))
     g.add_argument("--b", type=float, default=default(BM25Params, "b"))
     g.add_argument("--stopwords", choices=STOPWORD_LISTS, default=default(Analyzer, "stopwords"))
     g.add_argument("--stemmer", choices=STEMMERS, default=default(Analyzer, "stemmer"))
-    g.add_argument("--flat-search-cutoff", type=int, default=default(FaissParams, "flat_search_cutoff"),
-                   help="IVF and HNSW: a filter admitting at most this many documents is scored exactly over their vectors")
-    g.add_argument("--filterable", type=_field_list, help="metadata fields to index for filters, comma-separated "
-                   "(default: every field whose values share a type; \"\" for none)")
+    g.add_argument(
+        "--flat-search-cutoff",
+        type=int,
+        default=default(FaissParams, "flat_search_cutoff"),
+        help="IVF and HNSW: a filter admitting at most this many documents is scored exactly over their vectors",
+    )
+    g.add_argument(
+        "--filterable",
+        type=_field_list,
+        help='metadata fields to index for filters, comma-separated (default: every field whose values share a type; "" for none)',
+    )
     g.add_argument("--batch-size", type=int, default=default(BuildOptions, "batch_size"))
     add_quiet(g)
 
@@ -135,8 +171,10 @@ def run_ingest(args) -> None:
             deleted = len(ids)
     finally:
         collection.close()
-    print(f"{written} documents upserted, {deleted} ids deleted in {time.perf_counter() - started:.1f} s; logged up to "
-          f"sequence {collection.seq} in {args.index / LIVE_DIR} (a running service picks them up on restart or reload)")
+    print(
+        f"{written} documents upserted, {deleted} ids deleted in {time.perf_counter() - started:.1f} s; logged up to "
+        f"sequence {collection.seq} in {args.index / LIVE_DIR} (a running service picks them up on restart or reload)"
+    )
 
 
 def run_repair(args) -> int:
@@ -155,12 +193,26 @@ def run_reembed(args) -> None:
 
 def build_options(args) -> BuildOptions:
     return BuildOptions(
-        model=args.model, backend=args.backend, precision=args.precision, analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
+        model=args.model,
+        backend=args.backend,
+        precision=args.precision,
+        analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
         bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
-        faiss=FaissParams(kind=args.faiss, nlist=args.nlist, nprobe=args.nprobe, hnsw_m=args.hnsw_m, pq_m=args.pq_m, pq_refine=args.pq_refine,
-                          ef_search=args.ef_search,
-                          flat_search_cutoff=args.flat_search_cutoff),
-        device=args.device, batch_size=args.batch_size, progress=not args.quiet, filterable=args.filterable)
+        faiss=FaissParams(
+            kind=args.faiss,
+            nlist=args.nlist,
+            nprobe=args.nprobe,
+            hnsw_m=args.hnsw_m,
+            pq_m=args.pq_m,
+            pq_refine=args.pq_refine,
+            ef_search=args.ef_search,
+            flat_search_cutoff=args.flat_search_cutoff,
+        ),
+        device=args.device,
+        batch_size=args.batch_size,
+        progress=not args.quiet,
+        filterable=args.filterable,
+    )
 
 
 def _field_list(text: str) -> tuple[str, ...]:
@@ -186,13 +238,17 @@ def run_index(args) -> None:
             split_index(Path(work) / "index", args.out, args.shards, verify="size")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     into = f"{args.out} ({args.shards} shards)" if args.shards else args.out
-    print(f"indexed {manifest.documents} documents into {into} in {time.perf_counter() - started:.1f} s "
-          f"(peak memory {peak:.0f} MiB); stages: {json.dumps(manifest.build)}")
+    print(
+        f"indexed {manifest.documents} documents into {into} in {time.perf_counter() - started:.1f} s "
+        f"(peak memory {peak:.0f} MiB); stages: {json.dumps(manifest.build)}"
+    )
 
 
 def run_shard(args) -> None:
     started = time.perf_counter()
     info = split_index(args.index, args.out, args.shards)
     sizes = ", ".join(str(shard["documents"]) for shard in info["shards"])
-    print(f"split {info['documents']} documents of {args.index} into {len(info['shards'])} shards at {args.out} "
-          f"({sizes} documents) in {time.perf_counter() - started:.1f} s")
+    print(
+        f"split {info['documents']} documents of {args.index} into {len(info['shards'])} shards at {args.out} "
+        f"({sizes} documents) in {time.perf_counter() - started:.1f} s"
+    )

@@ -33,12 +33,17 @@ def register(commands) -> None:
     p.add_argument("--offset", type=int, default=0, help="hits to skip (page 2 of 10: --offset 10)")
     add_filter(p)
     p.add_argument("--highlight", action="store_true", help="show the best snippet of each hit, query terms in [brackets]")
-    p.add_argument("--fields", type=lambda text: text if text == "*" else text.split(","),
-                   help="metadata fields to show, comma-separated, or '*'")
+    p.add_argument(
+        "--fields", type=lambda text: text if text == "*" else text.split(","), help="metadata fields to show, comma-separated, or '*'"
+    )
     p.add_argument("--json", action="store_true")
-    p.add_argument("--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)")
+    p.add_argument(
+        "--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)"
+    )
     p.add_argument("--reranker-precision", choices=SERVED_PRECISIONS, default="auto", help="auto: int8 on CPU, fp32 on GPU")
-    p.add_argument("--rerank-weight", type=float, help="interpolation weight of the cross-encoder, 0..1 (default: its tuned weight, else 1)")
+    p.add_argument(
+        "--rerank-weight", type=float, help="interpolation weight of the cross-encoder, 0..1 (default: its tuned weight, else 1)"
+    )
     add_device(p)
     p.set_defaults(run=run_search)
 
@@ -74,8 +79,20 @@ def run_search(args) -> None:
     result = pipeline.search(args.query, args.k, spec, offset=args.offset)
     hits = presenter.hits(result, args.query, fields=fields)
     if args.json:
-        print(json.dumps({"query": args.query, "offset": result.offset, "has_more": result.has_more, "spec": result.spec.to_dict(),
-                          "hits": hits, "timings_ms": result.timings_ms}, indent=2, ensure_ascii=False))
+        print(
+            json.dumps(
+                {
+                    "query": args.query,
+                    "offset": result.offset,
+                    "has_more": result.has_more,
+                    "spec": result.spec.to_dict(),
+                    "hits": hits,
+                    "timings_ms": result.timings_ms,
+                },
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
         return
     for hit in hits:
         print(f"{hit['rank']:>4}  {hit['score']:10.4f}  {hit['id']:<16} {hit['title'][:80]}")

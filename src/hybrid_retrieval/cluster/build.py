@@ -35,8 +35,14 @@ class EmbedActor:
         return {"id": positions, "vector": np.asarray(self.embedder.encode(texts, batch_size=self.batch_size), np.float32)}
 
 
-def ray_embed(address: str | None = None, actors: int = 1, precision: str = "fp32", device: str = "auto",
-              batch_size: int = EMBED_BATCH, block_docs: int = 256):
+def ray_embed(
+    address: str | None = None,
+    actors: int = 1,
+    precision: str = "fp32",
+    device: str = "auto",
+    batch_size: int = EMBED_BATCH,
+    block_docs: int = 256,
+):
     """An `embed(folder, onnx_folder)` for indexer.build.build_index that runs on Ray (started locally when `address`
     is None)."""
     if actors < 1 or block_docs < 1:
@@ -51,9 +57,18 @@ def ray_embed(address: str | None = None, actors: int = 1, precision: str = "fp3
         per_actor = {"num_gpus": 1} if gpus >= actors else {"num_cpus": 0.5}
         dataset = ray.data.range(count, override_num_blocks=max(1, -(-count // block_docs)))
         embedded = dataset.map_batches(
-            EmbedActor, fn_constructor_kwargs={"folder": str(folder), "onnx_folder": str(onnx_folder), "precision": precision,
-                                               "device": "gpu" if "num_gpus" in per_actor else "cpu", "batch_size": batch_size},
-            batch_size=block_docs, compute=ray.data.ActorPoolStrategy(size=actors), **per_actor)
+            EmbedActor,
+            fn_constructor_kwargs={
+                "folder": str(folder),
+                "onnx_folder": str(onnx_folder),
+                "precision": precision,
+                "device": "gpu" if "num_gpus" in per_actor else "cpu",
+                "batch_size": batch_size,
+            },
+            batch_size=block_docs,
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            **per_actor,
+        )
         vectors = None
         for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
             if vectors is None:

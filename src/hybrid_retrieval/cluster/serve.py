@@ -68,9 +68,24 @@ def deployment_name(i: int, role: str = "") -> str:
 
 
 # what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.ShardedCollection)
-SHARD_METHODS = frozenset({"describe", "search", "statistics", "raw_top1", "documents", "document_by_id", "facet_counts",
-                           "upsert", "delete", "refresh", "needs_compaction", "compact", "stats",
-                           "field_types"})
+SHARD_METHODS = frozenset(
+    {
+        "describe",
+        "search",
+        "statistics",
+        "raw_top1",
+        "documents",
+        "document_by_id",
+        "facet_counts",
+        "upsert",
+        "delete",
+        "refresh",
+        "needs_compaction",
+        "compact",
+        "stats",
+        "field_types",
+    }
+)
 
 
 class ShardReplica:
@@ -97,8 +112,10 @@ class ShardReplica:
                     logger.info("shard %s reopened at version %s", self.folder, self.version[:12])
                     previous.close()
             if version != self.version:
-                raise RuntimeError(f"shard {self.folder} is at version {self.version[:12]}, the coordinator asked for "
-                                   f"{version[:12]}: the folder changed again; reload")
+                raise RuntimeError(
+                    f"shard {self.folder} is at version {self.version[:12]}, the coordinator asked for "
+                    f"{version[:12]}: the folder changed again; reload"
+                )
         return self.searcher
 
     def call(self, version: str, method: str, *args):
@@ -120,14 +137,22 @@ class RemoteShard:
         return lambda *args: self.handle.call.remote(self.version, method, *args).result()
 
 
-def open_remote(folder: Path, handles: list, writer_handles: list | None = None, device: str = "auto",
-                query_precision: str = "auto", verify: str = "full") -> ShardedIndex:
+def open_remote(
+    folder: Path,
+    handles: list,
+    writer_handles: list | None = None,
+    device: str = "auto",
+    query_precision: str = "auto",
+    verify: str = "full",
+) -> ShardedIndex:
     """The coordinator's view of the sharded index at `folder`, its shards answering through `handles` and taking
     writes through `writer_handles`."""
     info = read_shards(folder)
     if len(handles) != len(info["shards"]):
-        raise ConfigError(f"{folder} now has {len(info['shards'])} shards and {len(handles)} shard deployments run: "
-                          "redeploy (`hybrid serve --ray` again) to change the number of shards")
+        raise ConfigError(
+            f"{folder} now has {len(info['shards'])} shards and {len(handles)} shard deployments run: "
+            "redeploy (`hybrid serve --ray` again) to change the number of shards"
+        )
     versions = [shard_version(Path(folder) / shard["folder"]) for shard in info["shards"]]
     clients = [RemoteShard(handle, version) for handle, version in zip(handles, versions)]
     writers = [RemoteShard(handle, version) for handle, version in zip(writer_handles, versions)] if writer_handles else None
@@ -147,27 +172,31 @@ def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
     info = read_shards(folder)
     shard_options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": replica_cpus}}
     writer_options = {"num_replicas": 1, "ray_actor_options": {"num_cpus": replica_cpus}}
-    shards = [serve.deployment(ShardReplica, name=deployment_name(i, role), **options).bind(
-                  str(folder / shard["folder"]), settings.verify, settings.device)
-              for role, options in (("", shard_options), ("writer", writer_options))
-              for i, shard in enumerate(info["shards"])]
+    shards = [
+        serve.deployment(ShardReplica, name=deployment_name(i, role), **options).bind(
+            str(folder / shard["folder"]), settings.verify, settings.device
+        )
+        for role, options in (("", shard_options), ("writer", writer_options))
+        for i, shard in enumerate(info["shards"])
+    ]
     count = len(info["shards"])
     settings = settings.model_copy(update={"index": folder})
 
     def build_app():  # evaluated in the ingress replica: the handles and the coordinator live there
         def opener():
-            handles = {role: [serve.get_deployment_handle(deployment_name(i, role), app_name=APP_NAME) for i in range(count)]
-                       for role in ("", "writer")}
-            return open_remote(folder, handles[""], handles["writer"], settings.device, settings.query_precision,
-                               settings.verify)
+            handles = {
+                role: [serve.get_deployment_handle(deployment_name(i, role), app_name=APP_NAME) for i in range(count)]
+                for role in ("", "writer")
+            }
+            return open_remote(folder, handles[""], handles["writer"], settings.device, settings.query_precision, settings.verify)
+
         return create_app(settings, opener=opener)
 
     class Ingress:
         def __init__(self, *shard_handles):
             self.shards = shard_handles  # bound so that Serve deploys the shards with the ingress
 
-    ingress = serve.deployment(serve.ingress(build_app)(Ingress), name="ingress",
-                               ray_actor_options={"num_cpus": replica_cpus})
+    ingress = serve.deployment(serve.ingress(build_app)(Ingress), name="ingress", ray_actor_options={"num_cpus": replica_cpus})
     return ingress.bind(*shards)
 
 
@@ -179,23 +208,26 @@ def _stop_on_signals(stop: threading.Event) -> None:
 def _wait_until_up(serve, deadline: float, application: bool, missed: TimeoutError) -> None:
     """Poll Serve's status until every proxy is healthy (and, with `application`, the application runs); raise `missed`
     (Ray's own timeout) once `deadline` passes."""
-    logger.warning("%s Waiting up to %.0f s more for Ray Serve to come up (%s)", missed,
-                   max(0.0, deadline - time.monotonic()), START_TIMEOUT_VARIABLE)
+    logger.warning(
+        "%s Waiting up to %.0f s more for Ray Serve to come up (%s)", missed, max(0.0, deadline - time.monotonic()), START_TIMEOUT_VARIABLE
+    )
     while True:
         status = serve.status()
         app = status.applications.get(APP_NAME)
         if app is not None and app.status == "DEPLOY_FAILED":
             raise RuntimeError(f"deploying {APP_NAME} on Ray Serve failed: {app.message}")
-        if status.proxies and all(proxy == "HEALTHY" for proxy in status.proxies.values()) and (
-                not application or (app is not None and app.status == "RUNNING")):
+        if (
+            status.proxies
+            and all(proxy == "HEALTHY" for proxy in status.proxies.values())
+            and (not application or (app is not None and app.status == "RUNNING"))
+        ):
             return
         if time.monotonic() > deadline:
             raise missed
         time.sleep(1)
 
 
-def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None,
-        block: bool = True):
+def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None, block: bool = True):
     """Deploy on the cluster at `address` (a local instance when None) and serve HTTP on the settings' host and port."""
     deadline = time.monotonic() + start_timeout()  # read first: a bad value fails before Ray starts
     connect(address, num_cpus)
@@ -213,8 +245,7 @@ def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0,
     except TimeoutError as missed:  # the same fixed wait, after the application is deployed
         _wait_until_up(serve, deadline, application=True, missed=missed)
         handle = serve.get_app_handle(APP_NAME)
-    logger.info("serving %s on Ray Serve at http://%s:%d (%d replica(s) per shard)", settings.index, settings.host,
-                settings.port, replicas)
+    logger.info("serving %s on Ray Serve at http://%s:%d (%d replica(s) per shard)", settings.index, settings.host, settings.port, replicas)
     if block:
         _stop_on_signals(stop)
         stop.wait()
@@ -236,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     from hybrid_retrieval.app.__main__ import parse_settings
 
     parser = argparse.ArgumentParser(prog="hybrid serve --ray", description="serve a sharded index on Ray Serve")
-    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                        help="Ray cluster address (e.g. 127.0.0.1:6379); none: start a local Ray instance")
+    parser.add_argument(
+        "--ray", nargs="?", const="", metavar="ADDRESS", help="Ray cluster address (e.g. 127.0.0.1:6379); none: start a local Ray instance"
+    )
     parser.add_argument("--replicas", type=int, default=1, help="replicas of each shard's deployment")
     parser.add_argument("--replica-cpus", type=float, default=0.0, help="CPUs Ray reserves for each replica (default 0)")
     settings, args = parse_settings(argv, parser)

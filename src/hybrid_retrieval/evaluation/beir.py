@@ -28,8 +28,9 @@ def ensure_dataset(name: str, root: Path | str) -> Path:
             with urllib.request.urlopen(url, timeout=60) as response, archive.open("wb") as fh:
                 shutil.copyfileobj(response, fh)
         except OSError as exc:
-            raise RuntimeError(f"{target} is missing and downloading {url} failed ({exc}); "
-                               f"set BEIR_DATA to a folder that holds {name}/corpus.jsonl") from exc
+            raise RuntimeError(
+                f"{target} is missing and downloading {url} failed ({exc}); set BEIR_DATA to a folder that holds {name}/corpus.jsonl"
+            ) from exc
         with zipfile.ZipFile(archive) as zf:
             zf.extractall(tmp)
         (Path(tmp) / name).rename(target)

@@ -48,8 +48,9 @@ def plot_histograms(report: dict, path, k: int = 10) -> None:
     plt.close(fig)
 
 
-def write_report(index_dir: Path, queries_path: Path, split_qrels: Path | None = None, k: int = 10,
-                 out: Path | None = None) -> tuple[int, Path, dict, dict]:
+def write_report(
+    index_dir: Path, queries_path: Path, split_qrels: Path | None = None, k: int = 10, out: Path | None = None
+) -> tuple[int, Path, dict, dict]:
     """Report every variant for the queries (of one split), write report.json and the histogram into
     `out` (default INDEX/hubness_report); returns (queries, out, rows, the index's default correction and
     the evidence it rests on)."""
@@ -60,8 +61,9 @@ def write_report(index_dir: Path, queries_path: Path, split_qrels: Path | None =
         queries = read_queries(queries_path)
         if split_qrels:
             queries = {q: queries[q] for q in read_qrels(split_qrels) if q in queries}
-        report = hubness_report(index.query_embedder.encode(list(queries.values())), np.asarray(index.embeddings),
-                                index.hubness.correction, index.doc_ids, k=k)
+        report = hubness_report(
+            index.query_embedder.encode(list(queries.values())), np.asarray(index.embeddings), index.hubness.correction, index.doc_ids, k=k
+        )
         default = {"hubness": index.manifest.defaults.to_dict()["hubness"], "evidence": index.manifest.evidence.get("hubness")}
     finally:
         index.close()

@@ -29,21 +29,29 @@ def compare_to_baseline(per_query: dict[str, dict[str, dict[str, float]]], basel
         a = np.array([metrics[metric][q] for q in qids])
         out[name] = {
             "p_value": 1.0 if name == baseline else randomization_test(a, b),
-            "wins": int((a > b + 1e-9).sum()), "ties": int((np.abs(a - b) <= 1e-9).sum()), "losses": int((a < b - 1e-9).sum()),
+            "wins": int((a > b + 1e-9).sum()),
+            "ties": int((np.abs(a - b) <= 1e-9).sum()),
+            "losses": int((a < b - 1e-9).sum()),
         }
     return out
 
 
 def markdown_table(report: dict, comparison: dict, baseline: str) -> str:
     metrics = [m for m in next(iter(report["pipelines"].values()))]
-    lines = [f"# {report['dataset']} / {report['split']} ({report['queries']} queries)", "",
-             "| pipeline | " + " | ".join(metrics) + f" | vs {baseline} (nDCG@10 wins/ties/losses) |",
-             "|---|" + "---:|" * len(metrics) + "---|"]
+    lines = [
+        f"# {report['dataset']} / {report['split']} ({report['queries']} queries)",
+        "",
+        "| pipeline | " + " | ".join(metrics) + f" | vs {baseline} (nDCG@10 wins/ties/losses) |",
+        "|---|" + "---:|" * len(metrics) + "---|",
+    ]
     for name, values in report["pipelines"].items():
         c = comparison[name]
         mark = "†" if c["p_value"] < ALPHA and name != baseline else ""
-        lines.append(f"| {name}{mark} | " + " | ".join(f"{values[m]:.4f}" for m in metrics)
-                     + f" | {c['wins']}/{c['ties']}/{c['losses']} (p={c['p_value']:.3g}) |")
+        lines.append(
+            f"| {name}{mark} | "
+            + " | ".join(f"{values[m]:.4f}" for m in metrics)
+            + f" | {c['wins']}/{c['ties']}/{c['losses']} (p={c['p_value']:.3g}) |"
+        )
     lines += ["", f"† nDCG@10 differs from {baseline} at p < {ALPHA} (paired two-sided randomisation test, 10,000 permutations)."]
     return "\n".join(lines) + "\n"
 
@@ -53,10 +61,17 @@ def first_stage_table(pipelines: dict) -> list[str]:
     rows = [(name, r["vs_first_stage"]) for name, r in pipelines.items() if "vs_first_stage" in r]
     if not rows:
         return []
-    return ["", "Reranking against its own first stage (per-query nDCG@10, paired randomisation test):", "",
-            "| pipeline | first stage | nDCG@10 change | wins/ties/losses | p |", "|---|---|---:|---|---:|",
-            *(f"| {name} | {v['first_stage']} | {v['ndcg@10_delta']:+.4f} | {v['wins']}/{v['ties']}/{v['losses']} | {v['p_value']:.3g} |"
-              for name, v in rows)]
+    return [
+        "",
+        "Reranking against its own first stage (per-query nDCG@10, paired randomisation test):",
+        "",
+        "| pipeline | first stage | nDCG@10 change | wins/ties/losses | p |",
+        "|---|---|---:|---|---:|",
+        *(
+            f"| {name} | {v['first_stage']} | {v['ndcg@10_delta']:+.4f} | {v['wins']}/{v['ties']}/{v['losses']} | {v['p_value']:.3g} |"
+            for name, v in rows
+        ),
+    ]
 
 
 def plot_charts(report: dict, comparison: dict, out: Path, baseline: str) -> None:
@@ -95,15 +110,18 @@ def plot_charts(report: dict, comparison: dict, out: Path, baseline: str) -> Non
 
 def console_table(report: dict) -> str:
     """One dataset's report as aligned text: a row per pipeline, then what each reranker added."""
-    lines = [f"{report['dataset']} / {report['split']} ({report['queries']} queries; fusion tuned on "
-             f"{report['tuned_on'] or 'nothing: untuned'})"]
+    lines = [
+        f"{report['dataset']} / {report['split']} ({report['queries']} queries; fusion tuned on {report['tuned_on'] or 'nothing: untuned'})"
+    ]
     columns = [c for c, v in next(iter(report["pipelines"].values())).items() if not isinstance(v, dict)]
     widths = [max(10, len(c) + 2) for c in columns]
     name_width = max(22, *(len(name) + 2 for name in report["pipelines"]))
     lines.append(f"{'pipeline':<{name_width}}" + "".join(f"{c:>{w}}" for c, w in zip(columns, widths)))
     for name, metrics in report["pipelines"].items():
-        lines.append(f"{name:<{name_width}}" + "".join(f"{metrics[c]:>{w}.4f}" if isinstance(metrics[c], float) else f"{metrics[c]:>{w}}"
-                                                       for c, w in zip(columns, widths)))
+        lines.append(
+            f"{name:<{name_width}}"
+            + "".join(f"{metrics[c]:>{w}.4f}" if isinstance(metrics[c], float) else f"{metrics[c]:>{w}}" for c, w in zip(columns, widths))
+        )
     return "\n".join(lines + first_stage_table(report["pipelines"]) + baseline_index_table(report.get("baseline_index")))
 
 
@@ -113,7 +131,9 @@ def baseline_index_table(comparison: dict | None, metric: str = "ndcg@10") -> li
         return []
     lines = [f"against {comparison['index']} ({comparison['model']}), {metric}, paired randomisation test:"]
     for name, row in comparison["pipelines"].items():
-        lines.append(f"  {name:<22}{row['baseline'][metric]:.4f} -> {row['baseline'][metric] + row[f'{metric}_delta']:.4f} "
-                     f"({row[f'{metric}_delta']:+.4f}, p = {row['p_value']:.4f}; {row['wins']}/{row['ties']}/{row['losses']} "
-                     "wins/ties/losses)")
+        lines.append(
+            f"  {name:<22}{row['baseline'][metric]:.4f} -> {row['baseline'][metric] + row[f'{metric}_delta']:.4f} "
+            f"({row[f'{metric}_delta']:+.4f}, p = {row['p_value']:.4f}; {row['wins']}/{row['ties']}/{row['losses']} "
+            "wins/ties/losses)"
+        )
     return lines

@@ -59,8 +59,9 @@ def tuned_pipelines(manifest: Manifest) -> list[str]:
     return [fusion_to_string(fusion) for fusion in fusions]
 
 
-def run_queries(pipeline: SearchPipeline, ids: list[str], queries: dict[str, str], spec: dict, k: int = 100,
-                progress: bool = False, name: str = ""):
+def run_queries(
+    pipeline: SearchPipeline, ids: list[str], queries: dict[str, str], spec: dict, k: int = 100, progress: bool = False, name: str = ""
+):
     """{query_id: {doc_id: score}} and the rankings (internal indices), in query order."""
     resolved = pipeline.resolve(spec)
     run, rankings = {}, []

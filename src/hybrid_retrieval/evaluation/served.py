@@ -17,8 +17,9 @@ from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.training.metrics import evaluate
 
 
-def served_quality(index_dir: Path, dataset: Path, split: str = "test", env: dict[str, str] | None = None, k: int = 100,
-                   request: dict | None = None) -> dict:
+def served_quality(
+    index_dir: Path, dataset: Path, split: str = "test", env: dict[str, str] | None = None, k: int = 100, request: dict | None = None
+) -> dict:
     """Metrics of the split's queries as served; `request`: more fields for every POST /search (e.g. a mode). Also each
     request's round-trip time in `latencies_ms`, in query order."""
     import httpx  # a dev dependency, like every server-starting benchmark
@@ -35,8 +36,14 @@ def served_quality(index_dir: Path, dataset: Path, split: str = "test", env: dic
                 response.raise_for_status()
                 run[qid] = {hit["id"]: hit["score"] for hit in response.json()["hits"]}
     metrics = {name: round(value, 4) for name, value in evaluate(run, qrels).items()}
-    return {"split": split, "queries": len(queries), **metrics, "defaults": ready["defaults"], "evidence": ready["evidence"],
-            "latencies_ms": latencies_ms}
+    return {
+        "split": split,
+        "queries": len(queries),
+        **metrics,
+        "defaults": ready["defaults"],
+        "evidence": ready["evidence"],
+        "latencies_ms": latencies_ms,
+    }
 
 
 def main() -> None:

@@ -18,8 +18,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(index_dir: Path | str, env: dict[str, str] | None = None, ready_timeout_s: float = 120.0,
-                   cwd: Path | str | None = None, module: str = "hybrid_retrieval.app"):
+def running_server(
+    index_dir: Path | str,
+    env: dict[str, str] | None = None,
+    ready_timeout_s: float = 120.0,
+    cwd: Path | str | None = None,
+    module: str = "hybrid_retrieval.app",
+):
     """Yield (base url, process) once /ready answers 200; terminate the server on exit. `cwd`: where the server runs;
     `module`: what `python -m` starts (another version of the service, found through `env`'s PYTHONPATH)."""
     import httpx  # a dev dependency: only benchmarks and tests start servers
@@ -27,10 +32,18 @@ def running_server(index_dir: Path | str, env: dict[str, str] | None = None, rea
     port = free_port()
     # Benchmarks repeat their queries: with the query cache on they would time the cache, not the model (a cache hit
     # has its own row), so it is off unless `env` turns it on.
-    environment = {**os.environ, "HYBRID_INDEX": str(Path(index_dir).resolve()), "HYBRID_PORT": str(port), "HYBRID_HOST": "127.0.0.1",
-                   "HYBRID_LOG_LEVEL": "warning", "HYBRID_QUERY_CACHE_SIZE": "0", **(env or {})}
-    process = subprocess.Popen([sys.executable, "-m", module], env=environment, cwd=cwd,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environment = {
+        **os.environ,
+        "HYBRID_INDEX": str(Path(index_dir).resolve()),
+        "HYBRID_PORT": str(port),
+        "HYBRID_HOST": "127.0.0.1",
+        "HYBRID_LOG_LEVEL": "warning",
+        "HYBRID_QUERY_CACHE_SIZE": "0",
+        **(env or {}),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", module], env=environment, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout_s

@@ -56,27 +56,30 @@ class EvalConfig:
     baseline_index: Path | None = None  # every pipeline also runs there and is compared (e.g. before `hybrid reembed`)
 
 
-def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool,
-                           query_precision: str = "auto") -> str | None:
+def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, progress: bool, query_precision: str = "auto") -> str | None:
     """Tune the fusion on the dataset's train (else dev) split unless already tuned; never on `eval_split`."""
     if read_manifest(index_dir).fusion_tuning:
         return None
     for split in TUNING_SPLITS:
         if split != eval_split and (dataset / "qrels" / f"{split}.tsv").is_file():
             queries, qrels = split_queries(dataset, split)
-            tune_index(index_dir, queries, qrels, dataset / "qrels" / f"{split}.tsv", progress=progress,
-                       query_precision=query_precision)
+            tune_index(index_dir, queries, qrels, dataset / "qrels" / f"{split}.tsv", progress=progress, query_precision=query_precision)
             return split
     return None
 
 
-def _cache_key(manifest: Manifest, spec: dict, queries: dict, k: int, reranker: dict | None = None,
-               query_precision: str = "fp32") -> str:
+def _cache_key(manifest: Manifest, spec: dict, queries: dict, k: int, reranker: dict | None = None, query_precision: str = "fp32") -> str:
     """Everything a run depends on: index files, hubness fit, the resolved spec, queries, depth, reranker, the
     weights that embedded the queries."""
-    signature = {"files": {f: v["sha256"] for f, v in manifest.files.items()}, "query_precision": query_precision,
-                 "hubness": asdict(manifest.hubness.params) if manifest.hubness else None, "spec": spec,
-                 "queries": sorted(queries.items()), "k": k, "reranker": reranker}
+    signature = {
+        "files": {f: v["sha256"] for f, v in manifest.files.items()},
+        "query_precision": query_precision,
+        "hubness": asdict(manifest.hubness.params) if manifest.hubness else None,
+        "spec": spec,
+        "queries": sorted(queries.items()),
+        "k": k,
+        "reranker": reranker,
+    }
     return hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -110,8 +113,9 @@ class _Pipelines:
         if not self.config.reranker:
             raise ConfigError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
         if self.trained_on == self.config.split:
-            raise ConfigError(f"the reranker {self.config.reranker} was trained and tuned on the {self.trained_on!r} split: "
-                              "evaluate it on another split")
+            raise ConfigError(
+                f"the reranker {self.config.reranker} was trained and tuned on the {self.trained_on!r} split: evaluate it on another split"
+            )
         if pipeline.precision not in self._reranking:
             model = CachingCrossEncoder(load_cross_encoder(self.config.reranker, precision=pipeline.precision))
             defaults = {"rerank": {"depth": self.config.rerank_depth, "weight": rerank_weight(self.config.reranker)}}
@@ -126,8 +130,7 @@ class _Pipelines:
 
 def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Path | None = None) -> dict:
     queries, qrels = split_queries(dataset, config.split)
-    tuned_on = (tune_on_labelled_split(index_dir, dataset, config.split, config.progress, config.query_precision)
-                if config.tune else None)
+    tuned_on = tune_on_labelled_split(index_dir, dataset, config.split, config.progress, config.query_precision) if config.tune else None
     index = open_index(index_dir, verify="size", query_precision=config.query_precision)
     names = list(config.pipelines) + (tuned_pipelines(index.manifest) if config.all_fusions else [])
     names += hubness_pipelines() if config.all_hubness else []
@@ -137,9 +140,17 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
         cache = out / "cache"
         cache.mkdir(exist_ok=True)
     tuning = index.manifest.fusion_tuning
-    report = {"dataset": dataset.name, "split": config.split, "queries": len(queries), "index": str(index_dir),
-              "tuned_on": tuned_on or (tuning.qrels if tuning else None), "defaults": index.manifest.defaults.to_dict(),
-              "filter": config.filter, "pipelines": {}, "specs": {}}
+    report = {
+        "dataset": dataset.name,
+        "split": config.split,
+        "queries": len(queries),
+        "index": str(index_dir),
+        "tuned_on": tuned_on or (tuning.qrels if tuning else None),
+        "defaults": index.manifest.defaults.to_dict(),
+        "filter": config.filter,
+        "pipelines": {},
+        "specs": {},
+    }
     per_query = {}
     pipelines = _Pipelines(config, index)
     for name in dict.fromkeys(names):
@@ -161,10 +172,14 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
         report["pipelines"][name]["vs_first_stage"] = vs
     if out:
         (out / "report.json").write_text(json.dumps(report, indent=2))
-        metrics_only = {**report, "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()}}
-        (out / "report.md").write_text(markdown_table(metrics_only, comparison, baseline)
-                                       + "".join(line + "\n" for line in first_stage_table(report["pipelines"])
-                                                 + baseline_index_table(report.get("baseline_index"))))
+        metrics_only = {
+            **report,
+            "pipelines": {s: {m: v for m, v in r.items() if m in per_query[s]} for s, r in report["pipelines"].items()},
+        }
+        (out / "report.md").write_text(
+            markdown_table(metrics_only, comparison, baseline)
+            + "".join(line + "\n" for line in first_stage_table(report["pipelines"]) + baseline_index_table(report.get("baseline_index")))
+        )
         plot_charts(report, comparison, out, baseline)
     return report
 
@@ -178,13 +193,15 @@ def _score(pipelines: _Pipelines, name: str, config: EvalConfig, queries: dict, 
     search = pipelines.get(pipeline)
     spec = search.resolve(pipeline.spec).to_dict()
     key = _cache_key(index.manifest, spec, queries, config.k, pipelines.identity(pipeline), index.query_precision)
-    run, rankings = _cached_run(cache, key, lambda: run_queries(search, index.doc_ids, queries, pipeline.spec, config.k,
-                                                                config.progress, name))
+    run, rankings = _cached_run(
+        cache, key, lambda: run_queries(search, index.doc_ids, queries, pipeline.spec, config.k, config.progress, name)
+    )
     return spec, run, rankings, per_query_scores(run, qrels)
 
 
-def _against_baseline_index(config: EvalConfig, queries: dict, qrels: dict, cache: Path | None,
-                            per_query: dict, metric: str = "ndcg@10") -> dict:
+def _against_baseline_index(
+    config: EvalConfig, queries: dict, qrels: dict, cache: Path | None, per_query: dict, metric: str = "ndcg@10"
+) -> dict:
     """Each pipeline run on `config.baseline_index` too (its own defaults: its tuned fusion; the same reranker), and the
     paired randomisation test of this index's row against that one."""
     index = open_index(config.baseline_index, verify="size", query_precision=config.query_precision)
@@ -192,8 +209,10 @@ def _against_baseline_index(config: EvalConfig, queries: dict, qrels: dict, cach
     rows = {}
     for name in per_query:
         *_, base = _score(pipelines, name, config, queries, qrels, cache)
-        rows[name] = {"baseline": {m: round(sum(v.values()) / len(qrels), 4) for m, v in base.items()},
-                      **paired_change(base, per_query[name], metric)}
+        rows[name] = {
+            "baseline": {m: round(sum(v.values()) / len(qrels), 4) for m, v in base.items()},
+            **paired_change(base, per_query[name], metric),
+        }
     model = index.manifest.embedder
     index.close()
     return {"index": str(config.baseline_index), "model": model.model, "model_checksum": model.model_checksum, "pipelines": rows}
@@ -228,8 +247,9 @@ def summary_table(reports: list[dict], metric: str = "ndcg@10") -> str:
     return f"{metric} on the {reports[0]['split']} split\n\n" + "\n".join(lines) + "\n"
 
 
-def evaluate_datasets(datasets: list[Path], config: EvalConfig, index_dir: Path | None = None, out: Path | None = None,
-                      build: BuildOptions = BuildOptions()) -> list[dict]:
+def evaluate_datasets(
+    datasets: list[Path], config: EvalConfig, index_dir: Path | None = None, out: Path | None = None, build: BuildOptions = BuildOptions()
+) -> list[dict]:
     """Evaluate each dataset on its index (`index_dir`, or indexes/<dataset>, built with `build` when
     missing); with `out`, write each dataset's artefacts under out/<dataset> and the summary beside them."""
     if index_dir and len(datasets) > 1:

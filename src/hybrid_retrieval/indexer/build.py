@@ -29,7 +29,16 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.corpus import corpus_file, indexed_text, read_corpus
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
-from hybrid_retrieval.indexer.manifest import MANIFEST, CorpusInfo, EmbedderInfo, FaissInfo, IndexOpenError, Manifest, read_manifest, write_manifest
+from hybrid_retrieval.indexer.manifest import (
+    MANIFEST,
+    CorpusInfo,
+    EmbedderInfo,
+    FaissInfo,
+    IndexOpenError,
+    Manifest,
+    read_manifest,
+    write_manifest,
+)
 from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import PRECISIONS, export_onnx
 from hybrid_retrieval.models.providers import BACKENDS
@@ -81,8 +90,13 @@ class BuildOptions:
 def _versions() -> dict:
     # faiss and onnxruntime by module version: their CPU and GPU wheels have different distribution names
     packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy")}
-    return {"python": platform.python_version(), **packages, "faiss": faiss.__version__,
-            "onnxruntime": onnxruntime.__version__, "platform": platform.platform()}
+    return {
+        "python": platform.python_version(),
+        **packages,
+        "faiss": faiss.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
@@ -91,8 +105,7 @@ def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
     return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision)
 
 
-def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector,
-                     progress: bool) -> list[list[str]]:
+def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector, progress: bool) -> list[list[str]]:
     """Pass 1 over the corpus: validate, store, analyse, collect metadata. Cheap, so errors surface before embedding."""
     writer = store.DocStoreWriter(folder)
     tokens = []
@@ -126,8 +139,9 @@ def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) ->
     return np.load(folder / store.EMBEDDINGS)
 
 
-def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions(),
-                embed: Callable[[Path, Path], np.ndarray] | None = None) -> Manifest:
+def build_index(
+    corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions(), embed: Callable[[Path, Path], np.ndarray] | None = None
+) -> Manifest:
     """Build the index for `corpus` at `out` (replacing any index there) and return its manifest. `embed(folder,
     onnx_folder)`, when given, embeds the documents stored in `folder` (e.g. on a Ray cluster: cluster.build) and returns
     one vector per document in their order, in place of this process's embedder."""
@@ -144,15 +158,23 @@ def build_index(corpus: Path | str, out: Path | str, options: BuildOptions = Bui
     embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None
 
     with publish_dir(out) as tmp:
-        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started,
-                              embed=embed)
+        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started, embed=embed)
     logger.info("index of %d documents published at %s", manifest.documents, out)
     return manifest
 
 
-def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path, embedder_spec: dict, *, embedder=None,
-               vectors: np.ndarray | None = None, started: float | None = None,
-               embed: Callable[[Path, Path], np.ndarray] | None = None) -> Manifest:
+def build_into(
+    tmp: Path,
+    source: Path,
+    options: BuildOptions,
+    onnx_folder: Path,
+    embedder_spec: dict,
+    *,
+    embedder=None,
+    vectors: np.ndarray | None = None,
+    started: float | None = None,
+    embed: Callable[[Path, Path], np.ndarray] | None = None,
+) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
     in corpus order) as given."""
@@ -197,8 +219,12 @@ def build_into(tmp: Path, source: Path, options: BuildOptions, onnx_folder: Path
         bm25_engine="bm25s",
         bm25=options.bm25,
         embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend, document_precision=options.precision),
-        faiss=FaissInfo(factory=options.faiss.factory(num_docs), metric="inner_product",
-                        built_on_gpu=use_gpu(options.device, options.faiss.kind), params=options.faiss),
+        faiss=FaissInfo(
+            factory=options.faiss.factory(num_docs),
+            metric="inner_product",
+            built_on_gpu=use_gpu(options.device, options.faiss.kind),
+            params=options.faiss,
+        ),
         # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
         defaults=SearchSpec(),
         files=store.file_inventory(tmp),

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from hybrid_retrieval.search.errors import HybridError
 

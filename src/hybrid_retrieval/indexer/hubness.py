@@ -59,7 +59,9 @@ def load_bank(path: Path | str, split_qrels: Path | str | None = None) -> tuple[
     path = Path(path)
     if path.suffix == ".jsonl":
         if split_qrels is None:
-            raise ConfigError(f"{path} holds the queries of every split: pass --split-qrels (e.g. qrels/train.tsv) to choose the bank's split")
+            raise ConfigError(
+                f"{path} holds the queries of every split: pass --split-qrels (e.g. qrels/train.tsv) to choose the bank's split"
+            )
         split_qrels = Path(split_qrels)
         if split_qrels.stem == "test":
             raise ConfigError(f"refusing {split_qrels}: test queries must never enter a bank; use a train or dev split")
@@ -90,8 +92,9 @@ def sample_gallery(num_docs: int, size: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(num_docs, size=min(size, num_docs), replace=False))
 
 
-def fit_with_banks(query_bank: np.ndarray, gallery_bank: np.ndarray, gallery_self: np.ndarray, embeddings: np.ndarray,
-                   params: HubnessParams) -> tuple[HubnessCorrection, dict[str, tuple[np.ndarray, np.ndarray]]]:
+def fit_with_banks(
+    query_bank: np.ndarray, gallery_bank: np.ndarray, gallery_self: np.ndarray, embeddings: np.ndarray, params: HubnessParams
+) -> tuple[HubnessCorrection, dict[str, tuple[np.ndarray, np.ndarray]]]:
     """Both methods' biases and activation sets for given banks; `gallery_self[i]` is the corpus index of gallery
     member i's own document (-1: none). Returns the correction and each bank member's top-k (sims, doc idx)."""
     query = bank_statistics(query_bank, embeddings, params.beta, params.k)
@@ -105,8 +108,9 @@ def fit_with_banks(query_bank: np.ndarray, gallery_bank: np.ndarray, gallery_sel
     return correction, {"query": (query.top_sims, query.top_idx), "gallery": (gallery.top_sims, gallery.top_idx)}
 
 
-def fit_correction(bank: np.ndarray, embeddings: np.ndarray, params: HubnessParams,
-                   gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0) -> tuple[HubnessCorrection, np.ndarray]:
+def fit_correction(
+    bank: np.ndarray, embeddings: np.ndarray, params: HubnessParams, gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0
+) -> tuple[HubnessCorrection, np.ndarray]:
     """Both corrections with a gallery sampled from the corpus; returns the correction and the gallery's doc indices."""
     gallery = sample_gallery(len(embeddings), gallery_size, seed)
     return fit_with_banks(bank, embeddings[gallery], gallery, embeddings, params)[0], gallery
@@ -128,18 +132,30 @@ def write_correction(folder: Path, correction: HubnessCorrection, banks: Banks, 
     faiss.write_index(augmented, str(folder / AUGMENTED_FAISS))
 
 
-def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params: HubnessParams,
-                default: HubnessSpec | None = None, gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0,
-                tuning: dict | None = None, bank: np.ndarray | None = None, evidence: dict | None = None,
-                beta_source: dict | None = None, gallery: tuple[np.ndarray, list[str]] | None = None) -> Manifest:
+def fit_hubness(
+    index: OpenIndex,
+    bank_texts: list[str],
+    bank_info: dict,
+    params: HubnessParams,
+    default: HubnessSpec | None = None,
+    gallery_size: int = DEFAULT_GALLERY_SIZE,
+    seed: int = 0,
+    tuning: dict | None = None,
+    bank: np.ndarray | None = None,
+    evidence: dict | None = None,
+    beta_source: dict | None = None,
+    gallery: tuple[np.ndarray, list[str]] | None = None,
+) -> Manifest:
     """Fit both corrections for `bank_texts` (embedded here unless `bank` holds their vectors), write
     them into the index folder. The gallery bank is a seeded sample of `gallery_size` documents, or `gallery`
     (vectors, ids): e.g. the banks of another fit. `default`, when given, becomes the index's hubness default
     (`evidence`: why); otherwise the default is no correction: one earned with an earlier fit does not carry over
     to new betas or a new bank. Returns the new manifest."""
     if index.manifest.faiss.params.kind == "ivfpq":
-        raise ConfigError("a hubness correction searches vectors augmented with its biases, which product quantization "
-                          "would blur: fit it on an index built with --faiss flat, ivf or hnsw")
+        raise ConfigError(
+            "a hubness correction searches vectors augmented with its biases, which product quantization "
+            "would blur: fit it on an index built with --faiss flat, ivf or hnsw"
+        )
     started = time.perf_counter()
     bank = index.query_embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)
@@ -167,9 +183,15 @@ def fit_hubness(index: OpenIndex, bank_texts: list[str], bank_info: dict, params
         else:
             manifest.evidence["hubness"] = evidence
         manifest.hubness = HubnessInfo(
-            folder=name, params=params, bank={**bank_info, "sha256": _texts_digest(bank_texts)},
-            gallery=gallery_info, activation={b: int(mask.sum()) for b, mask in correction.activation.items()},
-            fit_seconds=round(time.perf_counter() - started, 2), tuning=tuning, beta_source=beta_source)
+            folder=name,
+            params=params,
+            bank={**bank_info, "sha256": _texts_digest(bank_texts)},
+            gallery=gallery_info,
+            activation={b: int(mask.sum()) for b, mask in correction.activation.items()},
+            fit_seconds=round(time.perf_counter() - started, 2),
+            tuning=tuning,
+            beta_source=beta_source,
+        )
 
     manifest = update_manifest(index.path, record)
     if previous and previous != name:

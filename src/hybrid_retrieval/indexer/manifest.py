@@ -126,27 +126,40 @@ class Manifest:
 
     def to_dict(self) -> dict:
         return {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "builder_version": self.builder_version,
-            "created_at": self.created_at, "versions": self.versions, "corpus": asdict(self.corpus), "counts": self.counts,
-            "analyzer": self.analyzer.to_dict(), "bm25": {"engine": self.bm25_engine, **asdict(self.bm25)},
-            "embedder": asdict(self.embedder), "faiss": asdict(self.faiss), "defaults": self.defaults.to_dict(),
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "builder_version": self.builder_version,
+            "created_at": self.created_at,
+            "versions": self.versions,
+            "corpus": asdict(self.corpus),
+            "counts": self.counts,
+            "analyzer": self.analyzer.to_dict(),
+            "bm25": {"engine": self.bm25_engine, **asdict(self.bm25)},
+            "embedder": asdict(self.embedder),
+            "faiss": asdict(self.faiss),
+            "defaults": self.defaults.to_dict(),
             "fusion_tuning": asdict(self.fusion_tuning) if self.fusion_tuning else None,
-            "hubness": asdict(self.hubness) if self.hubness else None, "evidence": self.evidence,
+            "hubness": asdict(self.hubness) if self.hubness else None,
+            "evidence": self.evidence,
             "metadata": {name: info.to_dict() for name, info in self.metadata.items()},
-            "applied_sequence": self.applied_sequence, "shard": self.shard,
-            "files": self.files, "build": self.build,
+            "applied_sequence": self.applied_sequence,
+            "shard": self.shard,
+            "files": self.files,
+            "build": self.build,
         }
 
     @classmethod
-    def from_dict(cls, data: dict, where: str = MANIFEST) -> "Manifest":
+    def from_dict(cls, data: dict, where: str = MANIFEST) -> Manifest:
         """The manifest of `data`, after checking its format and version (the one place that does)."""
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise IndexOpenError(f"{where}: format is {found!r}, expected {FORMAT!r}")
         version = data.get("format_version")
         if version not in READABLE_VERSIONS:
-            raise IndexOpenError(f"{where}: format version {version} is not supported by this build "
-                                 f"(reads {', '.join(map(str, READABLE_VERSIONS))}); rebuild the index with `hybrid index`")
+            raise IndexOpenError(
+                f"{where}: format version {version} is not supported by this build "
+                f"(reads {', '.join(map(str, READABLE_VERSIONS))}); rebuild the index with `hybrid index`"
+            )
         try:
             if version == 1:
                 data = _from_version_1(data)
@@ -155,11 +168,19 @@ class Manifest:
             hubness = data.get("hubness")
             tuning = data.get("fusion_tuning")
             return cls(
-                builder_version=data["builder_version"], created_at=data["created_at"], versions=data["versions"],
-                corpus=CorpusInfo(**data["corpus"]), counts=data["counts"], analyzer=Analyzer.from_dict(data["analyzer"]),
-                bm25_engine=bm25.pop("engine"), bm25=BM25Params(**bm25), embedder=EmbedderInfo(**data["embedder"]),
+                builder_version=data["builder_version"],
+                created_at=data["created_at"],
+                versions=data["versions"],
+                corpus=CorpusInfo(**data["corpus"]),
+                counts=data["counts"],
+                analyzer=Analyzer.from_dict(data["analyzer"]),
+                bm25_engine=bm25.pop("engine"),
+                bm25=BM25Params(**bm25),
+                embedder=EmbedderInfo(**data["embedder"]),
                 faiss=FaissInfo(**{**faiss, "params": FaissParams(**faiss["params"])}),
-                defaults=SearchSpec.from_dict(data["defaults"]), files=data["files"], build=data.get("build", {}),
+                defaults=SearchSpec.from_dict(data["defaults"]),
+                files=data["files"],
+                build=data.get("build", {}),
                 fusion_tuning=FusionTuning(**tuning) if tuning else None,
                 hubness=HubnessInfo(**{**hubness, "params": HubnessParams(**hubness["params"])}) if hubness else None,
                 evidence=data.get("evidence", {}),

@@ -29,8 +29,14 @@ from hybrid_retrieval.search.errors import HybridError
 logger = logging.getLogger(__name__)
 
 
-def reembed(index_dir: Path | str, model: str, precision: str | None = None, device: str = "auto",
-            onnx_cache: Path | None = None, progress: bool = True) -> Manifest:
+def reembed(
+    index_dir: Path | str,
+    model: str,
+    precision: str | None = None,
+    device: str = "auto",
+    onnx_cache: Path | None = None,
+    progress: bool = True,
+) -> Manifest:
     """Re-embed the index at `index_dir` with `model` (a name or path; documents at `precision`, default the index's)."""
     index_dir = Path(index_dir).resolve()
     index = open_index(index_dir, verify="size", device=device)
@@ -41,14 +47,16 @@ def reembed(index_dir: Path | str, model: str, precision: str | None = None, dev
         state = collection.snapshot
         old = index.manifest
         onnx_folder = export_onnx(resolve_model(model), onnx_cache)
-        options = replace(build_options_of(index), model=model, precision=precision or old.embedder.document_precision,
-                          device=device, progress=progress)
+        options = replace(
+            build_options_of(index), model=model, precision=precision or old.embedder.document_precision, device=device, progress=progress
+        )
         embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
         with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
             corpus, _ = current_corpus(index, state.base_alive, state.live.docs, Path(work))
             with publish_dir(index_dir) as tmp:
-                manifest = build_into(tmp, corpus, options, onnx_folder, json.loads((onnx_folder / CONFIG_FILE).read_text()),
-                                      embedder=embedder)
+                manifest = build_into(
+                    tmp, corpus, options, onnx_folder, json.loads((onnx_folder / CONFIG_FILE).read_text()), embedder=embedder
+                )
                 # every logged write is in the new base, embedded by the new model: the log starts afresh after them
                 manifest.corpus, manifest.applied_sequence = old.corpus, state.seq
                 manifest.defaults = old.defaults.merge({"hubness": {"method": "none"}})
@@ -57,8 +65,10 @@ def reembed(index_dir: Path | str, model: str, precision: str | None = None, dev
                 manifest.build["reembedded_from"] = {"model": old.embedder.model, "model_checksum": old.embedder.model_checksum}
                 write_manifest(tmp, manifest)
                 if _size(wal) != logged:
-                    raise HybridError(f"{index_dir}: documents were written while re-embedding; nothing changed. "
-                                      "Pause writes (or stop the service) and run it again")
+                    raise HybridError(
+                        f"{index_dir}: documents were written while re-embedding; nothing changed. "
+                        "Pause writes (or stop the service) and run it again"
+                    )
     finally:
         collection.close()
         index.close()

@@ -186,8 +186,10 @@ class OpenIndex:
     def postings(self) -> Postings:
         """Term frequencies for BM25 with live statistics (search.postings), read on first use."""
         if not (self.path / POSTINGS_DIR).is_dir():
-            raise IndexOpenError(f"{self.path} was built before live writes were supported (it has no {POSTINGS_DIR}/): "
-                                 "rebuild it with `hybrid index` to accept writes")
+            raise IndexOpenError(
+                f"{self.path} was built before live writes were supported (it has no {POSTINGS_DIR}/): "
+                "rebuild it with `hybrid index` to accept writes"
+            )
         return Postings.load(self.path)
 
     @functools.cached_property
@@ -204,15 +206,24 @@ class OpenIndex:
         idx = self.doc_positions.get(doc_id)
         return self.docs.get(idx) if idx is not None else None
 
-    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
-                 embedder=None) -> SearchPipeline:
+    def pipeline(
+        self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "", embedder=None
+    ) -> SearchPipeline:
         """A search pipeline over this index whose defaults are the manifest's, with `overrides` (a partial
         spec: the service's settings) merged on. `cross_encoder` enables the rerank stage; `embedder`
         replaces the index's own (e.g. a batching wrapper around it)."""
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
-        return SearchPipeline(self.bm25, self.dense, embedder or self.query_embedder, self.embeddings,
-                              defaults=self.manifest.defaults.merge(overrides), executor=executor, hubness=self.hubness,
-                              reranker=reranker, metadata=self.metadata)
+        return SearchPipeline(
+            self.bm25,
+            self.dense,
+            embedder or self.query_embedder,
+            self.embeddings,
+            defaults=self.manifest.defaults.merge(overrides),
+            executor=executor,
+            hubness=self.hubness,
+            reranker=reranker,
+            metadata=self.metadata,
+        )
 
     def presenter(self, embedder=None) -> Presenter:
         """Builds the hits of this index's results (stored fields, highlights, facets); `embedder` as in `pipeline`."""
@@ -222,8 +233,7 @@ class OpenIndex:
         self.docs.close()
 
 
-def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None,
-               query_precision: str = "auto") -> OpenIndex:
+def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None, query_precision: str = "auto") -> OpenIndex:
     """Open and verify an index; queries will use the analyzer and embedder it was built with, at `query_precision`
     (auto: int8 on CPU, fp32 on a GPU; see resolve_precision).
 
@@ -238,20 +248,37 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
     dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device, embeddings)
     docs = DocStore(folder)
-    counts = {"documents": manifest.documents, "bm25": bm25.num_docs, "dense": dense.num_docs,
-              "docs": len(docs), "embeddings": len(embeddings)}
+    counts = {
+        "documents": manifest.documents,
+        "bm25": bm25.num_docs,
+        "dense": dense.num_docs,
+        "docs": len(docs),
+        "embeddings": len(embeddings),
+    }
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
     embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device, precision=manifest.embedder.document_precision)
-    precision = (resolve_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder))
-                 if isinstance(embedder, OnnxEmbedder) else "fp32")  # a torch embedder embeds queries itself
+    precision = (
+        resolve_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder)) if isinstance(embedder, OnnxEmbedder) else "fp32"
+    )  # a torch embedder embeds queries itself
     if embedder.dimension != dense.dimension:
         raise IndexOpenError(f"embedder dimension {embedder.dimension} != index dimension {dense.dimension}")
     metadata = None
     if any(info.filterable for info in manifest.metadata.values()):
         metadata = MetadataColumns.load(folder, manifest.metadata, manifest.documents)
-    return OpenIndex(folder, manifest, manifest.analyzer, bm25, dense, docs, embeddings, embedder,
-                     _load_hubness(folder, manifest, device), metadata, precision)
+    return OpenIndex(
+        folder,
+        manifest,
+        manifest.analyzer,
+        bm25,
+        dense,
+        docs,
+        embeddings,
+        embedder,
+        _load_hubness(folder, manifest, device),
+        metadata,
+        precision,
+    )
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:
@@ -267,10 +294,14 @@ def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearc
     augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params, device)
     banks = None
     if (where / GALLERY_IDS).exists():
-        banks = Banks(*(np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS),
-                      json.loads((where / GALLERY_IDS).read_text(encoding="utf-8")),
-                      {bank: (np.load(where / f"neighbours_{bank}_sims.npy"), np.load(where / f"neighbours_{bank}_idx.npy"))
-                       for bank in ACTIVATION_BANKS})
+        banks = Banks(
+            *(np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS),
+            json.loads((where / GALLERY_IDS).read_text(encoding="utf-8")),
+            {
+                bank: (np.load(where / f"neighbours_{bank}_sims.npy"), np.load(where / f"neighbours_{bank}_idx.npy"))
+                for bank in ACTIVATION_BANKS
+            },
+        )
     return HubnessSearcher(correction, augmented, banks)
 
 

@@ -43,9 +43,11 @@ class CorruptLog(HybridError):
     """A damaged record with intact records after it: the log cannot be replayed without losing them."""
 
     def __init__(self, path: Path, record: int, offset: int, reason: str, intact_after: int):
-        super().__init__(f"{path}: record {record} at byte offset {offset} is damaged ({reason}), and {intact_after} intact "
-                         f"record(s) follow it. Nothing was applied past it. Stop the service and run `hybrid repair "
-                         f"{path.parent.parent}` to keep every intact record (it reports what it cannot read)")
+        super().__init__(
+            f"{path}: record {record} at byte offset {offset} is damaged ({reason}), and {intact_after} intact "
+            f"record(s) follow it. Nothing was applied past it. Stop the service and run `hybrid repair "
+            f"{path.parent.parent}` to keep every intact record (it reports what it cannot read)"
+        )
         self.path, self.record, self.offset, self.reason, self.intact_after = path, record, offset, reason, intact_after
 
 
@@ -201,8 +203,9 @@ class WriteAheadLog:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise HybridError(f"{self.path} is held by another process writing to this index (a running service: "
-                                  "write through its API)") from None
+                raise HybridError(
+                    f"{self.path} is held by another process writing to this index (a running service: write through its API)"
+                ) from None
         self._fd = fd
         self._unrestored: OSError | None = None  # a failed append that could not be rolled back yet
         self._records: list[dict] | None = None
@@ -217,8 +220,13 @@ class WriteAheadLog:
             self._end = found.clean_end if not found.legacy else os.fstat(self._fd).st_size
             if found.torn_tail is not None and not found.legacy:
                 tail = found.torn_tail
-                logger.warning("%s: cutting a torn record at byte %d (%d bytes, %s): a write that was never acknowledged",
-                               self.path, tail.offset, tail.end - tail.offset, tail.reason)
+                logger.warning(
+                    "%s: cutting a torn record at byte %d (%d bytes, %s): a write that was never acknowledged",
+                    self.path,
+                    tail.offset,
+                    tail.end - tail.offset,
+                    tail.reason,
+                )
                 self._truncate()
         except OSError as exc:
             self.close()
@@ -238,8 +246,9 @@ class WriteAheadLog:
             try:
                 self._truncate()
             except OSError as exc:
-                raise StorageError.of(exc, f"{self.path} could not be restored after a failed write, so it takes no "
-                                           "writes until it can be") from None
+                raise StorageError.of(
+                    exc, f"{self.path} could not be restored after a failed write, so it takes no writes until it can be"
+                ) from None
             self._unrestored = None
         data = frame(record)
         try:
@@ -262,8 +271,9 @@ class WriteAheadLog:
             self._truncate()
         except OSError as exc:
             self._unrestored = exc
-            logger.error("%s: could not cut a failed write back to byte %d (%s); appends are refused until it can be",
-                         self.path, self._end, exc)
+            logger.error(
+                "%s: could not cut a failed write back to byte %d (%s); appends are refused until it can be", self.path, self._end, exc
+            )
 
     def _replace_with(self, records: list[dict]) -> None:
         """Replace the file's content with `records` (a crash leaves the old or the new file) and reopen it."""
@@ -279,7 +289,7 @@ class WriteAheadLog:
             self._fd = None
 
     @classmethod
-    def rewrite(cls, path: Path, records: list[dict]) -> "WriteAheadLog":
+    def rewrite(cls, path: Path, records: list[dict]) -> WriteAheadLog:
         """Replace the log with `records` atomically (a crash leaves the old or the new log) and open it locked."""
         _write_records(path, records)
         return cls(path, lock=True)
@@ -304,8 +314,12 @@ class Salvage:
 
     def to_dict(self) -> dict:
         seqs = [record["seq"] for record in self.kept]
-        return {"kept_records": len(self.kept), "sequences": [seqs[0], seqs[-1]] if seqs else None,
-                "unreadable": [d.to_dict() for d in self.damage], "damaged_log": str(self.backup) if self.backup else None}
+        return {
+            "kept_records": len(self.kept),
+            "sequences": [seqs[0], seqs[-1]] if seqs else None,
+            "unreadable": [d.to_dict() for d in self.damage],
+            "damaged_log": str(self.backup) if self.backup else None,
+        }
 
 
 def salvage(path: Path, keep: Callable[[dict], str | None] | None = None, dry_run: bool = False) -> Salvage:

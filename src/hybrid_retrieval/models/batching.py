@@ -17,8 +17,9 @@ def sequence_batch(precision: str, batch_size: int) -> int:
     return 1 if precision == "int8" else batch_size
 
 
-def length_sorted(run_batch: Callable[[list], np.ndarray], texts: Sequence, batch_size: int,
-                  out: np.ndarray, map_batches: Callable = map) -> np.ndarray:
+def length_sorted(
+    run_batch: Callable[[list], np.ndarray], texts: Sequence, batch_size: int, out: np.ndarray, map_batches: Callable = map
+) -> np.ndarray:
     """Fill `out` (one row per text, or per (query, text) pair) batch by batch, batching inputs of
     similar length together (less padding). `map_batches` runs the batches (an executor's map: side by side).
     Each batch first checks the caller's request deadline (search.budget): a request past it stops here."""
@@ -37,7 +38,7 @@ def length_sorted(run_batch: Callable[[list], np.ndarray], texts: Sequence, batc
 
 
 class _Request:
-    __slots__ = ("items", "done", "result", "error")
+    __slots__ = ("done", "error", "items", "result")
 
     def __init__(self, items: list):
         self.items, self.done, self.result, self.error = items, threading.Event(), None, None

@@ -54,8 +54,7 @@ class _PairScorer:
 
 
 class OnnxCrossEncoder(_PairScorer):
-    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32",
-                 workers: int | None = None):
+    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32", workers: int | None = None):
         """`precision`: fp32, int8, or auto (int8 on CPU, fp32 on a GPU: models.onnx_export.resolve_precision).
 
         On CPU, `workers` runs go side by side (default: one per core), each on `threads` intra-op threads (default:
@@ -70,8 +69,9 @@ class OnnxCrossEncoder(_PairScorer):
                 raise ConfigError(f"reranker {name} must be at least 1 (or unset for the default), got {value}")
         self.max_length = int(self.config["max_length"])
         self._inputs = list(self.config["inputs"])
-        self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, self.max_length,
-                                         int(self.config["pad_token_id"]), self.config["pad_token"])
+        self._tokenizer = load_tokenizer(
+            folder / TOKENIZER_FILE, self.max_length, int(self.config["pad_token_id"]), self.config["pad_token"]
+        )
         on_cpu = "CUDAExecutionProvider" not in onnx_providers(device)
         self.precision = precision = resolve_precision(precision, folder, gpu=not on_cpu)
         self.workers = (workers or len(os.sched_getaffinity(0))) if on_cpu else 1
@@ -109,13 +109,15 @@ class TorchCrossEncoder(_PairScorer):
     def score_pairs(self, pairs: Sequence[tuple[str, str]], batch_size: int = 32) -> np.ndarray:
         if not pairs:
             return np.empty(0, dtype=np.float32)
-        scores = self._model.predict(list(pairs), batch_size=batch_size, activation_fn=self._identity,
-                                     convert_to_numpy=True, show_progress_bar=False)
+        scores = self._model.predict(
+            list(pairs), batch_size=batch_size, activation_fn=self._identity, convert_to_numpy=True, show_progress_bar=False
+        )
         return np.asarray(scores, dtype=np.float32).reshape(len(pairs))
 
 
-def load_cross_encoder(name_or_path: str | Path, backend: str = "onnx", device: str = "auto",
-                       precision: str = "fp32", workers: int | None = None) -> CrossEncoder:
+def load_cross_encoder(
+    name_or_path: str | Path, backend: str = "onnx", device: str = "auto", precision: str = "fp32", workers: int | None = None
+) -> CrossEncoder:
     """A cross-encoder from an ONNX export folder, a `hybrid train-reranker` folder, or any
     sentence-transformers CrossEncoder name or path (exported to the ONNX cache on first use)."""
     if backend not in BACKENDS:
@@ -146,8 +148,9 @@ def tuned_weight(name_or_path: str | Path) -> float | None:
     try:
         return None if weight is None else check_weight(weight)
     except SpecError:
-        raise ConfigError(f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, "
-                         f"got {weight!r}") from None
+        raise ConfigError(
+            f"{TRAINING_RECORD} of {name_or_path}: interpolation weight must be a number between 0 and 1, got {weight!r}"
+        ) from None
 
 
 def weight_evidence(name_or_path: str | Path) -> dict | None:
@@ -158,12 +161,20 @@ def weight_evidence(name_or_path: str | Path) -> dict | None:
     if not tuned:
         return None
     dev, weight = tuned["dev"], tuned["weight"]
-    values = {"first stage": dev["ndcg@10"]["first_stage"], "cross-encoder alone": dev["ndcg@10"]["reranker_only"],
-              f"blend w={weight:g}, in-sample": dev["ndcg@10"]["interpolated"]}
+    values = {
+        "first stage": dev["ndcg@10"]["first_stage"],
+        "cross-encoder alone": dev["ndcg@10"]["reranker_only"],
+        f"blend w={weight:g}, in-sample": dev["ndcg@10"]["interpolated"],
+    }
     if "chosen_out_of_sample" in dev["ndcg@10"]:
         values["blend, weight chosen out of sample"] = dev["ndcg@10"]["chosen_out_of_sample"]
-    return {"metric": "ndcg@10", "queries": dev["queries"], "split": f"held out of {record['data']['split']}", "values": values,
-            "decision": f"rerank by default at weight {weight:g}" if _gained(tuned) else "no gain: reranking off by default"}
+    return {
+        "metric": "ndcg@10",
+        "queries": dev["queries"],
+        "split": f"held out of {record['data']['split']}",
+        "values": values,
+        "decision": f"rerank by default at weight {weight:g}" if _gained(tuned) else "no gain: reranking off by default",
+    }
 
 
 def reranking_gained(name_or_path: str | Path) -> bool | None:

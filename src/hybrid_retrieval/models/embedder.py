@@ -35,8 +35,9 @@ class OnnxEmbedder:
         self.config = json.loads((folder / CONFIG_FILE).read_text())
         self.dimension = int(self.config["dimension"])
         self._inputs = list(self.config["inputs"])
-        self._tokenizer = load_tokenizer(folder / TOKENIZER_FILE, int(self.config["max_seq_length"]),
-                                         int(self.config["pad_token_id"]), self.config["pad_token"])
+        self._tokenizer = load_tokenizer(
+            folder / TOKENIZER_FILE, int(self.config["max_seq_length"]), int(self.config["pad_token_id"]), self.config["pad_token"]
+        )
         self._session = onnx_session(model_file(folder, precision), device, threads)
         self.providers = self._session.get_providers()
         self.precision = precision
@@ -66,4 +67,3 @@ class TorchEmbedder:
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         vectors = self._model.encode(list(texts), batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True)
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self.dimension)
-

@@ -120,8 +120,14 @@ def _export_graph(module, tokenizer, sample, out: Path, output_name: str, input_
     dynamic_axes[output_name] = {0: "batch"}
     with torch.no_grad():
         torch.onnx.export(
-            module.eval(), tuple(encoded[n] for n in input_names), str(out / ONNX_FILE), input_names=input_names,
-            output_names=[output_name], dynamic_axes=dynamic_axes, opset_version=OPSET, dynamo=False,
+            module.eval(),
+            tuple(encoded[n] for n in input_names),
+            str(out / ONNX_FILE),
+            input_names=input_names,
+            output_names=[output_name],
+            dynamic_axes=dynamic_axes,
+            opset_version=OPSET,
+            dynamo=False,
         )
     tokenizer.backend_tokenizer.save(str(out / TOKENIZER_FILE))
 
@@ -143,8 +149,13 @@ def _optimize_and_quantize(out: Path, hf_config) -> None:
     else:
         logger.info("no transformer fusions for model type %r; exporting the plain graph", getattr(hf_config, "model_type", "?"))
     # fused contrib ops (BiasGelu, SkipLayerNormalization) defeat shape inference: their outputs are float
-    quantize_dynamic(str(out / ONNX_FILE), str(out / INT8_FILE), per_channel=True, weight_type=QuantType.QInt8,
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    quantize_dynamic(
+        str(out / ONNX_FILE),
+        str(out / INT8_FILE),
+        per_channel=True,
+        weight_type=QuantType.QInt8,
+        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+    )
 
 
 def _export_embedder(model: ResolvedModel, out: Path) -> None:
@@ -166,8 +177,9 @@ def _export_embedder(model: ResolvedModel, out: Path) -> None:
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
-    _export_graph(_with_head(transformer.auto_model, pool), tokenizer, (["an example sentence", "another one"],),
-                  out, "embedding", input_names)
+    _export_graph(
+        _with_head(transformer.auto_model, pool), tokenizer, (["an example sentence", "another one"],), out, "embedding", input_names
+    )
     _optimize_and_quantize(out, transformer.auto_model.config)
     config = {
         "model": model.name,
@@ -192,8 +204,14 @@ def _export_cross_encoder(model: ResolvedModel, out: Path) -> None:
     input_names = _input_names(tokenizer)
     max_length = trained_max_length(model.path) or _positions_max_length(tokenizer, classifier.config)
 
-    _export_graph(_with_head(classifier, lambda outputs, _: outputs.logits), tokenizer, (["a query", "another query"], ["a passage", "a longer passage here"]),
-                  out, "logits", input_names)
+    _export_graph(
+        _with_head(classifier, lambda outputs, _: outputs.logits),
+        tokenizer,
+        (["a query", "another query"], ["a passage", "a longer passage here"]),
+        out,
+        "logits",
+        input_names,
+    )
     _optimize_and_quantize(out, classifier.config)
     config = {
         "model": model.name,
@@ -230,8 +248,11 @@ def embedder_recipe(path: Path | str) -> dict | None:
     if not record or record.get("kind") != "embedder":
         return None
     held_out = record["held_out"]
-    return {"recipe": record["data"]["recipe"], "base_model": record["base_model"],
-            "held_out": {k: held_out[k] for k in ("metric", "before", "after", "best_epoch")}}
+    return {
+        "recipe": record["data"]["recipe"],
+        "base_model": record["base_model"],
+        "held_out": {k: held_out[k] for k in ("metric", "before", "after", "best_epoch")},
+    }
 
 
 def _positions_max_length(tokenizer, hf_config) -> int:

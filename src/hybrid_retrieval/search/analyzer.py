@@ -17,9 +17,39 @@ STOPWORD_LISTS = ("en", "none")
 STEMMERS = ("english", "none")
 # The English stopword list used by Lucene and bm25s (the published scifact baselines).
 _STOPWORDS_EN = (
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it",
-    "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these",
-    "they", "this", "to", "was", "will", "with",
+    "a",
+    "an",
+    "and",
+    "are",
+    "as",
+    "at",
+    "be",
+    "but",
+    "by",
+    "for",
+    "if",
+    "in",
+    "into",
+    "is",
+    "it",
+    "no",
+    "not",
+    "of",
+    "on",
+    "or",
+    "such",
+    "that",
+    "the",
+    "their",
+    "then",
+    "there",
+    "these",
+    "they",
+    "this",
+    "to",
+    "was",
+    "will",
+    "with",
 )
 
 
@@ -71,7 +101,7 @@ class Analyzer:
         return spec
 
     @classmethod
-    def from_dict(cls, spec: dict) -> "Analyzer":
+    def from_dict(cls, spec: dict) -> Analyzer:
         known = {"lowercase", "stopwords", "stemmer", "token_pattern", "stopword_list"}
         unknown = set(spec) - known
         if unknown:

@@ -8,9 +8,9 @@ CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files o
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -53,7 +53,7 @@ class BM25Index:
         self.num_docs = int(engine.scores["num_docs"])
 
     @classmethod
-    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> "BM25Index":
+    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
         import bm25s
 
         corpus_tokens = list(corpus_tokens)
@@ -61,15 +61,16 @@ class BM25Index:
         # (string hashing is salted), so two builds of one corpus would write different files
         vocab = {term: i for i, term in enumerate(sorted({term for tokens in corpus_tokens for term in tokens}))}
         engine = bm25s.BM25(method=params.method, k1=params.k1, b=params.b, delta=params.delta)
-        engine.index(bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab),
-                     show_progress=False)
+        engine.index(
+            bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab), show_progress=False
+        )
         return cls(engine, analyzer)
 
     def save(self, folder: Path) -> None:
         self._engine.save(str(folder), show_progress=False)
 
     @classmethod
-    def load(cls, folder: Path, analyzer: Analyzer, mmap: bool = True) -> "BM25Index":
+    def load(cls, folder: Path, analyzer: Analyzer, mmap: bool = True) -> BM25Index:
         import bm25s
 
         return cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)

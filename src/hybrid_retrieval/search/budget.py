@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 from hybrid_retrieval.search.errors import DeadlineExceeded
 
-_current: contextvars.ContextVar["Deadline | None"] = contextvars.ContextVar("deadline", default=None)
+_current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("deadline", default=None)
 
 
 class Deadline:
@@ -34,8 +34,9 @@ class Deadline:
         if self.cancelled is not None:
             raise DeadlineExceeded(f"stopped{' during ' + stage if stage else ''}: {self.cancelled}")
         if time.monotonic() > self.expires:
-            raise DeadlineExceeded(f"ran past its {self.seconds:g} s deadline{' during ' + stage if stage else ''} "
-                                   "and was stopped (HYBRID_REQUEST_TIMEOUT)")
+            raise DeadlineExceeded(
+                f"ran past its {self.seconds:g} s deadline{' during ' + stage if stage else ''} and was stopped (HYBRID_REQUEST_TIMEOUT)"
+            )
 
 
 def current() -> Deadline | None:

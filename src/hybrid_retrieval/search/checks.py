@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from hybrid_retrieval.search.errors import SpecError
 
 
-def number(field: str, value, low: float | None = None, high: float | None = None, *, integer: bool = False,
-           above: bool = False) -> float | int:
+def number(
+    field: str, value, low: float | None = None, high: float | None = None, *, integer: bool = False, above: bool = False
+) -> float | int:
     """`value` as a finite int/float within [low, high] (`above`: strictly above `low`), else SpecError."""
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -76,7 +76,9 @@ def use_gpu(device: str, kind: str) -> bool:
     available = gpu_count() > 0
     if kind == "hnsw" or not available:
         if device == "gpu":
-            logger.warning("FAISS GPU requested but %s: using CPU", "HNSW has no GPU version" if available else "no GPU is visible to faiss")
+            logger.warning(
+                "FAISS GPU requested but %s: using CPU", "HNSW has no GPU version" if available else "no GPU is visible to faiss"
+            )
         return False
     return True
 

@@ -49,7 +49,7 @@ class SpecError(ConfigError):
         self.field, self.reason = loc_text(self.loc), message
         super().__init__(f"{self.field}: {message}")
 
-    def within(self, parent: str | Loc) -> "SpecError":
+    def within(self, parent: str | Loc) -> SpecError:
         """The same error one level down: `within("fusion")` turns `alpha` into `fusion.alpha`."""
         return SpecError((*(parse_loc(parent) if isinstance(parent, str) else parent), *self.loc), self.reason)
 
@@ -64,7 +64,7 @@ class StorageError(HybridError):
         self.kind = kind
 
     @classmethod
-    def of(cls, exc: OSError, what: str) -> "StorageError":
+    def of(cls, exc: OSError, what: str) -> StorageError:
         """`what` failed with `exc`, in words an operator acts on."""
         if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             return cls(f"{what}: the disk is full ({exc.strerror}); free space, then write again", cls.FULL)

@@ -14,7 +14,6 @@ BM25 index, the cosine of a BM25-only document from its stored vector): nothing 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Union
 
 import numpy as np
 
@@ -53,12 +52,13 @@ class ConvexCombination:
         checks.choice("norm", self.norm, tuple(NORMALIZERS))
 
 
-Fusion = Union[RRF, ConvexCombination]
+Fusion = RRF | ConvexCombination
 FUSIONS: dict[str, type] = {"rrf": RRF, "cc": ConvexCombination}
 
 
 # The one place where fusions turn into and out of their dict form (manifest, API, reports) and their
 # string form (`hybrid eval --pipelines`, tuning tables).
+
 
 def fusion_to_dict(fusion: Fusion) -> dict:
     values = asdict(fusion)
@@ -132,8 +132,9 @@ class Candidates:
         return len(self.doc_idx)
 
     @classmethod
-    def from_rankings(cls, rankings: dict[str, Ranking], score_of: dict[str, callable],
-                      floors: dict[str, float] | None = None) -> "Candidates":
+    def from_rankings(
+        cls, rankings: dict[str, Ranking], score_of: dict[str, callable], floors: dict[str, float] | None = None
+    ) -> Candidates:
         """`score_of[name](doc_idx)` returns that retriever's raw scores for any documents."""
         doc_idx = np.unique(np.concatenate([r.doc_idx for r in rankings.values()]))
         ranks = {name: _ranks_in(r, doc_idx) for name, r in rankings.items()}
@@ -169,8 +170,7 @@ def rrf_contributions(ranks: np.ndarray, rrf_k: float, weight: float) -> np.ndar
 def fuse(candidates: Candidates, fusion: Fusion) -> Fused:
     if isinstance(fusion, RRF):
         contributions = {
-            name: rrf_contributions(candidates.ranks[name], fusion.rrf_k, weight)
-            for name, weight in zip(RETRIEVERS, fusion.weights)
+            name: rrf_contributions(candidates.ranks[name], fusion.rrf_k, weight) for name, weight in zip(RETRIEVERS, fusion.weights)
         }
         normalized = None
     else:

@@ -50,8 +50,11 @@ def check_snippet_options(snippet_chars, max_snippets) -> tuple[int, int]:
 def check_semantic_hits(semantic: bool, k: int) -> None:
     """Semantic highlights embed every sentence of the page's hits: at most MAX_SEMANTIC_HITS hits a page."""
     if semantic and k > MAX_SEMANTIC_HITS:
-        raise SpecError("highlight.semantic", f"at most {MAX_SEMANTIC_HITS} hits a page with semantic highlights "
-                                              f"(each embeds every sentence of its hits), got k = {k}; page through more with offset")
+        raise SpecError(
+            "highlight.semantic",
+            f"at most {MAX_SEMANTIC_HITS} hits a page with semantic highlights "
+            f"(each embeds every sentence of its hits), got k = {k}; page through more with offset",
+        )
 
 
 def analyzed_spans(analyzer: Analyzer, text: str) -> list[tuple[str, int, int]]:
@@ -88,8 +91,13 @@ class Snippet:
     terms: list[str]
 
     def to_dict(self) -> dict:
-        return {"text": self.text, "start": self.start, "end": self.end,
-                "matches": [[s, e] for s, e in self.matches], "terms": list(self.terms)}
+        return {
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "matches": [[s, e] for s, e in self.matches],
+            "terms": list(self.terms),
+        }
 
 
 def _is_word_char(char: str) -> bool:
@@ -120,7 +128,7 @@ class _Field:
         """The sentence start in [low, high] nearest to `pos` (the earlier on a tie), if any."""
         starts = self._sentence_starts()
         i = bisect_left(starts, pos)
-        near = [start for start in starts[max(0, i - 1):i + 1] if low <= start <= high]
+        near = [start for start in starts[max(0, i - 1) : i + 1] if low <= start <= high]
         return min(near, key=lambda start: (abs(start - pos), start)) if near else None
 
     def _snap_start(self, pos: int, limit: int) -> int:
@@ -227,8 +235,15 @@ class Highlighter:
         hits = [hit for hit in analyzed_spans(self.analyzer, field_text) if hit[0] in wanted]
         return _Field(field_text, hits) if hits else None
 
-    def highlight(self, query: str, field_text: str, snippet_chars: int = DEFAULT_SNIPPET_CHARS,
-                  max_snippets: int = DEFAULT_SNIPPETS, *, terms: Iterable[str] | None = None) -> list[Snippet]:
+    def highlight(
+        self,
+        query: str,
+        field_text: str,
+        snippet_chars: int = DEFAULT_SNIPPET_CHARS,
+        max_snippets: int = DEFAULT_SNIPPETS,
+        *,
+        terms: Iterable[str] | None = None,
+    ) -> list[Snippet]:
         """Up to `max_snippets` non-overlapping snippets of `field_text`, best first; [] when no query term matches.
 
         A field of at most `snippet_chars` characters is one snippet, the whole field. `terms` (from `query_terms`)
@@ -268,8 +283,7 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def best_sentence(text: str, spans: Sequence[tuple[int, int]], sentence_vectors: np.ndarray,
-                  query_vector: np.ndarray) -> dict | None:
+def best_sentence(text: str, spans: Sequence[tuple[int, int]], sentence_vectors: np.ndarray, query_vector: np.ndarray) -> dict | None:
     """The sentence whose vector is closest to the query's: {"text" (HTML-escaped), "start", "end", "score"}.
 
     Vectors are unit-normalised, so the score is the cosine (the dot product); ties go to the earlier sentence.

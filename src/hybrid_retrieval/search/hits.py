@@ -25,8 +25,15 @@ MAX_FACET_VALUES = 20
 class Presenter:
     """Turns search results of one index into hits; created once per index, shared by requests."""
 
-    def __init__(self, document: Callable[[int], dict], analyzer: Analyzer, embedder, fields: Sequence[str],
-                 metadata: MetadataColumns | None, documents: Callable[[np.ndarray], list[dict]] | None = None):
+    def __init__(
+        self,
+        document: Callable[[int], dict],
+        analyzer: Analyzer,
+        embedder,
+        fields: Sequence[str],
+        metadata: MetadataColumns | None,
+        documents: Callable[[np.ndarray], list[dict]] | None = None,
+    ):
         """`documents`, when given, reads a page's documents at once (a sharded index: one call per shard)."""
         self.embedder, self.metadata = embedder, metadata
         self.documents = documents or (lambda ids: [document(int(i)) for i in ids])
@@ -51,14 +58,15 @@ class Presenter:
             raise SpecError(path, "this index has no filterable metadata fields to count")
         return self.metadata.check_facets(facets, path)
 
-    def hits(self, result: SearchResult, query: str, *, include_text: bool = False, explain: bool = False,
-             fields: list[str] | str | None = None) -> list[dict]:
+    def hits(
+        self, result: SearchResult, query: str, *, include_text: bool = False, explain: bool = False, fields: list[str] | str | None = None
+    ) -> list[dict]:
         """The page's hits: id, score, rank (from 1, counting earlier pages), title; and as asked the text,
         metadata `fields`, highlights (the spec's) and the score's components."""
         hits, docs = [], []
         explain = explain and result.explainable
         terms = self.highlighter.query_terms(query) if result.spec.highlight.enabled else None
-        page = self.documents(result.ranking.doc_idx[result.page.start:result.page.stop])
+        page = self.documents(result.ranking.doc_idx[result.page.start : result.page.stop])
         for position, doc in zip(result.page, page):
             docs.append(doc)
             hit = {"id": doc["id"], "score": float(result.ranking.scores[position]), "rank": position + 1, "title": doc["title"]}
@@ -77,14 +85,19 @@ class Presenter:
         return hits
 
     def _highlight(self, query: str, terms, doc: dict, spec) -> dict:
-        marked = {"title": self.highlighter.highlight(query, doc["title"], spec.snippet_chars, 1, terms=terms),
-                  "text": self.highlighter.highlight(query, doc["text"], spec.snippet_chars, spec.snippets, terms=terms)}
+        marked = {
+            "title": self.highlighter.highlight(query, doc["title"], spec.snippet_chars, 1, terms=terms),
+            "text": self.highlighter.highlight(query, doc["text"], spec.snippet_chars, spec.snippets, terms=terms),
+        }
         return {name: [snippet.to_dict() for snippet in snippets] for name, snippets in marked.items()}
 
     def _semantic(self, query: str, result: SearchResult, hits: list[dict], docs: list[dict]) -> None:
         """The sentence nearest the query for each hit without a term match: one model run for all of them."""
-        todo = [(hit, doc["text"], split_sentences(doc["text"])) for hit, doc in zip(hits, docs)
-                if not (hit["highlight"]["title"] or hit["highlight"]["text"])]
+        todo = [
+            (hit, doc["text"], split_sentences(doc["text"]))
+            for hit, doc in zip(hits, docs)
+            if not (hit["highlight"]["title"] or hit["highlight"]["text"])
+        ]
         todo = [item for item in todo if item[2]]  # a hit without text has no sentence to show
         if not todo:
             return

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid_retrieval.search import checks
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.dense import exact_top_k
+from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking
 
@@ -55,8 +55,15 @@ def activation_mask(top_sims: np.ndarray, top_idx: np.ndarray, n: int) -> np.nda
     return mask
 
 
-def bank_statistics(bank: np.ndarray, docs: np.ndarray, beta: float, k: int = 1,
-                    self_idx: np.ndarray | None = None, bank_chunk: int = 2048, doc_chunk: int = 4096) -> BankFit:
+def bank_statistics(
+    bank: np.ndarray,
+    docs: np.ndarray,
+    beta: float,
+    k: int = 1,
+    self_idx: np.ndarray | None = None,
+    bank_chunk: int = 2048,
+    doc_chunk: int = 4096,
+) -> BankFit:
     """Per-document LSE_d = logsumexp_b beta * s(b, d), and each bank member's top-k documents.
 
     Streams over (bank chunk x document chunk) products with an online logsumexp, so memory stays
@@ -221,8 +228,15 @@ class HubnessSearcher:
         self.banks = banks  # None: fitted before banks were kept (a live collection cannot extend the correction)
         self.alive = Allowed(correction.alive) if correction.alive is not None else None  # of a live collection
 
-    def search(self, vector: np.ndarray, depth: int, method: str, dynamic: bool, allowed: Allowed | None = None,
-               embeddings: np.ndarray | None = None) -> tuple[Ranking, np.ndarray]:
+    def search(
+        self,
+        vector: np.ndarray,
+        depth: int,
+        method: str,
+        dynamic: bool,
+        allowed: Allowed | None = None,
+        embeddings: np.ndarray | None = None,
+    ) -> tuple[Ranking, np.ndarray]:
         """Corrected top-`depth` and the bias coefficients used for this query.
 
         Dynamic variants search the raw scores first: when the raw top-1 activates no bank, that is the
@@ -243,12 +257,13 @@ class HubnessSearcher:
             coef = self.correction.coefficients(method, False, None)
         return self.search_with(vector, depth, coef, allowed, embeddings), coef
 
-    def search_with(self, vector: np.ndarray, depth: int, coef: np.ndarray, allowed: Allowed | None = None,
-                    embeddings: np.ndarray | None = None) -> Ranking:
+    def search_with(
+        self, vector: np.ndarray, depth: int, coef: np.ndarray, allowed: Allowed | None = None, embeddings: np.ndarray | None = None
+    ) -> Ranking:
         """The corrected top-`depth` (of the allowed documents) with the bias coefficients given: a shard searches with
         the coefficients its coordinator chose from the whole corpus (search.sharded)."""
         if allowed is not None and self.augmented.brute_force(allowed):
-            corrected = lambda ids: self.correction.corrected(embeddings[ids] @ vector, ids, coef)  # noqa: E731
+            corrected = lambda ids: self.correction.corrected(embeddings[ids] @ vector, ids, coef)
             return exact_top_k(corrected, allowed.ids, depth)
         return self.augmented.search(augment_query(vector, coef), depth, allowed)
 

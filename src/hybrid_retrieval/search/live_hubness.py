@@ -82,8 +82,14 @@ class LiveHubness:
         for bank, (_, idx) in self._top.items():
             self._stale[bank] |= np.isin(idx, keys).any(axis=1)
 
-    def view(self, base_embeddings: np.ndarray, base_alive: np.ndarray, live_keys: np.ndarray, live_vectors: np.ndarray,
-             key_of: Callable[[str], int]) -> LiveHubnessView:
+    def view(
+        self,
+        base_embeddings: np.ndarray,
+        base_alive: np.ndarray,
+        live_keys: np.ndarray,
+        live_vectors: np.ndarray,
+        key_of: Callable[[str], int],
+    ) -> LiveHubnessView:
         """The correction's state over the joint numbering (base, then live in `live_keys` order). `key_of(id)`: the
         key of the document with that id that exists now, -1 if none."""
         for bank, stale in self._stale.items():
@@ -102,8 +108,16 @@ class LiveHubness:
         live_lse = np.array([self._lse[int(k)] for k in live_keys]).reshape(len(live_keys), len(BIAS_COLUMNS))
         return LiveHubnessView(live_lse, {bank: (sims.copy(), positions(idx)) for bank, (sims, idx) in self._top.items()})
 
-    def _recompute(self, bank: str, rows: np.ndarray, base_embeddings: np.ndarray, base_alive: np.ndarray,
-                   live_keys: np.ndarray, live_vectors: np.ndarray, key_of: Callable[[str], int]) -> None:
+    def _recompute(
+        self,
+        bank: str,
+        rows: np.ndarray,
+        base_embeddings: np.ndarray,
+        base_alive: np.ndarray,
+        live_keys: np.ndarray,
+        live_vectors: np.ndarray,
+        key_of: Callable[[str], int],
+    ) -> None:
         """The top-k of `rows` over every document that exists (base in chunks, then the live segment)."""
         members = self._bank[bank][rows]
         own = np.full(len(rows), -1, dtype=np.int64)
@@ -111,8 +125,10 @@ class LiveHubness:
             own = np.array([key_of(self._gallery_ids[r]) for r in rows], dtype=np.int64)
         sims_top = np.full((len(rows), self._top[bank][0].shape[1]), -np.inf, dtype=np.float32)
         idx_top = np.full(sims_top.shape, -1, dtype=np.int64)
-        blocks = [(np.arange(d0, min(d0 + _DOC_CHUNK, self.base_docs)), base_alive[d0 : d0 + _DOC_CHUNK])
-                  for d0 in range(0, self.base_docs, _DOC_CHUNK)]
+        blocks = [
+            (np.arange(d0, min(d0 + _DOC_CHUNK, self.base_docs)), base_alive[d0 : d0 + _DOC_CHUNK])
+            for d0 in range(0, self.base_docs, _DOC_CHUNK)
+        ]
         for keys, alive in blocks + [(np.asarray(live_keys, dtype=np.int64), None)]:
             if len(keys) == 0:
                 continue
@@ -136,8 +152,9 @@ class LiveHubnessView:
         """The correction over the joint numbering; `alive` (bool, joint): the documents that exist (None: all)."""
         lse = self._joint_lse(base)
         n = len(lse[BIAS_COLUMNS[0]])
-        return HubnessCorrection(base.params, lse,
-                                 {bank: activation_mask(sims, idx, n) for bank, (sims, idx) in self.neighbours.items()}, alive)
+        return HubnessCorrection(
+            base.params, lse, {bank: activation_mask(sims, idx, n) for bank, (sims, idx) in self.neighbours.items()}, alive
+        )
 
     def _joint_lse(self, base: HubnessCorrection) -> dict[str, np.ndarray]:
         return {name: np.concatenate([base.lse[name], self.live_lse[:, i]]) for i, name in enumerate(BIAS_COLUMNS)}
@@ -157,7 +174,9 @@ class LiveHubnessView:
             neighbours[bank] = (sims.copy(), np.where(kept, new_index[np.where(kept, idx, 0)], -1))
         n = int(alive.sum())
         correction = HubnessCorrection(
-            base.correction.params, lse={name: lse[alive] for name, lse in self._joint_lse(base.correction).items()},
-            activation={bank: activation_mask(sims, idx, n) for bank, (sims, idx) in neighbours.items()})
+            base.correction.params,
+            lse={name: lse[alive] for name, lse in self._joint_lse(base.correction).items()},
+            activation={bank: activation_mask(sims, idx, n) for bank, (sims, idx) in neighbours.items()},
+        )
         banks = base.banks
         return correction, Banks(banks.query, banks.gallery, banks.gallery_ids, neighbours)

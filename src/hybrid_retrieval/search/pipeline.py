@@ -23,7 +23,6 @@ from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranked, Reranker
 from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec, check_k
 
-
 MAX_OFFSET = 10_000
 
 
@@ -69,9 +68,12 @@ class SearchResult:
         parts: dict = {"final": float(self.ranking.scores[position])}
         reranked = self.reranked
         if reranked is not None:  # the final ranking is a prefix of the reranked one
-            parts["rerank"] = {"score": float(reranked.rerank_score[position]) if position < reranked.depth else None,
-                               "weight": reranked.weight, "first_stage_rank": int(reranked.first_stage_rank[position]),
-                               "first_stage_score": float(reranked.first_stage_score[position])}
+            parts["rerank"] = {
+                "score": float(reranked.rerank_score[position]) if position < reranked.depth else None,
+                "weight": reranked.weight,
+                "first_stage_rank": int(reranked.first_stage_rank[position]),
+                "first_stage_score": float(reranked.first_stage_score[position]),
+            }
         if self.fused is not None:
             parts.update(self._fused_parts(position))
         return parts
@@ -110,18 +112,27 @@ class SearchPipeline:
     on the page size. With an executor, the BM25 leg runs beside query embedding + dense search.
     """
 
-    def __init__(self, bm25: BM25Index, dense: DenseIndex, embedder, embeddings: np.ndarray,
-                 defaults: SearchSpec = SearchSpec(), executor: ThreadPoolExecutor | None = None,
-                 hubness: HubnessSearcher | None = None, reranker: Reranker | None = None,
-                 metadata: MetadataColumns | None = None, alive: np.ndarray | None = None,
-                 no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)"):
+    def __init__(
+        self,
+        bm25: BM25Index,
+        dense: DenseIndex,
+        embedder,
+        embeddings: np.ndarray,
+        defaults: SearchSpec = SearchSpec(),
+        executor: ThreadPoolExecutor | None = None,
+        hubness: HubnessSearcher | None = None,
+        reranker: Reranker | None = None,
+        metadata: MetadataColumns | None = None,
+        alive: np.ndarray | None = None,
+        no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)",
+    ):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.no_hubness_reason = no_hubness_reason
         self.defaults = self._servable(defaults)
 
-    def with_bm25(self, bm25) -> "SearchPipeline":
+    def with_bm25(self, bm25) -> SearchPipeline:
         """This pipeline with another BM25 scorer (a shard's, scoring with its whole corpus's statistics)."""
         clone = copy.copy(self)
         clone.bm25 = bm25
@@ -133,18 +144,21 @@ class SearchPipeline:
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
         if spec.hubness.method != "none" and self.hubness is None:
-            raise SpecError("hubness.method", f"{self.no_hubness_reason}; use \"none\"")
+            raise SpecError("hubness.method", f'{self.no_hubness_reason}; use "none"')
         if spec.rerank.enabled and self.reranker is None:
-            raise SpecError("rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search "
-                                              "--reranker`); use false")
+            raise SpecError(
+                "rerank.enabled", "no reranker is configured (the service's HYBRID_RERANKER, `hybrid search --reranker`); use false"
+            )
         if spec.filter is not None:
             self._admitted(spec.filter)  # checks the filter against the index's fields (the answer is cached)
         return spec
 
     def _admitted(self, filter_: dict) -> Allowed:
         if self.metadata is None:
-            raise SpecError("filter", "this index has no filterable metadata fields (documents had no metadata, or "
-                                      "`hybrid index --filterable` named none)")
+            raise SpecError(
+                "filter",
+                "this index has no filterable metadata fields (documents had no metadata, or `hybrid index --filterable` named none)",
+            )
         return self.metadata.allowed(filter_)
 
     def allowed(self, filter_: dict | None) -> Allowed | None:
@@ -159,8 +173,16 @@ class SearchPipeline:
         scores = clock.time("bm25", self.bm25.scores, query)
         return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
 
-    def dense_leg(self, query: str, depth: int, clock: Stopwatch, hubness: HubnessSpec, allowed: Allowed | None = None,
-                  vector: np.ndarray | None = None, coef: np.ndarray | None = None):
+    def dense_leg(
+        self,
+        query: str,
+        depth: int,
+        clock: Stopwatch,
+        hubness: HubnessSpec,
+        allowed: Allowed | None = None,
+        vector: np.ndarray | None = None,
+        coef: np.ndarray | None = None,
+    ):
         """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked (with `coef` when the
         caller chose them: a shard's coordinator); among the allowed documents only, scored exactly when they are few
         (see DenseIndex.brute_force)."""
@@ -169,16 +191,24 @@ class SearchPipeline:
         if hubness.method != "none" and coef is not None:
             return vector, clock.time("dense", self.hubness.search_with, vector, depth, coef, allowed, self.embeddings), coef
         if hubness.method != "none":
-            ranking, coef = clock.time("dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic, allowed,
-                                       self.embeddings)
+            ranking, coef = clock.time(
+                "dense", self.hubness.search, vector, depth, hubness.method, hubness.dynamic, allowed, self.embeddings
+            )
             return vector, ranking, coef
         if allowed is not None and self.dense.brute_force(allowed):
             return vector, clock.time("dense", exact_top_k, lambda ids: self.embeddings[ids] @ vector, allowed.ids, depth), None
         return vector, clock.time("dense", self.dense.search, vector, depth, allowed), None
 
-    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(), clock: Stopwatch | None = None,
-                   allowed: Allowed | None = None, vector: np.ndarray | None = None,
-                   coef: np.ndarray | None = None) -> tuple[Candidates, np.ndarray]:
+    def candidates(
+        self,
+        query: str,
+        depth: int,
+        hubness: HubnessSpec = HubnessSpec(),
+        clock: Stopwatch | None = None,
+        allowed: Allowed | None = None,
+        vector: np.ndarray | None = None,
+        coef: np.ndarray | None = None,
+    ) -> tuple[Candidates, np.ndarray]:
         """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
         (corrected) cosine; and the query vector."""
         clock = clock or Stopwatch()
@@ -193,14 +223,20 @@ class SearchPipeline:
             dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
         else:
             correction = self.hubness.correction
-            dense_scores = lambda idx: correction.corrected(self.embeddings[idx] @ vector, idx, coef)  # noqa: E731
+            dense_scores = lambda idx: correction.corrected(self.embeddings[idx] @ vector, idx, coef)
             floors = {"dense": correction.score_floor(coef)}
-        candidates = clock.time("candidates", Candidates.from_rankings, {"bm25": bm25_ranking, "dense": dense_ranking},
-                                {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores}, floors)
+        candidates = clock.time(
+            "candidates",
+            Candidates.from_rankings,
+            {"bm25": bm25_ranking, "dense": dense_ranking},
+            {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores},
+            floors,
+        )
         return candidates, vector
 
-    def search(self, query: str, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0,
-               vector: np.ndarray | None = None) -> SearchResult:
+    def search(
+        self, query: str, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0, vector: np.ndarray | None = None
+    ) -> SearchResult:
         """Hits `offset` .. `offset + k` for `query` under `spec`: a full spec, or a partial one (dict form)
         merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch).
 
@@ -236,8 +272,18 @@ class SearchPipeline:
             # float64: a huge min_score must not overflow a float32 cast; scores descend
             ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
         clock.timings["total"] = (time.perf_counter() - started) * 1000
-        return SearchResult(ranking.head(offset + k), spec, clock.timings, fused, reranked, offset=offset,
-                            has_more=len(ranking) > offset + k, pool=ranking.doc_idx, allowed=allowed, vector=vector)
+        return SearchResult(
+            ranking.head(offset + k),
+            spec,
+            clock.timings,
+            fused,
+            reranked,
+            offset=offset,
+            has_more=len(ranking) > offset + k,
+            pool=ranking.doc_idx,
+            allowed=allowed,
+            vector=vector,
+        )
 
     def search_many(self, queries: list[Query]) -> list[SearchResult]:
         """Several searches, their queries embedded in one model run. Every query is checked before any

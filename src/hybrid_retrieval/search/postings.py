@@ -37,7 +37,7 @@ class Postings:
         return len(self.lengths)
 
     @classmethod
-    def from_tokens(cls, corpus_tokens: list[list[str]], vocab: dict[str, int]) -> "Postings":
+    def from_tokens(cls, corpus_tokens: list[list[str]], vocab: dict[str, int]) -> Postings:
         """Postings of analysed documents over `vocab` (term -> id); terms outside it are counted in lengths only."""
         terms, docs, tfs = [], [], []
         lengths = np.zeros(len(corpus_tokens), dtype=np.int32)
@@ -72,7 +72,7 @@ class Postings:
             np.save(where / f"{name}.npy", getattr(self, name))
 
     @classmethod
-    def load(cls, folder: Path, mmap: bool = True) -> "Postings":
+    def load(cls, folder: Path, mmap: bool = True) -> Postings:
         where = folder / POSTINGS_DIR
         # np.asarray: plain arrays over the mapping (np.memmap's per-slice overhead dominates a query's cost)
         return cls(*(np.asarray(np.load(where / f"{name}.npy", mmap_mode="r" if mmap else None)) for name in _PARTS))

@@ -15,11 +15,11 @@ class Ranking:
     def __len__(self) -> int:
         return len(self.doc_idx)
 
-    def head(self, k: int) -> "Ranking":
+    def head(self, k: int) -> Ranking:
         return Ranking(self.doc_idx[:k], self.scores[:k])
 
     @staticmethod
-    def empty() -> "Ranking":
+    def empty() -> Ranking:
         return Ranking(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
 
 

@@ -59,8 +59,7 @@ class Reranked:
 class Reranker:
     """A cross-encoder (models.cross_encoder.CrossEncoder) over the index's document texts."""
 
-    def __init__(self, model, text_of: Callable[[int], str], name: str = "",
-                 texts_of: Callable[[np.ndarray], list[str]] | None = None):
+    def __init__(self, model, text_of: Callable[[int], str], name: str = "", texts_of: Callable[[np.ndarray], list[str]] | None = None):
         """`texts_of`, when given, reads many documents' texts at once (a sharded index: one call per shard)."""
         self.model, self.name = model, name
         self.texts_of = texts_of or (lambda ids: [text_of(int(i)) for i in ids])
@@ -73,9 +72,9 @@ class Reranker:
         final = interpolate(logits, head.scores, weight)
         order = np.argsort(-final, kind="stable")
         doc_idx, scores = head.doc_idx[order], final[order]
-        tail = candidates.scores[len(head):]
+        tail = candidates.scores[len(head) :]
         if len(tail):  # below the reranked head, in first-stage order
             shifted = (tail - tail.max() + float(scores.min()) - 1.0).astype(np.float32)
-            doc_idx, scores = np.concatenate([doc_idx, candidates.doc_idx[len(head):]]), np.concatenate([scores, shifted])
+            doc_idx, scores = np.concatenate([doc_idx, candidates.doc_idx[len(head) :]]), np.concatenate([scores, shifted])
         first_rank = np.concatenate([order + 1, np.arange(len(head) + 1, len(candidates) + 1)])
         return Reranked(Ranking(doc_idx, scores), len(head), logits[order], first_rank, candidates.scores[first_rank - 1], weight)

@@ -43,13 +43,31 @@ class LiveDocument:
     position: int = -1  # in a shard: the document's position in the whole sharded index (indexer.shards)
 
     @classmethod
-    def analysed(cls, doc_id: str, title: str, text: str, metadata: dict, tokens: list[str], vector: np.ndarray,
-                 vocabulary: dict[str, int], position: int = -1) -> "LiveDocument":
+    def analysed(
+        cls,
+        doc_id: str,
+        title: str,
+        text: str,
+        metadata: dict,
+        tokens: list[str],
+        vector: np.ndarray,
+        vocabulary: dict[str, int],
+        position: int = -1,
+    ) -> LiveDocument:
         """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms."""
         counts = Counter(tokens)
         term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int64, count=len(counts))
-        return cls(doc_id, title, text, metadata, term_ids, np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
-                   len(tokens), np.asarray(vector, dtype=np.float32), position)
+        return cls(
+            doc_id,
+            title,
+            text,
+            metadata,
+            term_ids,
+            np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
+            len(tokens),
+            np.asarray(vector, dtype=np.float32),
+            position,
+        )
 
 
 _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
@@ -86,8 +104,10 @@ class LiveSegment:
 def check_live_method(params: BM25Params) -> None:
     """Live statistics are computed for the Lucene variant only (search.postings)."""
     if params.method != "lucene":
-        raise ConfigError(f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
-                          "rebuild it with --bm25-method lucene to accept writes")
+        raise ConfigError(
+            f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
+            "rebuild it with --bm25-method lucene to accept writes"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,7 +124,7 @@ class CorpusStatistics:
         return self.length / max(1, self.documents)
 
     @classmethod
-    def total(cls, parts: list["CorpusStatistics"]) -> "CorpusStatistics":
+    def total(cls, parts: list[CorpusStatistics]) -> CorpusStatistics:
         df: Counter = Counter()
         for part in parts:
             df.update(part.df)
@@ -166,8 +186,10 @@ class LiveBM25:
 
     def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
         k1, b = self.params.k1, self.params.b
-        return (k1 * (1.0 - b + b * np.asarray(self.postings.lengths, dtype=np.float64) / avgdl),
-                k1 * (1.0 - b + b * self.live.lengths.astype(np.float64) / avgdl))
+        return (
+            k1 * (1.0 - b + b * np.asarray(self.postings.lengths, dtype=np.float64) / avgdl),
+            k1 * (1.0 - b + b * self.live.lengths.astype(np.float64) / avgdl),
+        )
 
     def _compute_base_weights(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
         """The alive base documents holding the term and tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each."""
@@ -179,7 +201,7 @@ class LiveBM25:
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 
-    def with_statistics(self, statistics: CorpusStatistics) -> "CorpusScoredBM25":
+    def with_statistics(self, statistics: CorpusStatistics) -> CorpusScoredBM25:
         return CorpusScoredBM25(self, statistics)
 
 

@@ -113,11 +113,14 @@ class ShardedColumns(MetadataColumns):
     column of each type evaluates a filter over no document and raises the same errors) and evaluated by the shards;
     facets are counted by the shards holding the hits and added up."""
 
-    def __init__(self, fields: dict, shards: ShardGroup, owner: Callable[[np.ndarray], np.ndarray],
-                 consistency: Callable[[], dict] = dict):
-        empty = {name: KeywordColumn([], np.zeros(1, np.int64), np.empty(0, np.int32)) if info.type == "keyword"
-                 else ValueColumn(np.empty(0, {"bool": np.bool_, "int": np.int64}.get(info.type, np.float64)), np.empty(0, bool))
-                 for name, info in fields.items() if info.filterable}
+    def __init__(self, fields: dict, shards: ShardGroup, owner: Callable[[np.ndarray], np.ndarray], consistency: Callable[[], dict] = dict):
+        empty = {
+            name: KeywordColumn([], np.zeros(1, np.int64), np.empty(0, np.int32))
+            if info.type == "keyword"
+            else ValueColumn(np.empty(0, {"bool": np.bool_, "int": np.int64}.get(info.type, np.float64)), np.empty(0, bool))
+            for name, info in fields.items()
+            if info.filterable
+        }
         super().__init__(fields, empty, 0)
         self.shards, self.owner, self.consistency = shards, owner, consistency
 
@@ -152,9 +155,16 @@ class ShardedHubness:
 class ShardedPipeline(SearchPipeline):
     """SearchPipeline over shards: the legs are answered by the shards and merged; the rest is the base class's."""
 
-    def __init__(self, shards: ShardGroup, embedder, defaults: SearchSpec, hubness: ShardedHubness | None,
-                 metadata: ShardedColumns | None, reranker: Reranker | None = None,
-                 consistency: Callable[[str | None], dict] = lambda query=None: {}):
+    def __init__(
+        self,
+        shards: ShardGroup,
+        embedder,
+        defaults: SearchSpec,
+        hubness: ShardedHubness | None,
+        metadata: ShardedColumns | None,
+        reranker: Reranker | None = None,
+        consistency: Callable[[str | None], dict] = lambda query=None: {},
+    ):
         """`consistency(query)`: what each shard request carries besides the leg (after writes: the sequence numbers
         the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms)."""
         self.shards, self.consistency = shards, consistency
@@ -169,11 +179,19 @@ class ShardedPipeline(SearchPipeline):
         self._admitted(filter_)  # raises the SpecError one index would (no filterable field, a bad condition)
         return ShardFilter(filter_)
 
-    def _request(self, mode: str, query: str, depth: int, allowed: ShardFilter | None, vector=None,
-                 hubness: HubnessSpec | None = None, coef=None) -> dict:
-        return {"mode": mode, "query": query, "depth": depth, "filter": allowed.filter if allowed is not None else None,
-                "vector": vector, "hubness": hubness.method if hubness is not None else "none", "coef": coef,
-                **self.consistency(query if mode != "dense" else None)}
+    def _request(
+        self, mode: str, query: str, depth: int, allowed: ShardFilter | None, vector=None, hubness: HubnessSpec | None = None, coef=None
+    ) -> dict:
+        return {
+            "mode": mode,
+            "query": query,
+            "depth": depth,
+            "filter": allowed.filter if allowed is not None else None,
+            "vector": vector,
+            "hubness": hubness.method if hubness is not None else "none",
+            "coef": coef,
+            **self.consistency(query if mode != "dense" else None),
+        }
 
     def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None):
         answers = clock.time("bm25", self.shards.all, "search", self._request("bm25", query, depth, allowed))
@@ -192,8 +210,16 @@ class ShardedPipeline(SearchPipeline):
         best = min(tops, key=lambda top: (-top["score"], top["position"]))
         return correction.coefficients_for(hubness.method, best["query"], best["gallery"])
 
-    def dense_leg(self, query: str, depth: int, clock: Stopwatch, hubness: HubnessSpec, allowed: ShardFilter | None = None,
-                  vector: np.ndarray | None = None, coef: np.ndarray | None = None):
+    def dense_leg(
+        self,
+        query: str,
+        depth: int,
+        clock: Stopwatch,
+        hubness: HubnessSpec,
+        allowed: ShardFilter | None = None,
+        vector: np.ndarray | None = None,
+        coef: np.ndarray | None = None,
+    ):
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         coef = self.coefficients(vector, hubness) if coef is None else coef
@@ -201,14 +227,20 @@ class ShardedPipeline(SearchPipeline):
         answers = clock.time("dense", self.shards.all, "search", request)
         return vector, merge_top([(a["positions"], a["scores"]) for a in answers], depth), coef
 
-    def candidates(self, query: str, depth: int, hubness: HubnessSpec = HubnessSpec(), clock: Stopwatch | None = None,
-                   allowed: ShardFilter | None = None, vector: np.ndarray | None = None,
-                   coef: np.ndarray | None = None) -> tuple[Candidates, np.ndarray]:
+    def candidates(
+        self,
+        query: str,
+        depth: int,
+        hubness: HubnessSpec = HubnessSpec(),
+        clock: Stopwatch | None = None,
+        allowed: ShardFilter | None = None,
+        vector: np.ndarray | None = None,
+        coef: np.ndarray | None = None,
+    ) -> tuple[Candidates, np.ndarray]:
         clock = clock or Stopwatch()
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         coef = self.coefficients(vector, hubness) if coef is None else coef
-        answers = clock.time("shards", self.shards.all, "search", self._request("hybrid", query, depth, allowed, vector,
-                                                                                 hubness, coef))
+        answers = clock.time("shards", self.shards.all, "search", self._request("hybrid", query, depth, allowed, vector, hubness, coef))
         floors = {"dense": self.hubness.score_floor(coef)} if coef is not None else None
         return clock.time("candidates", merge_candidates, answers, depth, floors), vector

@@ -129,7 +129,7 @@ class SearchSpec:
             object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
         object.__setattr__(self, "filter", check_filter(self.filter))
 
-    def merge(self, overrides: dict | None) -> "SearchSpec":
+    def merge(self, overrides: dict | None) -> SearchSpec:
         """This spec with the fields of the partial dict form `overrides` replaced, validated."""
         if not overrides:
             return self
@@ -158,17 +158,26 @@ class SearchSpec:
         return replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, spec: dict) -> "SearchSpec":
+    def from_dict(cls, spec: dict) -> SearchSpec:
         """A full spec from a (possibly partial) dict: fields not given are the library defaults."""
         return cls().merge(spec)
 
     def to_dict(self) -> dict:
-        return {"mode": self.mode, "depth": self.depth, "fusion": fusion_to_dict(self.fusion),
-                "hubness": {"method": self.hubness.method, "dynamic": self.hubness.dynamic},
-                "rerank": {"enabled": self.rerank.enabled, "depth": self.rerank.depth, "weight": self.rerank.weight},
-                "min_score": self.min_score, "filter": self.filter,
-                "highlight": {"enabled": self.highlight.enabled, "semantic": self.highlight.semantic,
-                              "snippet_chars": self.highlight.snippet_chars, "snippets": self.highlight.snippets}}
+        return {
+            "mode": self.mode,
+            "depth": self.depth,
+            "fusion": fusion_to_dict(self.fusion),
+            "hubness": {"method": self.hubness.method, "dynamic": self.hubness.dynamic},
+            "rerank": {"enabled": self.rerank.enabled, "depth": self.rerank.depth, "weight": self.rerank.weight},
+            "min_score": self.min_score,
+            "filter": self.filter,
+            "highlight": {
+                "enabled": self.highlight.enabled,
+                "semantic": self.highlight.semantic,
+                "snippet_chars": self.highlight.snippet_chars,
+                "snippets": self.highlight.snippets,
+            },
+        }
 
     def to_string(self) -> str:
         return spec_to_string(self.to_dict())
@@ -206,8 +215,9 @@ def spec_to_string(spec: dict) -> str:
     if highlight is not None and highlight != SearchSpec().to_dict()["highlight"]:  # named only when asked for
         highlight = {"enabled": highlight} if isinstance(highlight, bool) else highlight
         text = "highlight" + ("" if highlight.get("enabled", True) else ":off") + (":semantic" if highlight.get("semantic") else "")
-        text += "".join(f":{key}={highlight[name]}" for key, name in (("chars", "snippet_chars"), ("snippets", "snippets"))
-                        if name in highlight)
+        text += "".join(
+            f":{key}={highlight[name]}" for key, name in (("chars", "snippet_chars"), ("snippets", "snippets")) if name in highlight
+        )
         parts.append(text)
     if spec.get("filter"):
         parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
@@ -248,9 +258,12 @@ def parse_spec_string(text: str) -> dict:
         elif name == "highlight":
             spec["highlight"] = _parse_highlight(arg)
         else:
-            raise SpecError("spec", f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
-                                    "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
-                                    "highlight[:on|:off][:semantic][:chars=N][:snippets=N], filter:JSON (last)")
+            raise SpecError(
+                "spec",
+                f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
+                "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
+                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], filter:JSON (last)",
+            )
     return spec
 
 

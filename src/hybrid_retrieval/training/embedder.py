@@ -37,8 +37,8 @@ from hybrid_retrieval.models.onnx_export import TRAINING_RECORD
 from hybrid_retrieval.search.devices import check_device
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.training.metrics import per_query_scores
-from hybrid_retrieval.training.reranker import MinedQuery, mine, training_device
 from hybrid_retrieval.training.pseudo import generate
+from hybrid_retrieval.training.reranker import MinedQuery, mine, training_device
 from hybrid_retrieval.training.splits import split_dev
 
 logger = logging.getLogger(__name__)
@@ -82,12 +82,17 @@ class Example:
     positive_text: str | None = None  # what the positive reads as (None: the indexed document; a pseudo-query's is cut out)
 
 
-def sample_examples(mined: list[MinedQuery], queries: dict[str, str], hard_negatives: int, rng: random.Random,
-                    passages: dict[str, str] | None = None) -> list[Example]:
+def sample_examples(
+    mined: list[MinedQuery], queries: dict[str, str], hard_negatives: int, rng: random.Random, passages: dict[str, str] | None = None
+) -> list[Example]:
     """One example per (query, relevant document), with fresh negatives from the query's pool (too small a pool: skipped);
     `passages` gives a query's positive text in place of its document's."""
-    return [Example(queries[m.query_id], positive, tuple(rng.sample(m.pool, hard_negatives)), (passages or {}).get(m.query_id))
-            for m in mined if len(m.pool) >= hard_negatives for positive in m.positives]
+    return [
+        Example(queries[m.query_id], positive, tuple(rng.sample(m.pool, hard_negatives)), (passages or {}).get(m.query_id))
+        for m in mined
+        if len(m.pool) >= hard_negatives
+        for positive in m.positives
+    ]
 
 
 def relevant_mask(examples: list[Example], columns: list[int], relevant: dict[str, frozenset[int]]):
@@ -111,8 +116,15 @@ def contrastive_loss(queries, documents, mask, scale: float):
 class HeldOut:
     """Held-out queries scored by dense retrieval over a fixed pool of documents (see the module docstring)."""
 
-    def __init__(self, index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], depth: int, progress: bool,
-                 passages: dict[str, str] | None = None):
+    def __init__(
+        self,
+        index: OpenIndex,
+        queries: dict[str, str],
+        qrels: dict[str, dict[str, int]],
+        depth: int,
+        progress: bool,
+        passages: dict[str, str] | None = None,
+    ):
         pipeline = index.pipeline()
         positions = index.doc_positions
         pool = {positions[d] for rels in qrels.values() for d in rels if d in positions}
@@ -127,11 +139,17 @@ class HeldOut:
 
     def score(self, model, batch_size: int = 32) -> float:
         """Mean nDCG@10 of the held-out queries under `model` (sentence-transformers)."""
-        docs = model.encode(self.texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                            show_progress_bar=self.progress)
+        docs = model.encode(
+            self.texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=self.progress
+        )
         qids = list(self.queries)
-        vectors = model.encode([self.queries[q] for q in qids], batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True,
-                               show_progress_bar=False)
+        vectors = model.encode(
+            [self.queries[q] for q in qids],
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         scores = vectors @ docs.T
         top = np.argsort(-scores, axis=1)[:, :100]
         run = {q: {self.pool_ids[j]: float(scores[i, j]) for j in top[i]} for i, q in enumerate(qids)}
@@ -139,8 +157,18 @@ class HeldOut:
         return sum(values.values()) / len(values)
 
 
-def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], train_ids: list[str], dev_ids: list[str],
-              out: Path | str, options: EmbedderOptions, data: dict, progress: bool = True, passages: dict[str, str] | None = None) -> dict:
+def fine_tune(
+    index: OpenIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    train_ids: list[str],
+    dev_ids: list[str],
+    out: Path | str,
+    options: EmbedderOptions,
+    data: dict,
+    progress: bool = True,
+    passages: dict[str, str] | None = None,
+) -> dict:
     """Train the index's encoder on `train_ids` (their qrels' relevant documents are the positives), select the epoch on
     `dev_ids`, publish the model folder at `out` atomically and return the training record; `data` describes the data.
     `passages`: a query's positive text in place of its document's (pseudo-queries: the document without the query)."""
@@ -158,8 +186,10 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
     rng = random.Random(options.seed)
     examples = sample_examples(mined, queries, options.hard_negatives, rng, passages)
     if len(examples) < options.batch_size:
-        raise ConfigError(f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
-                          "need more judged queries (or a smaller --batch-size)")
+        raise ConfigError(
+            f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
+            "need more judged queries (or a smaller --batch-size)"
+        )
     positions = index.doc_positions
     relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
     held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
@@ -174,8 +204,9 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
 
     steps_per_epoch = len(examples) // options.batch_size  # a short last batch would have few in-batch negatives: dropped
     optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(options.warmup * steps_per_epoch * options.epochs),
-                                                steps_per_epoch * options.epochs)
+    scheduler = get_linear_schedule_with_warmup(
+        optimizer, int(options.warmup * steps_per_epoch * options.epochs), steps_per_epoch * options.epochs
+    )
     doc_text = index.doc_text
     losses = []
 
@@ -191,7 +222,7 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
             batch = order[start : start + options.batch_size]
             columns = [e.positive for e in batch] + [d for e in batch for d in e.negatives]
             mask = relevant_mask(batch, columns, relevant).to(device)
-            texts = [e.positive_text or doc_text(e.positive) for e in batch] + [doc_text(d) for d in columns[len(batch):]]
+            texts = [e.positive_text or doc_text(e.positive) for e in batch] + [doc_text(d) for d in columns[len(batch) :]]
             loss = contrastive_loss(embed([e.query for e in batch]), embed(texts), mask, options.scale)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -208,19 +239,35 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
             break
     trained = time.perf_counter()
     if best_epoch == 0:
-        logger.warning("no epoch beat the base model on the %d held-out queries (%s %.4f): the folder holds the base weights",
-                       len(dev_ids), METRIC, per_epoch[0][METRIC])
+        logger.warning(
+            "no epoch beat the base model on the %d held-out queries (%s %.4f): the folder holds the base weights",
+            len(dev_ids),
+            METRIC,
+            per_epoch[0][METRIC],
+        )
 
     model.load_state_dict(best_state)
     record = {
         "kind": "embedder",
         "base_model": {"name": base.name, "checksum": base.checksum},
         "options": asdict(options),
-        "data": {**data, "index": str(index.path), "train_queries": len(mined), "examples_per_epoch": len(examples),
-                 "held_out_queries": len(dev_ids), "held_out_pool": len(held_out.pool), "held_out_ids": sorted(dev_ids)},
+        "data": {
+            **data,
+            "index": str(index.path),
+            "train_queries": len(mined),
+            "examples_per_epoch": len(examples),
+            "held_out_queries": len(dev_ids),
+            "held_out_pool": len(held_out.pool),
+            "held_out_ids": sorted(dev_ids),
+        },
         "device": device,
-        "held_out": {"metric": METRIC, "before": per_epoch[0][METRIC], "after": per_epoch[best_epoch][METRIC],
-                     "best_epoch": best_epoch, "per_epoch": per_epoch},
+        "held_out": {
+            "metric": METRIC,
+            "before": per_epoch[0][METRIC],
+            "after": per_epoch[best_epoch][METRIC],
+            "best_epoch": best_epoch,
+            "per_epoch": per_epoch,
+        },
         "loss": {"curve": losses, "chance": math.log(options.batch_size * (1 + options.hard_negatives))},
         "seconds": {"preparation": round(prepared - started, 1), "training": round(trained - prepared, 1)},
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
@@ -238,19 +285,42 @@ def fine_tune(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[s
 SUPERVISED = EmbedderOptions(learning_rate=4e-5)
 
 
-def train_embedder(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
-                   options: EmbedderOptions = SUPERVISED, split: str = "train", progress: bool = True) -> dict:
+def train_embedder(
+    index: OpenIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    out: Path | str,
+    options: EmbedderOptions = SUPERVISED,
+    split: str = "train",
+    progress: bool = True,
+) -> dict:
     """`hybrid train-embedder`: fine-tune on the judged queries of a train/dev split, a slice of them held out."""
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     return fine_tune(index, queries, qrels, train_ids, dev_ids, out, options, {"recipe": "supervised", "split": split}, progress)
 
 
-
-def adapt_embedder(index: OpenIndex, out: Path | str, options: EmbedderOptions = EmbedderOptions(), recipe: str = "ict",
-                   max_queries: int = 2000, filter_depth: int = 10, progress: bool = True) -> dict:
+def adapt_embedder(
+    index: OpenIndex,
+    out: Path | str,
+    options: EmbedderOptions = EmbedderOptions(),
+    recipe: str = "ict",
+    max_queries: int = 2000,
+    filter_depth: int = 10,
+    progress: bool = True,
+) -> dict:
     """`hybrid adapt`: fine-tune on filtered pseudo-queries (training.pseudo), no labels anywhere; a slice of the
     pseudo-queries is held out for the epoch selection."""
     pseudo = generate(index, recipe, max_queries, filter_depth, options.seed, progress)
     train_ids, dev_ids = split_dev(pseudo.queries, pseudo.qrels, options.dev_fraction, options.seed)
-    return fine_tune(index, pseudo.queries, pseudo.qrels, train_ids, dev_ids, out, options,
-                     {"recipe": f"pseudo:{recipe}", "split": "pseudo-queries", "pseudo": pseudo.stats}, progress, pseudo.passages)
+    return fine_tune(
+        index,
+        pseudo.queries,
+        pseudo.qrels,
+        train_ids,
+        dev_ids,
+        out,
+        options,
+        {"recipe": f"pseudo:{recipe}", "split": "pseudo-queries", "pseudo": pseudo.stats},
+        progress,
+        pseudo.passages,
+    )

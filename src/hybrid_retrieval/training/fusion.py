@@ -52,7 +52,9 @@ class TuningResult:
         return fusion_from_dict({k: v for k, v in self.best().items() if k != self.metric})
 
     def value_of(self, fusion: Fusion) -> float:
-        return next(row[self.metric] for row in self.table if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion)
+        return next(
+            row[self.metric] for row in self.table if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion
+        )
 
     def cross_validated(self, folds: int = FOLDS) -> float:
         """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
@@ -64,11 +66,20 @@ def grid() -> list[Fusion]:
     return configs + [RRF(rrf_k=float(k)) for k in RRF_KS]
 
 
-def tune(pipeline: SearchPipeline, doc_ids: list[str], queries: dict[str, str], qrels: dict[str, dict[str, int]],
-         metric: str = "ndcg@10", k: int = 100, progress: bool = True) -> TuningResult:
+def tune(
+    pipeline: SearchPipeline,
+    doc_ids: list[str],
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    metric: str = "ndcg@10",
+    k: int = 100,
+    progress: bool = True,
+) -> TuningResult:
     # fusion is tuned on uncorrected dense scores, whatever hubness the index has
     depth = pipeline.defaults.depth
-    candidates = {qid: pipeline.candidates(text, depth)[0] for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)}
+    candidates = {
+        qid: pipeline.candidates(text, depth)[0] for qid, text in tqdm(queries.items(), desc="candidates", unit=" q", disable=not progress)
+    }
     table, per_query = [], []
     for fusion in tqdm(grid(), desc="configurations", disable=not progress):
         run = {}
@@ -125,14 +136,23 @@ def evidence(result: TuningResult, qrels_path: Path | str, untuned: Fusion = Sea
     """Before/after on held-out queries: the untuned default vs tuning cross-validated, and the decision
     (a tie keeps the untuned default)."""
     before, after = result.value_of(untuned), result.cross_validated()
-    return {"metric": result.metric, "queries": result.queries, "split": str(qrels_path), "folds": FOLDS,
-            "values": {f"untuned {fusion_to_string(untuned)}": before, "tuned, cross-validated": after,
-                       f"tuned {fusion_to_string(result.best_fusion())}, in-sample": result.best()[result.metric]},
-            "decision": "tuned" if after > before else "kept untuned"}
+    return {
+        "metric": result.metric,
+        "queries": result.queries,
+        "split": str(qrels_path),
+        "folds": FOLDS,
+        "values": {
+            f"untuned {fusion_to_string(untuned)}": before,
+            "tuned, cross-validated": after,
+            f"tuned {fusion_to_string(result.best_fusion())}, in-sample": result.best()[result.metric],
+        },
+        "decision": "tuned" if after > before else "kept untuned",
+    }
 
 
-def pseudo_split(index_dir: Path, recipe: str, max_queries: int, filter_depth: int, query_precision: str = "auto",
-                 progress: bool = True) -> tuple[dict[str, str], dict[str, dict[str, int]], str]:
+def pseudo_split(
+    index_dir: Path, recipe: str, max_queries: int, filter_depth: int, query_precision: str = "auto", progress: bool = True
+) -> tuple[dict[str, str], dict[str, dict[str, int]], str]:
     """Pseudo-queries of the index's documents (training.pseudo) as a split to tune on, and its recorded name."""
     index = open_index(index_dir, verify="size", query_precision=query_precision)
     try:
@@ -142,9 +162,17 @@ def pseudo_split(index_dir: Path, recipe: str, max_queries: int, filter_depth: i
     return pseudo.queries, pseudo.qrels, source_name(recipe, max_queries, filter_depth)
 
 
-def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path: Path | str, metric: str = "ndcg@10",
-               out: Path | None = None, write: bool = True, progress: bool = True,
-               query_precision: str = "auto") -> tuple[TuningResult, dict]:
+def tune_index(
+    index_dir: Path,
+    queries: dict[str, str],
+    qrels: dict,
+    qrels_path: Path | str,
+    metric: str = "ndcg@10",
+    out: Path | None = None,
+    write: bool = True,
+    progress: bool = True,
+    query_precision: str = "auto",
+) -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
     index's default only when tuning beats the untuned default out of sample. Returns the result and
     the evidence (recorded in the manifest when `write`)."""
@@ -156,17 +184,26 @@ def tune_index(index_dir: Path, queries: dict[str, str], qrels: dict, qrels_path
     out = out or Path(index_dir) / "tuning"
     out.mkdir(parents=True, exist_ok=True)
     plot(result, out / "fusion.png")
-    (out / "fusion.json").write_text(json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2))
+    (out / "fusion.json").write_text(
+        json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2)
+    )
     proof = evidence(result, qrels_path)
     if write:
+
         def record(manifest: Manifest) -> None:
             fusion = result.best_fusion() if proof["decision"] == "tuned" else SearchSpec().fusion
             manifest.defaults = replace(manifest.defaults, fusion=fusion)
             manifest.evidence["fusion"] = proof
             manifest.fusion_tuning = FusionTuning(
-                metric=metric, value=round(result.best()[metric], 4), queries=len(queries), qrels=str(qrels_path),
-                depth=pipeline.defaults.depth, best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
-                best_rrf_k=result.best("rrf")["rrf_k"], tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                metric=metric,
+                value=round(result.best()[metric], 4),
+                queries=len(queries),
+                qrels=str(qrels_path),
+                depth=pipeline.defaults.depth,
+                best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
+                best_rrf_k=result.best("rrf")["rrf_k"],
+                tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            )
 
         update_manifest(index_dir, record)
     return result, proof

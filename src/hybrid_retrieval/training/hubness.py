@@ -31,8 +31,9 @@ BETA_PER_SPREAD = {"beta": 0.25, "beta1": 0.25, "beta2": 0.05}
 SPREAD_TOP = 100
 
 
-def corrected_rankings(queries: np.ndarray, embeddings: np.ndarray, correction: HubnessCorrection | None,
-                       method: str, dynamic: bool, k: int) -> list[Ranking]:
+def corrected_rankings(
+    queries: np.ndarray, embeddings: np.ndarray, correction: HubnessCorrection | None, method: str, dynamic: bool, k: int
+) -> list[Ranking]:
     """Exact corrected top-k by brute force (tuning and diagnostics: many queries, no index needed)."""
     sims = queries @ embeddings.T
     out = []
@@ -49,8 +50,18 @@ class CrossFit:
     """The metric of dense retrieval over labelled bank queries with a correction fitted on the other folds
     (5-fold cross-fitting): no query is scored with a bank that contains it."""
 
-    def __init__(self, bank: np.ndarray, bank_qids: list[str], qrels: dict, embeddings: np.ndarray, doc_ids: list[str],
-                 gallery: np.ndarray, folds: int = FOLDS, metric: str = "ndcg@10", seed: int = 0):
+    def __init__(
+        self,
+        bank: np.ndarray,
+        bank_qids: list[str],
+        qrels: dict,
+        embeddings: np.ndarray,
+        doc_ids: list[str],
+        gallery: np.ndarray,
+        folds: int = FOLDS,
+        metric: str = "ndcg@10",
+        seed: int = 0,
+    ):
         self.bank, self.bank_qids, self.qrels, self.embeddings, self.doc_ids = bank, bank_qids, qrels, embeddings, doc_ids
         self.gallery, self.folds, self.metric = gallery, folds, metric
         self.fold_of = np.random.default_rng(seed).permutation(len(bank)) % folds
@@ -89,11 +100,19 @@ def tune_hubness(cross_fit: CrossFit, method: str, dynamic: bool, base: HubnessP
     """Grid-search beta (qbnorm) or (beta1, beta2) (dbnorm) by cross-fitting over the bank queries. Returns
     the best params, the table, and the metric of the choice itself out of sample (choosing on other
     queries than those scored), which is what a comparison with no correction may use."""
-    grid = [{"beta": b} for b in BETAS] if method == "qbnorm" else [{"beta1": b1, "beta2": b2} for b1, b2 in itertools.product(DB_BETA1, DB_BETA2)]
+    grid = (
+        [{"beta": b} for b in BETAS]
+        if method == "qbnorm"
+        else [{"beta1": b1, "beta2": b2} for b1, b2 in itertools.product(DB_BETA1, DB_BETA2)]
+    )
     per_query = [cross_fit.per_query(replace(base, **point), method, dynamic) for point in grid]
     table = [{**point, cross_fit.metric: sum(values.values()) / len(values)} for point, values in zip(grid, per_query)]
     best = max(table, key=lambda row: row[cross_fit.metric])
-    return replace(base, **{k: v for k, v in best.items() if k != cross_fit.metric}), table, chosen_out_of_sample(per_query, cross_fit.folds)
+    return (
+        replace(base, **{k: v for k, v in best.items() if k != cross_fit.metric}),
+        table,
+        chosen_out_of_sample(per_query, cross_fit.folds),
+    )
 
 
 class DefaultRefused(HybridError):
@@ -119,9 +138,19 @@ def scaled_params(spread: float, k: int = 1, **given) -> HubnessParams:
     return HubnessParams(**{name: given[name] if name in given else scale / spread for name, scale in BETA_PER_SPREAD.items()}, k=k)
 
 
-def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpec, betas: dict | None = None, k: int = 1,
-                  split_qrels: Path | None = None, tune: bool | None = None, set_default: bool = False, force: bool = False,
-                  gallery_size: int = DEFAULT_GALLERY_SIZE, pseudo_size: int = DEFAULT_PSEUDO_SIZE) -> Manifest:
+def fit_from_bank(
+    index_dir: Path | str,
+    bank: str | Path,
+    candidate: HubnessSpec,
+    betas: dict | None = None,
+    k: int = 1,
+    split_qrels: Path | None = None,
+    tune: bool | None = None,
+    set_default: bool = False,
+    force: bool = False,
+    gallery_size: int = DEFAULT_GALLERY_SIZE,
+    pseudo_size: int = DEFAULT_PSEUDO_SIZE,
+) -> Manifest:
     """`hybrid hubness fit`: read the bank (queries of a split, a query log, or `pseudo` document titles),
     fit and write both corrections.
 
@@ -144,8 +173,18 @@ def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpe
         spread = score_spread(vectors, embeddings)
         params = scaled_params(spread, k, **(betas or {}))
         scaled = [name for name in BETA_PER_SPREAD if name not in (betas or {})]
-        source = {"spread": round(spread, 4), "betas": "; ".join(filter(None, [
-            f"{', '.join(sorted(betas))} given" if betas else "", f"{', '.join(scaled)} scaled to the score spread" if scaled else ""]))}
+        source = {
+            "spread": round(spread, 4),
+            "betas": "; ".join(
+                filter(
+                    None,
+                    [
+                        f"{', '.join(sorted(betas))} given" if betas else "",
+                        f"{', '.join(scaled)} scaled to the score spread" if scaled else "",
+                    ],
+                )
+            ),
+        }
         tuning, evidence, tuned_score = None, None, None
         if labelled and (tune or set_default):
             qrels = read_qrels(split_qrels)
@@ -158,31 +197,52 @@ def fit_from_bank(index_dir: Path | str, bank: str | Path, candidate: HubnessSpe
                 evidence = _default_evidence(cross_fit, candidate, params, info, force, tuned_score)
         elif set_default:
             if not force:
-                raise DefaultRefused(f"a {info['kind']} bank has no labels to show that {candidate_name(candidate)} helps: nothing "
-                                     "written; use a labelled bank (--bank queries.jsonl --split-qrels qrels/train.tsv), or --force")
+                raise DefaultRefused(
+                    f"a {info['kind']} bank has no labels to show that {candidate_name(candidate)} helps: nothing "
+                    "written; use a labelled bank (--bank queries.jsonl --split-qrels qrels/train.tsv), or --force"
+                )
             evidence = {"decision": "forced", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
-        return fit_hubness(index, texts, info, params, candidate if set_default else None, gallery_size, tuning=tuning,
-                           bank=vectors, evidence=evidence, beta_source=source)
+        return fit_hubness(
+            index,
+            texts,
+            info,
+            params,
+            candidate if set_default else None,
+            gallery_size,
+            tuning=tuning,
+            bank=vectors,
+            evidence=evidence,
+            beta_source=source,
+        )
     finally:
         index.close()
 
 
-def _default_evidence(cross_fit: CrossFit, candidate: HubnessSpec, params: HubnessParams, info: dict, force: bool,
-                      tuned_score: float | None = None) -> dict:
+def _default_evidence(
+    cross_fit: CrossFit, candidate: HubnessSpec, params: HubnessParams, info: dict, force: bool, tuned_score: float | None = None
+) -> dict:
     """`tuned_score`: when the betas were tuned on these queries, the out-of-sample metric of that choice,
     so the comparison does not favour the correction by its own selection."""
     corrected = cross_fit.score(params, candidate.method, candidate.dynamic) if tuned_score is None else tuned_score
     name = candidate_name(candidate) + (" (betas tuned, chosen out of sample)" if tuned_score is not None else "")
     values = {"none": cross_fit.score(params, "none", False), name: corrected}
-    evidence = {"metric": cross_fit.metric, "retrieval": "dense", "queries": len(cross_fit.bank), "split": info.get("split"),
-                "folds": cross_fit.folds, "values": values}
+    evidence = {
+        "metric": cross_fit.metric,
+        "retrieval": "dense",
+        "queries": len(cross_fit.bank),
+        "split": info.get("split"),
+        "folds": cross_fit.folds,
+        "values": values,
+    }
     if corrected > values["none"]:  # a tie keeps the simpler default
         return {**evidence, "decision": "enabled"}
     if not force:
-        raise DefaultRefused(f"{name} does not beat no correction on the bank's held-out folds "
-                             f"({cross_fit.metric} {corrected:.4f} vs {values['none']:.4f} over {len(cross_fit.bank)} queries, "
-                             f"{cross_fit.folds}-fold cross-fitting): nothing written; fit it without --set-default to make it "
-                             "available to requests, or --force to make it the default anyway")
+        raise DefaultRefused(
+            f"{name} does not beat no correction on the bank's held-out folds "
+            f"({cross_fit.metric} {corrected:.4f} vs {values['none']:.4f} over {len(cross_fit.bank)} queries, "
+            f"{cross_fit.folds}-fold cross-fitting): nothing written; fit it without --set-default to make it "
+            "available to requests, or --force to make it the default anyway"
+        )
     return {**evidence, "decision": "forced"}
 
 

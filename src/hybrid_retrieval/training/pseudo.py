@@ -59,8 +59,7 @@ def _candidate(doc: dict, recipe: str, rng: random.Random) -> tuple[str, str] | 
     return (sentence, indexed_text(doc["title"], rest)) if rest else None
 
 
-def generate(index: OpenIndex, recipe: str, max_queries: int, filter_depth: int, seed: int = 0,
-             progress: bool = True) -> PseudoQueries:
+def generate(index: OpenIndex, recipe: str, max_queries: int, filter_depth: int, seed: int = 0, progress: bool = True) -> PseudoQueries:
     """Up to `max_queries` filtered pseudo-queries from a seeded sample of the index's documents."""
     if recipe not in RECIPES:
         raise ConfigError(f"unknown pseudo-query recipe {recipe!r}; valid: {', '.join(RECIPES)}")
@@ -92,8 +91,10 @@ def generate(index: OpenIndex, recipe: str, max_queries: int, filter_depth: int,
         bar.update()
     bar.close()
     if not queries:
-        raise ConfigError(f"no pseudo-query survived the filter (recipe {recipe}, {stats['documents_seen']} documents seen): "
-                          "the documents may lack titles or sentences; try another --recipe")
+        raise ConfigError(
+            f"no pseudo-query survived the filter (recipe {recipe}, {stats['documents_seen']} documents seen): "
+            "the documents may lack titles or sentences; try another --recipe"
+        )
     return PseudoQueries(queries, qrels, passages, stats)
 
 
@@ -106,5 +107,5 @@ def parse_source(name: str) -> tuple[str, int, int] | None:
     """(recipe, max_queries, filter_depth) of a `source_name`, None for any other split name (a qrels path)."""
     if not name.startswith(SOURCE_PREFIX):
         return None
-    recipe, max_queries, filter_depth = name[len(SOURCE_PREFIX):].split(":")
+    recipe, max_queries, filter_depth = name[len(SOURCE_PREFIX) :].split(":")
     return recipe, int(max_queries), int(filter_depth)

@@ -38,8 +38,10 @@ def fusion_split(manifest: Manifest, queries: Path | None, model: str) -> Callab
     qrels = Path(source)
     queries = queries or qrels.parent.parent / "queries.jsonl"
     if not qrels.is_file() or not queries.is_file():
-        raise ConfigError(f"the fusion was tuned on {qrels}; to re-tune it for the new model, both it and the queries must be "
-                          f"readable (looked for {queries}): pass --queries, or --keep-fusion to keep the old fusion")
+        raise ConfigError(
+            f"the fusion was tuned on {qrels}; to re-tune it for the new model, both it and the queries must be "
+            f"readable (looked for {queries}): pass --queries, or --keep-fusion to keep the old fusion"
+        )
     record = training_record(model) or {}
     held_out = record.get("data", {}).get("held_out_ids") if record.get("data", {}).get("split") == qrels.stem else None
 
@@ -60,8 +62,13 @@ def refit_hubness(index_dir: Path, old: Manifest) -> dict:
     bank = fitted.bank
     source = "pseudo" if bank["kind"].startswith("pseudo") else bank["source"]
     candidate = default if default.method != "none" else HubnessSpec("qbnorm")
-    kwargs = {"k": fitted.params.k, "split_qrels": bank.get("split"), "tune": fitted.tuning is not None,
-              "gallery_size": fitted.gallery["size"], "pseudo_size": bank.get("size", DEFAULT_PSEUDO_SIZE)}
+    kwargs = {
+        "k": fitted.params.k,
+        "split_qrels": bank.get("split"),
+        "tune": fitted.tuning is not None,
+        "gallery_size": fitted.gallery["size"],
+        "pseudo_size": bank.get("size", DEFAULT_PSEUDO_SIZE),
+    }
     forced = old.evidence.get("hubness", {}).get("decision") == "forced"  # a default set without a win stays one
     try:
         fit_from_bank(index_dir, source, candidate, set_default=default.method != "none", force=forced, **kwargs)
@@ -71,15 +78,26 @@ def refit_hubness(index_dir: Path, old: Manifest) -> dict:
         return {"bank": bank["kind"], "default": "none", "was": default.method, "why": str(refused)}
 
 
-def reembed_index(index_dir: Path | str, model: str, precision: str | None = None, device: str = "auto",
-                  queries: Path | None = None, keep_fusion: bool = False, progress: bool = True) -> dict:
+def reembed_index(
+    index_dir: Path | str,
+    model: str,
+    precision: str | None = None,
+    device: str = "auto",
+    queries: Path | None = None,
+    keep_fusion: bool = False,
+    progress: bool = True,
+) -> dict:
     """Re-embed, refit and re-tune; returns a report of each step."""
     index_dir = Path(index_dir)
     old = read_manifest(index_dir)
     split = None if keep_fusion else fusion_split(old, queries, model)  # checked before minutes of embedding
     manifest = reembed(index_dir, model, precision, device, progress=progress)
-    report = {"documents": manifest.documents, "model": model, "from": manifest.build["reembedded_from"],
-              "training": manifest.embedder.training}
+    report = {
+        "documents": manifest.documents,
+        "model": model,
+        "from": manifest.build["reembedded_from"],
+        "training": manifest.embedder.training,
+    }
     if old.hubness is not None:
         report["hubness"] = refit_hubness(index_dir, old)
     if split is not None:

@@ -98,8 +98,14 @@ class MinedQuery:
     pool: tuple[int, ...]  # hard-negative candidates: hybrid top-`mine_depth` minus every judged document
 
 
-def mine(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], query_ids: list[str], mine_depth: int,
-         progress: bool = False) -> list[MinedQuery]:
+def mine(
+    index: OpenIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    query_ids: list[str],
+    mine_depth: int,
+    progress: bool = False,
+) -> list[MinedQuery]:
     """Each query's judged positives and its hard-negative pool from the hybrid top-`mine_depth`."""
     position = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
     pipeline = index.pipeline()
@@ -116,12 +122,17 @@ def mine(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, i
 
 def sample_groups(mined: list[MinedQuery], negatives: int, rng: random.Random) -> list[Group]:
     """One group per positive with `negatives` fresh samples from its query's pool (too small a pool: skipped)."""
-    return [Group(m.query_id, positive, tuple(rng.sample(m.pool, negatives)))
-            for m in mined if len(m.pool) >= negatives for positive in m.positives]
+    return [
+        Group(m.query_id, positive, tuple(rng.sample(m.pool, negatives)))
+        for m in mined
+        if len(m.pool) >= negatives
+        for positive in m.positives
+    ]
 
 
-def tune_interpolation(index: OpenIndex, model, queries: dict[str, str], qrels: dict[str, dict[str, int]],
-                       depth: int = DEFAULT_RERANK_DEPTH) -> dict:
+def tune_interpolation(
+    index: OpenIndex, model, queries: dict[str, str], qrels: dict[str, dict[str, int]], depth: int = DEFAULT_RERANK_DEPTH
+) -> dict:
     """nDCG@10 of the dev queries' first stage (the index's default spec) reranked to `depth` at every weight
     of WEIGHT_GRID by the pipeline's rerank stage, and the best weight.
 
@@ -147,12 +158,24 @@ def tune_interpolation(index: OpenIndex, model, queries: dict[str, str], qrels: 
     chosen = chosen_out_of_sample(per_query)
     gain = chosen > grid[0.0]
     if not gain:
-        logger.warning("the reranker did not beat the first stage on the %d held-out queries out of sample (nDCG@10 %.4f vs "
-                       "%.4f): the service will not rerank by default", len(queries), chosen, grid[0.0])
-    return {"weight": best, "normalisation": "zscore", "depth": depth, "gain": gain,
-            "dev": {"queries": len(queries), "ndcg@10": {"first_stage": grid[0.0], "reranker_only": grid[1.0], "interpolated": grid[best],
-                                                         "chosen_out_of_sample": chosen},
-                    "grid": {f"{w:g}": v for w, v in grid.items()}}}
+        logger.warning(
+            "the reranker did not beat the first stage on the %d held-out queries out of sample (nDCG@10 %.4f vs "
+            "%.4f): the service will not rerank by default",
+            len(queries),
+            chosen,
+            grid[0.0],
+        )
+    return {
+        "weight": best,
+        "normalisation": "zscore",
+        "depth": depth,
+        "gain": gain,
+        "dev": {
+            "queries": len(queries),
+            "ndcg@10": {"first_stage": grid[0.0], "reranker_only": grid[1.0], "interpolated": grid[best], "chosen_out_of_sample": chosen},
+            "grid": {f"{w:g}": v for w, v in grid.items()},
+        },
+    }
 
 
 def teacher_scores(teacher, batch: list[Group], queries: dict[str, str], doc_text, group_size: int):
@@ -169,8 +192,9 @@ def distillation_loss(student, teacher):
     import torch
 
     teacher = teacher.to(student.device)
-    return torch.nn.functional.kl_div(torch.log_softmax(student, -1), torch.log_softmax(teacher, -1), log_target=True,
-                                      reduction="batchmean")
+    return torch.nn.functional.kl_div(
+        torch.log_softmax(student, -1), torch.log_softmax(teacher, -1), log_target=True, reduction="batchmean"
+    )
 
 
 def training_device(device: str) -> str:
@@ -210,8 +234,15 @@ def _keep_layers(model, layers: int | None) -> None:
     model.config.num_hidden_layers = layers
 
 
-def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]], out: Path | str,
-                   options: TrainOptions = TrainOptions(), split: str = "train", progress: bool = True) -> dict:
+def train_reranker(
+    index: OpenIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    out: Path | str,
+    options: TrainOptions = TrainOptions(),
+    split: str = "train",
+    progress: bool = True,
+) -> dict:
     """Train, export ONNX into `out/onnx`, tune the interpolation weight on the dev queries, and
     publish `out` atomically; return the training record."""
     import torch
@@ -227,8 +258,10 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
         raise ConfigError(f"{out} exists and is not a `hybrid train-reranker` folder: refusing to replace it")
     base = resolve_model(options.start_model)
     if not (base.path / "config.json").is_file():
-        raise ConfigError(f"{base.path} has no torch model (config.json) to start training from: pass --base-model "
-                          f"(a teacher exported to ONNX only cannot seed its student)")
+        raise ConfigError(
+            f"{base.path} has no torch model (config.json) to start training from: pass --base-model "
+            f"(a teacher exported to ONNX only cannot seed its student)"
+        )
     _check_layers(base.path, options.layers)  # before minutes of mining
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
@@ -263,8 +296,14 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
         for start in range(0, len(order), options.groups_per_step):
             batch = order[start : start + options.groups_per_step]
             pairs = [(queries[g.query_id], doc_text(d)) for g in batch for d in (g.positive, *g.negatives)]
-            encoded = tokenizer([q for q, _ in pairs], [t for _, t in pairs], truncation=True,
-                                max_length=options.max_length, padding=True, return_tensors="pt").to(device)
+            encoded = tokenizer(
+                [q for q, _ in pairs],
+                [t for _, t in pairs],
+                truncation=True,
+                max_length=options.max_length,
+                padding=True,
+                return_tensors="pt",
+            ).to(device)
             logits = model(**encoded).logits.view(len(batch), group_size)
             # the positive is column 0 of every group
             loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=device))
@@ -291,13 +330,22 @@ def train_reranker(index: OpenIndex, queries: dict[str, str], qrels: dict[str, d
             "kind": "reranker",
             "base_model": {"name": base.name, "checksum": base.checksum},
             "options": asdict(options),
-            "data": {"split": split, "queries": len({g.query_id for g in groups}), "dev_queries": len(dev_ids),
-                     "groups_per_epoch": len(groups), "pairs": options.epochs * len(groups) * group_size,
-                     "index": str(index.path), "defaults": index.manifest.defaults.to_dict()},
+            "data": {
+                "split": split,
+                "queries": len({g.query_id for g in groups}),
+                "dev_queries": len(dev_ids),
+                "groups_per_epoch": len(groups),
+                "pairs": options.epochs * len(groups) * group_size,
+                "index": str(index.path),
+                "defaults": index.manifest.defaults.to_dict(),
+            },
             "device": device,
             "steps": len(losses),
-            "loss": {"first_10pct": sum(losses[:window]) / window, "last_10pct": sum(losses[-window:]) / window,
-                     "chance": math.log(group_size)},
+            "loss": {
+                "first_10pct": sum(losses[:window]) / window,
+                "last_10pct": sum(losses[-window:]) / window,
+                "chance": math.log(group_size),
+            },
             "seconds": {"mining": round(mined_at - started, 1), "training": round(trained - mined_at, 1)},
         }
         (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))  # the export reads max_length from it

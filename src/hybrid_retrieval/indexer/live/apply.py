@@ -55,8 +55,9 @@ class LiveState:
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
-                self.live[doc["id"]] = LiveDocument.analysed(doc["id"], doc["title"], doc["text"], doc["metadata"], tokens,
-                                                             vectors[-1], self.vocabulary, doc.get("position", -1))
+                self.live[doc["id"]] = LiveDocument.analysed(
+                    doc["id"], doc["title"], doc["text"], doc["metadata"], tokens, vectors[-1], self.vocabulary, doc.get("position", -1)
+                )
                 self.last_position = max(self.last_position, doc.get("position", -1))
                 self.keys[doc["id"]], self.next_key = self.next_key, self.next_key + 1
             if self.hubness is not None:
@@ -94,6 +95,7 @@ class LiveState:
         live = LiveSegment(list(self.live.values()), self.index.dense.dimension, self.vocabulary)
         hubness = None
         if self.hubness is not None:
-            hubness = self.hubness.view(self.index.embeddings, self.base_alive, np.array(list(self.keys.values()), dtype=np.int64),
-                                        live.vectors, self.key_of)
+            hubness = self.hubness.view(
+                self.index.embeddings, self.base_alive, np.array(list(self.keys.values()), dtype=np.int64), live.vectors, self.key_of
+            )
         return Snapshot(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness)

@@ -50,8 +50,15 @@ def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
 class Collection:
     """The writable collection over an opened index: writes are logged, applied, and published by `refresh`."""
 
-    def __init__(self, index: OpenIndex, max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS, on_refresh=None,
-                 write_threads: int | None = None, searching=None, replay: bool = True):
+    def __init__(
+        self,
+        index: OpenIndex,
+        max_batch_docs: int = DEFAULT_MAX_BATCH_DOCS,
+        on_refresh=None,
+        write_threads: int | None = None,
+        searching=None,
+        replay: bool = True,
+    ):
         """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
         called before a new snapshot counts as visible (the service swaps its searches to it there).
 
@@ -113,8 +120,9 @@ class Collection:
         vectors = self._embed(texts)
         hubness = self._state.hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
         prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None else None
-        record_docs = [{**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()}
-                       for doc, v in zip(checked, vectors)]
+        record_docs = [
+            {**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()} for doc, v in zip(checked, vectors)
+        ]
         return self._log_and_apply({"op": "upsert", "documents": record_docs}, prepared)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
@@ -123,16 +131,20 @@ class Collection:
         if self.searching is None:
             return self.index.embedder.encode(texts, batch_size=EMBED_BATCH)
         threads = max(1, len(os.sched_getaffinity(0)) // 2)
-        return np.concatenate([self._embed_limited(chunk, threads) if self.searching()
-                               else self.index.embedder.encode(chunk, batch_size=EMBED_BATCH)
-                               for chunk in (texts[i : i + EMBED_CHUNK] for i in range(0, len(texts), EMBED_CHUNK))])
+        return np.concatenate(
+            [
+                self._embed_limited(chunk, threads) if self.searching() else self.index.embedder.encode(chunk, batch_size=EMBED_BATCH)
+                for chunk in (texts[i : i + EMBED_CHUNK] for i in range(0, len(texts), EMBED_CHUNK))
+            ]
+        )
 
     def _embed_limited(self, texts: list[str], threads: int) -> np.ndarray:
         """On the collection's own session of `threads` cores, one caller at a time."""
         with self._embed_lock:
             if self._write_embedder is None:
-                self._write_embedder = OnnxEmbedder(self.index.path / MODEL_DIR, device="cpu", threads=threads,
-                                                    precision=self.index.manifest.embedder.document_precision)
+                self._write_embedder = OnnxEmbedder(
+                    self.index.path / MODEL_DIR, device="cpu", threads=threads, precision=self.index.manifest.embedder.document_precision
+                )
             return self._write_embedder.encode(texts, batch_size=EMBED_BATCH)
 
     def delete(self, ids: list) -> int:
@@ -189,11 +201,13 @@ class Collection:
         with self._write_lock:
             for _ in range(3):  # a compaction may swap the folder between the reads: look again
                 on_disk = read_manifest(self.index.path)
-                if (on_disk.created_at, on_disk.applied_sequence) != (self.index.manifest.created_at,
-                                                                      self.index.manifest.applied_sequence):
+                if (on_disk.created_at, on_disk.applied_sequence) != (self.index.manifest.created_at, self.index.manifest.applied_sequence):
                     self._follow_new_base()
-                records = [r for r in WriteAheadLog.replay(self.wal_path)  # a torn tail: in progress
-                           if r["seq"] > self.seq and (up_to is None or r["seq"] <= up_to)]
+                records = [
+                    r
+                    for r in WriteAheadLog.replay(self.wal_path)  # a torn tail: in progress
+                    if r["seq"] > self.seq and (up_to is None or r["seq"] <= up_to)
+                ]
                 if not records or records[0]["seq"] == self.seq + 1:
                     replay_records(self._state, records)
                     break
@@ -284,9 +298,14 @@ class Collection:
 
     def stats(self) -> dict:
         snapshot = self.snapshot
-        return {"documents": snapshot.documents, "base_documents": len(snapshot.base_alive),
-                "deleted_base_documents": int((~snapshot.base_alive).sum()), "live_documents": len(snapshot.live),
-                "last_sequence": self.seq, "visible_sequence": snapshot.seq}
+        return {
+            "documents": snapshot.documents,
+            "base_documents": len(snapshot.base_alive),
+            "deleted_base_documents": int((~snapshot.base_alive).sum()),
+            "live_documents": len(snapshot.live),
+            "last_sequence": self.seq,
+            "visible_sequence": snapshot.seq,
+        }
 
     def close(self) -> None:
         if self._wal is not None:

@@ -26,10 +26,10 @@ def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: 
     """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus), with
     what it keeps of the old base and what `on_compact(state, manifest, folder)` adds; the manifest is written last."""
     index = state.index
-    options = replace(build_options_of(index), field_types={
-        name: kind for name, kind in state.field_types.items() if kind is not None})
-    manifest = build_into(folder, corpus, options, index.path / MODEL_DIR,
-                          json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors)
+    options = replace(build_options_of(index), field_types={name: kind for name, kind in state.field_types.items() if kind is not None})
+    manifest = build_into(
+        folder, corpus, options, index.path / MODEL_DIR, json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors
+    )
     _carry_over(state, manifest, folder, vectors)
     if on_compact is not None:
         on_compact(state, manifest, folder)
@@ -47,8 +47,13 @@ def link_log(path: Path, folder: Path) -> None:
 def reopen(index: OpenIndex) -> OpenIndex:
     """The index's folder opened again (a compaction published a new base there), on the same device, embedder and
     query precision."""
-    return open_index(index.path, verify="size", device="gpu" if index.dense.on_gpu else "cpu",
-                      embedder=index.embedder, query_precision=index.query_precision)
+    return open_index(
+        index.path,
+        verify="size",
+        device="gpu" if index.dense.on_gpu else "cpu",
+        embedder=index.embedder,
+        query_precision=index.query_precision,
+    )
 
 
 def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
@@ -58,13 +63,20 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
     with corpus.open("w", encoding="utf-8") as fh:
         for i in alive:
             doc = index.docs.get(int(i))
-            fh.write(json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]},
-                                ensure_ascii=False) + "\n")
+            fh.write(
+                json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]}, ensure_ascii=False)
+                + "\n"
+            )
         for doc in live:
-            fh.write(json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata},
-                                ensure_ascii=False) + "\n")
-    vectors = np.concatenate([np.asarray(index.embeddings[alive], dtype=np.float32),
-                              np.stack([doc.vector for doc in live]) if live else np.empty((0, index.dense.dimension), np.float32)])
+            fh.write(
+                json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata}, ensure_ascii=False) + "\n"
+            )
+    vectors = np.concatenate(
+        [
+            np.asarray(index.embeddings[alive], dtype=np.float32),
+            np.stack([doc.vector for doc in live]) if live else np.empty((0, index.dense.dimension), np.float32),
+        ]
+    )
     return corpus, vectors
 
 
@@ -72,10 +84,17 @@ def build_options_of(index: OpenIndex) -> BuildOptions:
     """The build options the index was made with (the filterable fields it kept, when they were restricted)."""
     fields = index.manifest.metadata
     restricted = restricted_fields(fields)
-    return BuildOptions(model=index.manifest.embedder.model, backend=index.manifest.embedder.document_backend,
-                        precision=index.manifest.embedder.document_precision,
-                        analyzer=index.analyzer, bm25=index.manifest.bm25, faiss=index.manifest.faiss.params, device="cpu",
-                        progress=False, filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None)
+    return BuildOptions(
+        model=index.manifest.embedder.model,
+        backend=index.manifest.embedder.document_backend,
+        precision=index.manifest.embedder.document_precision,
+        analyzer=index.analyzer,
+        bm25=index.manifest.bm25,
+        faiss=index.manifest.faiss.params,
+        device="cpu",
+        progress=False,
+        filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None,
+    )
 
 
 def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarray) -> None:

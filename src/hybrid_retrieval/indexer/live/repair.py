@@ -14,5 +14,4 @@ def repair_log(path: Path | str, dry_run: bool = False) -> Salvage:
     in order on the base, drop the rest, and say what was dropped. Takes the log's lock: stop the service first."""
     collection = Collection(open_index(path, verify="size", device="cpu"), max_batch_docs=2**31, replay=False)
     applied = collection.seq
-    return salvage(collection.wal_path, lambda record: collection.apply_logged(record) if record["seq"] > applied else None,
-                   dry_run)
+    return salvage(collection.wal_path, lambda record: collection.apply_logged(record) if record["seq"] > applied else None, dry_run)

@@ -26,9 +26,11 @@ def replay_records(state: LiveState, records) -> None:
             if record["seq"] > state.seq:
                 why = apply_logged(state, record)
                 if why is not None:
-                    raise ReplayError(f"{wal_path}: the record with sequence number {record['seq']} cannot be "
-                                      f"applied ({why}). Run `hybrid repair {state.index.path}` to drop it (it reports "
-                                      "what it drops)")
+                    raise ReplayError(
+                        f"{wal_path}: the record with sequence number {record['seq']} cannot be "
+                        f"applied ({why}). Run `hybrid repair {state.index.path}` to drop it (it reports "
+                        "what it drops)"
+                    )
     except (KeyError, TypeError) as exc:  # a record without a sequence number
         raise ReplayError(f"{wal_path}: a record is not a write ({exc!r}); run `hybrid repair {state.index.path}`") from None
 
@@ -38,14 +40,20 @@ def apply_logged(state: LiveState, record: dict) -> str | None:
     try:
         if record.get("op") == "upsert":
             docs = record["documents"]
-            checked = check_batch([{k: d[k] for k in ("id", "title", "text", "metadata") if k in d} for d in docs],
-                                  2**31, state.field_types)
+            checked = check_batch(
+                [{k: d[k] for k in ("id", "title", "text", "metadata") if k in d} for d in docs], 2**31, state.field_types
+            )
             added = decide_types(checked, state.field_types, state.restricted)
             for doc in docs:
                 if len(base64.b64decode(doc["vector"], validate=True)) != 4 * state.index.dense.dimension:
                     raise SpecError(("documents", doc["id"], "vector"), f"not {state.index.dense.dimension} float32 values")
-            record = {**record, "documents": [{**c, "vector": d["vector"], **({"position": int(d["position"])}
-                                               if "position" in d else {})} for c, d in zip(checked, docs)]}
+            record = {
+                **record,
+                "documents": [
+                    {**c, "vector": d["vector"], **({"position": int(d["position"])} if "position" in d else {})}
+                    for c, d in zip(checked, docs)
+                ],
+            }
         elif record.get("op") == "delete":
             record, added = {**record, "ids": check_ids(record["ids"])}, {}
         else:

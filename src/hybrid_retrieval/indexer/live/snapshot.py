@@ -68,8 +68,9 @@ class Snapshot:
         live = _live_columns(self.field_types, self.live, self.index.manifest.metadata)
         return concat_columns(self.index.metadata, live, len(self.base_alive), len(self.live))
 
-    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
-                 embedder=None) -> SearchPipeline:
+    def pipeline(
+        self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "", embedder=None
+    ) -> SearchPipeline:
         """As OpenIndex.pipeline, over the snapshot. An unchanged snapshot is served by the base index as built."""
         if not self.changed:
             return self.index.pipeline(overrides, executor, cross_encoder, cross_encoder_name, embedder)
@@ -83,15 +84,26 @@ class Snapshot:
             if defaults.hubness.method != "none":
                 logger.warning("hubness correction is not applied to the written documents: the fit has no banks")
                 defaults = defaults.merge({"hubness": {"method": "none"}})
-            unfitted = {"no_hubness_reason": (
-                "this index's hubness correction was fitted before fits kept their banks, so it cannot be extended to "
-                "written documents: refit it with `hybrid hubness fit`")}
+            unfitted = {
+                "no_hubness_reason": (
+                    "this index's hubness correction was fitted before fits kept their banks, so it cannot be extended to "
+                    "written documents: refit it with `hybrid hubness fit`"
+                )
+            }
         reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
         return SearchPipeline(
             LiveBM25(index.bm25, index.postings, index.manifest.bm25, self.base_alive, self.live),
-            LiveDense(index.dense, self.live.vectors), embedder or index.query_embedder,
-            LiveVectors(index.embeddings, self.live.vectors), defaults=defaults, executor=executor, hubness=hubness,
-            reranker=reranker, metadata=self.metadata, alive=alive, **unfitted)
+            LiveDense(index.dense, self.live.vectors),
+            embedder or index.query_embedder,
+            LiveVectors(index.embeddings, self.live.vectors),
+            defaults=defaults,
+            executor=executor,
+            hubness=hubness,
+            reranker=reranker,
+            metadata=self.metadata,
+            alive=alive,
+            **unfitted,
+        )
 
     def presenter(self, embedder=None) -> Presenter:
         fields = set(self.index.manifest.metadata) | {name for doc in self.live.docs for name in doc.metadata}

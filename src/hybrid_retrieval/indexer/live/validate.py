@@ -23,7 +23,6 @@ def restricted_fields(fields: dict) -> bool:
     return any(info.reason == "not listed in --filterable" for info in fields.values())
 
 
-
 def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) -> list[dict]:
     """A write batch, checked whole and converted to what the log holds (so a logged record always applies):
     SpecError naming `documents[i].field` of the first problem. `types`: each metadata field's type in the collection

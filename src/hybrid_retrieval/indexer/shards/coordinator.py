@@ -34,8 +34,16 @@ class ShardedIndex:
     corpus's BM25 statistics are no longer the split's: each BM25 leg first sums the shards' statistics of the query's
     terms (search.segments.CorpusStatistics) and every shard scores with them, as Elasticsearch's DFS query does."""
 
-    def __init__(self, folder: Path | str, clients: list, device: str = "auto", query_precision: str = "auto",
-                 own: list | None = None, verify: str = "full", writers: list | None = None):
+    def __init__(
+        self,
+        folder: Path | str,
+        clients: list,
+        device: str = "auto",
+        query_precision: str = "auto",
+        own: list | None = None,
+        verify: str = "full",
+        writers: list | None = None,
+    ):
         self.path = Path(folder)
         self.info = read_shards(self.path)
         store.verify_inventory(self.path, self.info["model_files"], verify)  # the query model is the shards' model
@@ -44,8 +52,9 @@ class ShardedIndex:
         first = read_manifest(self.path / self.info["shards"][0]["folder"])
         if first.embedder.model_checksum != self.info["model_checksum"]:
             raise IndexOpenError(f"{self.path}: shard-000 was embedded with another model than {SHARDS_FILE} names: split again")
-        self.manifest = replace(first, counts={**first.counts, "documents": self.info["documents"]},
-                                shard={"shards": len(clients), "hash": self.info["hash"]})
+        self.manifest = replace(
+            first, counts={**first.counts, "documents": self.info["documents"]}, shard={"shards": len(clients), "hash": self.info["hash"]}
+        )
         self.analyzer = first.analyzer
         self.shards = ShardGroup(clients)
         # in process the writers are the searchers themselves: one group, one describe
@@ -56,8 +65,7 @@ class ShardedIndex:
         self.owner = np.full(split_documents, -1, dtype=np.int32)
         for i, shard in enumerate(described):
             if shard["shard"]["index"] != i or shard["shard"]["shards"] != len(clients):
-                raise IndexOpenError(f"{self.path}: shard {i} answers as shard {shard['shard']['index']} of "
-                                     f"{shard['shard']['shards']}")
+                raise IndexOpenError(f"{self.path}: shard {i} answers as shard {shard['shard']['index']} of {shard['shard']['shards']}")
             positions = np.asarray(shard["positions"])
             self.owner[positions[positions < split_documents]] = i
         # the writers know the latest writes (a search replica may not have caught up with them yet)
@@ -69,8 +77,7 @@ class ShardedIndex:
         self.visible = [int(shard["seq"]) for shard in latest]
         self.next_position = max([split_documents, *(int(np.max(d["positions"], initial=-1)) + 1 for d in latest)])
         self.documents_count = sum(int(shard["documents_alive"]) for shard in latest)
-        self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device,
-                                     precision=first.embedder.document_precision)
+        self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device, precision=first.embedder.document_precision)
         self.query_precision = resolve_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
         self.hubness = None
         if first.hubness is not None:
@@ -83,10 +90,11 @@ class ShardedIndex:
 
     def _read_only_reason(self) -> str | None:
         if self.hubness is not None:
-            return ("a sharded index with a fitted hubness correction takes no writes (its shards do not carry the banks "
-                    "that extend it to new documents): split an index without one, or write to the whole index and split again")
-        missing = [shard["folder"] for shard in self.info["shards"]
-                   if not (self.path / shard["folder"] / POSTINGS_DIR).is_dir()]
+            return (
+                "a sharded index with a fitted hubness correction takes no writes (its shards do not carry the banks "
+                "that extend it to new documents): split an index without one, or write to the whole index and split again"
+            )
+        missing = [shard["folder"] for shard in self.info["shards"] if not (self.path / shard["folder"] / POSTINGS_DIR).is_dir()]
         if missing:
             return f"{', '.join(missing[:3])} were split before shards took writes (no {POSTINGS_DIR}/): split the index again"
         return "this sharded index was opened read-only" if self.writers is None else None
@@ -144,16 +152,22 @@ class ShardedIndex:
         """The stored document with this id, from the shard its hash names."""
         return self.shards.clients[self.owner_of(doc_id)].document_by_id(doc_id)
 
-    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "",
-                 embedder=None):
-        reranker = (Reranker(cross_encoder, None, cross_encoder_name, texts_of=self.doc_texts)
-                    if cross_encoder is not None else None)
-        return ShardedPipeline(self.shards, embedder or self.query_embedder, self.manifest.defaults.merge(overrides),
-                               self.hubness, self.metadata, reranker, self.consistency)
+    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "", embedder=None):
+        reranker = Reranker(cross_encoder, None, cross_encoder_name, texts_of=self.doc_texts) if cross_encoder is not None else None
+        return ShardedPipeline(
+            self.shards,
+            embedder or self.query_embedder,
+            self.manifest.defaults.merge(overrides),
+            self.hubness,
+            self.metadata,
+            reranker,
+            self.consistency,
+        )
 
     def presenter(self, embedder=None):
-        return Presenter(self.document, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata,
-                         documents=self.documents)
+        return Presenter(
+            self.document, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata, documents=self.documents
+        )
 
     def close(self) -> None:
         for searcher in self._own:

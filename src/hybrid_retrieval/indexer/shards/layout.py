@@ -23,8 +23,11 @@ MAX_SHARDS = 1024
 
 def shard_of(doc_ids: list[str], shards: int) -> np.ndarray:
     """The shard of each id: a stable hash (the same on every machine and Python run, unlike hash())."""
-    return np.fromiter((int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "big") % shards
-                        for doc_id in doc_ids), dtype=np.int64, count=len(doc_ids))
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(doc_id.encode(), digest_size=8).digest(), "big") % shards for doc_id in doc_ids),
+        dtype=np.int64,
+        count=len(doc_ids),
+    )
 
 
 def shard_folder(i: int) -> str:

@@ -33,7 +33,7 @@ class _ShardView:
     positions: np.ndarray
 
     @classmethod
-    def of(cls, index: store.OpenIndex, snapshot: Snapshot | None, positions: np.ndarray) -> "_ShardView":
+    def of(cls, index: store.OpenIndex, snapshot: Snapshot | None, positions: np.ndarray) -> _ShardView:
         """`positions`: the base documents' (base_positions)."""
         if snapshot is None:
             return cls(index, index, None, index.pipeline(), positions)
@@ -103,11 +103,15 @@ class ShardSearcher:
         view = self.view()
         hubness = view.index.hubness
         written = view.index.manifest.applied_sequence > 0 or (self.collection is not None and self.collection.seq > 0)
-        return {"shard": view.index.manifest.shard, "created_at": view.index.manifest.created_at,
-                "documents_alive": view.snapshot.documents if view.snapshot is not None else view.index.num_docs,
-                "positions": view.positions, "written": written,
-                "seq": self.collection.seq if self.collection is not None else 0,
-                "max_bias": hubness.correction.max_bias if hubness is not None else None}
+        return {
+            "shard": view.index.manifest.shard,
+            "created_at": view.index.manifest.created_at,
+            "documents_alive": view.snapshot.documents if view.snapshot is not None else view.index.num_docs,
+            "positions": view.positions,
+            "written": written,
+            "seq": self.collection.seq if self.collection is not None else 0,
+            "max_bias": hubness.correction.max_bias if hubness is not None else None,
+        }
 
     @staticmethod
     def _global(view: _ShardView, ranking) -> dict:
@@ -142,8 +146,11 @@ class ShardSearcher:
         if top is None:
             return None
         activation = view.index.hubness.correction.activation
-        return {"position": int(view.positions[top[0]]), "score": top[1],
-                **{bank: bool(activation[bank][top[0]]) for bank in ("query", "gallery")}}
+        return {
+            "position": int(view.positions[top[0]]),
+            "score": top[1],
+            **{bank: bool(activation[bank][top[0]]) for bank in ("query", "gallery")},
+        }
 
     def documents(self, positions, min_seq: list[int] | int = 0) -> list[dict | None]:
         """The stored documents at `positions`; None for a position this shard does not hold."""

@@ -51,16 +51,20 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
     try:
         manifest = index.manifest
         if manifest.bm25.method != "lucene":
-            raise ConfigError(f"sharding keeps corpus-wide BM25 statistics for the lucene method only; {source} was built "
-                              f"with {manifest.bm25.method!r}: rebuild it with --bm25-method lucene")
+            raise ConfigError(
+                f"sharding keeps corpus-wide BM25 statistics for the lucene method only; {source} was built "
+                f"with {manifest.bm25.method!r}: rebuild it with --bm25-method lucene"
+            )
         if manifest.shard is not None:
             raise ConfigError(f"{source} is itself a shard: split the whole index instead")
         _check_no_pending_writes(index)
         owner = shard_of(index.doc_ids, shards)
         empty = np.flatnonzero(np.bincount(owner, minlength=shards) == 0)
         if len(empty):  # nothing could ever be written to it: a sharded index is read-only
-            raise ConfigError(f"{shards} shards of {index.num_docs} documents would leave shard(s) "
-                              f"{', '.join(map(str, empty[:10]))} empty: use fewer shards")
+            raise ConfigError(
+                f"{shards} shards of {index.num_docs} documents would leave shard(s) "
+                f"{', '.join(map(str, empty[:10]))} empty: use fewer shards"
+            )
         postings = index.postings
         stats = {"documents": index.num_docs, "avgdl": float(np.mean(postings.lengths)) if index.num_docs else 0.0}
         df = dict(zip(index.bm25.vocabulary, postings.document_frequency()[list(index.bm25.vocabulary.values())].tolist()))
@@ -72,15 +76,24 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
                 folder = tmp / shard_folder(i)
                 folder.mkdir()
                 _write_shard(index, positions, folder, df, stats, {"index": i, "shards": shards, "hash": HASH})
-                listing.append({"folder": shard_folder(i), "documents": int(len(positions)),
-                                "positions_sha256": store.sha256_file(folder / POSITIONS)})
+                listing.append(
+                    {"folder": shard_folder(i), "documents": len(positions), "positions_sha256": store.sha256_file(folder / POSITIONS)}
+                )
                 logger.info("shard %d of %d: %d documents", i + 1, shards, len(positions))
             shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR)  # what the coordinator embeds queries with
-            info = {"format": SHARDS_FORMAT, "format_version": SHARDS_FORMAT_VERSION, "hash": HASH,
-                    "documents": index.num_docs, "bm25_statistics": stats, "source": str(source),
-                    "source_created_at": manifest.created_at, "model": manifest.embedder.model,
-                    "model_checksum": manifest.embedder.model_checksum,
-                    "model_files": store.file_inventory(tmp / store.MODEL_DIR, prefix=f"{store.MODEL_DIR}/"), "shards": listing}
+            info = {
+                "format": SHARDS_FORMAT,
+                "format_version": SHARDS_FORMAT_VERSION,
+                "hash": HASH,
+                "documents": index.num_docs,
+                "bm25_statistics": stats,
+                "source": str(source),
+                "source_created_at": manifest.created_at,
+                "model": manifest.embedder.model,
+                "model_checksum": manifest.embedder.model_checksum,
+                "model_files": store.file_inventory(tmp / store.MODEL_DIR, prefix=f"{store.MODEL_DIR}/"),
+                "shards": listing,
+            }
             write_atomic(tmp / SHARDS_FILE, json.dumps(info, indent=2))
     finally:
         index.close()
@@ -91,12 +104,12 @@ def _check_no_pending_writes(index: store.OpenIndex) -> None:
     """Writes in the index's log that no compaction folded into it yet would be lost by the split."""
     view = current_view(index)
     if view is not index and view.changed:
-        raise HybridError(f"{index.path} has live writes that are not compacted into it yet: compact it first "
-                          "(POST /admin/compact), then split it")
+        raise HybridError(
+            f"{index.path} has live writes that are not compacted into it yet: compact it first (POST /admin/compact), then split it"
+        )
 
 
-def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df: dict[str, int], stats: dict,
-                 shard: dict) -> None:
+def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df: dict[str, int], stats: dict, shard: dict) -> None:
     """One shard's folder: its documents, BM25 with corpus-wide statistics, vectors, FAISS, metadata, hubness."""
     manifest = index.manifest
     writer = store.DocStoreWriter(folder)
@@ -121,9 +134,16 @@ def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df
     if index.hubness is not None:
         _write_hubness(index, positions, vectors, folder / manifest.hubness.folder)
     stats_of_shard = {**shard, "corpus_documents": stats["documents"], "corpus_avgdl": stats["avgdl"]}
-    write_manifest(folder, replace(
-        manifest, counts={"documents": int(len(positions)), "bm25_vocabulary": bm25.vocabulary_size},
-        files=store.file_inventory(folder), shard=stats_of_shard, applied_sequence=0))
+    write_manifest(
+        folder,
+        replace(
+            manifest,
+            counts={"documents": len(positions), "bm25_vocabulary": bm25.vocabulary_size},
+            files=store.file_inventory(folder),
+            shard=stats_of_shard,
+            applied_sequence=0,
+        ),
+    )
 
 
 def _write_hubness(index: store.OpenIndex, positions: np.ndarray, vectors: np.ndarray, folder: Path) -> None:
@@ -131,8 +151,11 @@ def _write_hubness(index: store.OpenIndex, positions: np.ndarray, vectors: np.nd
     The banks stay with the whole index: a shard takes no writes, so it never extends the correction."""
     folder.mkdir()
     full = index.hubness.correction
-    part = HubnessCorrection(full.params, {name: np.asarray(lse)[positions] for name, lse in full.lse.items()},
-                             {bank: np.asarray(mask)[positions] for bank, mask in full.activation.items()})
+    part = HubnessCorrection(
+        full.params,
+        {name: np.asarray(lse)[positions] for name, lse in full.lse.items()},
+        {bank: np.asarray(mask)[positions] for bank, mask in full.activation.items()},
+    )
     for column, lse in part.lse.items():
         np.save(folder / f"{column}.npy", lse)
     for bank, mask in part.activation.items():
@@ -150,7 +173,8 @@ def global_bm25(tokens: list[list[str]], analyzer, params, df: dict[str, int], s
     postings = Postings.from_tokens(tokens, bm25.vocabulary)
     indptr = np.asarray(engine.scores["indptr"])  # bm25s's vocabulary ends with "", which has no column
     if not np.array_equal(indptr, postings.indptr[: len(indptr)]) or not np.array_equal(
-            np.asarray(engine.scores["indices"]), postings.docs):
+        np.asarray(engine.scores["indices"]), postings.docs
+    ):
         raise HybridError("bm25s laid out its score matrix in an unexpected order: cannot apply corpus-wide statistics")
     terms = sorted(bm25.vocabulary, key=bm25.vocabulary.get)[: len(indptr) - 1]
     n, avgdl = stats["documents"], stats["avgdl"]

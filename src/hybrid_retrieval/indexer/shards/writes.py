@@ -70,8 +70,9 @@ class ShardedCollection:
         with self._lock:
             self._field_types.update(decide_types(checked, self._field_types, self._restricted))
             positions = np.arange(self.index.next_position, self.index.next_position + len(checked))
-            parts = {int(s): ([checked[i] for i in np.flatnonzero(owners == s)], positions[owners == s].tolist())
-                     for s in np.unique(owners)}
+            parts = {
+                int(s): ([checked[i] for i in np.flatnonzero(owners == s)], positions[owners == s].tolist()) for s in np.unique(owners)
+            }
             self.index.next_position += len(checked)  # positions of a failed batch stay unused: only order matters
             return self._write("upsert", parts)
 
@@ -137,8 +138,9 @@ class ShardedCollection:
 
     def stats(self) -> dict:
         parts = self.index.writers.all("stats")
-        totals = {key: sum(part[key] for part in parts) for key in ("documents", "base_documents", "deleted_base_documents",
-                                                                     "live_documents")}
+        totals = {
+            key: sum(part[key] for part in parts) for key in ("documents", "base_documents", "deleted_base_documents", "live_documents")
+        }
         return {**totals, "last_sequence": self.seq, "visible_sequence": self.snapshot.seq}
 
     def close(self) -> None:

@@ -37,7 +37,7 @@ class KeywordColumn:
     def present(self) -> np.ndarray:
         return np.diff(self.offsets) > 0
 
-    def take(self, docs: np.ndarray) -> "KeywordColumn":
+    def take(self, docs: np.ndarray) -> KeywordColumn:
         """The rows of `docs` (in that order), over the same vocabulary."""
         starts, stops = self.offsets[docs], self.offsets[np.asarray(docs) + 1]
         entries = np.concatenate([np.arange(a, b) for a, b in zip(starts, stops)]) if len(docs) else np.empty(0, np.int64)
@@ -85,7 +85,7 @@ class ValueColumn:
             mask &= (self.values <= high) if high_inclusive else (self.values < high)
         return mask
 
-    def take(self, docs: np.ndarray) -> "ValueColumn":
+    def take(self, docs: np.ndarray) -> ValueColumn:
         return ValueColumn(self.values[docs], self.present[docs])
 
     def counts(self, docs: np.ndarray) -> list[tuple, int]:
@@ -133,7 +133,7 @@ class MetadataColumns:
             out[name] = [{"value": value, "count": count} for value, count in pairs[:size]]
         return out
 
-    def take(self, docs: np.ndarray) -> "MetadataColumns":
+    def take(self, docs: np.ndarray) -> MetadataColumns:
         """The columns of `docs` (in that order): a shard's (indexer.shards)."""
         return MetadataColumns(self.fields, {name: column.take(docs) for name, column in self.columns.items()}, len(docs))
 
@@ -143,7 +143,9 @@ class MetadataColumns:
         valid = [n for n in self.filterable if self.fields[n].type in FACET_TYPES]
         for i, name in enumerate(names):
             if name not in valid:
-                raise SpecError(f"{path}[{i}]", f"{name!r} cannot be counted; facet fields (keyword, bool, int): {', '.join(valid) or 'none'}")
+                raise SpecError(
+                    f"{path}[{i}]", f"{name!r} cannot be counted; facet fields (keyword, bool, int): {', '.join(valid) or 'none'}"
+                )
         return names
 
     def save(self, folder: Path) -> None:
@@ -162,13 +164,16 @@ class MetadataColumns:
                 np.save(where / f"{i}.present.npy", column.present)
 
     @classmethod
-    def load(cls, folder: Path, fields: dict[str, FieldInfo], num_docs: int) -> "MetadataColumns":
+    def load(cls, folder: Path, fields: dict[str, FieldInfo], num_docs: int) -> MetadataColumns:
         where = folder / METADATA_DIR
         columns: dict[str, KeywordColumn | ValueColumn] = {}
         for i, name in enumerate(sorted(n for n, info in fields.items() if info.filterable)):
             if fields[name].type == "keyword":
-                columns[name] = KeywordColumn(json.loads((where / f"{i}.vocab.json").read_text()),
-                                              np.load(where / f"{i}.offsets.npy"), np.load(where / f"{i}.values.npy"))
+                columns[name] = KeywordColumn(
+                    json.loads((where / f"{i}.vocab.json").read_text()),
+                    np.load(where / f"{i}.offsets.npy"),
+                    np.load(where / f"{i}.values.npy"),
+                )
             else:
                 columns[name] = ValueColumn(np.load(where / f"{i}.values.npy"), np.load(where / f"{i}.present.npy"))
         return cls(fields, columns, num_docs)

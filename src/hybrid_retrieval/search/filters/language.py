@@ -58,7 +58,7 @@ def check_filter(value) -> dict | None:
     if value is None or value == {}:
         return None
     if not isinstance(value, dict):
-        raise SpecError("filter", f"must be an object such as {{\"year\": {{\"gte\": 2015}}}}, got {short_text(value)}")
+        raise SpecError("filter", f'must be an object such as {{"year": {{"gte": 2015}}}}, got {short_text(value)}')
     return value
 
 
@@ -98,9 +98,9 @@ def _condition(columns: MetadataColumns, name: str, condition, path: Loc) -> np.
         raise SpecError(path, f"{why}; filterable fields: {', '.join(columns.filterable) or 'none (this index has no metadata)'}")
     field_type = columns.fields[name].type
     if isinstance(condition, list):
-        raise SpecError(path, f"a list is not a value; to match any of several, use {{\"in\": {short_text(condition)}}}")
+        raise SpecError(path, f'a list is not a value; to match any of several, use {{"in": {short_text(condition)}}}')
     if condition is None:
-        raise SpecError(path, "null is not a value; to match documents without the field, use {\"exists\": false}")
+        raise SpecError(path, 'null is not a value; to match documents without the field, use {"exists": false}')
     shorthand = not isinstance(condition, dict)
     if shorthand:
         condition = {"eq": condition}
@@ -147,7 +147,7 @@ def _operand(field_type: str, value, path: Loc):
         seconds = parse_date(value) if isinstance(value, str) else None
         if seconds is not None:
             return seconds
-        expected = "an ISO-8601 date such as \"2015-03-01\" or \"2015-03-01T10:00:00Z\""
+        expected = 'an ISO-8601 date such as "2015-03-01" or "2015-03-01T10:00:00Z"'
     else:
         if not isinstance(value, bool) and isinstance(value, (int, float)):
             try:

@@ -60,8 +60,7 @@ def kind_of(value) -> str | None:
 
 
 # The value kinds (`kind_of`) each field type takes, in the order types are tried when inferring one.
-KINDS_OF_TYPE = {"bool": {"bool"}, "int": {"int"}, "float": {"int", "float"}, "date": {"date"},
-                 "keyword": {"keyword", "keywords", "date"}}
+KINDS_OF_TYPE = {"bool": {"bool"}, "int": {"int"}, "float": {"int", "float"}, "date": {"date"}, "keyword": {"keyword", "keywords", "date"}}
 
 
 def field_type_of(kinds: set[str]) -> str | None:
@@ -100,15 +99,16 @@ def written_value(field_type: str | None, value, path: Loc) -> tuple[object, str
             raise SpecError(path, "a number beyond the range of a 64-bit float") from None
     if isinstance(value, float) and not math.isfinite(value):
         raise SpecError(path, "must be a finite number")
-    for text in (value if isinstance(value, list) else [value]):
+    for text in value if isinstance(value, list) else [value]:
         if isinstance(text, str) and not encodable(text):
             raise SpecError(path, "not valid Unicode (a lone surrogate such as \\ud800)")
     kind = kind_of(value)
     if kind is None:
         return value, None
     if field_type_of({kind}) is None:
-        raise SpecError(path, f"unsupported value {short_text(value)}: metadata values are strings, numbers, true/false, "
-                              "lists of strings or null")
+        raise SpecError(
+            path, f"unsupported value {short_text(value)}: metadata values are strings, numbers, true/false, lists of strings or null"
+        )
     if field_type is not None and kind not in KINDS_OF_TYPE[field_type]:
         raise SpecError(path, f"the field is {field_type} in this collection; got {short_text(value)}")
     return value, kind
