@@ -82,7 +82,7 @@ class InFlightLimit:
         self.limit = limit
         self._slots = threading.BoundedSemaphore(limit)
         self._count_lock = threading.Lock()
-        self.active = 0  # searches in flight now (writes yield cores to them: indexer.live.Collection)
+        self.active = 0  # searches in flight now (writes yield cores to them: indexer.live.collection.Collection)
 
     @contextmanager
     def slot(self):

@@ -28,7 +28,9 @@ def register(commands) -> None:
     p.add_argument("index", type=Path)
     p.add_argument("query")
     p.add_argument("--mode", choices=MODES)
-    p.add_argument("--spec", help="search spec in its string form, e.g. 'hybrid+cc:zscore:0.45+rerank:w=0.5' (see README)")
+    p.add_argument(
+        "--spec", help="search spec in its string form, e.g. 'hybrid+cc:zscore:0.45+rerank:w=0.5' (docs/http-api.md: the search spec)"
+    )
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--offset", type=int, default=0, help="hits to skip (page 2 of 10: --offset 10)")
     add_filter(p)

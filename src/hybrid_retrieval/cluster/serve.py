@@ -1,9 +1,9 @@
 """Sharded serving on Ray Serve: one deployment per shard (each with R replicas) and an ingress deployment that runs
 the service's own FastAPI app (app.main.create_app) with a coordinator whose shards answer through deployment handles
-(indexer.shards.ShardedIndex, search.sharded). Keys, metrics, the playground and every route are the app's.
+(indexer.shards.coordinator.ShardedIndex, search.sharded). Keys, metrics, the playground and every route are the app's.
 
 Writes: each shard also has a writer deployment of one replica, which logs and applies the shard's writes
-(indexer.shards.ShardedCollection routes each document to its shard); the search replicas follow the writer's log,
+(indexer.shards.writes.ShardedCollection routes each document to its shard); the search replicas follow the writer's log,
 catching up before they answer a search that carries a newer sequence number than they hold (and reopening the
 folder after the writer compacted it).
 
@@ -67,7 +67,7 @@ def deployment_name(i: int, role: str = "") -> str:
     return f"shard-{i:03d}{'-' + role if role else ''}"
 
 
-# what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.ShardedCollection)
+# what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.writes.ShardedCollection)
 SHARD_METHODS = frozenset(
     {
         "describe",
@@ -90,7 +90,7 @@ SHARD_METHODS = frozenset(
 
 class ShardReplica:
     """A Serve replica of one shard: a ShardSearcher over its folder, reopened when a call names another split. The
-    shard's writer is a deployment of one replica; the search replicas follow its log (indexer.live.Collection.follow)
+    shard's writer is a deployment of one replica; the search replicas follow its log (indexer.live.collection.Collection.follow)
     up to the sequence number each search carries."""
 
     def __init__(self, folder: str, verify: str = "full", device: str = "auto"):
