@@ -209,7 +209,7 @@ def _filters(ctx) -> list[Table]:
         for name, p50 in latency["p50_ms"].items()
     ]
     highlight = highlight_cost(index, queries)
-    batch = batch_vs_single(index.path, queries, rounds=ctx.size(5, 1))
+    batch = batch_vs_single(index.path, queries, size=ctx.size(32, 8), rounds=ctx.size(5, 1))
     return [
         Table('filters `{"bucket": {"lt": N}}` on synthetic metadata', admitted),
         Table(

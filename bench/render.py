@@ -22,9 +22,9 @@ def cell(value: Any) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "n/a"
-        return f"{value:,.0f}" if abs(value) >= 10_000 else f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if isinstance(value, int):
-        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+        return f"{value:,}"
     if isinstance(value, (list, tuple)):
         return ", ".join(map(cell, value))
     return str(value).replace("|", "\\|").replace("\n", " ")
