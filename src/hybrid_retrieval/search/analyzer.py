@@ -8,8 +8,10 @@ the documents were.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from typing import Any
 
 from hybrid_retrieval.search.errors import ConfigError
 
@@ -65,7 +67,7 @@ class Analyzer:
     token_pattern: str = r"(?u)\b\w\w+\b"
     stopword_list: tuple[str, ...] = field(default=(), compare=True)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.stopwords not in STOPWORD_LISTS:
             raise AnalyzerError(f"unknown stopwords {self.stopwords!r}; valid: {', '.join(STOPWORD_LISTS)}")
         if self.stemmer not in STEMMERS:
@@ -74,7 +76,7 @@ class Analyzer:
             object.__setattr__(self, "stopword_list", _STOPWORDS_EN)
 
     @cached_property
-    def _pattern(self) -> re.Pattern:
+    def _pattern(self) -> re.Pattern[str]:
         return re.compile(self.token_pattern)
 
     @cached_property
@@ -82,12 +84,13 @@ class Analyzer:
         return frozenset(self.stopword_list)
 
     @cached_property
-    def _stem(self):
+    def _stem(self) -> Callable[[list[str]], list[str]] | None:
         if self.stemmer == "none":
             return None
         import Stemmer
 
-        return Stemmer.Stemmer(self.stemmer).stemWords
+        stem: Callable[[list[str]], list[str]] = Stemmer.Stemmer(self.stemmer).stemWords
+        return stem
 
     def analyze(self, text: str) -> list[str]:
         if self.lowercase:
@@ -95,13 +98,13 @@ class Analyzer:
         tokens = [t for t in self._pattern.findall(text) if t not in self._stopset]
         return self._stem(tokens) if self._stem is not None else tokens
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         spec = asdict(self)
         spec["stopword_list"] = list(self.stopword_list)
         return spec
 
     @classmethod
-    def from_dict(cls, spec: dict) -> Analyzer:
+    def from_dict(cls, spec: dict[str, Any]) -> Analyzer:
         known = {"lowercase", "stopwords", "stemmer", "token_pattern", "stopword_list"}
         unknown = set(spec) - known
         if unknown:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,20 +32,20 @@ class BM25Params:
     b: float = 0.75
     delta: float = 0.5  # used by bm25l and bm25+ only
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.method not in BM25_METHODS:
             raise ConfigError(f"unknown BM25 method {self.method!r}; valid: {', '.join(BM25_METHODS)}")
         if self.k1 < 0 or not 0 <= self.b <= 1:
             raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 class BM25Index:
     """Sparse precomputed BM25 scores over analysed documents."""
 
-    def __init__(self, engine, analyzer: Analyzer):
+    def __init__(self, engine: Any, analyzer: Analyzer) -> None:  # engine: a bm25s.BM25 (untyped)
         # plain arrays over a mapping: np.memmap's per-slice overhead showed in a loaded service's profile
         engine.scores = {name: np.asarray(v) if isinstance(v, np.ndarray) else v for name, v in engine.scores.items()}
         self._engine = engine
@@ -76,7 +77,7 @@ class BM25Index:
         return cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
 
     @property
-    def engine(self):
+    def engine(self) -> Any:
         """The bm25s engine (its score matrix is replaced for a shard's corpus-wide statistics: indexer.shards)."""
         return self._engine
 
@@ -98,7 +99,8 @@ class BM25Index:
         ids = self.query_token_ids(query)
         if not ids:
             return np.zeros(self.num_docs, dtype=np.float32)
-        return self._engine.get_scores(ids)
+        scores: np.ndarray = self._engine.get_scores(ids)
+        return scores
 
     def search(self, query: str, depth: int, allowed: Allowed | None = None) -> Ranking:
         """Top-`depth` documents that match at least one query term (and the filter, if any)."""

@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal, cast, overload
 
 from hybrid_retrieval.search.errors import SpecError
 
 
+@overload
 def number(
-    field: str, value, low: float | None = None, high: float | None = None, *, integer: bool = False, above: bool = False
+    field: str, value: object, low: float | None = None, high: float | None = None, *, integer: Literal[True], above: bool = False
+) -> int: ...
+@overload
+def number(
+    field: str, value: object, low: float | None = None, high: float | None = None, *, integer: Literal[False] = False, above: bool = False
+) -> float: ...
+def number(
+    field: str, value: object, low: float | None = None, high: float | None = None, *, integer: bool = False, above: bool = False
 ) -> float | int:
     """`value` as a finite int/float within [low, high] (`above`: strictly above `low`), else SpecError."""
     kind = "an integer" if integer else "a number"
@@ -30,18 +39,19 @@ def number(
     too_low = low is not None and (value <= low if above else value < low)
     if too_low or (high is not None and value > high):
         if high is None:
-            raise SpecError(field, f"must be {'>' if above else '>='} {compact(low)}, got {compact(value)}")
-        raise SpecError(field, f"must be between {compact(low)} and {compact(high)}, got {compact(value)}")
+            raise SpecError(field, f"must be {'>' if above else '>='} {compact(cast(float, low))}, got {compact(value)}")
+        # every caller that gives `high` gives `low` too (with low None, compact would raise TypeError here)
+        raise SpecError(field, f"must be between {compact(cast(float, low))} and {compact(high)}, got {compact(value)}")
     return int(value) if integer else float(value)
 
 
-def choice(field: str, value, valid: Sequence[str]) -> str:
+def choice(field: str, value: object, valid: Sequence[str]) -> str:
     if value not in valid:
         raise SpecError(field, f"unknown value {value!r}; valid: {', '.join(valid)}")
-    return value
+    return cast(str, value)  # equal to one of `valid`
 
 
-def flag(field: str, value) -> bool:
+def flag(field: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise SpecError(field, f"must be true or false, got {value!r}")
     return value

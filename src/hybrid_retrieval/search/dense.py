@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +37,7 @@ class FaissParams:
     # full-scan threshold): a graph or cluster walk through mostly excluded documents loses recall there.
     flat_search_cutoff: int = 10_000
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in FAISS_KINDS:
             raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
         for name in ("pq_m", "pq_refine"):
@@ -59,14 +61,14 @@ class FaissParams:
         wanted = self.nlist or int(4 * math.sqrt(num_vectors))
         return max(1, min(wanted, num_vectors // 39))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def gpu_count() -> int:
     import faiss
 
-    return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    return int(faiss.get_num_gpus()) if hasattr(faiss, "get_num_gpus") else 0
 
 
 def use_gpu(device: str, kind: str) -> bool:
@@ -83,7 +85,7 @@ def use_gpu(device: str, kind: str) -> bool:
     return True
 
 
-def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "auto"):
+def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "auto") -> Any:  # a faiss.Index
     """Build a CPU-serialisable FAISS index (trained and filled on GPU when available)."""
     import faiss
 
@@ -92,7 +94,7 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
         raise ConfigError(f"--pq-m {params.pq_m} does not divide the embedding dimension {dim}")
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
     if params.kind == "hnsw":
-        index.hnsw.efConstruction = params.ef_construction
+        index.hnsw.efConstruction = params.ef_construction  # type: ignore[attr-defined]  # faiss stubs: an Index, not its HNSW subclass
     if use_gpu(device, params.kind):
         gpu_index = faiss.index_cpu_to_all_gpus(index)
         gpu_index.train(vectors)
@@ -107,7 +109,7 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
 class DenseIndex:
     """Searches a FAISS index; queries are unit vectors from the index's own embedder."""
 
-    def __init__(self, index, params: FaissParams, device: str = "auto", vectors: np.ndarray | None = None):
+    def __init__(self, index: Any, params: FaissParams, device: str = "auto", vectors: np.ndarray | None = None) -> None:
         """`vectors`: the stored document vectors, with which an ivfpq index's approximate candidates (`pq_refine` per
         result) are rescored exactly, so its scores are cosines like every other kind's."""
         import faiss
@@ -139,11 +141,18 @@ class DenseIndex:
             selector = faiss_selector(allowed)
             scores, ids = self._index.search(queries, min(fetch, allowed.count), params=self._filtered_params(selector, allowed, fetch))
         rankings = []
+        vectors = self.vectors
         for query, row_scores, row_ids in zip(queries, scores, ids):
             keep = row_ids >= 0  # FAISS pads with -1 when fewer results exist
             found = row_ids[keep].astype(np.int64)
             if self.refine > 1:
-                rankings.append(exact_top_k(lambda ids, q=query: self.vectors[ids] @ q, np.sort(found), depth))
+                assert vectors is not None  # refine > 1 only with the stored vectors
+
+                def exact(ids: np.ndarray, v: np.ndarray = vectors, q: np.ndarray = query) -> np.ndarray:
+                    scores: np.ndarray = v[ids] @ q
+                    return scores
+
+                rankings.append(exact_top_k(exact, np.sort(found), depth))
             else:
                 rankings.append(Ranking(found, row_scores[keep]))
         return rankings
@@ -162,7 +171,7 @@ class DenseIndex:
             cutoff = min(cutoff, FLAT_GATHER_CUTOFF)
         return self.on_gpu or allowed.count <= cutoff
 
-    def _filtered_params(self, selector, allowed: Allowed, depth: int):
+    def _filtered_params(self, selector: Any, allowed: Allowed, depth: int) -> Any:  # faiss SearchParameters
         """Search parameters with the selector; ANN budgets grow with 1 / selectivity, so the walk meets about
         as many allowed documents as an unfiltered one would meet documents."""
         import faiss
@@ -170,14 +179,14 @@ class DenseIndex:
         boost = 1.0 / max(allowed.fraction, 1e-9)
         if self.params.kind in IVF_KINDS:
             nlist = faiss.extract_index_ivf(self._index).nlist
-            return faiss.SearchParametersIVF(sel=selector, nprobe=min(nlist, math.ceil(self.params.nprobe * boost)))
+            return faiss.SearchParametersIVF(sel=selector, nprobe=min(nlist, math.ceil(self.params.nprobe * boost)))  # type: ignore[call-arg]  # faiss stubs lack SWIG keyword arguments
         if self.params.kind == "hnsw":
             ef = min(self.num_docs, math.ceil(max(self.params.ef_search, depth) * boost))
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, depth))
-        return faiss.SearchParameters(sel=selector)
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, depth))  # type: ignore[attr-defined]  # missing from faiss stubs
+        return faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]  # faiss stubs lack SWIG keyword arguments
 
 
-def faiss_selector(allowed: Allowed):
+def faiss_selector(allowed: Allowed) -> Any:  # a faiss.IDSelectorBitmap
     """An IDSelectorBitmap over the allowed mask (the packed bitmap lives as long as `allowed`)."""
     import faiss
 
@@ -185,7 +194,7 @@ def faiss_selector(allowed: Allowed):
     return faiss.IDSelectorBitmap(len(allowed.mask), faiss.swig_ptr(bitmap))
 
 
-def exact_top_k(score_of, ids: np.ndarray, depth: int) -> Ranking:
+def exact_top_k(score_of: Callable[[np.ndarray], np.ndarray], ids: np.ndarray, depth: int) -> Ranking:
     """Top-`depth` of documents `ids` (sorted) scored by `score_of(ids)`: the brute-force filtered search."""
     if not len(ids):
         return Ranking.empty()

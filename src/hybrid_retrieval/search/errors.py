@@ -11,7 +11,7 @@ import re
 
 _INDEXED = re.compile(r"(.*?)((?:\[\d+\])*)", re.DOTALL)
 
-Loc = tuple  # a field's path: names (str) and list positions (int), e.g. ("searches", 3, "filter", "a.b")
+Loc = tuple[str | int, ...]  # a field's path: names (str) and list positions (int), e.g. ("searches", 3, "filter", "a.b")
 
 
 class HybridError(Exception):
@@ -24,9 +24,11 @@ class ConfigError(HybridError, ValueError):
 
 def parse_loc(field: str) -> Loc:
     """`searches[3].filter.year` -> ("searches", 3, "filter", "year"): a dotted path written as text."""
-    parts: list = []
+    parts: list[str | int] = []
     for name in field.split("."):
-        name, indices = _INDEXED.fullmatch(name).groups()
+        match = _INDEXED.fullmatch(name)
+        assert match is not None  # the pattern matches any text
+        name, indices = match.groups()
         parts += [name, *map(int, re.findall(r"\d+", indices))]
     return tuple(parts)
 

@@ -13,7 +13,9 @@ BM25 index, the cosine of a BM25-only document from its stored vector): nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +36,7 @@ class RRF:
     weights: tuple[float, float] = (1.0, 1.0)  # (bm25, dense)
     method: str = "rrf"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "rrf_k", checks.number("rrf_k", self.rrf_k, 0, MAX_RRF_K))
         if isinstance(self.weights, (str, bytes)) or not hasattr(self.weights, "__len__") or len(self.weights) != 2:
             raise SpecError("weights", f"must be two numbers from 0 to {MAX_RRF_WEIGHT:g} [bm25, dense], got {self.weights!r}"[:200])
@@ -47,27 +49,27 @@ class ConvexCombination:
     norm: str = "minmax"
     method: str = "cc"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "alpha", checks.number("alpha", self.alpha, 0, 1))
         checks.choice("norm", self.norm, tuple(NORMALIZERS))
 
 
 Fusion = RRF | ConvexCombination
-FUSIONS: dict[str, type] = {"rrf": RRF, "cc": ConvexCombination}
+FUSIONS: dict[str, type[RRF] | type[ConvexCombination]] = {"rrf": RRF, "cc": ConvexCombination}
 
 
 # The one place where fusions turn into and out of their dict form (manifest, API, reports) and their
 # string form (`hybrid eval --pipelines`, tuning tables).
 
 
-def fusion_to_dict(fusion: Fusion) -> dict:
+def fusion_to_dict(fusion: Fusion) -> dict[str, Any]:
     values = asdict(fusion)
     if "weights" in values:
         values["weights"] = list(values["weights"])
     return {"method": values.pop("method"), **values}
 
 
-def fusion_from_dict(spec: dict, base: Fusion | None = None) -> Fusion:
+def fusion_from_dict(spec: dict[str, Any], base: Fusion | None = None) -> Fusion:
     """A fusion from its (possibly partial) dict form. Fields not given come from `base` when it is the
     same method (a missing `method` means base's), else from that method's defaults. Errors name the field."""
     if not isinstance(spec, dict):
@@ -81,7 +83,7 @@ def fusion_from_dict(spec: dict, base: Fusion | None = None) -> Fusion:
     for name in values:
         if name not in known:
             raise SpecError(name, f"not a field of {method} fusion; valid: {', '.join(known)}")
-    inherited = {k: v for k, v in asdict(base).items() if k != "method"} if isinstance(base, cls) else {}
+    inherited = {k: v for k, v in asdict(base).items() if k != "method"} if base is not None and isinstance(base, cls) else {}
     return cls(**{**inherited, **values})
 
 
@@ -92,11 +94,11 @@ def fusion_to_string(fusion: Fusion) -> str:
     return f"cc:{fusion.norm}:{checks.compact(fusion.alpha)}"
 
 
-def fusion_from_string(text: str) -> dict:
+def fusion_from_string(text: str) -> dict[str, Any]:
     """`rrf[:RRF_K[:w=BM25,DENSE]]` or `cc[:NORM[:ALPHA]]` -> the partial dict form (checked when built)."""
     method, *params = text.split(":")
     if method == "rrf" and len(params) <= 2:
-        spec: dict = {"method": "rrf"}
+        spec: dict[str, Any] = {"method": "rrf"}
         if params:
             spec["rrf_k"] = checks.parse_number("rrf_k", params[0])
         if len(params) == 2:
@@ -133,7 +135,7 @@ class Candidates:
 
     @classmethod
     def from_rankings(
-        cls, rankings: dict[str, Ranking], score_of: dict[str, callable], floors: dict[str, float] | None = None
+        cls, rankings: dict[str, Ranking], score_of: dict[str, Callable[[np.ndarray], np.ndarray]], floors: dict[str, float] | None = None
     ) -> Candidates:
         """`score_of[name](doc_idx)` returns that retriever's raw scores for any documents."""
         doc_idx = np.unique(np.concatenate([r.doc_idx for r in rankings.values()]))

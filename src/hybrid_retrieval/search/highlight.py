@@ -17,6 +17,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ _SENTENCE_START = re.compile(r"(?:[.!?]\s+|\n\s*)(?=\S)")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n")
 
 
-def check_snippet_options(snippet_chars, max_snippets) -> tuple[int, int]:
+def check_snippet_options(snippet_chars: object, max_snippets: object) -> tuple[int, int]:
     """(snippet_chars, max_snippets) as ints within their ranges, else SpecError naming `snippet_chars` / `snippets`."""
     chars = number("snippet_chars", snippet_chars, *SNIPPET_CHARS_RANGE, integer=True)
     count = number("snippets", max_snippets, *SNIPPETS_RANGE, integer=True)
@@ -90,7 +91,7 @@ class Snippet:
     matches: list[tuple[int, int]]
     terms: list[str]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
             "start": self.start,
@@ -283,7 +284,9 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def best_sentence(text: str, spans: Sequence[tuple[int, int]], sentence_vectors: np.ndarray, query_vector: np.ndarray) -> dict | None:
+def best_sentence(
+    text: str, spans: Sequence[tuple[int, int]], sentence_vectors: np.ndarray, query_vector: np.ndarray
+) -> dict[str, Any] | None:
     """The sentence whose vector is closest to the query's: {"text" (HTML-escaped), "start", "end", "score"}.
 
     Vectors are unit-normalised, so the score is the cosine (the dot product); ties go to the earlier sentence.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -120,7 +121,7 @@ class HubnessParams:
     beta2: float = 3.0  # DBNorm gallery bank
     k: int = 1  # activation top-k
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("beta", "beta1", "beta2"):
             object.__setattr__(self, name, checks.number(name, getattr(self, name), 0, above=True))
         object.__setattr__(self, "k", checks.number("k", self.k, 1, integer=True))
@@ -154,7 +155,11 @@ class HubnessCorrection:
         """(query bank applies, gallery bank applies): always for IS, by the raw top-1 for DIS."""
         if not dynamic:
             return True, True
-        return tuple(raw_top1 is not None and bool(self.activation[bank][raw_top1]) for bank in ("query", "gallery"))
+
+        def applies(bank: str) -> bool:
+            return raw_top1 is not None and bool(self.activation[bank][raw_top1])
+
+        return applies("query"), applies("gallery")
 
     def coefficients_for(self, method: str, use_query: bool, use_gallery: bool) -> np.ndarray:
         coef = np.zeros(len(BIAS_COLUMNS))
@@ -179,7 +184,8 @@ class HubnessCorrection:
     def corrected(self, raw: np.ndarray, doc_idx: np.ndarray, coef: np.ndarray) -> np.ndarray:
         """Corrected scores of `doc_idx` given their raw cosines `raw`."""
         bias = sum(c * self.lse[name][doc_idx] for c, name in zip(coef, BIAS_COLUMNS) if c)
-        return np.asarray(raw, dtype=np.float64) - bias
+        corrected: np.ndarray = np.asarray(raw, dtype=np.float64) - bias
+        return corrected
 
     def score_floor(self, coef: np.ndarray) -> float:
         """A lower bound of corrected scores (cosine floor -1 minus the largest bias of a document that exists): for tmm."""
@@ -213,17 +219,25 @@ def k_occurrence(rankings: list[Ranking], num_docs: int, k: int = 10) -> np.ndar
     return counts
 
 
-def hubness_stats(counts: np.ndarray) -> dict:
+def hubness_stats(counts: np.ndarray) -> dict[str, float]:
     """Skewness of the k-occurrence distribution and the share of documents never retrieved."""
     mean, std = counts.mean(), counts.std()
     skew = float(((counts - mean) ** 3).mean() / std**3) if std > 0 else 0.0
     return {"skewness": round(skew, 4), "never_retrieved": round(float((counts == 0).mean()), 4), "max_occurrence": int(counts.max())}
 
 
+class ExactSearchable(Protocol):
+    """What the searcher needs of the augmented index: search.dense.DenseIndex, or segments.LiveDense."""
+
+    def brute_force(self, allowed: Allowed) -> bool: ...
+
+    def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking: ...
+
+
 class HubnessSearcher:
     """Exact corrected top-k over the whole corpus through the augmented inner-product index."""
 
-    def __init__(self, correction: HubnessCorrection, augmented, banks: Banks | None = None):
+    def __init__(self, correction: HubnessCorrection, augmented: ExactSearchable, banks: Banks | None = None) -> None:
         self.correction, self.augmented = correction, augmented  # augmented: search.dense.DenseIndex (or LiveDense)
         self.banks = banks  # None: fitted before banks were kept (a live collection cannot extend the correction)
         self.alive = Allowed(correction.alive) if correction.alive is not None else None  # of a live collection
@@ -263,6 +277,7 @@ class HubnessSearcher:
         """The corrected top-`depth` (of the allowed documents) with the bias coefficients given: a shard searches with
         the coefficients its coordinator chose from the whole corpus (search.sharded)."""
         if allowed is not None and self.augmented.brute_force(allowed):
+            assert embeddings is not None  # a brute-force search scores the stored vectors
             corrected = lambda ids: self.correction.corrected(embeddings[ids] @ vector, ids, coef)
             return exact_top_k(corrected, allowed.ids, depth)
         return self.augmented.search(augment_query(vector, coef), depth, allowed)
@@ -272,8 +287,9 @@ class HubnessSearcher:
         raw = self._raw(vector, 1, embeddings)
         return (int(raw.doc_idx[0]), float(raw.scores[0])) if len(raw) else None
 
-    def _raw(self, vector: np.ndarray, depth: int, embeddings) -> Ranking:
+    def _raw(self, vector: np.ndarray, depth: int, embeddings: np.ndarray | None) -> Ranking:
         """The uncorrected top-`depth` of the documents that exist (by the same cost rule as a filter)."""
         if self.alive is not None and self.augmented.brute_force(self.alive):
+            assert embeddings is not None  # a brute-force search scores the stored vectors
             return exact_top_k(lambda ids: embeddings[ids] @ vector, self.alive.ids, depth)
         return self.augmented.search(augment_query(vector, np.zeros(len(BIAS_COLUMNS))), depth, self.alive)

@@ -28,7 +28,8 @@ def _lse(logits: np.ndarray) -> np.ndarray:
     logits = logits.astype(np.float64)
     top = logits.max(axis=0)
     safe = np.where(np.isfinite(top), top, 0.0)
-    return safe + np.log(np.exp(logits - safe).sum(axis=0))
+    lse: np.ndarray = safe + np.log(np.exp(logits - safe).sum(axis=0))
+    return lse
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,9 @@ class LiveHubness:
     """The mutable state: written documents' biases and each bank member's top-k keys. Not thread-safe: the
     collection calls it under its write lock."""
 
-    def __init__(self, base: HubnessSearcher, base_docs: int):
+    def __init__(self, base: HubnessSearcher, base_docs: int) -> None:
         banks = base.banks
+        assert banks is not None  # a live collection extends only a correction fitted with its banks
         self.params, self.base_docs = base.correction.params, base_docs
         self._bank = {"query": np.asarray(banks.query, dtype=np.float32), "gallery": np.asarray(banks.gallery, dtype=np.float32)}
         self._gallery_ids = banks.gallery_ids

@@ -43,7 +43,8 @@ def dbsf(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
 
 def identity(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
     """No normalisation: raw scores (only meaningful when both scorers share a scale)."""
-    return scores.copy()
+    copied: np.ndarray = scores.copy()
+    return copied
 
 
 NORMALIZERS = {"minmax": minmax, "zscore": zscore, "tmm": tmm, "dbsf": dbsf, "none": identity}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,7 @@ DEFAULT_RERANK_DEPTH = 50
 MAX_RERANK_DEPTH = 200
 
 
-def check_weight(weight) -> float:
+def check_weight(weight: object) -> float:
     """The interpolation weight, or SpecError(`weight`): a number from 0 to 1 (NaN is not)."""
     return checks.number("weight", weight, 0, 1)
 
@@ -59,7 +60,9 @@ class Reranked:
 class Reranker:
     """A cross-encoder (models.cross_encoder.CrossEncoder) over the index's document texts."""
 
-    def __init__(self, model, text_of: Callable[[int], str], name: str = "", texts_of: Callable[[np.ndarray], list[str]] | None = None):
+    def __init__(
+        self, model: Any, text_of: Callable[[int], str], name: str = "", texts_of: Callable[[np.ndarray], list[str]] | None = None
+    ):
         """`texts_of`, when given, reads many documents' texts at once (a sharded index: one call per shard)."""
         self.model, self.name = model, name
         self.texts_of = texts_of or (lambda ids: [text_of(int(i)) for i in ids])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.errors import SpecError
@@ -56,7 +57,7 @@ class HubnessSpec:
     method: str = "none"  # none | qbnorm | dbnorm
     dynamic: bool = False  # DIS: correct only queries whose raw top-1 is in the bank's activation set
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checks.choice("method", self.method, HUBNESS_METHODS)
         if checks.flag("dynamic", self.dynamic) and self.method == "none":
             object.__setattr__(self, "dynamic", False)  # dynamic only says when to apply a correction
@@ -68,7 +69,7 @@ class RerankSpec:
     depth: int = DEFAULT_RERANK_DEPTH  # first-stage hits the cross-encoder reorders; the rest follow
     weight: float = 1.0  # trust in the cross-encoder (search.rerank.interpolate)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checks.flag("enabled", self.enabled)
         object.__setattr__(self, "depth", checks.number("depth", self.depth, 1, MAX_RERANK_DEPTH, integer=True))
         object.__setattr__(self, "weight", check_weight(self.weight))
@@ -81,7 +82,7 @@ class HighlightSpec:
     snippet_chars: int = DEFAULT_SNIPPET_CHARS  # about how long a snippet is
     snippets: int = DEFAULT_SNIPPETS  # at most this many snippets of the text, best first
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checks.flag("enabled", self.enabled)
         checks.flag("semantic", self.semantic)
         chars, count = check_snippet_options(self.snippet_chars, self.snippets)
@@ -89,7 +90,10 @@ class HighlightSpec:
         object.__setattr__(self, "snippets", count)
 
 
-def _merge_part(cls, base, given, name: str):
+_Part = TypeVar("_Part", "HubnessSpec", "RerankSpec", "HighlightSpec")
+
+
+def _merge_part(cls: type[_Part], base: _Part, given: object, name: str) -> _Part:
     """`base` (a HubnessSpec or RerankSpec) with the fields `given` names replaced; errors under `name`."""
     if not isinstance(given, dict):
         raise SpecError(name, f"must be an object with fields {', '.join(f.name for f in fields(cls))}, got {given!r}")
@@ -117,10 +121,10 @@ class SearchSpec:
     hubness: HubnessSpec = field(default_factory=HubnessSpec)  # dense and hybrid only
     rerank: RerankSpec = field(default_factory=RerankSpec)
     min_score: float | None = None  # drop hits whose final score is below it
-    filter: dict | None = None  # which documents may be retrieved (search.filters); checked by the index
+    filter: dict[str, Any] | None = None  # which documents may be retrieved (search.filters); checked by the index
     highlight: HighlightSpec = field(default_factory=HighlightSpec)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checks.choice("mode", self.mode, MODES)
         object.__setattr__(self, "depth", checks.number("depth", self.depth, 1, MAX_DEPTH, integer=True))
         if not isinstance(self.fusion, tuple(FUSIONS.values())):
@@ -129,14 +133,14 @@ class SearchSpec:
             object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
         object.__setattr__(self, "filter", check_filter(self.filter))
 
-    def merge(self, overrides: dict | None) -> SearchSpec:
+    def merge(self, overrides: dict[str, Any] | None) -> SearchSpec:
         """This spec with the fields of the partial dict form `overrides` replaced, validated."""
         if not overrides:
             return self
         if not isinstance(overrides, dict):
             raise SpecError("spec", f"must be an object, got {overrides!r}")
         known = [f.name for f in fields(self)]
-        changes = {}
+        changes: dict[str, Any] = {}
         for name, value in overrides.items():
             if name not in known:
                 raise SpecError(name, f"unknown field; valid: {', '.join(known)}")
@@ -158,11 +162,11 @@ class SearchSpec:
         return replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, spec: dict) -> SearchSpec:
+    def from_dict(cls, spec: dict[str, Any]) -> SearchSpec:
         """A full spec from a (possibly partial) dict: fields not given are the library defaults."""
         return cls().merge(spec)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "depth": self.depth,
@@ -183,7 +187,7 @@ class SearchSpec:
         return spec_to_string(self.to_dict())
 
 
-def spec_to_string(spec: dict) -> str:
+def spec_to_string(spec: dict[str, Any]) -> str:
     """The string form of a (possibly partial) dict form that names a mode: only the fields it names."""
     if "mode" not in spec:
         raise SpecError("mode", "the string form starts with the mode; this spec has none")
@@ -224,11 +228,11 @@ def spec_to_string(spec: dict) -> str:
     return "+".join(parts)
 
 
-def parse_spec_string(text: str) -> dict:
+def parse_spec_string(text: str) -> dict[str, Any]:
     """The partial dict form of a string form; unknown parts are errors that list the valid ones."""
     text, _, filter_text = text.partition("+filter:")
     first, *extras = text.split("+")
-    spec: dict = {}
+    spec: dict[str, Any] = {}
     if filter_text:
         try:
             spec["filter"] = check_filter(json.loads(filter_text))
@@ -267,8 +271,8 @@ def parse_spec_string(text: str) -> dict:
     return spec
 
 
-def _parse_rerank(arg: str) -> dict:
-    rerank: dict = {"enabled": True}
+def _parse_rerank(arg: str) -> dict[str, Any]:
+    rerank: dict[str, Any] = {"enabled": True}
     for part in filter(None, arg.split(":")):
         if part in ("on", "off"):
             rerank["enabled"] = part == "on"
@@ -281,8 +285,8 @@ def _parse_rerank(arg: str) -> dict:
     return rerank
 
 
-def _parse_highlight(arg: str) -> dict:
-    highlight: dict = {"enabled": True}
+def _parse_highlight(arg: str) -> dict[str, Any]:
+    highlight: dict[str, Any] = {"enabled": True}
     for part in filter(None, arg.split(":")):
         if part in ("on", "off"):
             highlight["enabled"] = part == "on"
@@ -297,11 +301,11 @@ def _parse_highlight(arg: str) -> dict:
     return highlight
 
 
-def _integer(name: str, text: str) -> int:
+def _integer(name: str, text: str) -> float:
     value = checks.parse_number(name, text)
-    return int(value) if value.is_integer() else value  # a fraction fails the field's own check
+    return int(value) if value.is_integer() else value  # an int, or a fraction fails the field's own check
 
 
-def check_k(k) -> int:
+def check_k(k: object) -> int:
     """The number of hits a request asks for (not part of the spec: see SearchSpec)."""
     return checks.number("k", k, 1, MAX_K, integer=True)

@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from typing import Any, cast
 
 from hybrid_retrieval.search.errors import Loc, SpecError
 
@@ -23,7 +24,7 @@ FIELD_TYPES = ("keyword", "bool", "int", "float", "date")
 _INT64 = 2**63
 
 
-def parse_date(text: str) -> float | None:
+def parse_date(text: object) -> float | None:
     """Seconds since the epoch of an ISO-8601 date or date-time (naive means UTC), or None."""
     if not isinstance(text, str) or len(text) < 10 or not (text[:4].isdigit() and text[4] == "-" and text[7] == "-"):
         return None
@@ -36,7 +37,7 @@ def parse_date(text: str) -> float | None:
     return moment.timestamp()
 
 
-def kind_of(value) -> str | None:
+def kind_of(value: object) -> str | None:
     """The type one metadata value would give its field; None for a missing value (null, [])."""
     if value is None or value == []:
         return None
@@ -84,11 +85,11 @@ class FieldInfo:
     def filterable(self) -> bool:
         return self.type is not None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k == "type"}
 
 
-def written_value(field_type: str | None, value, path: Loc) -> tuple[object, str | None]:
+def written_value(field_type: str | None, value: object, path: Loc) -> tuple[object, str | None]:
     """A metadata value a write gives a field, as the index stores it, and its kind (None: no value): SpecError when
     no field could hold it (a number beyond float range, a string that is not valid Unicode, an object), or when the
     field's type (`field_type`, if decided) cannot. An integer beyond 64 bits becomes a float."""
@@ -116,7 +117,7 @@ def written_value(field_type: str | None, value, path: Loc) -> tuple[object, str
 
 def type_of_kind(kind: str) -> str:
     """The type a field gets from its first value of `kind` (a field a write adds to a collection)."""
-    return field_type_of({kind})
+    return cast(str, field_type_of({kind}))  # a kind written_value admits: some type takes it
 
 
 def encodable(text: str) -> bool:
@@ -127,7 +128,7 @@ def encodable(text: str) -> bool:
     return True
 
 
-def short_text(value) -> str:
+def short_text(value: object) -> str:
     """A value as an error message quotes it: its JSON text, cut to 60 characters."""
     try:
         text = json.dumps(value, allow_nan=False)
