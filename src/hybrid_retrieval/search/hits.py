@@ -9,6 +9,7 @@ nearest the query, embedded with the index's model (one model run per request fo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,9 +18,16 @@ from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.highlight import Highlighter, best_sentence, split_sentences
 from hybrid_retrieval.search.pipeline import SearchResult
+from hybrid_retrieval.search.spec import HighlightSpec
 
 ALL_FIELDS = "*"
 MAX_FACET_VALUES = 20
+
+
+class Encoder(Protocol):
+    """What embeds the query and sentences for semantic highlights: models.embedder.Embedder."""
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class Presenter:
@@ -27,20 +35,20 @@ class Presenter:
 
     def __init__(
         self,
-        document: Callable[[int], dict],
+        document: Callable[[int], dict[str, Any]],
         analyzer: Analyzer,
-        embedder,
+        embedder: Encoder,
         fields: Sequence[str],
         metadata: MetadataColumns | None,
-        documents: Callable[[np.ndarray], list[dict]] | None = None,
-    ):
+        documents: Callable[[np.ndarray], list[dict[str, Any]]] | None = None,
+    ) -> None:
         """`documents`, when given, reads a page's documents at once (a sharded index: one call per shard)."""
         self.embedder, self.metadata = embedder, metadata
         self.documents = documents or (lambda ids: [document(int(i)) for i in ids])
         self.highlighter = Highlighter(analyzer)
         self.fields = sorted(fields)  # every metadata field of the corpus
 
-    def check_fields(self, fields, path: str = "fields") -> list[str] | str | None:
+    def check_fields(self, fields: object, path: str = "fields") -> list[str] | str | None:
         """The metadata fields a request asks to see: a list of names, or "*" for all."""
         if fields is None or fields == ALL_FIELDS:
             return fields
@@ -51,7 +59,7 @@ class Presenter:
                 raise SpecError(f"{path}[{i}]", f"unknown metadata field {name!r}; fields: {', '.join(self.fields) or 'none'}")
         return fields
 
-    def check_facets(self, facets, path: str = "facets") -> list[str] | None:
+    def check_facets(self, facets: object, path: str = "facets") -> list[str] | None:
         if facets is None:
             return None
         if self.metadata is None:
@@ -60,16 +68,22 @@ class Presenter:
 
     def hits(
         self, result: SearchResult, query: str, *, include_text: bool = False, explain: bool = False, fields: list[str] | str | None = None
-    ) -> list[dict]:
+    ) -> list[dict[str, Any]]:
         """The page's hits: id, score, rank (from 1, counting earlier pages), title; and as asked the text,
         metadata `fields`, highlights (the spec's) and the score's components."""
-        hits, docs = [], []
+        hits: list[dict[str, Any]] = []
+        docs: list[dict[str, Any]] = []
         explain = explain and result.explainable
         terms = self.highlighter.query_terms(query) if result.spec.highlight.enabled else None
         page = self.documents(result.ranking.doc_idx[result.page.start : result.page.stop])
         for position, doc in zip(result.page, page):
             docs.append(doc)
-            hit = {"id": doc["id"], "score": float(result.ranking.scores[position]), "rank": position + 1, "title": doc["title"]}
+            hit: dict[str, Any] = {
+                "id": doc["id"],
+                "score": float(result.ranking.scores[position]),
+                "rank": position + 1,
+                "title": doc["title"],
+            }
             if include_text:
                 hit["text"] = doc["text"]
             if fields is not None:
@@ -84,14 +98,14 @@ class Presenter:
             self._semantic(query, result, hits, docs)
         return hits
 
-    def _highlight(self, query: str, terms, doc: dict, spec) -> dict:
+    def _highlight(self, query: str, terms: frozenset[str] | None, doc: dict[str, Any], spec: HighlightSpec) -> dict[str, Any]:
         marked = {
             "title": self.highlighter.highlight(query, doc["title"], spec.snippet_chars, 1, terms=terms),
             "text": self.highlighter.highlight(query, doc["text"], spec.snippet_chars, spec.snippets, terms=terms),
         }
         return {name: [snippet.to_dict() for snippet in snippets] for name, snippets in marked.items()}
 
-    def _semantic(self, query: str, result: SearchResult, hits: list[dict], docs: list[dict]) -> None:
+    def _semantic(self, query: str, result: SearchResult, hits: list[dict[str, Any]], docs: list[dict[str, Any]]) -> None:
         """The sentence nearest the query for each hit without a term match: one model run for all of them."""
         todo = [
             (hit, doc["text"], split_sentences(doc["text"]))
@@ -109,8 +123,10 @@ class Presenter:
             hit["highlight"]["semantic"] = best_sentence(text, spans, vectors[start : start + len(spans)], vector)
             start += len(spans)
 
-    def facets(self, result: SearchResult, names: list[str] | None) -> dict[str, list[dict]] | None:
+    def facets(self, result: SearchResult, names: list[str] | None) -> dict[str, list[dict[str, Any]]] | None:
         """Value counts of `names` over every hit the request could page through (filtered, above min_score)."""
         if not names:
             return None
+        assert self.metadata is not None  # names passed check_facets, which needs metadata
+        assert result.pool is not None  # every pipeline result carries its pool
         return self.metadata.facets(names, result.pool, MAX_FACET_VALUES)

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
+from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher, activation_mask, update_top_k
 from hybrid_retrieval.search.segments import LiveDense
 
@@ -102,7 +104,7 @@ class LiveHubness:
         sorter = np.argsort(live_keys)
 
         def positions(keys: np.ndarray) -> np.ndarray:
-            out = keys.copy()
+            out: np.ndarray = keys.copy()
             live = keys >= self.base_docs
             out[live] = self.base_docs + sorter[np.searchsorted(live_keys, keys[live], sorter=sorter)]
             return out
@@ -164,7 +166,10 @@ class LiveHubnessView:
     def searcher(self, base: HubnessSearcher, live_vectors: np.ndarray, alive: np.ndarray | None) -> HubnessSearcher:
         """Exact corrected search over the base's augmented index and the live documents' augmented vectors."""
         augmented_live = np.hstack([live_vectors, -self.live_lse]).astype(np.float32)
-        return HubnessSearcher(self.correction(base.correction, alive), LiveDense(base.augmented, augmented_live), base.banks)
+        # `base` is the stored index's searcher (indexer.store), over its FAISS DenseIndex
+        return HubnessSearcher(
+            self.correction(base.correction, alive), LiveDense(cast(DenseIndex, base.augmented), augmented_live), base.banks
+        )
 
     def compacted(self, base: HubnessSearcher, alive: np.ndarray) -> tuple[HubnessCorrection, Banks]:
         """The correction and banks of the compacted base: the documents that exist (`alive`, joint), renumbered in
@@ -181,4 +186,5 @@ class LiveHubnessView:
             activation={bank: activation_mask(sims, idx, n) for bank, (sims, idx) in neighbours.items()},
         )
         banks = base.banks
+        assert banks is not None  # a live collection extends only a correction fitted with its banks
         return correction, Banks(banks.query, banks.gallery, banks.gallery_ids, neighbours)
