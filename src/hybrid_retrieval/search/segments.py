@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -35,7 +37,7 @@ class LiveDocument:
     doc_id: str
     title: str
     text: str
-    metadata: dict
+    metadata: dict[str, Any]
     term_ids: np.ndarray  # int64: its distinct analysed terms, as ids of the collection's live vocabulary
     tfs: np.ndarray  # int64: their frequencies
     length: int  # analysed tokens
@@ -48,7 +50,7 @@ class LiveDocument:
         doc_id: str,
         title: str,
         text: str,
-        metadata: dict,
+        metadata: dict[str, Any],
         tokens: list[str],
         vector: np.ndarray,
         vocabulary: dict[str, int],
@@ -125,7 +127,7 @@ class CorpusStatistics:
 
     @classmethod
     def total(cls, parts: list[CorpusStatistics]) -> CorpusStatistics:
-        df: Counter = Counter()
+        df: Counter[str] = Counter()
         for part in parts:
             df.update(part.df)
         return cls(sum(p.documents for p in parts), sum(p.length for p in parts), dict(df))
@@ -157,7 +159,7 @@ class LiveBM25:
         term_id = self._vocab.get(term)
         return (int(self._base_df[term_id]) if term_id is not None else 0) + len(self.live.postings(term)[0])
 
-    def statistics(self, terms) -> CorpusStatistics:
+    def statistics(self, terms: Iterable[str]) -> CorpusStatistics:
         """This segment's statistics, with the document frequencies of `terms`."""
         return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
 
@@ -227,14 +229,15 @@ class LiveVectors:
     def __len__(self) -> int:
         return self.base_docs + len(self.live)
 
-    def __getitem__(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim == 0:
-            return self[ids.reshape(1)][0]
-        out = np.empty((len(ids), self.base.shape[1]), dtype=np.float32)
-        in_base = ids < self.base_docs
-        out[in_base] = self.base[ids[in_base]]
-        out[~in_base] = self.live[ids[~in_base] - self.base_docs]
+    def __getitem__(self, ids: object) -> np.ndarray:
+        keys = np.asarray(ids, dtype=np.int64)
+        if keys.ndim == 0:
+            row: np.ndarray = self[keys.reshape(1)][0]
+            return row
+        out = np.empty((len(keys), self.base.shape[1]), dtype=np.float32)
+        in_base = keys < self.base_docs
+        out[in_base] = self.base[keys[in_base]]
+        out[~in_base] = self.live[keys[~in_base] - self.base_docs]
         return out
 
 
@@ -269,19 +272,23 @@ def concat_columns(base: MetadataColumns | None, live: MetadataColumns | None, b
     if base is None and live is None:
         return None
     fields = {**(base.fields if base else {}), **(live.fields if live else {})}
-    columns = {}
+    columns: dict[str, KeywordColumn | ValueColumn] = {}
     for name in sorted({*(base.columns if base else {}), *(live.columns if live else {})}):
         parts = [(part.columns.get(name) if part else None, n) for part, n in ((base, base_docs), (live, live_docs))]
         columns[name] = _concat_column(fields[name].type, parts)
     return MetadataColumns(fields, columns, base_docs + live_docs)
 
 
-def _concat_column(field_type: str, parts: list[tuple[KeywordColumn | ValueColumn | None, int]]):
+def _concat_column(field_type: str | None, parts: list[tuple[KeywordColumn | ValueColumn | None, int]]) -> KeywordColumn | ValueColumn:
+    # a field's columns in every segment are of its type: KeywordColumn for keyword, else ValueColumn
     if field_type == "keyword":
-        vocab = sorted({v for column, _ in parts if column is not None for v in column.vocab})
+        keyword_parts = cast(list[tuple[KeywordColumn | None, int]], parts)
+        vocab = sorted({v for column, _ in keyword_parts if column is not None for v in column.vocab})
         new_id = {v: i for i, v in enumerate(vocab)}
-        offsets, value_ids, end = [np.zeros(1, dtype=np.int64)], [], 0
-        for column, n in parts:
+        offsets: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+        value_ids: list[np.ndarray] = []
+        end = 0
+        for column, n in keyword_parts:
             if column is None:
                 offsets.append(np.full(n, end, dtype=np.int64))
                 continue
@@ -290,7 +297,9 @@ def _concat_column(field_type: str, parts: list[tuple[KeywordColumn | ValueColum
             offsets.append(column.offsets[1:] + end)
             end += int(column.offsets[-1])
         return KeywordColumn(vocab, np.concatenate(offsets), np.concatenate(value_ids) if value_ids else np.empty(0, np.int32))
-    dtype = {"bool": np.bool_, "int": np.int64}.get(field_type, np.float64)
-    values = [column.values.astype(dtype) if column is not None else np.zeros(n, dtype) for column, n in parts]
-    present = [column.present if column is not None else np.zeros(n, bool) for column, n in parts]
+    dtypes: dict[str | None, type[np.generic]] = {"bool": np.bool_, "int": np.int64}
+    dtype = dtypes.get(field_type, np.float64)
+    value_parts = cast(list[tuple[ValueColumn | None, int]], parts)
+    values: list[np.ndarray] = [column.values.astype(dtype) if column is not None else np.zeros(n, dtype) for column, n in value_parts]
+    present = [column.present if column is not None else np.zeros(n, bool) for column, n in value_parts]
     return ValueColumn(np.concatenate(values), np.concatenate(present))
