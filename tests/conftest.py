@@ -4,6 +4,7 @@ import itertools
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,22 @@ def sharded_index(whole_index, tmp_path_factory):
 def sample_queries(scifact, count: int, skip: int) -> list[str]:
     with (scifact / "queries.jsonl").open() as fh:
         return [json.loads(line)["text"] for line in itertools.islice(fh, skip, skip + count)]
+
+
+def wait_until_ready(client, server, timeout_s: float, pause_s: float = 0.2) -> None:
+    """Poll GET /ready through `client` until it answers 200; fail with the server process's stderr if it exits first,
+    or after `timeout_s`."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if client.get("/ready").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if server.poll() is not None:
+            err = server.stderr.read() if server.stderr else ""
+            pytest.fail(f"the service exited ({server.returncode}): {(err.decode() if isinstance(err, bytes) else err)[-3000:]}")
+        assert time.monotonic() < deadline, "the service did not become ready"
+        time.sleep(pause_s)

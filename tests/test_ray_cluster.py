@@ -15,7 +15,7 @@ import pytest
 from hybrid_retrieval.evaluation.server import free_port
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
-from tests.conftest import REPO, sample_queries
+from tests.conftest import REPO, sample_queries, wait_until_ready
 
 pytest.importorskip("ray", reason="Ray is not installed (pip install 'hybrid-retrieval[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # two Ray nodes and a Serve deployment: about 40 s
@@ -63,17 +63,8 @@ def test_serve_through_a_head_and_a_worker_node(whole_index, scifact, tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 180
         with httpx.Client(base_url=f"http://127.0.0.1:{http_port}", timeout=30) as client:
-            while True:
-                try:
-                    if client.get("/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert server.poll() is None, server.stderr.read().decode()[-2000:]
-                assert time.monotonic() < deadline, "the service did not become ready"
-                time.sleep(1)
+            wait_until_ready(client, server, 180, pause_s=1)
             whole = open_index(whole_index)
             for query in sample_queries(scifact, 3, 120):
                 hits = client.post("/search", json={"query": query, "k": 10, "mode": "hybrid"}).json()["hits"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import httpx
 
 from hybrid_retrieval.evaluation.server import free_port
+from tests.conftest import wait_until_ready
 
 SERVE_WITHOUT_TORCH = """
 import runpy, sys
@@ -30,16 +30,7 @@ def test_the_service_starts_and_searches_without_torch(tiny_index):
     )
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get("/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert server.poll() is None, server.stderr.read()[-3000:]
-                assert time.monotonic() < deadline, "the service did not become ready"
-                time.sleep(0.2)
+            wait_until_ready(client, server, 120)
             for mode in ("dense", "hybrid"):
                 response = client.post("/search", json={"query": "a kitten resting on a rug", "k": 3, "mode": mode})
                 assert response.status_code == 200, response.text
