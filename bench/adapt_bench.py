@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.context import ADAPT_RECIPES
 from bench.harness import Case, Table
 from hybrid_retrieval.search.fusion import fusion_from_dict, fusion_to_string
 
 METRIC = "ndcg@10"
-RECIPES = ("title", "ict")
 
 
 def _compared(ctx, index: Path, baseline: Path, out: str, pipelines: str, *flags) -> dict:
@@ -84,7 +84,7 @@ def _adaptation(ctx) -> list[Table]:
         )
     ]
     pseudo_tuned = []
-    for recipe in RECIPES:
+    for recipe in ADAPT_RECIPES:
         adapted = ctx.copy_of(ctx.untuned_index, f"{ctx.data.name}-{recipe}")
         ctx.hybrid("reembed", adapted, "--model", ctx.adapted(recipe), "--quiet")
         models.append(

@@ -7,6 +7,7 @@ while present.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -19,6 +20,9 @@ from bench.machine import faiss_gpus, onnx_providers
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import OpenIndex, open_index
+
+# the label-free pseudo-query recipes the adaptation case trains encoders on (`hybrid adapt --recipe`)
+ADAPT_RECIPES = ("title", "ict")
 
 
 class Context:
@@ -64,6 +68,7 @@ class Context:
             raise RuntimeError(f"hybrid {args[0]} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
         return done.stdout
 
+    @functools.cache  # noqa: B019 - one Context per run, read by every case
     def queries(self, split: str = "test") -> list[str]:
         queries, _ = split_queries(self.data, split)
         return list(queries.values())
@@ -154,17 +159,11 @@ class Context:
 
     def prepare(self) -> None:
         """Make every artefact the cases use, so a run afterwards measures and does nothing else."""
-        for artefact in (
-            lambda: self.index,
-            lambda: self.untuned_index,
-            lambda: self.int8_index,
-            lambda: self.reranker,
-            lambda: self.small_reranker(from_base=False),
-            lambda: self.small_reranker(from_base=True),
-            lambda: self.embedder,
-            *(lambda recipe=recipe: self.adapted(recipe) for recipe in ("title", "ict")),
-        ):
-            artefact()
+        _ = self.index, self.untuned_index, self.int8_index, self.reranker, self.embedder
+        for from_base in (False, True):
+            self.small_reranker(from_base)
+        for recipe in ADAPT_RECIPES:
+            self.adapted(recipe)
 
     def copy_of(self, source: Path, name: str) -> Path:
         """A fresh copy of an index folder to change (re-embed, re-tune) without touching the source."""

@@ -78,17 +78,16 @@ def timed_ms(call: Callable[[], Any]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def interleaved(calls: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], warmup: int = 3, rounds: int = 1) -> dict[str, list[float]]:
-    """Milliseconds of every call on every input, the calls alternating input by input (and round by round) so that
-    machine noise hits all of them alike; the first `warmup` inputs run once untimed."""
+def interleaved(calls: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], warmup: int = 3) -> dict[str, list[float]]:
+    """Milliseconds of every call on every input, the calls alternating input by input so that machine noise hits all
+    of them alike; the first `warmup` inputs run once untimed."""
     for x in inputs[:warmup]:
         for call in calls.values():
             call(x)
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for x in inputs:
-            for name, call in calls.items():
-                times[name].append(timed_ms(lambda call=call, x=x: call(x)))
+    for x in inputs:
+        for name, call in calls.items():
+            times[name].append(timed_ms(lambda call=call, x=x: call(x)))
     return times
 
 
