@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.observability import JsonFormatter
-from hybrid_retrieval.app.serving import open_configured
+from hybrid_retrieval.app.serving import open_folder
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.search.devices import DEVICES
 from hybrid_retrieval.search.errors import HybridError
@@ -21,9 +22,11 @@ from hybrid_retrieval.search.errors import HybridError
 
 def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None):
     """(Settings, parsed flags) of `hybrid serve`'s flags over HYBRID_* variables; prints why and exits 2 when invalid
-    or when no index is given. `parser` may carry more flags (cluster.serve's)."""
+    `parser` may carry more flags (cluster.serve's)."""
     parser = parser or argparse.ArgumentParser(prog="hybrid serve", description="serve POST /search over HTTP")
-    parser.add_argument("--index", type=Path, help="index folder (env HYBRID_INDEX)")
+    parser.add_argument("--data", type=Path, help="data directory of collections (env HYBRID_DATA; default ./data without --index)")
+    parser.add_argument("--index", type=Path, help="an index folder served as one more collection, the default one (env HYBRID_INDEX)")
+    parser.add_argument("--default-collection", help="the collection or alias the unprefixed routes act on (env HYBRID_DEFAULT_COLLECTION)")
     parser.add_argument("--host", help="bind address (env HYBRID_HOST, default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (env HYBRID_PORT, default 8000)")
     parser.add_argument("--device", choices=DEVICES)
@@ -36,8 +39,6 @@ def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParse
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         parser.exit(2, f"error: invalid settings: {problems}\n")
-    if settings.index is None:
-        parser.exit(2, "error: no index given: pass --index DIR or set HYBRID_INDEX\n")
     return settings, args
 
 
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     settings, args = parse_settings(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # opened here, not in the app's lifespan, so a bad index fails with one line and exit code 2
-        index = open_configured(settings)
+        index = open_folder(settings.index, settings) if settings.index is not None else None
+        if settings.data_dir is not None:
+            DataDir(settings.data_dir)  # a damaged aliases file, too
     except HybridError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

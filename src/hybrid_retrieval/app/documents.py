@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 
 from hybrid_retrieval.app.json_body import CheckedRoute, clean, parse_body
-from hybrid_retrieval.app.routes import ServingDep
-from hybrid_retrieval.app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, WriteResult
+from hybrid_retrieval.app.routes import json_response, serving_of
+from hybrid_retrieval.app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, TaskInfo, WriteResult
 from hybrid_retrieval.app.security import require_api_key, require_write_key
-from hybrid_retrieval.app.serving import Serving
+from hybrid_retrieval.app.serving import Reloader, Serving
 from hybrid_retrieval.indexer.leftovers import temporary_bytes
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.errors import HybridError, SpecError, StorageError
 
-router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
-
 WAIT_SECONDS = 30.0
 Wait = Annotated[
-    bool,
+    bool | None,
     Query(
-        description="answer only once the write is searchable (a refresh is published at once; "
-        "otherwise writes become searchable within HYBRID_REFRESH_INTERVAL, 1 s)"
+        description="true: answer only once the write is searchable (a refresh is published at once); absent: once it "
+        "is durable (searchable within HYBRID_REFRESH_INTERVAL, 1 s); false (PUT only): at once, 202 with a task that "
+        "loads the documents in batches of HYBRID_MAX_BATCH_DOCS (GET /tasks/{id})"
     ),
 ]
 _WRITE_RESPONSES = {
@@ -91,29 +92,6 @@ def _inline(schema: dict) -> dict:
     return resolve(schema)
 
 
-@router.put(
-    "/documents",
-    response_model=WriteResult,
-    dependencies=[Depends(require_write_key)],
-    responses=_WRITE_RESPONSES,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "description": f"JSON, or {NDJSON}: one document object per line",
-            "content": {"application/json": {"schema": _inline(DocumentBatch.model_json_schema())}},
-        }
-    },
-)
-async def put_documents(request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    """Upsert documents by id, all or nothing: every document is checked, embedded and logged durably before the
-    answer (its sequence number)."""
-    documents = await _documents(request)
-    collection = _collection(serving)
-    # embedding and fsync: off the event loop
-    seq = await run_in_threadpool(_write, request.app.state.deadlines, collection.upsert, documents)
-    return await run_in_threadpool(_written, serving, seq, len(documents), wait)
-
-
 class DocumentIdConvertor(Convertor[str]):
     """Any character of an id, "/" (sent percent-encoded, a%2Fb, decoded before routing) and line breaks included:
     Starlette's `path` stops at a newline, which left such ids unreachable by these routes."""
@@ -130,45 +108,88 @@ class DocumentIdConvertor(Convertor[str]):
 register_url_convertor("document_id", DocumentIdConvertor())
 
 
-@router.delete(
-    "/documents/{doc_id:document_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES
-)
-def delete_document(doc_id: str, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
-    return _written(serving, seq, 1, wait)
+def document_routes(collection: Callable, compact_path: str) -> APIRouter:
+    """The write and read routes of the collection the dependency `collection` resolves (app.routes); a compaction at
+    `compact_path`."""
+    router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
+    named = Depends(collection)  # default values, not annotations: see app.routes.serving_of
+    current = Depends(serving_of(collection))
+
+    @router.put(
+        "/documents",
+        response_model=WriteResult,
+        dependencies=[Depends(require_write_key)],
+        responses={**_WRITE_RESPONSES, 202: {"model": TaskInfo, "description": "with ?wait=false: the load, queued as a task"}},
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "description": f"JSON, or {NDJSON}: one document object per line",
+                "content": {"application/json": {"schema": _inline(DocumentBatch.model_json_schema())}},
+            }
+        },
+    )
+    async def put_documents(request: Request, wait: Wait = None, reloader: Reloader = named, serving: Serving = current) -> Response:
+        """Upsert documents by id, all or nothing: every document is checked, embedded and logged durably before the
+        answer (its sequence number). With ?wait=false, any number of documents (up to the body limit) are checked,
+        then loaded by a task in batches: 202 with the task (GET /tasks/{id})."""
+        documents = await _documents(request)
+        collection = _collection(serving)
+        if wait is False:
+            task = await run_in_threadpool(request.app.state.tasks.submit, reloader, documents)
+            return JSONResponse(status_code=202, content=task.to_dict(), headers={"Location": f"/tasks/{task.id}"})
+        # embedding and fsync: off the event loop
+        seq = await run_in_threadpool(_write, request.app.state.deadlines, collection.upsert, documents)
+        return json_response(await run_in_threadpool(_written, serving, seq, len(documents), bool(wait)))
+
+    @router.delete(
+        "/documents/{doc_id:document_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES
+    )
+    def delete_document(doc_id: str, request: Request, wait: Wait = None, serving: Serving = current) -> WriteResult:
+        seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
+        return _written(serving, seq, 1, bool(wait))
+
+    @router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
+    def delete_documents(body: DeleteRequest, request: Request, wait: Wait = None, serving: Serving = current) -> WriteResult:
+        seq = _write(request.app.state.deadlines, _collection(serving).delete, body.ids)
+        return _written(serving, seq, len(body.ids), bool(wait))
+
+    @router.get(
+        "/documents/{doc_id:document_id}",
+        response_model=DocumentOut,
+        dependencies=[Depends(require_api_key)],
+        responses={404: {"description": "no such document"}},
+    )
+    def get_document(doc_id: str, serving: Serving = current) -> DocumentOut:
+        """The latest acknowledged version of a document (before it is searchable, too)."""
+        doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
+        if serving.collection is not None:
+            doc = serving.collection.get(doc_id)
+        else:
+            doc = serving.index.document_by_id(doc_id)
+        if doc is None:
+            raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
+        return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
+
+    @router.get("/stats", response_model=Stats)
+    def stats(serving: Serving = current) -> Stats:
+        """Live counts, sequence numbers and segment sizes."""
+        return stats_of(serving)
+
+    @router.post(compact_path, response_model=Stats, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
+    def compact(serving: Serving = current) -> Stats:
+        """Merge the live segment and deletions into a new base segment now (published atomically; searches and writes
+        continue meanwhile). Also runs in the background past HYBRID_COMPACT_FRACTION."""
+        collection = _collection(serving)
+        try:
+            collection.compact()
+        except OSError as exc:
+            raise StorageError.of(exc, "the compaction failed and the previous base stays in service") from None
+        return stats_of(serving)
+
+    return router
 
 
-@router.post("/documents/delete", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
-def delete_documents(body: DeleteRequest, request: Request, serving: ServingDep, wait: Wait = False) -> WriteResult:
-    seq = _write(request.app.state.deadlines, _collection(serving).delete, body.ids)
-    return _written(serving, seq, len(body.ids), wait)
-
-
-@router.get(
-    "/documents/{doc_id:document_id}",
-    response_model=DocumentOut,
-    dependencies=[Depends(require_api_key)],
-    responses={404: {"description": "no such document"}},
-)
-def get_document(doc_id: str, serving: ServingDep) -> DocumentOut:
-    """The latest acknowledged version of a document (before it is searchable, too)."""
-    doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
-    if serving.collection is not None:
-        doc = serving.collection.get(doc_id)
-    else:
-        doc = serving.index.document_by_id(doc_id)
-    if doc is None:
-        raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
-    return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
-
-
-@router.get("/stats", response_model=Stats)
-def stats(serving: ServingDep) -> Stats:
-    """Live counts, sequence numbers and segment sizes."""
-    return _stats(serving)
-
-
-def _stats(serving: Serving) -> Stats:
+def stats_of(serving: Serving) -> Stats:
     temporary = temporary_bytes(serving.index.path)
     if serving.collection is None:
         return Stats(
@@ -180,15 +201,3 @@ def _stats(serving: Serving) -> Stats:
         )
     problem = serving.collection.storage_problem()
     return Stats(**serving.collection.stats(), writable=problem is None, write_refusal=problem, temporary_bytes=temporary)
-
-
-@router.post("/admin/compact", response_model=Stats, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES)
-def compact(serving: ServingDep) -> Stats:
-    """Merge the live segment and deletions into a new base segment now (published atomically; searches and writes
-    continue meanwhile). Also runs in the background past HYBRID_COMPACT_FRACTION."""
-    collection = _collection(serving)
-    try:
-        collection.compact()
-    except OSError as exc:
-        raise StorageError.of(exc, "the compaction failed and the previous base stays in service") from None
-    return _stats(serving)

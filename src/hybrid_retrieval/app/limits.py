@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 from fastapi import HTTPException
+
+# document batches: /documents..., and /collections/{name}/documents...
+WRITE_PATHS = re.compile(r"(/collections/[^/]+)?/documents(/|$)")
 
 
 class BodyTooLarge(HTTPException):
@@ -17,15 +21,15 @@ class BodyTooLarge(HTTPException):
 
 
 class BodySizeLimit:
-    """`max_bytes` for every body, `write_max_bytes` for paths under `write_prefix` (document batches)."""
+    """`max_bytes` for every body, `write_max_bytes` for the document routes (WRITE_PATHS)."""
 
-    def __init__(self, app, max_bytes: int, write_max_bytes: int | None = None, write_prefix: str = "/documents"):
-        self.app, self.default_max, self.write_max, self.write_prefix = app, max_bytes, write_max_bytes or max_bytes, write_prefix
+    def __init__(self, app, max_bytes: int, write_max_bytes: int | None = None):
+        self.app, self.default_max, self.write_max = app, max_bytes, write_max_bytes or max_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.write_max if scope.get("path", "").startswith(self.write_prefix) else self.default_max
+        limit = self.write_max if WRITE_PATHS.match(scope.get("path", "")) else self.default_max
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await self._reject(send, limit)

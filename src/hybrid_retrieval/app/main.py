@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import signal
 import threading
@@ -17,50 +16,61 @@ from fastapi.responses import JSONResponse
 from threadpoolctl import threadpool_limits
 
 from hybrid_retrieval.app.budget import Deadlines
-from hybrid_retrieval.app.documents import router as documents_router
+from hybrid_retrieval.app.collections import Collections, TooMany
+from hybrid_retrieval.app.documents import document_routes
 from hybrid_retrieval.app.json_body import body_loc
+from hybrid_retrieval.app.lifecycle import router as lifecycle_router
 from hybrid_retrieval.app.limits import BodySizeLimit
 from hybrid_retrieval.app.observability import Metrics, RequestContext
-from hybrid_retrieval.app.routes import router
+from hybrid_retrieval.app.routes import default_collection, named_collection, search_routes, service_router
 from hybrid_retrieval.app.security import InFlightLimit, load_api_keys, load_write_keys
-from hybrid_retrieval.app.serving import Reloader, load_reranker, open_configured
+from hybrid_retrieval.app.serving import Resources, load_reranker, open_folder
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.app.tasks import Tasks
 from hybrid_retrieval.app.ui import router as ui_router
+from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound
 from hybrid_retrieval.indexer.store import OpenIndex
-from hybrid_retrieval.models.providers import on_gpu
+from hybrid_retrieval.models.providers import onnx_providers
 from hybrid_retrieval.search.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 
 logger = logging.getLogger(__name__)
 
 
-def _parallel_legs(settings: Settings, index: OpenIndex) -> bool:
+def _on_gpu(settings: Settings) -> bool:
+    """Whether the service's models run on CUDA (the policies below pay only there)."""
+    return "CUDAExecutionProvider" in onnx_providers(settings.device)
+
+
+def _parallel_legs(settings: Settings) -> bool:
     if settings.parallel_legs != "auto":
         return settings.parallel_legs == "on"
-    return on_gpu(index.embedder)
+    return _on_gpu(settings)
 
 
-def _batch_queries(settings: Settings, index: OpenIndex) -> bool:
+def _batch_queries(settings: Settings) -> bool:
     if settings.batch_queries != "auto":
         return settings.batch_queries == "on"
-    return on_gpu(index.embedder)
+    return _on_gpu(settings)
 
 
-def _refresh_loop(app: FastAPI, interval: float, stop: threading.Event) -> None:
-    """Publish writes to searches every `interval` seconds (a write with ?wait=true publishes at once)."""
+def _upkeep_loop(collections: Collections, interval: float, stop: threading.Event) -> None:
+    """Publish writes to searches every `interval` seconds (a write with ?wait=true publishes at once), and serve the
+    collections an offline build published into the data directory."""
     while not stop.wait(interval):
+        collections.refresh()
         try:
-            app.state.reloader.refresh()
-        except Exception:  # a failed refresh keeps the previous snapshot in service; the next one retries
-            logger.exception("refresh failed")
+            collections.scan()
+        except Exception:
+            logger.exception("scanning the data directory failed")
 
 
 def _reload_on_sighup(app: FastAPI) -> None:
-    """`kill -HUP <pid>` reloads the index, where the event loop runs in the main thread."""
+    """`kill -HUP <pid>` reloads every collection, where the event loop runs in the main thread."""
     loop = asyncio.get_running_loop()
 
     def reload_logged():
         try:
-            app.state.reloader.reload()
+            app.state.collections.reload()
         except Exception:
             logger.exception("reload on SIGHUP failed: still serving the previous index")
 
@@ -70,44 +80,57 @@ def _reload_on_sighup(app: FastAPI) -> None:
         logger.debug("SIGHUP reload not available here")
 
 
+def _injected(index: OpenIndex, settings: Settings):
+    """An opener that serves an index opened by the caller first, and on reload the folder it came from."""
+    pending = [index]
+
+    def opener():
+        return pending.pop() if pending else open_folder(settings.index or index.path, settings)
+
+    return opener
+
+
 def create_app(settings: Settings | None = None, index: OpenIndex | None = None, cross_encoder=None, opener=None) -> FastAPI:
-    """Build the app; the index (and the reranker's cross-encoder) are opened once at startup unless injected (tests).
-    `opener()` opens the index at startup and on each reload (default: the settings' index, whole or sharded, in this
-    process; cluster.serve passes one whose shards answer from Ray Serve)."""
+    """Build the app; the collections (and the reranker's cross-encoder) are opened once at startup unless injected.
+    `index`: an index opened by the caller, served as the --index collection; `opener()` opens that collection at
+    startup and on each reload instead (cluster.serve passes one whose shards answer from Ray Serve)."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # A request's NumPy products are small; a BLAS pool spinning beside ONNX Runtime's would take cores from searches
-        # (under 16 searching clients and 2 writers: docs/BENCHMARKS.md, "Live writes").
+        # (docs/deployment.md).
         blas = threadpool_limits(settings.blas_threads, user_api="blas")
-        opened = index
-        if opened is None:
-            if settings.index is None:
-                raise RuntimeError("no index configured: pass --index DIR or set HYBRID_INDEX")
-            logger.info("opening index %s (verify=%s)", settings.index, settings.verify)
-            opened = (opener or functools.partial(open_configured, settings))()
-        executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings, opened) else None
+        executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings) else None
         app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
-        batch = _batch_queries(settings, opened)
-        app.state.reloader = Reloader(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch, opener)
+        batch = _batch_queries(settings)
+        resources = Resources(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
+        external = settings.index if settings.index is not None else (index.path if index is not None else None)
+        data = DataDir(settings.data_dir) if settings.data_dir is not None else None
+        collections = Collections(
+            resources,
+            data,
+            settings.default_collection_name,
+            external,
+            opener or (_injected(index, settings) if index is not None else None),
+        )
         try:
-            app.state.reloader.open(opened)
+            collections.open_all()
         except HybridError as exc:  # a damaged write-ahead log: the message names the file, the record and the repair
-            logger.error("cannot serve %s: %s", opened.path, exc)
+            logger.error("cannot serve: %s", exc)
             raise
+        app.state.collections = collections
+        app.state.tasks = Tasks(data.tasks if data is not None else None, settings.task_workers)
         _reload_on_sighup(app)
         stop = threading.Event()
-        refresher = threading.Thread(target=_refresh_loop, args=(app, settings.refresh_interval, stop), name="refresher", daemon=True)
-        refresher.start()
+        upkeep = threading.Thread(target=_upkeep_loop, args=(collections, settings.refresh_interval, stop), name="refresher", daemon=True)
+        upkeep.start()
         yield
         app.state.deadlines.cancel_all("the service is shutting down")  # nobody will read what they would answer
+        app.state.tasks.close()  # a load in progress stops after its current batch: what it acknowledged is durable
         stop.set()
-        refresher.join()  # no compaction starts after this
-        app.state.reloader.wait_for_compaction()
-        serving, app.state.serving = app.state.serving, None
-        if serving is not None and serving.collection is not None:
-            serving.collection.close()
+        upkeep.join()  # no compaction starts after this
+        collections.close()
         app.state.search_executor.shutdown(wait=True)
         if executor is not None:
             executor.shutdown(wait=True)
@@ -119,7 +142,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         summary="BM25 + dense retrieval with rank fusion",
         lifespan=lifespan,
     )
-    app.state.serving = None
+    app.state.collections = None
     app.state.metrics = metrics = Metrics()
     app.state.api_keys = load_api_keys(settings)
     app.state.write_keys = load_write_keys(settings)
@@ -132,11 +155,15 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         app.add_middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
-    app.include_router(router)
-    app.include_router(documents_router)
+    app.include_router(service_router)
+    app.include_router(lifecycle_router)
+    app.include_router(search_routes(default_collection), tags=["default collection"])
+    app.include_router(document_routes(default_collection, compact_path="/admin/compact"), tags=["default collection"])
+    app.include_router(search_routes(named_collection), prefix="/collections/{name}", tags=["collections"])
+    app.include_router(document_routes(named_collection, compact_path="/compact"), prefix="/collections/{name}", tags=["collections"])
     app.include_router(ui_router)
 
     @app.exception_handler(RequestValidationError)
@@ -155,6 +182,15 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         # nothing was written: 507 when the disk is full, 503 when the folder cannot be written (stats say why)
         status = 507 if exc.kind == StorageError.FULL else 503
         return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+    @app.exception_handler(NotFound)
+    async def _not_found(request: Request, exc: NotFound):
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @app.exception_handler(Conflict)
+    @app.exception_handler(TooMany)
+    async def _conflict(request: Request, exc: HybridError):
+        return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     @app.exception_handler(DeadlineExceeded)
     async def _deadline(request: Request, exc: DeadlineExceeded):

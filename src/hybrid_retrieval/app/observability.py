@@ -28,7 +28,13 @@ class Metrics:
         self.stage_seconds = Histogram(
             "hybrid_stage_seconds", "search time per pipeline stage", ["stage"], buckets=STAGE_BUCKETS, registry=self.registry
         )
-        self.documents = Gauge("hybrid_index_documents", "documents in the loaded index", registry=self.registry)
+        self.documents = Gauge("hybrid_index_documents", "documents in each served collection", ["collection"], registry=self.registry)
+        self.collection_bytes = Gauge(
+            "hybrid_collection_memory_bytes",
+            "bytes each served collection holds in memory or maps (its arrays and index files)",
+            ["collection"],
+            registry=self.registry,
+        )
         self.query_cache = Counter(
             "hybrid_query_cache_lookups", "query embedding cache lookups by result", ["result"], registry=self.registry
         )
@@ -37,8 +43,8 @@ class Metrics:
         )
         self.build_info = Gauge(
             "hybrid_index_info",
-            "the loaded index (value 1)",
-            ["format_version", "builder_version", "model", "faiss", "created_at"],
+            "each served collection's index (value 1)",
+            ["collection", "format_version", "builder_version", "model", "faiss", "created_at"],
             registry=self.registry,
         )
 
@@ -50,12 +56,22 @@ class Metrics:
         for stage, ms in timings_ms.items():
             self.stage_seconds.labels(stage).observe(ms / 1000)
 
-    def describe_index(self, manifest: Manifest, documents: int) -> None:
-        self.documents.set(documents)
-        self.build_info.clear()
+    def describe_index(self, collection: str, manifest: Manifest, documents: int) -> None:
+        self.documents.labels(collection).set(documents)
+        self.forget_labels(self.build_info, collection)
         self.build_info.labels(
-            str(FORMAT_VERSION), manifest.builder_version, manifest.embedder.model, manifest.faiss.factory, manifest.created_at
+            collection, str(FORMAT_VERSION), manifest.builder_version, manifest.embedder.model, manifest.faiss.factory, manifest.created_at
         ).set(1)
+
+    def forget(self, collection: str) -> None:
+        """A dropped collection leaves the metrics."""
+        for gauge in (self.documents, self.collection_bytes, self.build_info):
+            self.forget_labels(gauge, collection)
+
+    @staticmethod
+    def forget_labels(gauge: Gauge, collection: str) -> None:
+        for labels in [key for key in list(gauge._metrics) if key[0] == collection]:
+            gauge.remove(*labels)
 
 
 class RequestContext:

@@ -11,25 +11,56 @@ from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
+from hybrid_retrieval.app.collections import Collections
 from hybrid_retrieval.app.json_body import CheckedRoute
 from hybrid_retrieval.app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
 from hybrid_retrieval.app.security import require_api_key, require_write_key
-from hybrid_retrieval.app.serving import ReloadInProgress, Serving
+from hybrid_retrieval.app.serving import Reloader, ReloadInProgress, Serving
+from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.pipeline import Query
 
-router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
+service_router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
 
 
-async def _serving(request: Request) -> Serving:
-    serving = request.app.state.serving  # read once: the whole request uses one index
+def _collections(request: Request) -> Collections:
+    collections = request.app.state.collections
+    if collections is None:
+        raise HTTPException(status_code=503, detail="the service is starting", headers={"Retry-After": "1"})
+    return collections
+
+
+def _serving_of(reloader: Reloader) -> Serving:
+    serving = reloader.serving  # read once: the whole request uses one index
     if serving is None:
-        raise HTTPException(status_code=503, detail="index not loaded yet", headers={"Retry-After": "1"})
+        raise HTTPException(status_code=503, detail=f"collection {reloader.name!r} is not loaded", headers={"Retry-After": "1"})
+    return serving
+
+
+async def default_collection(request: Request) -> Reloader:
+    """The unprefixed routes' collection (HYBRID_DEFAULT_COLLECTION)."""
+    return _collections(request).default()
+
+
+async def named_collection(
+    request: Request, name: Annotated[str, PathParam(description="a collection, or an alias of one", examples=["products"])]
+) -> Reloader:
+    return _collections(request).resolve(name)
+
+
+def serving_of(collection: Callable) -> Callable:
+    """A dependency: what the collection that the dependency `collection` resolves serves now (read once per request)."""
+
+    # a default value, not an annotation: FastAPI reads annotations by name, and `collection` is this closure's
+    async def serving(reloader: Reloader = Depends(collection)) -> Serving:
+        return _serving_of(reloader)
+
     return serving
 
 
@@ -38,53 +69,60 @@ async def _in_flight(request: Request):
         yield
 
 
-ServingDep = Annotated[Serving, Depends(_serving)]
-
-
 _SEARCH_RESPONSES = {
     401: {"description": "missing API key"},
     403: {"description": "invalid API key"},
+    404: {"description": "no such collection"},
     413: {"description": "body too large"},
     422: {"description": "invalid request; `loc` names the field"},
     503: {"description": "busy or not ready; see Retry-After"},
 }
 
 
-@router.post(
-    "/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES
-)
-async def search(body: SearchRequest, serving: ServingDep, request: Request) -> Response:
-    def run() -> Response:
-        fields, facets = _presentation(serving, body)
-        result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
-        request.app.state.metrics.observe_search(result.timings_ms)
-        return _json(_response(serving, body, result, fields, facets))
+def search_routes(collection: Callable) -> APIRouter:
+    """POST /search and /search/batch over the collection the dependency `collection` resolves."""
+    router = APIRouter(route_class=CheckedRoute)
+    current = Depends(serving_of(collection))  # a default value: see serving_of
 
-    return await off_loop(request, run)
-
-
-@router.post(
-    "/search/batch", response_model=BatchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES
-)
-async def search_batch(body: BatchRequest, serving: ServingDep, request: Request) -> Response:
-    """Up to 64 searches in one call, their queries embedded in one model run; all checked before any runs."""
-
-    def run() -> Response:
-        started = time.perf_counter()
-        shown = []
-        for i, item in enumerate(body.searches):
-            try:
-                shown.append(_presentation(serving, item))
-            except SpecError as exc:
-                raise exc.within(f"searches[{i}]") from None
-        results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
-        responses = []
-        for item, result, (fields, facets) in zip(body.searches, results, shown):
+    @router.post(
+        "/search", response_model=SearchResponse, dependencies=[Depends(require_api_key), Depends(_in_flight)], responses=_SEARCH_RESPONSES
+    )
+    async def search(body: SearchRequest, request: Request, serving: Serving = current) -> Response:
+        def run() -> Response:
+            fields, facets = _presentation(serving, body)
+            result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
             request.app.state.metrics.observe_search(result.timings_ms)
-            responses.append(_response(serving, item, result, fields, facets))
-        return _json(BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)}))
+            return json_response(_response(serving, body, result, fields, facets))
 
-    return await off_loop(request, run)
+        return await off_loop(request, run)
+
+    @router.post(
+        "/search/batch",
+        response_model=BatchResponse,
+        dependencies=[Depends(require_api_key), Depends(_in_flight)],
+        responses=_SEARCH_RESPONSES,
+    )
+    async def search_batch(body: BatchRequest, request: Request, serving: Serving = current) -> Response:
+        """Up to 64 searches in one call, their queries embedded in one model run; all checked before any runs."""
+
+        def run() -> Response:
+            started = time.perf_counter()
+            shown = []
+            for i, item in enumerate(body.searches):
+                try:
+                    shown.append(_presentation(serving, item))
+                except SpecError as exc:
+                    raise exc.within(f"searches[{i}]") from None
+            results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
+            responses = []
+            for item, result, (fields, facets) in zip(body.searches, results, shown):
+                request.app.state.metrics.observe_search(result.timings_ms)
+                responses.append(_response(serving, item, result, fields, facets))
+            return json_response(BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)}))
+
+        return await off_loop(request, run)
+
+    return router
 
 
 async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
@@ -108,7 +146,7 @@ async def off_loop(request: Request, work: Callable[[], Response]) -> Response:
             raise
 
 
-def _json(model: BaseModel) -> Response:
+def json_response(model: BaseModel) -> Response:
     """The response model as JSON, serialised once by pydantic (returning the model would validate it a second time)."""
     return Response(model.model_dump_json(), media_type="application/json")
 
@@ -134,26 +172,31 @@ def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> 
     )
 
 
-@router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
+@service_router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
 def metrics(request: Request) -> PlainTextResponse:
-    """Prometheus metrics: per-stage latency histograms, requests by status, the loaded index."""
+    """Prometheus metrics: per-stage latency histograms, requests by status, each collection's documents and memory."""
     return PlainTextResponse(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/health", response_model=Health)
+@service_router.get("/health", response_model=Health)
 def health() -> Health:
     return Health()
 
 
-@router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
+@service_router.get("/ready", response_model=Ready, responses={503: {"model": Ready}})
 def ready(request: Request):
-    serving = request.app.state.serving
-    if serving is None:
+    """Ready once every collection is open; describes the default collection when it exists."""
+    collections = request.app.state.collections
+    if collections is None:
         return JSONResponse(status_code=503, content=Ready(ready=False).model_dump())
-    return _ready(serving)
+    try:
+        serving = _serving_of(collections.default())
+    except (NotFound, HTTPException):
+        return Ready(ready=True, collections=len(collections.served))
+    return describe(serving, collections=len(collections.served))
 
 
-def _ready(serving: Serving) -> Ready:
+def describe(serving: Serving, **more) -> Ready:
     index = serving.index
     problem = serving.collection.storage_problem() if serving.collection is not None else serving.write_refusal
     return Ready(
@@ -168,10 +211,11 @@ def _ready(serving: Serving) -> Ready:
         metadata={name: info.to_dict() for name, info in index.manifest.metadata.items()},
         writable=problem is None,
         write_refusal=problem,
+        **more,
     )
 
 
-@router.post(
+@service_router.post(
     "/admin/reload",
     response_model=Ready,
     dependencies=[Depends(require_write_key)],
@@ -182,10 +226,13 @@ def _ready(serving: Serving) -> Ready:
     },
 )
 def reload(request: Request) -> Ready:
-    """Open the configured index folder again (e.g. after `hybrid index` rebuilt it) and swap it in."""
+    """Open every collection's folder again (e.g. after `hybrid index` rebuilt one) and swap each in; serve the
+    collections built into the data directory since."""
+    collections = _collections(request)
     try:
-        return _ready(request.app.state.reloader.reload())
+        collections.reload()
     except ReloadInProgress as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     except Exception as exc:  # a broken new build must never take down the one being served
         raise HTTPException(status_code=409, detail=f"reload failed, still serving the previous index: {exc}") from None
+    return ready(request)

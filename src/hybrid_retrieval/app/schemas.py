@@ -301,6 +301,7 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     ready: bool
+    collections: int | None = Field(None, description="collections served (the fields below describe the default one)")
     documents: int | None = None
     index: str | None = None
     created_at: str | None = Field(None, description="when the served index was built")
@@ -381,3 +382,88 @@ class Stats(BaseModel):
         None,
         description="disk used beside the index by builds and compactions in progress (or left by a killed one: removed at the next start)",
     )
+
+
+SETTINGS_EXAMPLE = {
+    "embedder": {"model": "all-MiniLM-L6-v2"},
+    "analyzer": {"stemmer": "english", "stopwords": "en"},
+    "bm25": {"k1": 1.2, "b": 0.75},
+    "vectors": {"kind": "flat"},
+    "filterable": ["year", "tags"],
+    "defaults": {"mode": "hybrid", "fusion": {"method": "rrf", "k": 60}},
+}
+
+
+class CollectionCreate(_Strict):
+    name: str = Field(
+        description="1 to 64 characters: lowercase letters, digits, '_' and '-', starting with a letter or digit",
+        examples=["products-v1"],
+    )
+    settings: dict[str, Any] | None = Field(
+        None,
+        description="embedder (model), analyzer (stemmer, stopwords), bm25 (k1, b), vectors (kind: flat, hnsw, ivf, "
+        "ivfpq, and their parameters), filterable (metadata field names; null: every field), defaults (a partial "
+        "search spec). Every field is optional (docs/collections.md)",
+        examples=[SETTINGS_EXAMPLE],
+    )
+
+
+class SettingsPatch(_Strict):
+    defaults: dict[str, Any] = Field(
+        description="a partial search spec: what a request that does not say gets (merged over the current defaults, "
+        "and over the server's HYBRID_DEPTH / HYBRID_RERANK_* settings)",
+        examples=[{"mode": "hybrid", "rerank": {"enabled": False}}],
+    )
+
+
+class CollectionSummary(BaseModel):
+    name: str
+    documents: int
+    state: Literal["ready", "read-only"] = Field(description="read-only: it takes no writes now (GET /collections/{name} says why)")
+    aliases: list[str] = Field(description="aliases that point to it")
+
+
+class CollectionList(BaseModel):
+    collections: list[CollectionSummary]
+
+
+class CollectionInfo(BaseModel):
+    name: str
+    aliases: list[str]
+    documents: int
+    settings: dict[str, Any] = Field(description="what it was created with: embedder, analyzer, bm25, vectors, filterable")
+    defaults: dict[str, Any] = Field(description="the search spec a request that says nothing gets")
+    evidence: dict[str, Any] = Field(description="what each fitted default rests on (tuning, hubness fit, reranker weight)")
+    metadata: dict[str, Any] = Field(description="metadata fields: filter type, or why not filterable")
+    stats: Stats
+    disk_bytes: int = Field(description="size of its folder on disk (the model files, shared by hard links, counted)")
+    memory_bytes: int = Field(description="what it holds in memory or maps: index files but stored texts and model; live vectors")
+    created_at: str
+    index: str = Field(description="its folder")
+
+
+class AliasSet(_Strict):
+    collection: str = Field(examples=["products-v2"])
+
+
+class AliasList(BaseModel):
+    aliases: dict[str, str] = Field(description="alias -> collection")
+
+
+class TaskInfo(BaseModel):
+    id: str
+    collection: str
+    state: Literal["queued", "running", "succeeded", "failed", "interrupted"]
+    documents_total: int
+    documents_done: int = Field(description="documents durable in the collection (acknowledged)")
+    documents_per_second: float | None = None
+    last_sequence: int | None = Field(None, description="the sequence number of the last batch logged")
+    error: str | None = None
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    seconds: float
+
+
+class TaskList(BaseModel):
+    tasks: list[TaskInfo]

@@ -6,7 +6,9 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
+from hybrid_retrieval.indexer.datadir.layout import Conflict
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError
@@ -21,7 +23,7 @@ from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_wei
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
-from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.errors import HybridError, SpecError
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.pipeline import SearchPipeline
 
@@ -50,11 +52,11 @@ class Serving:
         return {**self.index.manifest.evidence, **({"rerank": self.rerank_evidence} if self.rerank_evidence else {})}
 
 
-def open_configured(settings):
-    """The index the settings name, whole or sharded (opened in this process), after removing what killed builds and
-    compactions left beside it."""
-    remove_leftovers(settings.index)
-    return open_any(settings.index, verify=settings.verify, device=settings.device, query_precision=settings.query_precision)
+def open_folder(folder: Path, settings, embedder=None):
+    """An index folder, whole or sharded (opened in this process), after removing what killed builds and compactions
+    left beside it; `embedder`: a session shared with other collections of its model."""
+    remove_leftovers(folder)
+    return open_any(folder, verify=settings.verify, device=settings.device, query_precision=settings.query_precision, embedder=embedder)
 
 
 def load_reranker(settings, batch: bool = False):
@@ -71,22 +73,20 @@ class ReloadInProgress(RuntimeError):
     pass
 
 
-class Reloader:
-    """Opens the configured index side by side with the one being served, then swaps atomically.
+class Resources:
+    """What every served collection shares, made once: the settings, the search threads and policies, the reranker,
+    the query-embedding cache, and one ONNX session per model, precision and thread count (collections of one model
+    share them)."""
 
-    Requests already running keep the `Serving` they started with; the old index is released when
-    the last of them finishes. A failed reload leaves the current index in service.
-    """
-
-    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False, opener=None):
-        self.app, self.settings, self.executor, self.batch = app, settings, executor, batch
-        self.opener = opener or functools.partial(open_configured, settings)  # what a reload opens
-        # one cache across reloads and refreshes: its keys carry the model's checksum, so another model never hits
-        self.query_cache = QueryCache(settings.query_cache_size, on_lookup=app.state.metrics.observe_query_cache)
-        app.state.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
-        self._compaction: threading.Thread | None = None  # the last background compaction started
-        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, threads) -> session: see _session
-        self.cross_encoder, self._lock = cross_encoder, threading.Lock()
+    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False):
+        self.settings, self.executor, self.batch = settings, executor, batch
+        self.metrics, self.in_flight = app.state.metrics, app.state.in_flight
+        # its keys carry the model's checksum, so another model never hits
+        self.query_cache = QueryCache(settings.query_cache_size, on_lookup=self.metrics.observe_query_cache)
+        self.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
+        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, device or threads) -> session
+        self._sessions_lock = threading.Lock()
+        self.cross_encoder = cross_encoder
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
         self.rerank_evidence = weight_evidence(settings.reranker) if settings.reranker and settings.rerank_weight is None else None
@@ -103,15 +103,46 @@ class Reloader:
                 rerank["enabled"],
             )
 
+    def session(self, folder: Path, checksum: str, precision: str, device: str = "cpu", threads: int | None = None) -> OnnxEmbedder:
+        """The session of the model in `folder` (whose weights have `checksum`), opened once."""
+        key = (checksum, precision, device, threads)
+        with self._sessions_lock:
+            if key not in self._sessions:
+                self._sessions[key] = OnnxEmbedder(folder, device=device, threads=threads, precision=precision)
+                logger.info("%s session of %s on %s, %s thread(s)", precision, folder, device, threads or "all")
+            return self._sessions[key]
+
+    def keep_sessions(self, checksums: set[str]) -> None:
+        """Release the sessions of models no served collection uses any more."""
+        with self._sessions_lock:
+            self._sessions = {key: session for key, session in self._sessions.items() if key[0] in checksums}
+
+
+class Reloader:
+    """One served collection: the index it serves now (`serving`), the writes it takes, and swapping in a freshly
+    opened index (hot reload) or a refreshed snapshot atomically.
+
+    Requests already running keep the `Serving` they started with; the old index is released when
+    the last of them finishes. A failed reload leaves the current index in service.
+    """
+
+    def __init__(self, name: str, resources: Resources, opener):
+        self.name, self.resources, self.settings = name, resources, resources.settings
+        self.opener = opener  # what a reload opens
+        self.serving: Serving | None = None
+        self._compaction: threading.Thread | None = None  # the last background compaction started
+        self._lock = threading.Lock()
+
     def open(self, index: OpenIndex) -> Serving:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = self._collection(index)
-        previous = getattr(self.app.state, "serving", None)
+        previous = self.serving
         serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
         if previous is not None and previous.collection is not None and previous.collection is not collection:
             previous.collection.close()  # its log is now the new collection's to write
         logger.info(
-            "serving %s: %d documents, built %s, defaults %s",
+            "serving %s from %s: %d documents, built %s, defaults %s",
+            self.name,
             index.path,
             serving.documents,
             index.manifest.created_at,
@@ -122,7 +153,7 @@ class Reloader:
     def _collection(self, index: OpenIndex | ShardedIndex) -> tuple[Collection | ShardedCollection | None, str | None]:
         """The live collection that takes the index's writes, or why it takes none."""
         try:
-            in_flight = self.app.state.in_flight
+            in_flight = self.resources.in_flight
             if isinstance(index, ShardedIndex):  # each shard's writer embeds its own documents
                 collection = ShardedCollection(index, self.settings.max_batch_docs)
             else:
@@ -138,29 +169,36 @@ class Reloader:
             return None, str(exc)
 
     def _publish_snapshot(self, collection: Collection, snapshot: Snapshot) -> None:
-        current = self.app.state.serving
+        current = self.serving
         if current is None or current.collection is not collection:
             return  # a collection a reload replaced (its compaction may still finish): never put it back in service
         self._publish(snapshot.index, snapshot, collection, current.write_refusal)
 
     def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
+        resources = self.resources
         precision, documents = index.query_precision, index.manifest.embedder.document_precision
         served = self._served_model(index, documents)  # highlights compare sentences embedded like the documents
-        embedder = BatchingEmbedder(served) if self.batch else served
+        embedder = BatchingEmbedder(served) if resources.batch else served
         query_model = served if precision == documents else self._served_model(index, precision)
-        queries = embedder if query_model is served else BatchingEmbedder(query_model) if self.batch else query_model
-        if self.query_cache.size:
-            queries = CachedEmbedder(queries, self.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
+        queries = embedder if query_model is served else BatchingEmbedder(query_model) if resources.batch else query_model
+        if resources.query_cache.size:
+            queries = CachedEmbedder(queries, resources.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
         view = snapshot if snapshot is not None else index
+        overrides = index.manifest.overrides
+        spec = index.manifest.defaults.merge(resources.spec).merge(overrides).to_dict() if overrides else resources.spec
         pipeline = view.pipeline(
-            self.spec, executor=self.executor, cross_encoder=self.cross_encoder, cross_encoder_name=self.reranker_name, embedder=queries
+            spec,
+            executor=resources.executor,
+            cross_encoder=resources.cross_encoder,
+            cross_encoder_name=resources.reranker_name,
+            embedder=queries,
         )
-        serving = Serving(index, pipeline, view.presenter(embedder), self.rerank_evidence, collection, refusal, snapshot)
-        previous, self.app.state.serving = self.app.state.serving, serving  # a single reference assignment: atomic
+        serving = Serving(index, pipeline, view.presenter(embedder), resources.rerank_evidence, collection, refusal, snapshot)
+        previous, self.serving = self.serving, serving  # a single reference assignment: atomic
         if previous is None or previous.index is not index:
-            self.app.state.metrics.describe_index(index.manifest, serving.documents)
+            resources.metrics.describe_index(self.name, index.manifest, serving.documents)
         else:  # a refresh of the same base: only the count changed
-            self.app.state.metrics.documents.set(serving.documents)
+            resources.metrics.documents.labels(self.name).set(serving.documents)
         return serving
 
     def _served_model(self, index: OpenIndex, precision: str):
@@ -173,23 +211,40 @@ class Reloader:
         if threads != "auto":
             return self._session(index, precision, threads)
         alone = index.embedder if own else self._session(index, precision, None)
-        in_flight = self.app.state.in_flight
+        in_flight = self.resources.in_flight
         return LoadAwareEmbedder(alone, self._session(index, precision, 1), busy=lambda: in_flight.active > 1)
 
     def _session(self, index: OpenIndex, precision: str, threads: int | None) -> OnnxEmbedder:
-        """A CPU session of the index's model, opened once per model, precision and thread count (refreshes and
-        compactions keep it; a reload to another model releases the previous model's)."""
-        key = (index.manifest.embedder.model_checksum, precision, threads)
-        if key not in self._sessions:
-            self._sessions = {k: v for k, v in self._sessions.items() if k[0] == key[0]}
-            self._sessions[key] = OnnxEmbedder(index.path / MODEL_DIR, device="cpu", threads=threads, precision=precision)
-            logger.info("%s session of %s on %s thread(s)", precision, index.manifest.embedder.model, threads or "all")
-        return self._sessions[key]
+        return self.resources.session(index.path / MODEL_DIR, index.manifest.embedder.model_checksum, precision, "cpu", threads)
+
+    def override_defaults(self, changes: dict) -> Serving:
+        """Set fields of the collection's default spec (each replaces the field whole) and serve them at once; SpecError
+        naming the field when this collection cannot serve them (e.g. hubness without a fitted correction)."""
+        serving = self.serving
+        if serving is None or serving.collection is None or not hasattr(serving.collection, "update_manifest"):
+            raise Conflict(f"collection {self.name!r} takes no changes: {serving.write_refusal if serving else 'not loaded'}")
+        overrides = {**serving.index.manifest.overrides, **changes}
+        try:
+            serving.pipeline.resolve(changes)
+        except SpecError as exc:
+            raise exc.within("defaults") from None
+
+        def change(manifest) -> None:
+            manifest.overrides = overrides
+
+        collection = serving.collection
+        collection.update_manifest(change)
+        current = self.serving
+        return self._publish(current.index, current.snapshot, collection, current.write_refusal)
+
+    @property
+    def model_checksum(self) -> str | None:
+        return self.serving.index.manifest.embedder.model_checksum if self.serving is not None else None
 
     def refresh(self) -> None:
         """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and
         start a background compaction when the live segment has grown past its threshold."""
-        serving = self.app.state.serving
+        serving = self.serving
         if serving is None or serving.collection is None:
             return
         collection = serving.collection
@@ -199,7 +254,7 @@ class Reloader:
             self._compaction.start()
 
     def wait_for_compaction(self) -> None:
-        """At shutdown: let a background compaction finish before its collection's log is closed."""
+        """At shutdown or drop: let a background compaction finish before its collection's log is closed."""
         if self._compaction is not None:
             self._compaction.join()
 
@@ -212,8 +267,15 @@ class Reloader:
 
     def reload(self) -> Serving:
         if not self._lock.acquire(blocking=False):
-            raise ReloadInProgress("a reload is already in progress")
+            raise ReloadInProgress(f"a reload of {self.name!r} is already in progress")
         try:
             return self.open(self.opener())
         finally:
             self._lock.release()
+
+    def close(self) -> None:
+        """Stop serving: wait for a compaction, close the log (a drop or shutdown)."""
+        self.wait_for_compaction()
+        serving, self.serving = self.serving, None
+        if serving is not None and serving.collection is not None:
+            serving.collection.close()

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hybrid_retrieval.indexer.datadir.layout import name_of_folder
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.devices import DEVICES
@@ -20,7 +21,17 @@ from hybrid_retrieval.search.spec import SearchSpec
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HYBRID_", extra="ignore")
 
-    index: Path | None = Field(None, description="index folder built by `hybrid index`")
+    index: Path | None = Field(
+        None, description="an index folder built by `hybrid index`, served as one more collection (named after the folder)"
+    )
+    data: Path | None = Field(
+        None, description="the data directory of named collections; default ./data when no --index is given, else none"
+    )
+    default_collection: str | None = Field(
+        None, description="the collection (or alias) the unprefixed routes act on; default: the --index folder's, else 'default'"
+    )
+    max_collections: int = Field(100, ge=1, description="collections served at once; creating one more answers 409")
+    task_workers: int = Field(2, ge=1, description="bulk loads (PUT .../documents?wait=false) that run at once; more wait in line")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     device: Literal[DEVICES] = "auto"
@@ -157,6 +168,16 @@ class Settings(BaseSettings):
         if threads != "auto" and not 1 <= threads <= cores:
             raise ValueError(f"must be 'auto' or between 1 and the {cores} cores of this machine, not {threads}")
         return threads
+
+    @property
+    def data_dir(self) -> Path | None:
+        return self.data if self.data is not None or self.index is not None else Path("data")
+
+    @property
+    def default_collection_name(self) -> str:
+        if self.default_collection is not None:
+            return self.default_collection
+        return name_of_folder(self.index) if self.index is not None else "default"
 
     @property
     def search_workers(self) -> int:

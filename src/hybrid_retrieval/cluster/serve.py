@@ -273,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=1, help="replicas of each shard's deployment")
     parser.add_argument("--replica-cpus", type=float, default=0.0, help="CPUs Ray reserves for each replica (default 0)")
     settings, args = parse_settings(argv, parser)
+    if settings.index is None:
+        parser.exit(2, "error: --ray serves a sharded index: pass --index DIR or set HYBRID_INDEX\n")
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run(settings, args.ray or None, args.replicas, args.replica_cpus)
     return 0

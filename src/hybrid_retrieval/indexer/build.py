@@ -48,7 +48,7 @@ from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
 from hybrid_retrieval.search.devices import check_device
 from hybrid_retrieval.search.errors import ConfigError, HybridError
-from hybrid_retrieval.search.filters.columns import MetadataCollector
+from hybrid_retrieval.search.filters.columns import MetadataCollector, check_filterable
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.spec import SearchSpec
 
@@ -87,6 +87,14 @@ class BuildOptions:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """Model files are never changed in place: collections of one model share them by hard links where they can."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def _versions() -> dict:
     # faiss and onnxruntime by module version: their CPU and GPU wheels have different distribution names
     packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy")}
@@ -105,7 +113,9 @@ def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
     return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision)
 
 
-def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector, progress: bool) -> list[list[str]]:
+def _write_documents(
+    source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector, progress: bool, allow_empty: bool
+) -> list[list[str]]:
     """Pass 1 over the corpus: validate, store, analyse, collect metadata. Cheap, so errors surface before embedding."""
     writer = store.DocStoreWriter(folder)
     tokens = []
@@ -116,7 +126,7 @@ def _write_documents(source: Path, folder: Path, analyzer: Analyzer, metadata: M
             tokens.append(analyzer.analyze(doc.indexed_text))
     finally:
         writer.close()
-    if not tokens:
+    if not tokens and not allow_empty:
         raise HybridError(f"{source}: corpus has no documents")
     return tokens
 
@@ -174,16 +184,20 @@ def build_into(
     vectors: np.ndarray | None = None,
     started: float | None = None,
     embed: Callable[[Path, Path], np.ndarray] | None = None,
+    collection: bool = False,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
-    in corpus order) as given."""
+    in corpus order) as given. `collection`: the base of a collection (created empty, or compacted), which may be empty
+    and may declare filterable fields no document has yet; else an empty corpus or such a field is an error."""
     started = time.perf_counter() if started is None else started
     timings = {}
     t = time.perf_counter()
     collector = MetadataCollector(options.filterable, options.field_types)
-    tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress)
+    tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress, allow_empty=collection)
     metadata = collector.finish()
+    if options.filterable is not None and not collection:
+        check_filterable(metadata.fields, options.filterable)
     metadata.save(tmp)
     timings["documents_s"] = time.perf_counter() - t
 
@@ -195,6 +209,8 @@ def build_into(
     del tokens
 
     t = time.perf_counter()
+    if vectors is None and not bm25.num_docs:
+        vectors = np.empty((0, embedder_spec["dimension"]), dtype=np.float32)
     if vectors is None and embed is not None:
         vectors = embed(tmp, onnx_folder)
     if vectors is None:
@@ -207,7 +223,7 @@ def build_into(
     faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
     timings["faiss_s"] = time.perf_counter() - t
 
-    shutil.copytree(onnx_folder, tmp / store.MODEL_DIR)
+    shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=_link_or_copy)
     num_docs = len(vectors)
     manifest = Manifest(
         builder_version=BUILDER_VERSION,
@@ -229,6 +245,7 @@ def build_into(
         defaults=SearchSpec(),
         files=store.file_inventory(tmp),
         metadata=metadata.fields,
+        filterable=sorted(options.filterable) if options.filterable is not None else None,
     )
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},

@@ -119,6 +119,12 @@ class Manifest:
     # A shard of a sharded index (indexer.shards): which one, of how many, and the corpus-wide BM25 statistics its
     # scores were computed with. None: a whole index.
     shard: dict | None = None
+    # The metadata fields the build was asked to make filterable (`--filterable`, a collection's setting); None: every
+    # field that can be. Writes follow it for the fields they add.
+    filterable: list[str] | None = None
+    # A collection's defaults set through the API (PATCH /collections/{name}/settings): a partial search spec applied
+    # over `defaults` and over the server's settings.
+    overrides: dict = field(default_factory=dict)
 
     @property
     def documents(self) -> int:
@@ -144,6 +150,8 @@ class Manifest:
             "metadata": {name: info.to_dict() for name, info in self.metadata.items()},
             "applied_sequence": self.applied_sequence,
             "shard": self.shard,
+            "filterable": self.filterable,
+            "overrides": self.overrides,
             "files": self.files,
             "build": self.build,
         }
@@ -187,6 +195,8 @@ class Manifest:
                 metadata={name: FieldInfo(**info) for name, info in data.get("metadata", {}).items()},
                 applied_sequence=data.get("applied_sequence", 0),
                 shard=data.get("shard"),
+                filterable=data.get("filterable"),
+                overrides=data.get("overrides") or {},
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None

@@ -8,6 +8,7 @@ CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files o
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,9 +63,13 @@ class BM25Index:
         # (string hashing is salted), so two builds of one corpus would write different files
         vocab = {term: i for i, term in enumerate(sorted({term for tokens in corpus_tokens for term in tokens}))}
         engine = bm25s.BM25(method=params.method, k1=params.k1, b=params.b, delta=params.delta)
-        engine.index(
-            bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab), show_progress=False
-        )
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            # an empty collection (no documents, no terms): bm25s needs one vocabulary entry, and averages nothing
+            warnings.simplefilter("ignore", RuntimeWarning)
+            engine.index(
+                bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab or {"": 0}),
+                show_progress=False,
+            )
         return cls(engine, analyzer)
 
     def save(self, folder: Path) -> None:

@@ -133,6 +133,8 @@ class DenseIndex:
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(f"query vectors must have shape (n, {self.dimension}), got {queries.shape}")
         fetch = depth * self.refine
+        if min(fetch, self.num_docs if allowed is None else allowed.count) == 0:  # FAISS asks for k > 0
+            return [Ranking.empty() for _ in queries]
         if allowed is None:
             scores, ids = self._index.search(queries, min(fetch, self.num_docs))
         else:

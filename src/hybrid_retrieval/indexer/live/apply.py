@@ -13,7 +13,7 @@ import numpy as np
 
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
-from hybrid_retrieval.indexer.live.validate import field_types_of, restricted_fields
+from hybrid_retrieval.indexer.live.validate import field_types_of, filterable_fields
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.search.live_hubness import LiveHubness, Prepared
 from hybrid_retrieval.search.segments import LiveDocument, LiveSegment
@@ -41,7 +41,7 @@ class LiveState:
         self.hubness = LiveHubness(index.hubness, index.num_docs) if has_banks else None
         # each metadata field's type, decided once: the index's, or the first write's for a field it lacks
         self.field_types = field_types_of(index.manifest.metadata)
-        self.restricted = restricted_fields(index.manifest.metadata)
+        self.filterable = filterable_fields(index.manifest)
 
     def apply(self, record: dict, prepared: Prepared | None = None, added: dict | None = None) -> None:
         """Apply a checked record; `added`: the types of the metadata fields it adds (decide_types)."""

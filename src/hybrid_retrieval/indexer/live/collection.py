@@ -24,7 +24,7 @@ from hybrid_retrieval.indexer.live.log import log_path, unwritable
 from hybrid_retrieval.indexer.live.replay import apply_logged, replay_records
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types
-from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import OnnxEmbedder
@@ -159,7 +159,7 @@ class Collection:
                     self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
                     replay_records(state, self._wal.take_records())  # records another writer added since we opened
                 # the authoritative decision (the early check ran before embedding, unlocked)
-                added = decide_types(record["documents"], state.field_types, state.restricted) if record["op"] == "upsert" else {}
+                added = decide_types(record["documents"], state.field_types, state.filterable) if record["op"] == "upsert" else {}
                 record = {"seq": state.seq + 1, **record}
                 self._wal.append(record)  # durable before it is acknowledged; nothing stays of a failed append
             except StorageError as exc:
@@ -168,6 +168,13 @@ class Collection:
             self.write_problem = None
             state.apply(record, prepared, added)
             return record["seq"]
+
+    def update_manifest(self, change) -> None:
+        """Apply `change(manifest)` to the base's manifest on disk and in memory (what changes without a rebuild: the
+        API's overrides of the defaults); never while a compaction builds the next base from the current one."""
+        with self._compact_lock:
+            update_manifest(self.index.path, change)
+            change(self.index.manifest)
 
     def storage_problem(self) -> str | None:
         """Why writes fail now, or None: the last write's failure, or a folder this process cannot write."""
@@ -179,8 +186,13 @@ class Collection:
         with self._write_lock:
             types = dict(self._state.field_types)
         checked = check_batch(documents, self.max_batch_docs, types)
-        decide_types(checked, types, self._state.restricted)  # fail before embedding; decided again when logged
+        decide_types(checked, types, self._state.filterable)  # fail before embedding; decided again when logged
         return checked
+
+    @property
+    def filterable(self) -> frozenset[str] | None:
+        """The metadata fields a write may make filterable (None: every one): validate.filterable_fields."""
+        return self._state.filterable
 
     def field_types(self) -> dict[str, str | None]:
         """Each metadata field's type in the collection (None: not filterable)."""

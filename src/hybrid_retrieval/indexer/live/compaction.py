@@ -16,7 +16,7 @@ from hybrid_retrieval.indexer.build import BuildOptions, build_into
 from hybrid_retrieval.indexer.hubness import correction_folder_name, write_correction
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
-from hybrid_retrieval.indexer.live.validate import restricted_fields
+from hybrid_retrieval.indexer.live.validate import filterable_fields
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
 from hybrid_retrieval.search.segments import LiveDocument
@@ -28,7 +28,13 @@ def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: 
     index = state.index
     options = replace(build_options_of(index), field_types={name: kind for name, kind in state.field_types.items() if kind is not None})
     manifest = build_into(
-        folder, corpus, options, index.path / MODEL_DIR, json.loads((index.path / MODEL_DIR / "embedder.json").read_text()), vectors=vectors
+        folder,
+        corpus,
+        options,
+        index.path / MODEL_DIR,
+        json.loads((index.path / MODEL_DIR / "embedder.json").read_text()),
+        vectors=vectors,
+        collection=True,
     )
     _carry_over(state, manifest, folder, vectors)
     if on_compact is not None:
@@ -82,8 +88,7 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
 
 def build_options_of(index: OpenIndex) -> BuildOptions:
     """The build options the index was made with (the filterable fields it kept, when they were restricted)."""
-    fields = index.manifest.metadata
-    restricted = restricted_fields(fields)
+    filterable = filterable_fields(index.manifest)
     return BuildOptions(
         model=index.manifest.embedder.model,
         backend=index.manifest.embedder.document_backend,
@@ -93,7 +98,7 @@ def build_options_of(index: OpenIndex) -> BuildOptions:
         faiss=index.manifest.faiss.params,
         device="cpu",
         progress=False,
-        filterable=tuple(n for n, i in fields.items() if i.filterable) if restricted else None,
+        filterable=tuple(sorted(filterable)) if filterable is not None else None,
     )
 
 
@@ -102,7 +107,7 @@ def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarra
     fitted hubness correction, extended to the written documents (what a fresh fit with the same banks gives). A
     correction fitted before fits kept their banks cannot be extended: it is dropped (refit it)."""
     old = state.index.manifest
-    new.defaults, new.evidence = old.defaults, dict(old.evidence)
+    new.defaults, new.evidence, new.overrides = old.defaults, dict(old.evidence), dict(old.overrides)
     new.fusion_tuning, new.corpus, new.applied_sequence = old.fusion_tuning, old.corpus, state.seq
     if old.hubness is None:
         return

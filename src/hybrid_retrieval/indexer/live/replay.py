@@ -43,7 +43,7 @@ def apply_logged(state: LiveState, record: dict) -> str | None:
             checked = check_batch(
                 [{k: d[k] for k in ("id", "title", "text", "metadata") if k in d} for d in docs], 2**31, state.field_types
             )
-            added = decide_types(checked, state.field_types, state.restricted)
+            added = decide_types(checked, state.field_types, state.filterable)
             for doc in docs:
                 if len(base64.b64decode(doc["vector"], validate=True)) != 4 * state.index.dense.dimension:
                     raise SpecError(("documents", doc["id"], "vector"), f"not {state.index.dense.dimension} float32 values")

@@ -18,9 +18,16 @@ def field_types_of(fields: dict) -> dict[str, str | None]:
     return {name: info.type for name, info in fields.items()}
 
 
-def restricted_fields(fields: dict) -> bool:
-    """Whether the index was built with `--filterable` naming its filterable fields (then written fields are not)."""
-    return any(info.reason == "not listed in --filterable" for info in fields.values())
+def filterable_fields(manifest) -> frozenset[str] | None:
+    """The fields a write may make filterable: the names the index was built with (`--filterable`, a collection's
+    `filterable` setting), or None for every field. Indexes that predate the record: their filterable fields when a
+    `--filterable` list left others out, else None."""
+    if manifest.filterable is not None:
+        return frozenset(manifest.filterable)
+    fields = manifest.metadata
+    if any(info.reason == "not listed in --filterable" for info in fields.values()):
+        return frozenset(name for name, info in fields.items() if info.filterable)
+    return None
 
 
 def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) -> list[dict]:
@@ -66,17 +73,18 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) ->
     return checked
 
 
-def decide_types(documents: list[dict], types: dict[str, str | None], restricted: bool) -> dict[str, str | None]:
+def decide_types(documents: list[dict], types: dict[str, str | None], filterable: frozenset[str] | None) -> dict[str, str | None]:
     """The types of the metadata fields these (checked) documents add to a collection whose fields have `types`: a new
-    field takes the type of its first value (not filterable when the index restricts its filterable fields, or for a
-    reserved `$` name); SpecError naming the value when a field's type cannot take it."""
+    field takes the type of its first value (not filterable when `filterable` (filterable_fields) leaves it out, or
+    for a reserved `$` name); SpecError naming the value when a field's type cannot take it."""
     added: dict[str, str | None] = {}
     for i, doc in enumerate(documents):
         for name, value in doc["metadata"].items():
             known = types[name] if name in types else added.get(name)
             kind = written_value(known, value, ("documents", i, "metadata", name))[1]
             if kind is not None and name not in types and name not in added:
-                added[name] = None if restricted or name.startswith("$") else type_of_kind(kind)
+                allowed = filterable is None or name in filterable
+                added[name] = type_of_kind(kind) if allowed and not name.startswith("$") else None
     return added
 
 

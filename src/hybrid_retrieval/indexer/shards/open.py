@@ -32,8 +32,8 @@ def open_sharded(folder: Path | str, verify: str = "full", device: str = "auto",
     return ShardedIndex(folder, searchers, device, query_precision, own=searchers, verify=verify, writers=writers)
 
 
-def open_any(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "auto"):
-    """The index at `folder`, whole (indexer.store.open_index) or sharded (open_sharded)."""
+def open_any(folder: Path | str, verify: str = "full", device: str = "auto", query_precision: str = "auto", embedder=None):
+    """The index at `folder`, whole (indexer.store.open_index, with `embedder` when given) or sharded (open_sharded)."""
     if is_sharded(folder):
         return open_sharded(folder, verify, device, query_precision)
-    return store.open_index(folder, verify=verify, device=device, query_precision=query_precision)
+    return store.open_index(folder, verify=verify, device=device, query_precision=query_precision, embedder=embedder)

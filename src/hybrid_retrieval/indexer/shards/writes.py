@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types, restricted_fields
+from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types, filterable_fields
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.layout import shard_of
 from hybrid_retrieval.search.errors import HybridError, StorageError
@@ -52,7 +52,7 @@ class ShardedCollection:
         self.snapshot = ShardedSnapshot(index, sum(index.visible), index.documents_count)
         # each metadata field's type, decided once for the whole index (every write passes here first): a field a
         # write adds takes its first value's type in every shard
-        self._restricted = restricted_fields(index.manifest.metadata)
+        self._filterable = filterable_fields(index.manifest)
         self._field_types: dict[str, str | None] = {}
         for types in index.writers.all("field_types"):
             for name, kind in types.items():
@@ -62,13 +62,21 @@ class ShardedCollection:
     def seq(self) -> int:
         return sum(self._acked)
 
+    @property
+    def filterable(self) -> frozenset[str] | None:
+        return self._filterable
+
+    def field_types(self) -> dict[str, str | None]:
+        with self._lock:
+            return dict(self._field_types)
+
     def upsert(self, documents: list) -> int:
         types = dict(self._field_types)
         checked = check_batch(documents, self.max_batch_docs, types)
-        decide_types(checked, types, self._restricted)  # fail before any shard embeds; decided again below
+        decide_types(checked, types, self._filterable)  # fail before any shard embeds; decided again below
         owners = shard_of([doc["id"] for doc in checked], len(self.index.shards))
         with self._lock:
-            self._field_types.update(decide_types(checked, self._field_types, self._restricted))
+            self._field_types.update(decide_types(checked, self._field_types, self._filterable))
             positions = np.arange(self.index.next_position, self.index.next_position + len(checked))
             parts = {
                 int(s): ([checked[i] for i in np.flatnonzero(owners == s)], positions[owners == s].tolist()) for s in np.unique(owners)

@@ -179,6 +179,16 @@ class MetadataColumns:
         return cls(fields, columns, num_docs)
 
 
+def check_filterable(fields: dict[str, FieldInfo], only: Sequence[str]) -> None:
+    """A corpus built offline with `--filterable`: every name it lists is a field of the corpus that can be filtered
+    (a typo would otherwise leave a filter failing later). A collection declares fields before their documents come."""
+    for name in only:
+        if name not in fields:
+            raise ConfigError(f"--filterable names {name!r}, which no document has; fields: {', '.join(fields) or 'none'}")
+        if not fields[name].filterable:
+            raise ConfigError(f"--filterable names {name!r}, which cannot be filtered: {fields[name].reason}")
+
+
 class MetadataCollector:
     """Collects each document's metadata during a build, then infers field types and builds the columns.
 
@@ -222,12 +232,6 @@ class MetadataCollector:
                 columns[name] = self._column(field_type, values)
                 distinct = len(columns[name].vocab) if field_type == "keyword" else None
                 fields[name] = FieldInfo(field_type, len(values), distinct)
-        if self.only is not None:
-            for name in self.only:
-                if name not in fields:
-                    raise ConfigError(f"--filterable names {name!r}, which no document has; fields: {', '.join(fields) or 'none'}")
-                if not fields[name].filterable:
-                    raise ConfigError(f"--filterable names {name!r}, which cannot be filtered: {fields[name].reason}")
         return MetadataColumns(fields, columns, self.num_docs)
 
     def empty_column(self, field_type: str) -> KeywordColumn | ValueColumn:

@@ -1,0 +1,196 @@
+"""The collections a service serves, by name, and the aliases that point at them.
+
+A data directory (indexer.datadir) holds them: every collection there is served from startup, those created through
+the API join at once, and those an offline `hybrid index --collection NAME --data DIR` publishes join within a refresh
+interval. `hybrid serve --index FOLDER` serves one more collection from outside it, named after the folder. The
+unprefixed routes act on the default collection (HYBRID_DEFAULT_COLLECTION, a name or an alias).
+
+Lookups read `served` and `aliases` once; both are replaced whole when they change, so a request sees one state or the
+next, never a half-swapped one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from pathlib import Path
+
+from hybrid_retrieval.app.serving import Reloader, Resources, open_folder
+from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
+from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.shards.layout import is_sharded
+from hybrid_retrieval.indexer.store import MODEL_DIR
+from hybrid_retrieval.search.errors import HybridError
+
+logger = logging.getLogger(__name__)
+
+LOADED_FILES = ("docs.offsets.npy", "embeddings.npy", "dense.faiss")  # with bm25/, postings/, metadata/, hubness-*/
+NOT_LOADED = ("docs.jsonl", MODEL_DIR, "live")  # read by offset, shared by collections of a model, the log
+
+
+class TooMany(HybridError):
+    """The service serves as many collections as HYBRID_MAX_COLLECTIONS allows (HTTP 409)."""
+
+
+def memory_bytes(reloader: Reloader) -> int:
+    """What a served collection holds in memory or maps: its index files but the stored texts, the shared model and
+    the log; and its live segment's vectors."""
+    serving = reloader.serving
+    if serving is None:
+        return 0
+    total = sum(entry["bytes"] for path, entry in serving.index.manifest.files.items() if path.split("/")[0] not in NOT_LOADED)
+    if serving.snapshot is not None:
+        total += serving.snapshot.live.vectors.nbytes
+    return total
+
+
+class Collections:
+    def __init__(self, resources: Resources, data: DataDir | None, default: str, external: Path | None = None, opener=None):
+        """`external`: a folder served beside the data directory's collections (`--index`), named after it; `opener`
+        opens it instead of this process (cluster.serve's shards on Ray Serve)."""
+        self.resources, self.data, self.default_name = resources, data, default
+        self.settings = resources.settings
+        self.external = external
+        self._external_opener = opener
+        self.served: dict[str, Reloader] = {}
+        self._change = threading.Lock()  # one create, drop, open or scan at a time
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        return self.data.aliases if self.data is not None else {}
+
+    # --- lookups ------------------------------------------------------------------------------------------------
+
+    def resolve(self, name: str) -> Reloader:
+        """The collection `name` names, directly or through an alias; NotFound listing what exists."""
+        served = self.served
+        target = self.aliases.get(name, name)
+        reloader = served.get(target)
+        if reloader is None:
+            known = ", ".join(sorted(served)) or "none"
+            raise NotFound(f"no collection or alias named {name!r} (collections: {known})")
+        return reloader
+
+    def default(self) -> Reloader:
+        try:
+            return self.resolve(self.default_name)
+        except NotFound:
+            raise NotFound(
+                f"no default collection: the unprefixed routes act on {self.default_name!r} (HYBRID_DEFAULT_COLLECTION), "
+                "which does not exist; create it, or use /collections/{name}/..."
+            ) from None
+
+    # --- opening ------------------------------------------------------------------------------------------------
+
+    def open_all(self) -> None:
+        """At startup: every collection of the data directory and the external folder."""
+        with self._change:
+            if self.external is not None:
+                name = name_of_folder(self.external)
+                if self.data is not None and self.data.exists(name):
+                    raise HybridError(f"--index {self.external} would be served as {name!r}, a collection of the data directory too")
+                opener = self._external_opener or functools.partial(self._open_folder, self.external)
+                self._serve(name, opener)
+            for name in self.data.names() if self.data is not None else []:
+                self._serve(name, functools.partial(self._open_folder, self.data.path(name)))
+
+    def scan(self) -> list[str]:
+        """Serve the collections an offline build published into the data directory since; their names."""
+        if self.data is None:
+            return []
+        with self._change:
+            fresh = [name for name in self.data.names() if name not in self.served]
+            for name in fresh:
+                try:
+                    self._serve(name, functools.partial(self._open_folder, self.data.path(name)))
+                except Exception:  # the next scan tries again; the others keep serving
+                    logger.exception("cannot serve the new collection %s", name)
+            return fresh
+
+    def _open_folder(self, folder: Path):
+        """An index folder, its documents' model session shared with the other collections of that model."""
+        embedder = None
+        if not is_sharded(folder):
+            spec = read_manifest(folder).embedder
+            embedder = self.resources.session(folder / MODEL_DIR, spec.model_checksum, spec.document_precision, self.settings.device)
+        return open_folder(folder, self.settings, embedder)
+
+    def _serve(self, name: str, opener) -> Reloader:
+        """(change lock held) Open a collection and add it to `served`."""
+        if len(self.served) >= self.settings.max_collections:
+            raise TooMany(
+                f"the service serves {len(self.served)} collections, as many as HYBRID_MAX_COLLECTIONS allows: drop one or raise the limit"
+            )
+        reloader = Reloader(name, self.resources, opener)
+        reloader.open(opener())
+        self.resources.metrics.collection_bytes.labels(name).set_function(functools.partial(memory_bytes, reloader))
+        self.served = {**self.served, name: reloader}
+        return reloader
+
+    # --- lifecycle ----------------------------------------------------------------------------------------------
+
+    def _data(self) -> DataDir:
+        if self.data is None:
+            raise Conflict("this service has no data directory (it serves --index alone): start it with --data DIR to create collections")
+        return self.data
+
+    def create(self, name: str, settings: CollectionSettings) -> Reloader:
+        data = self._data()
+        with self._change:
+            if len(self.served) >= self.settings.max_collections:
+                raise TooMany(f"the service serves {len(self.served)} collections, as many as HYBRID_MAX_COLLECTIONS allows")
+            if name in self.served:
+                raise Conflict(f"a collection named {name!r} exists")
+            data.create(name, settings)
+            return self._serve(name, functools.partial(self._open_folder, data.path(name)))
+
+    def drop(self, name: str) -> None:
+        data = self._data()
+        with self._change:
+            reloader = self.served.get(name)
+            if reloader is None or not data.exists(name):
+                raise NotFound(f"no collection named {name!r} in the data directory")
+            pointing = sorted(alias for alias, target in data.aliases.items() if target == name)
+            if pointing:
+                raise Conflict(f"aliases {', '.join(pointing)} point to {name!r}: repoint or delete them first")
+            self.served = {n: r for n, r in self.served.items() if n != name}  # new requests miss it from here on
+            reloader.close()
+            data.drop(name)
+            self.resources.metrics.forget(name)
+            self.resources.keep_sessions({r.model_checksum for r in self.served.values() if r.model_checksum})
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        data = self._data()
+        with self._change:
+            if alias in self.served:
+                raise Conflict(f"{alias!r} is a collection: collections and aliases share names")
+            if collection not in self.served:
+                raise NotFound(f"no collection named {collection!r}")
+            data.set_alias(alias, collection)
+
+    def drop_alias(self, alias: str) -> None:
+        with self._change:
+            self._data().drop_alias(alias)
+
+    # --- upkeep -------------------------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Publish every collection's pending writes (and start compactions that are due)."""
+        for name, reloader in self.served.items():
+            try:
+                reloader.refresh()
+            except Exception:  # a failed refresh keeps the previous snapshot in service; the next one retries
+                logger.exception("refresh of %s failed", name)
+
+    def reload(self) -> None:
+        """Open every collection's folder again (rebuilt offline) and serve the new ones."""
+        for reloader in list(self.served.values()):
+            reloader.reload()
+        self.scan()
+        self.resources.keep_sessions({r.model_checksum for r in self.served.values() if r.model_checksum})
+
+    def close(self) -> None:
+        for reloader in self.served.values():
+            reloader.close()

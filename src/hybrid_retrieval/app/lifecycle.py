@@ -1,0 +1,190 @@
+"""Collection lifecycle over HTTP: create, list, describe, change defaults, drop; aliases; bulk-load tasks. Changes
+need a write key; reads a read key (app.security). The work is app.collections' and indexer.datadir's."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi import Path as PathParam
+from fastapi.responses import JSONResponse, Response
+
+from hybrid_retrieval.app.collections import Collections, memory_bytes
+from hybrid_retrieval.app.documents import stats_of
+from hybrid_retrieval.app.json_body import CheckedRoute
+from hybrid_retrieval.app.routes import _collections
+from hybrid_retrieval.app.schemas import (
+    AliasList,
+    AliasSet,
+    CollectionCreate,
+    CollectionInfo,
+    CollectionList,
+    CollectionSummary,
+    SettingsPatch,
+    TaskInfo,
+    TaskList,
+)
+from hybrid_retrieval.app.security import require_api_key, require_write_key
+from hybrid_retrieval.app.serving import Reloader
+from hybrid_retrieval.indexer.datadir.layout import Conflict, check_name
+from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.manifest import Manifest
+
+router = APIRouter(route_class=CheckedRoute)
+
+CollectionsDep = Annotated[Collections, Depends(_collections)]
+Name = Annotated[str, PathParam(description="a collection", examples=["products-v1"])]
+AliasName = Annotated[str, PathParam(description="an alias", examples=["products"])]
+_CHANGE = {
+    401: {"description": "missing key"},
+    403: {"description": "not a write key, or no write keys configured"},
+    404: {"description": "no such collection or alias"},
+    409: {"description": "the name is taken, an alias points to it, or the collection limit is reached"},
+    422: {"description": "invalid name or settings; `loc` names the field"},
+}
+_READ = {401: {"description": "missing key"}, 403: {"description": "invalid key"}, 404: {"description": "no such collection"}}
+
+
+def _aliases_of(collections: Collections, name: str) -> list[str]:
+    return sorted(alias for alias, target in collections.aliases.items() if target == name)
+
+
+def settings_of(manifest: Manifest) -> dict:
+    """A collection's settings in the shape `POST /collections` takes them, read back from its manifest."""
+    return {
+        "embedder": {
+            "model": manifest.embedder.model,
+            "precision": manifest.embedder.document_precision,
+            "dimension": manifest.embedder.dimension,
+        },
+        "analyzer": {"stemmer": manifest.analyzer.stemmer, "stopwords": manifest.analyzer.stopwords},
+        "bm25": {"k1": manifest.bm25.k1, "b": manifest.bm25.b},
+        "vectors": {**manifest.faiss.params.to_dict(), "factory": manifest.faiss.factory},
+        "filterable": manifest.filterable,
+    }
+
+
+def _folder_bytes(folder) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:  # removed meanwhile (a compaction's old files)
+                pass
+    return total
+
+
+def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
+    serving = reloader.serving
+    if serving is None:
+        raise Conflict(f"collection {reloader.name!r} is not loaded")
+    manifest = serving.index.manifest
+    return CollectionInfo(
+        name=reloader.name,
+        aliases=_aliases_of(collections, reloader.name),
+        documents=serving.documents,
+        settings=settings_of(manifest),
+        defaults=serving.pipeline.defaults.to_dict(),
+        evidence=serving.evidence,
+        metadata={name: info.to_dict() for name, info in manifest.metadata.items()},
+        stats=stats_of(serving),
+        disk_bytes=_folder_bytes(serving.index.path),
+        memory_bytes=memory_bytes(reloader),
+        created_at=manifest.created_at,
+        index=str(serving.index.path),
+    )
+
+
+@router.post(
+    "/collections",
+    status_code=201,
+    response_model=CollectionInfo,
+    dependencies=[Depends(require_write_key)],
+    responses=_CHANGE,
+    tags=["collections"],
+)
+def create_collection(body: CollectionCreate, collections: CollectionsDep) -> CollectionInfo:
+    """Create an empty collection; documents come with PUT /collections/{name}/documents."""
+    name = check_name(body.name, "name")
+    settings = CollectionSettings.parse(body.settings)
+    return _info(collections, collections.create(name, settings))
+
+
+@router.get("/collections", response_model=CollectionList, dependencies=[Depends(require_api_key)], tags=["collections"])
+def list_collections(collections: CollectionsDep) -> CollectionList:
+    summaries = []
+    for name, reloader in sorted(collections.served.items()):
+        serving = reloader.serving
+        writable = serving is not None and serving.collection is not None
+        summaries.append(
+            CollectionSummary(
+                name=name,
+                documents=serving.documents if serving is not None else 0,
+                state="ready" if writable else "read-only",
+                aliases=_aliases_of(collections, name),
+            )
+        )
+    return CollectionList(collections=summaries)
+
+
+@router.get(
+    "/collections/{name}", response_model=CollectionInfo, dependencies=[Depends(require_api_key)], responses=_READ, tags=["collections"]
+)
+def get_collection(name: Name, collections: CollectionsDep) -> CollectionInfo:
+    """Settings, counts, defaults and what they rest on, metadata fields, size on disk and in memory (an alias names
+    the collection it points to)."""
+    return _info(collections, collections.resolve(name))
+
+
+@router.patch(
+    "/collections/{name}/settings",
+    response_model=CollectionInfo,
+    dependencies=[Depends(require_write_key)],
+    responses=_CHANGE,
+    tags=["collections"],
+)
+def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep) -> CollectionInfo:
+    """Change what needs no rebuild: the default search spec (rerank settings included). Each field given replaces
+    that field of the defaults; served at once, kept across restarts and compactions."""
+    reloader = collections.resolve(name)
+    reloader.override_defaults(body.defaults)
+    return _info(collections, reloader)
+
+
+@router.delete("/collections/{name}", status_code=204, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["collections"])
+def drop_collection(name: Name, collections: CollectionsDep) -> Response:
+    """Drop a collection and its files (refused while an alias points to it)."""
+    collections.drop(name)
+    return Response(status_code=204)
+
+
+@router.get("/aliases", response_model=AliasList, dependencies=[Depends(require_api_key)], tags=["aliases"])
+def list_aliases(collections: CollectionsDep) -> AliasList:
+    return AliasList(aliases=collections.aliases)
+
+
+@router.put("/aliases/{alias}", response_model=AliasList, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["aliases"])
+def set_alias(alias: AliasName, body: AliasSet, collections: CollectionsDep) -> AliasList:
+    """Create an alias, or repoint it in one atomic step: requests through it see the old or the new collection."""
+    collections.set_alias(check_name(alias, ("path", "alias")), body.collection)
+    return AliasList(aliases=collections.aliases)
+
+
+@router.delete("/aliases/{alias}", response_model=AliasList, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["aliases"])
+def drop_alias(alias: AliasName, collections: CollectionsDep) -> AliasList:
+    collections.drop_alias(alias)
+    return AliasList(aliases=collections.aliases)
+
+
+@router.get("/tasks/{task_id}", response_model=TaskInfo, dependencies=[Depends(require_api_key)], responses=_READ, tags=["tasks"])
+def get_task(task_id: str, request: Request) -> JSONResponse:
+    """A bulk load's state, documents done (durable) of the total, rate and error."""
+    return JSONResponse(request.app.state.tasks.get(task_id).to_dict())
+
+
+@router.get("/tasks", response_model=TaskList, dependencies=[Depends(require_api_key)], tags=["tasks"])
+def list_tasks(request: Request, collection: str | None = None) -> JSONResponse:
+    """Recent bulk loads, oldest first (of one collection with ?collection=)."""
+    return JSONResponse({"tasks": [task.to_dict() for task in request.app.state.tasks.list(collection)]})

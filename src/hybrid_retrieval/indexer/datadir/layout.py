@@ -1,0 +1,182 @@
+"""A data directory of named collections and the aliases that point at them.
+
+    DIR/collections/<name>/   one index folder per collection (indexer.store's layout, its write-ahead log inside)
+    DIR/aliases.json          {"alias": "collection", ...}, replaced atomically
+    DIR/tasks/<id>.json       bulk loads' progress (app.tasks)
+
+A collection is created by publishing a complete (possibly empty) index folder under its name, and dropped by
+renaming it out of the way before removing it, so a crash leaves it whole or gone, never half. Names and aliases
+share one namespace and one rule (`NAME_RULE`). One process serves a data directory at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+
+from hybrid_retrieval.common.publish import in_use, publish_dir, write_atomic
+from hybrid_retrieval.indexer.build import build_into
+from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, write_manifest
+from hybrid_retrieval.indexer.store import MODEL_DIR
+from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
+from hybrid_retrieval.models.registry import resolve_model
+from hybrid_retrieval.search.errors import HybridError, SpecError
+
+logger = logging.getLogger(__name__)
+
+NAME_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+NAME_RULE_TEXT = "1 to 64 characters: lowercase letters, digits, '_' and '-', starting with a letter or digit"
+COLLECTIONS = "collections"
+ALIASES = "aliases.json"
+TASKS = "tasks"
+DROPPED = ".dropped-"  # prefix of a collection folder being removed
+
+
+class NotFound(HybridError, LookupError):
+    """No collection or alias of that name (HTTP 404)."""
+
+
+class Conflict(HybridError):
+    """The name is taken, or the change would break an alias (HTTP 409)."""
+
+
+def check_name(name: object, field: str = "name") -> str:
+    if not isinstance(name, str) or not NAME_RULE.fullmatch(name):
+        raise SpecError(field, f"{name!r} is not a valid name: {NAME_RULE_TEXT}")
+    return name
+
+
+def name_of_folder(folder: Path) -> str:
+    """The collection name an index folder served from outside a data directory takes: its name, lowercased, other
+    characters replaced by '-'."""
+    name = re.sub(r"[^a-z0-9_-]", "-", Path(folder).resolve().name.lower()).lstrip("_-")[:64]
+    return name if NAME_RULE.fullmatch(name) else "default"
+
+
+class DataDir:
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self.collections = self.root / COLLECTIONS
+        self.tasks = self.root / TASKS
+        for folder in (self.collections, self.tasks):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()  # one create, drop or alias change at a time
+        self._aliases = self._read_aliases()
+        for leftover in self.collections.glob(".*"):  # drops, creations and builds a crash interrupted
+            if leftover.is_dir() and not in_use(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+    def path(self, name: str) -> Path:
+        return self.collections / name
+
+    def names(self) -> list[str]:
+        """The collections on disk (complete index folders), sorted."""
+        return sorted(p.name for p in self.collections.iterdir() if NAME_RULE.fullmatch(p.name) and (p / MANIFEST).is_file())
+
+    def exists(self, name: str) -> bool:
+        return (self.path(name) / MANIFEST).is_file()
+
+    # --- collections --------------------------------------------------------------------------------------------
+
+    def create(self, name: str, settings: CollectionSettings) -> Manifest:
+        """An empty collection `name` built with `settings`, published atomically; Conflict when the name is taken."""
+        check_name(name)
+        with self._lock:
+            self._check_free(name)
+            onnx_folder = self._model_folder(settings.model)
+            spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
+            with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+                corpus = Path(scratch) / "corpus.jsonl"
+                corpus.touch()
+                with publish_dir(self.path(name), replace=False) as tmp:
+                    manifest = build_into(tmp, corpus, settings.build_options(), onnx_folder, spec, collection=True)
+                    manifest.defaults = settings.defaults
+                    write_manifest(tmp, manifest)
+        logger.info("created collection %s (%s)", name, settings.model)
+        return manifest
+
+    def _check_free(self, name: str) -> None:
+        if self.exists(name):
+            raise Conflict(f"a collection named {name!r} exists")
+        if name in self._aliases:
+            raise Conflict(f"{name!r} is an alias (of {self._aliases[name]!r}): collections and aliases share names")
+
+    def _model_folder(self, model: str) -> Path:
+        """The ONNX export of `model`: a collection's copy when one was built with it (no export, no torch), an export
+        folder given by path, or the export cache (exported on first use, which needs torch)."""
+        for name in self.names():
+            folder = self.path(name) / MODEL_DIR
+            try:
+                built_with = json.loads((folder / CONFIG_FILE).read_text())["model"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if built_with == model:
+                return folder
+        given = Path(model).expanduser()
+        if (given / CONFIG_FILE).is_file():
+            return given
+        try:
+            return export_onnx(resolve_model(model))
+        except ImportError as exc:
+            raise SpecError("settings.embedder.model", f"exporting {model!r} to ONNX needs torch, which is not installed ({exc})") from None
+        except Exception as exc:  # not found offline, not a model: the user's to fix
+            raise SpecError("settings.embedder.model", str(exc)) from None
+
+    def drop(self, name: str) -> None:
+        """Remove collection `name`; Conflict when an alias points to it (drop or repoint the alias first)."""
+        with self._lock:
+            if not self.exists(name):
+                raise NotFound(f"no collection named {name!r}")
+            pointing = sorted(alias for alias, target in self._aliases.items() if target == name)
+            if pointing:
+                raise Conflict(f"aliases {', '.join(pointing)} point to {name!r}: repoint or delete them first")
+            doomed = self.collections / f"{DROPPED}{name}-{uuid.uuid4().hex[:12]}"
+            self.path(name).rename(doomed)  # gone from the name at once; a crash while removing leaves only this
+            shutil.rmtree(doomed, ignore_errors=True)
+        logger.info("dropped collection %s", name)
+
+    # --- aliases ------------------------------------------------------------------------------------------------
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        """alias -> collection (a copy)."""
+        return dict(self._aliases)
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        """Point `alias` at `collection` (created, or repointed in one atomic file replace)."""
+        check_name(alias, "alias")
+        with self._lock:
+            if self.exists(alias):
+                raise Conflict(f"{alias!r} is a collection: collections and aliases share names")
+            if not self.exists(collection):
+                raise NotFound(f"no collection named {collection!r}")
+            self._write_aliases({**self._aliases, alias: collection})
+
+    def drop_alias(self, alias: str) -> None:
+        with self._lock:
+            if alias not in self._aliases:
+                raise NotFound(f"no alias named {alias!r}")
+            self._write_aliases({a: c for a, c in self._aliases.items() if a != alias})
+
+    def _read_aliases(self) -> dict[str, str]:
+        path = self.root / ALIASES
+        if not path.is_file():
+            return {}
+        try:
+            aliases = json.loads(path.read_text())
+        except ValueError as exc:
+            raise HybridError(f"{path} is not valid JSON ({exc}): fix or remove it") from None
+        if not isinstance(aliases, dict) or not all(isinstance(a, str) and isinstance(c, str) for a, c in aliases.items()):
+            raise HybridError(f"{path} must map alias names to collection names")
+        return aliases
+
+    def _write_aliases(self, aliases: dict[str, str]) -> None:
+        write_atomic(self.root / ALIASES, json.dumps(dict(sorted(aliases.items())), indent=2))
+        self._aliases = aliases

@@ -1,0 +1,101 @@
+"""A collection's settings as an application sends them (`POST /collections`): checked field by field (SpecError
+naming `settings.<field>`), then turned into the build options and default search spec of its index.
+
+    {"embedder": {"model": "all-MiniLM-L6-v2", "precision": "fp32"},
+     "analyzer": {"stemmer": "english", "stopwords": "en"},
+     "bm25": {"k1": 1.2, "b": 0.75},
+     "vectors": {"kind": "flat", ...},               # search.dense.FaissParams' fields
+     "filterable": ["year", "tags"],                   # null or absent: every metadata field that can be
+     "defaults": {"mode": "hybrid", ...}}              # a partial search spec (search.spec)
+
+Every field is optional; what is absent takes `hybrid index`'s default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from hybrid_retrieval.indexer.build import BuildOptions
+from hybrid_retrieval.models.onnx_export import PRECISIONS
+from hybrid_retrieval.models.registry import DEFAULT_MODEL
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Params
+from hybrid_retrieval.search.dense import FaissParams
+from hybrid_retrieval.search.errors import ConfigError, SpecError
+from hybrid_retrieval.search.spec import SearchSpec
+
+SECTIONS = ("embedder", "analyzer", "bm25", "vectors", "filterable", "defaults")
+EMBEDDER_FIELDS = ("model", "precision")
+ANALYZER_FIELDS = ("stemmer", "stopwords")
+BM25_FIELDS = ("k1", "b")  # the method stays lucene: live writes score with it (search.segments)
+
+
+@dataclass(frozen=True)
+class CollectionSettings:
+    model: str = DEFAULT_MODEL
+    precision: str = "fp32"
+    analyzer: Analyzer = field(default_factory=Analyzer)
+    bm25: BM25Params = field(default_factory=BM25Params)
+    vectors: FaissParams = field(default_factory=FaissParams)
+    filterable: tuple[str, ...] | None = None
+    defaults: SearchSpec = field(default_factory=SearchSpec)
+
+    @classmethod
+    def parse(cls, data: Any) -> CollectionSettings:
+        """The settings of a request body's `settings` object; SpecError naming the first invalid field."""
+        if data is None:
+            return cls()
+        section = _object(data, "settings", SECTIONS)
+        embedder = _object(section.get("embedder", {}), "settings.embedder", EMBEDDER_FIELDS)
+        model = embedder.get("model", DEFAULT_MODEL)
+        if not isinstance(model, str) or not model.strip():
+            raise SpecError("settings.embedder.model", "must be a model name or a folder the server has")
+        precision = embedder.get("precision", "fp32")
+        if precision not in PRECISIONS:
+            raise SpecError("settings.embedder.precision", f"must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+        analyzer = _build(Analyzer, "settings.analyzer", _object(section.get("analyzer", {}), "settings.analyzer", ANALYZER_FIELDS))
+        bm25 = _build(BM25Params, "settings.bm25", _object(section.get("bm25", {}), "settings.bm25", BM25_FIELDS))
+        vector_fields = tuple(f.name for f in fields(FaissParams))
+        vectors = _build(FaissParams, "settings.vectors", _object(section.get("vectors", {}), "settings.vectors", vector_fields))
+        filterable = section.get("filterable")
+        if filterable is not None and (not isinstance(filterable, list) or not all(isinstance(n, str) and n for n in filterable)):
+            raise SpecError("settings.filterable", "must be a list of metadata field names, or null for every field that can be")
+        try:
+            defaults = SearchSpec().merge(section.get("defaults"))
+        except SpecError as exc:
+            raise exc.within("settings.defaults") from None
+        return cls(model, precision, analyzer, bm25, vectors, tuple(filterable) if filterable is not None else None, defaults)
+
+    def build_options(self) -> BuildOptions:
+        return BuildOptions(
+            model=self.model,
+            precision=self.precision,
+            analyzer=self.analyzer,
+            bm25=self.bm25,
+            faiss=self.vectors,
+            device="cpu",
+            progress=False,
+            filterable=self.filterable,
+        )
+
+
+def _object(value: Any, where: str, known: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise SpecError(where, f"must be an object with any of {', '.join(known)}")
+    for name in value:
+        if name not in known:
+            raise SpecError(f"{where}.{name}", f"unknown setting; valid: {', '.join(known)}")
+    return value
+
+
+def _build(kind: type, where: str, values: dict) -> Any:
+    """`kind(**values)`, its ConfigError (which names the parameter) turned into a SpecError naming the field."""
+    for name, value in values.items():
+        if isinstance(value, (dict, list)):
+            raise SpecError(f"{where}.{name}", "must be a number or a string")
+    try:
+        return kind(**values)
+    except (ConfigError, TypeError, ValueError) as exc:
+        named = next((name for name in values if name in str(exc)), None)
+        raise SpecError(f"{where}.{named}" if named else where, str(exc)) from None
