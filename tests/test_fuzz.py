@@ -16,7 +16,7 @@ from hybrid_retrieval.indexer.store import open_index  # noqa: E402
 from hybrid_retrieval.search.hubness import HubnessParams  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
-INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids"}
+INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults"}
 
 
 def _names_index_fields(body) -> bool:
@@ -39,7 +39,8 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
         HubnessParams(),
     )
     # and a (stand-in) reranker, so `rerank: true` can be served too
-    app = create_app(Settings(write_keys="fuzz-key", rerank_by_default=False), index=open_index(index_dir), cross_encoder=LengthScorer())
+    served = Settings(write_keys="fuzz-key", rerank_by_default=False, data=tmp_path / "data", max_collections=5)
+    app = create_app(served, index=open_index(index_dir), cross_encoder=LengthScorer())
     counts = {}
     with TestClient(app):  # runs the lifespan: the index is served while the fuzzer calls the app
         schema = schemathesis.openapi.from_asgi("/openapi.json", app)
@@ -54,8 +55,9 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
                 counts[label] += 1
                 case.headers = {**(case.headers or {}), "X-API-Key": "fuzz-key"}
                 # filter, fields and facets name the served index's metadata fields, which a static schema cannot list,
-                # a written document's metadata must fit the types the index gave them, and ids are limited in UTF-8 bytes,
-                # which JSON Schema cannot say: such requests may rightly be 422
+                # a written document's metadata must fit the types the index gave them, ids are limited in UTF-8 bytes,
+                # and a collection's settings and defaults must suit what it can serve (a model the server has, a
+                # hubness fit), which JSON Schema cannot say: such requests may rightly be 422
                 excluded = [positive_data_acceptance] if _names_index_fields(case.body) else []
                 response = case.call_and_validate(excluded_checks=excluded)
                 assert response.status_code < 500

@@ -1,5 +1,6 @@
 import json
 import logging
+import re
 
 import pytest
 from fastapi.testclient import TestClient
@@ -30,8 +31,10 @@ def test_metrics_expose_stage_histograms_status_counts_and_index(client):
         assert f'hybrid_stage_seconds_count{{stage="{stage}"}}' in text
     assert 'hybrid_requests_total{path="/search",status="200"}' in text
     assert 'hybrid_requests_total{path="/search",status="422"}' in text
-    assert "hybrid_index_documents 6.0" in text
+    assert 'hybrid_index_documents{collection="index"} 6.0' in text  # the --index folder's collection
     assert "hybrid_index_info{" in text and 'model="sentence-transformers/all-MiniLM-L6-v2"' in text
+    memory = float(re.search(r'hybrid_collection_memory_bytes\{collection="index"\} (\S+)', text).group(1))
+    assert memory >= 6 * 384 * 4 * 2  # at least the vectors and the flat FAISS index over them
 
 
 def test_json_log_lines_carry_request_id_and_extras():

@@ -87,7 +87,7 @@ def test_the_service_embeds_queries_with_the_precision_asked(tiny_index):
         np.testing.assert_array_equal(index.pipeline().search("cat on a mat", k=1, spec={"mode": "dense"}).vector, expected)
         for threads in ("auto", 1, 2):  # single-threaded sessions compute the same vectors
             with TestClient(create_app(Settings(query_precision=precision, inference_threads=threads), index=index)) as client:
-                result = client.app.state.serving.pipeline.search("cat on a mat", k=1, spec={"mode": "dense"})
+                result = client.app.state.collections.default().serving.pipeline.search("cat on a mat", k=1, spec={"mode": "dense"})
             np.testing.assert_allclose(result.vector, expected, atol=1e-6)
     with pytest.raises(ValidationError, match="query_precision"):
         Settings(query_precision="fp16")

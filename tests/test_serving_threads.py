@@ -74,8 +74,9 @@ def test_concurrent_searches_use_single_threaded_sessions(tiny_index):
     index = open_index(tiny_index, device="cpu")
     with TestClient(create_app(Settings(), index=index)) as client:
         app = client.app
-        sessions = app.state.reloader._sessions
-        assert {key[1:] for key in sessions} == {("fp32", 1), (index.query_precision, None), (index.query_precision, 1)}
+        sessions = app.state.collections.resources._sessions  # (model checksum, precision, device, threads)
+        expected = {("fp32", 1), (index.query_precision, None), (index.query_precision, 1)}
+        assert {(precision, threads) for _, precision, _, threads in sessions} == expected
         queries = ["cat on a mat", "dogs and cats", "a mat", "stock prices"] * 4
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda q: client.post("/search", json={"query": q, "k": 3, "explain": True}).json(), queries))
@@ -89,7 +90,7 @@ def test_searches_run_on_the_search_threads_with_the_request_id(tiny_index):
     """Log lines written during a search carry its request id (the request's context travels to the search thread)."""
     seen = []
     with TestClient(create_app(Settings(search_threads=2), index=open_index(tiny_index))) as client:
-        pipeline = client.app.state.serving.pipeline
+        pipeline = client.app.state.collections.default().serving.pipeline
         search = pipeline.search
 
         def recording(*args, **kwargs):

@@ -6,13 +6,14 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.convertors import Convertor, register_url_convertor
 
 from hybrid_retrieval.app.json_body import CheckedRoute, clean, parse_body
 from hybrid_retrieval.app.routes import json_response, serving_of
-from hybrid_retrieval.app.schemas import DeleteRequest, DocumentBatch, DocumentOut, Stats, TaskInfo, WriteResult
+from hybrid_retrieval.app.schemas import DOC_ID_PATTERN, DeleteRequest, DocumentBatch, DocumentOut, Stats, TaskInfo, WriteResult
 from hybrid_retrieval.app.security import require_api_key, require_write_key
 from hybrid_retrieval.app.serving import Reloader, Serving
 from hybrid_retrieval.indexer.leftovers import temporary_bytes
@@ -106,6 +107,9 @@ class DocumentIdConvertor(Convertor[str]):
 
 
 register_url_convertor("document_id", DocumentIdConvertor())
+DocId = Annotated[
+    str, PathParam(description="a document id, percent-encoded; not blank", pattern=DOC_ID_PATTERN, examples=["doc-1", "a%2Fb"])
+]
 
 
 def document_routes(collection: Callable, compact_path: str) -> APIRouter:
@@ -144,7 +148,7 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
     @router.delete(
         "/documents/{doc_id:document_id}", response_model=WriteResult, dependencies=[Depends(require_write_key)], responses=_WRITE_RESPONSES
     )
-    def delete_document(doc_id: str, request: Request, wait: Wait = None, serving: Serving = current) -> WriteResult:
+    def delete_document(doc_id: DocId, request: Request, wait: Wait = None, serving: Serving = current) -> WriteResult:
         seq = _write(request.app.state.deadlines, _collection(serving).delete, [clean(doc_id, ("path", "doc_id"))])
         return _written(serving, seq, 1, bool(wait))
 
@@ -159,7 +163,7 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
         dependencies=[Depends(require_api_key)],
         responses={404: {"description": "no such document"}},
     )
-    def get_document(doc_id: str, serving: Serving = current) -> DocumentOut:
+    def get_document(doc_id: DocId, serving: Serving = current) -> DocumentOut:
         """The latest acknowledged version of a document (before it is searchable, too)."""
         doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
         if serving.collection is not None:

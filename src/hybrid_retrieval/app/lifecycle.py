@@ -27,7 +27,7 @@ from hybrid_retrieval.app.schemas import (
 )
 from hybrid_retrieval.app.security import require_api_key, require_write_key
 from hybrid_retrieval.app.serving import Reloader
-from hybrid_retrieval.indexer.datadir.layout import Conflict, check_name
+from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.manifest import Manifest
 
@@ -35,7 +35,7 @@ router = APIRouter(route_class=CheckedRoute)
 
 CollectionsDep = Annotated[Collections, Depends(_collections)]
 Name = Annotated[str, PathParam(description="a collection", examples=["products-v1"])]
-AliasName = Annotated[str, PathParam(description="an alias", examples=["products"])]
+AliasName = Annotated[str, PathParam(description=f"an alias: {NAME_RULE_TEXT}", pattern=f"^{NAME_RULE.pattern}$", examples=["products"])]
 _CHANGE = {
     401: {"description": "missing key"},
     403: {"description": "not a write key, or no write keys configured"},
@@ -108,7 +108,7 @@ def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
 def create_collection(body: CollectionCreate, collections: CollectionsDep) -> CollectionInfo:
     """Create an empty collection; documents come with PUT /collections/{name}/documents."""
     name = check_name(body.name, "name")
-    settings = CollectionSettings.parse(body.settings)
+    settings = CollectionSettings.parse(body.settings_dict())
     return _info(collections, collections.create(name, settings))
 
 
@@ -149,7 +149,7 @@ def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep)
     """Change what needs no rebuild: the default search spec (rerank settings included). Each field given replaces
     that field of the defaults; served at once, kept across restarts and compactions."""
     reloader = collections.resolve(name)
-    reloader.override_defaults(body.defaults)
+    reloader.override_defaults(body.defaults_dict())
     return _info(collections, reloader)
 
 
@@ -168,7 +168,7 @@ def list_aliases(collections: CollectionsDep) -> AliasList:
 @router.put("/aliases/{alias}", response_model=AliasList, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["aliases"])
 def set_alias(alias: AliasName, body: AliasSet, collections: CollectionsDep) -> AliasList:
     """Create an alias, or repoint it in one atomic step: requests through it see the old or the new collection."""
-    collections.set_alias(check_name(alias, ("path", "alias")), body.collection)
+    collections.set_alias(alias, body.collection)
     return AliasList(aliases=collections.aliases)
 
 

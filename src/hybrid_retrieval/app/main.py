@@ -95,6 +95,8 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     `index`: an index opened by the caller, served as the --index collection; `opener()` opens that collection at
     startup and on each reload instead (cluster.serve passes one whose shards answer from Ray Serve)."""
     settings = settings or Settings()
+    if index is not None and settings.index is None:  # served as --index would serve its folder
+        settings = settings.model_copy(update={"index": index.path})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -105,7 +107,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
         batch = _batch_queries(settings)
         resources = Resources(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
-        external = settings.index if settings.index is not None else (index.path if index is not None else None)
+        external = settings.index
         data = DataDir(settings.data_dir) if settings.data_dir is not None else None
         collections = Collections(
             resources,
@@ -160,10 +162,11 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         )
     app.include_router(service_router)
     app.include_router(lifecycle_router)
-    app.include_router(search_routes(default_collection), tags=["default collection"])
-    app.include_router(document_routes(default_collection, compact_path="/admin/compact"), tags=["default collection"])
-    app.include_router(search_routes(named_collection), prefix="/collections/{name}", tags=["collections"])
-    app.include_router(document_routes(named_collection, compact_path="/compact"), prefix="/collections/{name}", tags=["collections"])
+    missing = {404: {"description": "no such collection or alias (unprefixed routes: no default collection)"}}
+    for routes in (search_routes(default_collection), document_routes(default_collection, compact_path="/admin/compact")):
+        app.include_router(routes, tags=["default collection"], responses=missing)
+    for routes in (search_routes(named_collection), document_routes(named_collection, compact_path="/compact")):
+        app.include_router(routes, prefix="/collections/{name}", tags=["collections"], responses=missing)
     app.include_router(ui_router)
 
     @app.exception_handler(RequestValidationError)

@@ -7,6 +7,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
+from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
+from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW
+from hybrid_retrieval.models.onnx_export import PRECISIONS
+from hybrid_retrieval.models.registry import DEFAULT_MODEL
+from hybrid_retrieval.search.analyzer import STEMMERS, STOPWORD_LISTS
+from hybrid_retrieval.search.dense import FAISS_KINDS
 from hybrid_retrieval.search.filters.language import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
@@ -25,6 +31,7 @@ _CONTROL = re.compile(f"[{_CONTROL_CHARS}]")
 # Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
 # which names the problem in plain words.
 QUERY_PATTERN = f"^[^{_CONTROL_CHARS}]*[^{_SPACE_CHARS}{_CONTROL_CHARS}][^{_CONTROL_CHARS}]*$"
+DOC_ID_PATTERN = f"[^{_SPACE_CHARS}{_CONTROL_CHARS}]"  # holds a character that is neither space nor control
 # The search spec's fields are typed here and validated by search.spec alone (one set of rules for the API,
 # the manifest and the CLI); the ranges and choices below only document them, from the same constants.
 SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight")
@@ -141,15 +148,9 @@ class HighlightBody(_Strict):
     )
 
 
-class SearchRequest(_Strict):
-    query: str = Field(
-        ...,
-        min_length=1,
-        max_length=MAX_QUERY_CHARS,
-        json_schema_extra={"pattern": QUERY_PATTERN},
-        description="free-text query: not blank, no control characters except tab and newline",
-    )
-    k: Int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
+class DefaultsBody(_Strict):
+    """The fields of a search spec that a collection's defaults may set (search.spec validates them)."""
+
     mode: str | None = Field(
         **_documented("retrieval mode; hybrid fuses BM25 and dense candidates; default: the index's (hybrid)", enum=list(MODES))
     )
@@ -166,17 +167,31 @@ class SearchRequest(_Strict):
         description="drop hits whose final score is below this: the fused score, or "
         "after reranking the logit (weight 1) or the z-score blend (weight < 1)",
     )
-    offset: Int = Field(
-        0,
-        description="hits to skip: page 2 of 10 is offset 10, k 10 (ranks 11-20 of k 20, same scores)",
-        json_schema_extra={"minimum": 0, "maximum": MAX_OFFSET},
-    )
-    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION, json_schema_extra={"examples": FILTER_EXAMPLES})
     highlight: StrictBool | HighlightBody | None = Field(
         None,
         description="mark the query's terms in snippets of each hit's title and text: matched through the index's "
         "analyzer (so `bleeding` marks `bleeds`), HTML-escaped with <mark> tags, with character offsets (Unicode code "
         "points) into the stored field; `true` or an object",
+    )
+
+
+class SpecBody(DefaultsBody):
+    filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION, json_schema_extra={"examples": FILTER_EXAMPLES})
+
+
+class SearchRequest(SpecBody):
+    query: str = Field(
+        ...,
+        min_length=1,
+        max_length=MAX_QUERY_CHARS,
+        json_schema_extra={"pattern": QUERY_PATTERN},
+        description="free-text query: not blank, no control characters except tab and newline",
+    )
+    k: Int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
+    offset: Int = Field(
+        0,
+        description="hits to skip: page 2 of 10 is offset 10, k 10 (ranks 11-20 of k 20, same scores)",
+        json_schema_extra={"minimum": 0, "maximum": MAX_OFFSET},
     )
     fields: list[str] | Literal["*"] | None = Field(None, description=f'metadata fields to return with each hit, or "{ALL_FIELDS}" for all')
     facets: list[str] | None = Field(
@@ -394,26 +409,69 @@ SETTINGS_EXAMPLE = {
 }
 
 
+class EmbedderSettings(_Strict):
+    model: str = Field(
+        DEFAULT_MODEL,
+        min_length=1,
+        description="a sentence-transformers model name or folder the server has (exported to ONNX once; the bundled "
+        "all-MiniLM-L6-v2 needs nothing), or an ONNX export folder",
+    )
+    precision: Literal[PRECISIONS] = Field("fp32", description="the ONNX weights that embed the documents")
+
+
+class AnalyzerSettings(_Strict):
+    stemmer: Literal[STEMMERS] = "english"
+    stopwords: Literal[STOPWORD_LISTS] = "en"
+
+
+class BM25Settings(_Strict):
+    k1: Float = Field(1.5, ge=0, le=1e6)
+    b: Float = Field(0.75, ge=0, le=1)
+
+
+class VectorSettings(_Strict):
+    kind: Literal[FAISS_KINDS] = Field("flat", description="the vector index once the collection holds `exact_below` documents")
+    exact_below: Int = Field(EXACT_BELOW, ge=0, description="below this many documents the vector index is exact (Flat)")
+    nlist: Int | None = Field(None, ge=1, description="ivf, ivfpq: clusters (default ~4*sqrt(n))")
+    nprobe: Int = Field(16, ge=1, le=65536, description="ivf, ivfpq: clusters visited per query")
+    hnsw_m: Int = Field(32, ge=2, le=256, description="hnsw: links per node")
+    pq_m: Int = Field(48, ge=1, le=1024, description="ivfpq: bytes a vector (must divide the dimension)")
+    pq_refine: Int = Field(4, ge=1, le=64, description="ivfpq: candidates rescored exactly per result")
+    ef_construction: Int = Field(200, ge=1, le=65536)
+    ef_search: Int = Field(128, ge=1, le=65536)
+    flat_search_cutoff: Int = Field(10_000, ge=0, description="ivf, hnsw: filters admitting at most this many documents are scored exactly")
+
+
+class CollectionSettingsBody(_Strict):
+    embedder: EmbedderSettings | None = None
+    analyzer: AnalyzerSettings | None = None
+    bm25: BM25Settings | None = None
+    vectors: VectorSettings | None = None
+    filterable: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="metadata fields indexed for filters; null: every field whose values share a type"
+    )
+    defaults: DefaultsBody | None = Field(None, description="the search spec a request that says nothing gets")
+
+
 class CollectionCreate(_Strict):
-    name: str = Field(
-        description="1 to 64 characters: lowercase letters, digits, '_' and '-', starting with a letter or digit",
-        examples=["products-v1"],
+    name: str = Field(description=NAME_RULE_TEXT, pattern=f"^{NAME_RULE.pattern}$", examples=["products-v1"])
+    settings: CollectionSettingsBody | None = Field(
+        None, description="every field is optional: what is absent takes `hybrid index`'s default", examples=[SETTINGS_EXAMPLE]
     )
-    settings: dict[str, Any] | None = Field(
-        None,
-        description="embedder (model), analyzer (stemmer, stopwords), bm25 (k1, b), vectors (kind: flat, hnsw, ivf, "
-        "ivfpq, and their parameters), filterable (metadata field names; null: every field), defaults (a partial "
-        "search spec). Every field is optional (docs/collections.md)",
-        examples=[SETTINGS_EXAMPLE],
-    )
+
+    def settings_dict(self) -> dict | None:
+        return self.settings.model_dump(exclude_unset=True, exclude_none=True) if self.settings is not None else None
 
 
 class SettingsPatch(_Strict):
-    defaults: dict[str, Any] = Field(
-        description="a partial search spec: what a request that does not say gets (merged over the current defaults, "
-        "and over the server's HYBRID_DEPTH / HYBRID_RERANK_* settings)",
+    defaults: DefaultsBody = Field(
+        description="fields of the search spec a request that says nothing gets; each replaces that field (over the "
+        "server's HYBRID_DEPTH / HYBRID_RERANK_* settings too)",
         examples=[{"mode": "hybrid", "rerank": {"enabled": False}}],
     )
+
+    def defaults_dict(self) -> dict:
+        return self.defaults.model_dump(exclude_unset=True, exclude_none=True)
 
 
 class CollectionSummary(BaseModel):
@@ -443,7 +501,7 @@ class CollectionInfo(BaseModel):
 
 
 class AliasSet(_Strict):
-    collection: str = Field(examples=["products-v2"])
+    collection: str = Field(pattern=f"^{NAME_RULE.pattern}$", examples=["products-v2"])
 
 
 class AliasList(BaseModel):

@@ -14,6 +14,7 @@ from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
 from hybrid_retrieval.indexer.corpus import read_corpus
+from hybrid_retrieval.indexer.datadir.layout import DataDir, check_name
 from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR
 from hybrid_retrieval.indexer.live.repair import repair_log
@@ -32,7 +33,17 @@ from hybrid_retrieval.training.reembed import reembed_index
 def register(commands) -> None:
     p = commands.add_parser("index", help="build an index from a BEIR folder or a JSONL corpus")
     p.add_argument("corpus", type=Path)
-    p.add_argument("--out", type=Path, required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="the index folder to build")
+    where.add_argument(
+        "--collection",
+        help="build collection NAME in the data directory (--data): a running service serves it within a refresh "
+        "interval (docs/collections.md)",
+    )
+    p.add_argument("--data", type=Path, help="with --collection: the data directory (default $HYBRID_DATA or ./data)")
+    p.add_argument(
+        "--replace", action="store_true", help="with --collection: rebuild an existing collection (its writes since are dropped)"
+    )
     p.add_argument(
         "--skip-if-current",
         action="store_true",
@@ -139,6 +150,13 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         help="IVF and HNSW: a filter admitting at most this many documents is scored exactly over their vectors",
     )
     g.add_argument(
+        "--exact-below",
+        type=int,
+        default=default(FaissParams, "exact_below"),
+        help="below this many documents the vector index is exact (Flat) whatever --faiss says (a collection's "
+        "vectors.exact_below: build one offline with its value to get the same index)",
+    )
+    g.add_argument(
         "--filterable",
         type=_field_list,
         help='metadata fields to index for filters, comma-separated (default: every field whose values share a type; "" for none)',
@@ -207,6 +225,7 @@ def build_options(args) -> BuildOptions:
             pq_refine=args.pq_refine,
             ef_search=args.ef_search,
             flat_search_cutoff=args.flat_search_cutoff,
+            exact_below=args.exact_below,
         ),
         device=args.device,
         batch_size=args.batch_size,
@@ -219,7 +238,24 @@ def _field_list(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
+def _collection_folder(args) -> Path:
+    """Where `--collection NAME` builds: the data directory's folder of that name, free unless --replace."""
+    data = DataDir(args.data or os.environ.get("HYBRID_DATA") or "data")
+    name = check_name(args.collection, "--collection")
+    if data.exists(name) and not args.replace and not args.skip_if_current:
+        raise ConfigError(f"collection {name!r} exists in {data.root}: pass --replace to rebuild it (its writes since are dropped)")
+    if name in data.aliases:
+        raise ConfigError(f"{name!r} is an alias in {data.root}: collections and aliases share names")
+    if args.shards is not None:
+        raise ConfigError("--collection builds a whole index: a data directory's collections are not sharded")
+    return data.path(name)
+
+
 def run_index(args) -> None:
+    if args.collection is not None:
+        args.out = _collection_folder(args)
+    elif args.data is not None or args.replace:
+        raise ConfigError("--data and --replace go with --collection")
     if args.skip_if_current and index_is_current(args.corpus, args.out):
         print(f"{args.out} is current (same corpus checksum): build skipped")
         return

@@ -238,7 +238,7 @@ def build_into(
         faiss=FaissInfo(
             factory=options.faiss.factory(num_docs),
             metric="inner_product",
-            built_on_gpu=use_gpu(options.device, options.faiss.kind),
+            built_on_gpu=use_gpu(options.device, options.faiss.built_for(num_docs).kind),
             params=options.faiss,
         ),
         # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,10 +36,15 @@ class FaissParams:
     # instead of searching the FAISS index with a selector (the "flat search cutoff" of Weaviate, Qdrant's
     # full-scan threshold): a graph or cluster walk through mostly excluded documents loses recall there.
     flat_search_cutoff: int = 10_000
+    # Below this many vectors the index is exact (Flat) whatever `kind` says: a collection starts exact and moves to its
+    # kind at the compaction that crosses it (an offline build of as many documents makes the same choice).
+    exact_below: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in FAISS_KINDS:
             raise ConfigError(f"unknown FAISS index kind {self.kind!r}; valid: {', '.join(FAISS_KINDS)}")
+        if isinstance(self.exact_below, bool) or not isinstance(self.exact_below, int) or self.exact_below < 0:
+            raise ConfigError(f"exact_below must be an integer >= 0, got {self.exact_below!r}")
         for name in ("pq_m", "pq_refine"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -47,7 +52,16 @@ class FaissParams:
         if isinstance(self.flat_search_cutoff, bool) or not isinstance(self.flat_search_cutoff, int) or self.flat_search_cutoff < 0:
             raise ConfigError(f"flat_search_cutoff must be an integer >= 0, got {self.flat_search_cutoff!r}")
 
+    def built_for(self, num_vectors: int) -> FaissParams:
+        """These parameters as an index of `num_vectors` is built with them: Flat below `exact_below`, and for an IVF
+        kind with too few vectors to train one cluster (39)."""
+        if self.kind != "flat" and (num_vectors < self.exact_below or (self.kind in IVF_KINDS and num_vectors < 39)):
+            return replace(self, kind="flat")
+        return self
+
     def factory(self, num_vectors: int) -> str:
+        if self.built_for(num_vectors).kind == "flat":
+            return "Flat"
         if self.kind == "ivf":
             return f"IVF{self.resolved_nlist(num_vectors)},Flat"
         if self.kind == "ivfpq":  # 8-bit codes: pq_m bytes a vector in memory (docs/SCALING.md)
@@ -90,6 +104,7 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     import faiss
 
     n, dim = vectors.shape
+    params = params.built_for(n)
     if params.kind == "ivfpq" and dim % params.pq_m:
         raise ConfigError(f"--pq-m {params.pq_m} does not divide the embedding dimension {dim}")
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
@@ -114,6 +129,7 @@ class DenseIndex:
         result) are rescored exactly, so its scores are cosines like every other kind's."""
         import faiss
 
+        params = params.built_for(index.ntotal)
         self.params = params
         self.refine = params.pq_refine if params.kind == "ivfpq" and vectors is not None else 1
         self.vectors = vectors

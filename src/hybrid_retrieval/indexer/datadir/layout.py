@@ -92,6 +92,9 @@ class DataDir:
             self._check_free(name)
             onnx_folder = self._model_folder(settings.model)
             spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
+            vectors = settings.vectors
+            if vectors.kind == "ivfpq" and spec["dimension"] % vectors.pq_m:
+                raise SpecError("settings.vectors.pq_m", f"{vectors.pq_m} does not divide the model's dimension {spec['dimension']}")
             with tempfile.TemporaryDirectory(dir=self.root) as scratch:
                 corpus = Path(scratch) / "corpus.jsonl"
                 corpus.touch()

@@ -29,6 +29,8 @@ SECTIONS = ("embedder", "analyzer", "bm25", "vectors", "filterable", "defaults")
 EMBEDDER_FIELDS = ("model", "precision")
 ANALYZER_FIELDS = ("stemmer", "stopwords")
 BM25_FIELDS = ("k1", "b")  # the method stays lucene: live writes score with it (search.segments)
+# A collection's vector index is exact (Flat) until it holds this many documents, then of its kind (search.dense)
+EXACT_BELOW = 10_000
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class CollectionSettings:
     precision: str = "fp32"
     analyzer: Analyzer = field(default_factory=Analyzer)
     bm25: BM25Params = field(default_factory=BM25Params)
-    vectors: FaissParams = field(default_factory=FaissParams)
+    vectors: FaissParams = field(default_factory=lambda: FaissParams(exact_below=EXACT_BELOW))
     filterable: tuple[str, ...] | None = None
     defaults: SearchSpec = field(default_factory=SearchSpec)
 
@@ -57,10 +59,13 @@ class CollectionSettings:
         analyzer = _build(Analyzer, "settings.analyzer", _object(section.get("analyzer", {}), "settings.analyzer", ANALYZER_FIELDS))
         bm25 = _build(BM25Params, "settings.bm25", _object(section.get("bm25", {}), "settings.bm25", BM25_FIELDS))
         vector_fields = tuple(f.name for f in fields(FaissParams))
-        vectors = _build(FaissParams, "settings.vectors", _object(section.get("vectors", {}), "settings.vectors", vector_fields))
+        vectors = _object(section.get("vectors", {}), "settings.vectors", vector_fields)
+        vectors = _build(FaissParams, "settings.vectors", {"exact_below": EXACT_BELOW, **vectors})
         filterable = section.get("filterable")
         if filterable is not None and (not isinstance(filterable, list) or not all(isinstance(n, str) and n for n in filterable)):
             raise SpecError("settings.filterable", "must be a list of metadata field names, or null for every field that can be")
+        if "filter" in (section.get("defaults") or {}):
+            raise SpecError("settings.defaults.filter", "a collection's defaults take no filter: send one with each search")
         try:
             defaults = SearchSpec().merge(section.get("defaults"))
         except SpecError as exc:
