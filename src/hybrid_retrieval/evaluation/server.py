@@ -19,13 +19,14 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(
-    index_dir: Path | str,
+    index_dir: Path | str | None,
     env: dict[str, str] | None = None,
     ready_timeout_s: float = 120.0,
     cwd: Path | str | None = None,
     module: str = "hybrid_retrieval.app",
 ):
-    """Yield (base url, process) once /ready answers 200; terminate the server on exit. `cwd`: where the server runs;
+    """Yield (base url, process) once /ready answers 200; terminate the server on exit. `index_dir`: the --index folder
+    (None: the data directory `env` names in HYBRID_DATA, or ./data in `cwd`). `cwd`: where the server runs;
     `module`: what `python -m` starts (another version of the service, found through `env`'s PYTHONPATH)."""
     import httpx  # a dev dependency: only benchmarks and tests start servers
 
@@ -34,7 +35,7 @@ def running_server(
     # has its own row), so it is off unless `env` turns it on.
     environment = {
         **os.environ,
-        "HYBRID_INDEX": str(Path(index_dir).resolve()),
+        **({"HYBRID_INDEX": str(Path(index_dir).resolve())} if index_dir is not None else {}),
         "HYBRID_PORT": str(port),
         "HYBRID_HOST": "127.0.0.1",
         "HYBRID_LOG_LEVEL": "warning",
