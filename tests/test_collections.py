@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from hybrid_retrieval.evaluation.server import running_server
+from hybrid_retrieval.models.embedder import OnnxEmbedder
 from tests.conftest import sample_queries, with_metadata
 
 WRITER = {"X-API-Key": "lifecycle-writer"}
@@ -86,6 +87,16 @@ def assert_same_rankings(client: httpx.Client, a: str, b: str, queries: list[str
         assert left.json()["has_more"] == right.json()["has_more"]
 
 
+def assert_same_vector_rankings(client: httpx.Client, a: str, b: str, queries: list[str], embedder) -> None:
+    for query, vector in zip(queries, embedder.encode(queries)):
+        for search in ({"mode": "dense"}, {"mode": "dense", "filter": {"flag": False}, "offset": 3}, {"mode": "hybrid", "query": query}):
+            body = {"vector": vector.tolist(), "k": 10, **search}
+            left, right = (client.post(f"/collections/{name}/search", json=body) for name in (a, b))
+            assert left.status_code == right.status_code == 200, (left.text, right.text)
+            assert [h["id"] for h in left.json()["hits"]] == [h["id"] for h in right.json()["hits"]], (query, search)
+            np.testing.assert_allclose([h["score"] for h in left.json()["hits"]], [h["score"] for h in right.json()["hits"]], atol=1e-5)
+
+
 def search_under_load(url: str, alias: str, queries: list[str], stop: threading.Event, outcomes: list) -> None:
     with httpx.Client(base_url=url, timeout=30, headers=WRITER) as client:
         for query in itertools.cycle(queries):
@@ -124,6 +135,19 @@ def lifecycle(scifact, tmp_path, count: int) -> None:
         build_offline(corpus, data, "scifact-offline")  # the server serves it within a refresh interval
         wait_for(lambda: client.get("/collections/scifact-offline").status_code == 200, 30, "the offline build to be served")
         assert_same_rankings(client, "scifact-v1", "scifact-offline", queries)
+
+        # bring your own vectors: a collection without a model, filled with the offline build's document vectors,
+        # answers dense (and hybrid) searches given the same query vectors exactly as the offline build does
+        own = {"name": "scifact-vectors", "settings": {**SETTINGS, "embedder": {"kind": "none", "dimension": 384}}}
+        assert client.post("/collections", json=own).status_code == 201
+        offline = data / "collections" / "scifact-offline"
+        exported = np.load(offline / "embeddings.npy")
+        with_vectors = [{**doc, "vector": vector.tolist()} for doc, vector in zip(docs, exported)]
+        assert load(client, "scifact-vectors", with_vectors)["state"] == "succeeded"
+        assert_same_vector_rankings(client, "scifact-vectors", "scifact-offline", queries, OnnxEmbedder(offline / "model"))
+        no_vector = client.post("/collections/scifact-vectors/search", json={"query": queries[0]})
+        assert no_vector.status_code == 422 and no_vector.json()["detail"][0]["loc"] == ["body", "vector"]
+        assert client.delete("/collections/scifact-vectors").status_code == 204
 
         # blue/green: the alias moves from v1 to the offline build and back while 8 clients search through it
         assert client.put("/aliases/scifact", json={"collection": "scifact-v1"}).status_code == 200

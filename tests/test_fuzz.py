@@ -16,7 +16,7 @@ from hybrid_retrieval.indexer.store import open_index  # noqa: E402
 from hybrid_retrieval.search.hubness import HubnessParams  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
-INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults"}
+INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults", "vector"}
 
 
 def _names_index_fields(body) -> bool:

@@ -22,6 +22,7 @@ from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
 from hybrid_retrieval.indexer.store import MODEL_DIR
+from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.search.errors import HybridError
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class Collections:
     def _open_folder(self, folder: Path):
         """An index folder, its documents' model session shared with the other collections of that model."""
         embedder = None
-        if not is_sharded(folder):
+        if not is_sharded(folder) and read_manifest(folder).embedder.document_backend != NO_MODEL:
             spec = read_manifest(folder).embedder
             embedder = self.resources.session(folder / MODEL_DIR, spec.model_checksum, spec.document_precision, self.settings.device)
         return open_folder(folder, self.settings, embedder)

@@ -25,6 +25,7 @@ from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.pipeline import Query
+from hybrid_retrieval.search.vectors import check_vector
 
 service_router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
 
@@ -90,7 +91,8 @@ def search_routes(collection: Callable) -> APIRouter:
     async def search(body: SearchRequest, request: Request, serving: Serving = current) -> Response:
         def run() -> Response:
             fields, facets = _presentation(serving, body)
-            result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset)
+            vector = query_vector(serving, body)
+            result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset, vector=vector)
             request.app.state.metrics.observe_search(result.timings_ms)
             return json_response(_response(serving, body, result, fields, facets))
 
@@ -107,13 +109,14 @@ def search_routes(collection: Callable) -> APIRouter:
 
         def run() -> Response:
             started = time.perf_counter()
-            shown = []
+            shown, queries = [], []
             for i, item in enumerate(body.searches):
                 try:
                     shown.append(_presentation(serving, item))
+                    queries.append(Query(item.query, item.k, item.spec(), item.offset, query_vector(serving, item)))
                 except SpecError as exc:
                     raise exc.within(f"searches[{i}]") from None
-            results = serving.pipeline.search_many([Query(item.query, item.k, item.spec(), item.offset) for item in body.searches])
+            results = serving.pipeline.search_many(queries)
             responses = []
             for item, result, (fields, facets) in zip(body.searches, results, shown):
                 request.app.state.metrics.observe_search(result.timings_ms)
@@ -151,6 +154,11 @@ def json_response(model: BaseModel) -> Response:
     return Response(model.model_dump_json(), media_type="application/json")
 
 
+def query_vector(serving: Serving, body: SearchRequest):
+    """The request's own query vector, checked against the collection's dimension (422 naming `vector`)."""
+    return check_vector(body.vector, serving.pipeline.dense.dimension, "vector") if body.vector is not None else None
+
+
 def _presentation(serving: Serving, body: SearchRequest):
     """The request's metadata fields and facets, checked against the served index (422 naming the field)."""
     return serving.presenter.check_fields(body.fields), serving.presenter.check_facets(body.facets)
@@ -158,7 +166,7 @@ def _presentation(serving: Serving, body: SearchRequest):
 
 def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> SearchResponse:
     presenter = serving.presenter
-    hits = presenter.hits(result, body.query, include_text=body.include_text, explain=body.explain, fields=fields)
+    hits = presenter.hits(result, body.query or "", include_text=body.include_text, explain=body.explain, fields=fields)
     return SearchResponse(
         query=body.query,
         k=body.k,

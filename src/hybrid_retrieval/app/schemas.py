@@ -22,6 +22,7 @@ from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import MAX_OFFSET
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
 from hybrid_retrieval.search.spec import MAX_DEPTH, MAX_K, MODES
+from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
 MAX_QUERY_CHARS = 2048
 _CONTROL_CHARS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"  # C0 and C1 controls, except tab, newline, carriage return
@@ -180,12 +181,23 @@ class SpecBody(DefaultsBody):
 
 
 class SearchRequest(SpecBody):
-    query: str = Field(
-        ...,
+    # the query text, its vector, or both (the vector alone drives a dense search)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [{"required": ["query"]}, {"required": ["vector"]}]})
+
+    query: str | None = Field(
+        None,
         min_length=1,
         max_length=MAX_QUERY_CHARS,
         json_schema_extra={"pattern": QUERY_PATTERN},
-        description="free-text query: not blank, no control characters except tab and newline",
+        description="free-text query: not blank, no control characters except tab and newline; may be left out when "
+        "`vector` is given and the search is dense (no reranking, no highlights)",
+    )
+    vector: list[Float] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_DIMENSION,
+        description="the query's embedding, of the collection's dimension (normalised to unit length): the dense leg uses "
+        "it instead of embedding `query`; required by collections whose embedder is `none`",
     )
     k: Int = Field(10, description="number of results to return", json_schema_extra={"minimum": 1, "maximum": MAX_K})
     offset: Int = Field(
@@ -280,7 +292,7 @@ class FacetValue(BaseModel):
 
 
 class SearchResponse(BaseModel):
-    query: str
+    query: str | None
     k: int
     offset: int
     has_more: bool = Field(description="whether hits exist after this page")
@@ -410,6 +422,10 @@ SETTINGS_EXAMPLE = {
 
 
 class EmbedderSettings(_Strict):
+    kind: Literal["model", "none"] = Field(
+        "model", description="none: the collection embeds nothing; documents and dense searches bring their own `vector`"
+    )
+    dimension: Int | None = Field(None, ge=1, le=MAX_DIMENSION, description="with kind none (required): numbers in every vector")
     model: str = Field(
         DEFAULT_MODEL,
         min_length=1,

@@ -89,7 +89,7 @@ class Tasks:
         collection = serving.collection if serving is not None else None
         if collection is not None:
             types = collection.field_types()
-            decide_types(check_batch(documents, len(documents), types), types, collection.filterable)
+            decide_types(check_batch(documents, len(documents), types, collection.vectors), types, collection.filterable)
         task = Task(uuid.uuid4().hex, reloader.name, len(documents))
         with self._lock:
             self._tasks[task.id] = task

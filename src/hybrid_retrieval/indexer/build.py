@@ -39,7 +39,7 @@ from hybrid_retrieval.indexer.manifest import (
     read_manifest,
     write_manifest,
 )
-from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
+from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import PRECISIONS, export_onnx
 from hybrid_retrieval.models.providers import BACKENDS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
@@ -76,7 +76,7 @@ class BuildOptions:
     field_types: dict | None = None  # fields whose type is decided already (a compaction keeps its collection's)
 
     def __post_init__(self):
-        if self.backend not in BACKENDS:
+        if self.backend not in (*BACKENDS, NO_MODEL):  # none: a collection's documents bring their vectors
             raise ConfigError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown document precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
@@ -177,7 +177,7 @@ def build_into(
     tmp: Path,
     source: Path,
     options: BuildOptions,
-    onnx_folder: Path,
+    onnx_folder: Path | None,
     embedder_spec: dict,
     *,
     embedder=None,
@@ -223,7 +223,8 @@ def build_into(
     faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
     timings["faiss_s"] = time.perf_counter() - t
 
-    shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=_link_or_copy)
+    if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)
+        shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=_link_or_copy)
     num_docs = len(vectors)
     manifest = Manifest(
         builder_version=BUILDER_VERSION,

@@ -29,7 +29,7 @@ import numpy as np
 
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
-from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
+from hybrid_retrieval.models.embedder import NO_MODEL, NoEmbedder, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import resolve_precision
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
@@ -257,6 +257,8 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     }
     if len(set(counts.values())) != 1:
         raise IndexOpenError(f"{folder}: component sizes disagree {counts}")
+    if embedder is None and manifest.embedder.document_backend == NO_MODEL:
+        embedder = NoEmbedder(manifest.embedder.dimension)
     embedder = embedder or OnnxEmbedder(folder / MODEL_DIR, device=device, precision=manifest.embedder.document_precision)
     precision = (
         resolve_precision(query_precision, folder / MODEL_DIR, on_gpu(embedder)) if isinstance(embedder, OnnxEmbedder) else "fp32"

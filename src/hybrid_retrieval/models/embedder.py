@@ -16,6 +16,7 @@ import numpy as np
 from hybrid_retrieval.models.batching import length_sorted, sequence_batch
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file, st_dimension
 from hybrid_retrieval.models.providers import encoding_feeds, load_tokenizer, onnx_session, torch_device
+from hybrid_retrieval.search.errors import SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,39 @@ class Embedder(Protocol):
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         """Return an (n, dimension) float32 array of unit vectors."""
+
+
+NO_MODEL = "none"  # the embedder of a collection whose documents and queries bring their own vectors
+
+
+def no_model_spec(dimension: int) -> dict:
+    """The embedder description (models.onnx_export's embedder.json fields) of a collection without a model."""
+    return {
+        "model": NO_MODEL,
+        "model_checksum": NO_MODEL,
+        "dimension": dimension,
+        "max_seq_length": 0,
+        "pooling": NO_MODEL,
+        "normalize": True,
+        "inputs": [],
+        "pad_token": "",
+        "pad_token_id": 0,
+    }
+
+
+class NoEmbedder:
+    """A collection without a model: its documents and dense searches bring their vectors; anything that would embed
+    text is refused, naming the `vector` the request should carry."""
+
+    providers: tuple[str, ...] = ()
+
+    def __init__(self, dimension: int):
+        self.dimension = dimension
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        raise SpecError(
+            "vector", f"this collection has no embedding model (its embedder is `none`): send the {self.dimension}-number `vector`"
+        )
 
 
 class OnnxEmbedder:

@@ -35,10 +35,11 @@ def check_offset(offset) -> int:
 class Query:
     """One search of a batch (`SearchPipeline.search_many`)."""
 
-    text: str
+    text: str | None
     k: int = 10
     spec: SearchSpec | dict | None = None
     offset: int = 0
+    vector: np.ndarray | None = None  # the query's own embedding (search.vectors.check_vector), when the caller has one
 
 
 @dataclass
@@ -91,6 +92,19 @@ class SearchResult:
                 "contribution": float(fused.contributions[name][at]),
             }
         return {"fused": float(fused.scores[at]), **parts}
+
+
+def check_query(query: str | None, vector: np.ndarray | None, spec: SearchSpec) -> None:
+    """A search's text: required unless a `vector` drives a dense search without reranking or highlights."""
+    if query is None and vector is not None:
+        needs = {"bm25 and hybrid modes (BM25 reads it)": spec.mode != "dense", "reranking": spec.rerank.enabled}
+        needs["highlights"] = spec.highlight.enabled
+        for what, needed in needs.items():
+            if needed:
+                raise SpecError("query", f"{what} need the query text: send it beside the vector")
+        return
+    if not isinstance(query, str) or not query.strip():
+        raise SpecError("query", "must be a non-empty string (or leave it out and send a `vector` for a dense search)")
 
 
 class Stopwatch:
@@ -235,18 +249,18 @@ class SearchPipeline:
         return candidates, vector
 
     def search(
-        self, query: str, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0, vector: np.ndarray | None = None
+        self, query: str | None, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0, vector: np.ndarray | None = None
     ) -> SearchResult:
         """Hits `offset` .. `offset + k` for `query` under `spec`: a full spec, or a partial one (dict form)
-        merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch).
+        merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch, or an application
+        that embeds its own queries: then `query` may be None for a dense search).
 
         Pages are consistent: hybrid fuses a fixed `depth` per retriever and reranking reorders a fixed
         `rerank.depth`, so page 2 with k=10 is ranks 11-20 of k=20 with the same scores. `min_score` applies
         to the final score: the fused (or single-retriever) score, or the reranker's (search.rerank.interpolate).
         """
         spec = spec if isinstance(spec, SearchSpec) else self.resolve(spec)
-        if not isinstance(query, str) or not query.strip():
-            raise SpecError("query", "must be a non-empty string")
+        check_query(query, vector, spec)
         k, offset = check_k(k), check_offset(offset)
         check_semantic_hits(spec.highlight.semantic, k)
         started = time.perf_counter()
@@ -292,20 +306,19 @@ class SearchPipeline:
         for i, item in enumerate(queries):
             try:
                 spec = item.spec if isinstance(item.spec, SearchSpec) else self.resolve(item.spec)
-                if not isinstance(item.text, str) or not item.text.strip():
-                    raise SpecError("query", "must be a non-empty string")
-                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset)))
+                check_query(item.text, item.vector, spec)
+                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset), item.vector))
                 check_semantic_hits(spec.highlight.semantic, resolved[-1].k)
             except SpecError as exc:
                 raise exc.within(f"searches[{i}]") from None
-        embed = [i for i, item in enumerate(resolved) if item.spec.mode != "bm25"]
+        embed = [i for i, item in enumerate(resolved) if item.spec.mode != "bm25" and item.vector is None]
         started = time.perf_counter()
         vectors = dict(zip(embed, self.embedder.encode([resolved[i].text for i in embed]))) if embed else {}
         embed_ms = (time.perf_counter() - started) * 1000
         results = []
         for i, item in enumerate(resolved):
             budget.check("a batch of searches")
-            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i))
+            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i, item.vector))
             if i in vectors:
                 result.timings_ms["embed"] = embed_ms  # the batch's one model run
             results.append(result)

@@ -25,6 +25,7 @@ from hybrid_retrieval.indexer.build import build_into
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR
+from hybrid_retrieval.models.embedder import no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
 from hybrid_retrieval.models.registry import resolve_model
 from hybrid_retrieval.search.errors import HybridError, SpecError
@@ -90,8 +91,11 @@ class DataDir:
         check_name(name)
         with self._lock:
             self._check_free(name)
-            onnx_folder = self._model_folder(settings.model)
-            spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
+            if settings.dimension is not None:  # no model: documents and searches bring their vectors
+                onnx_folder, spec = None, no_model_spec(settings.dimension)
+            else:
+                onnx_folder = self._model_folder(settings.model)
+                spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
             vectors = settings.vectors
             if vectors.kind == "ivfpq" and spec["dimension"] % vectors.pq_m:
                 raise SpecError("settings.vectors.pq_m", f"{vectors.pq_m} does not divide the model's dimension {spec['dimension']}")

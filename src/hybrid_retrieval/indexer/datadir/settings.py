@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hybrid_retrieval.indexer.build import BuildOptions
+from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import Analyzer
@@ -24,9 +25,11 @@ from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
 from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.spec import SearchSpec
+from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
 SECTIONS = ("embedder", "analyzer", "bm25", "vectors", "filterable", "defaults")
-EMBEDDER_FIELDS = ("model", "precision")
+EMBEDDER_FIELDS = ("kind", "model", "precision", "dimension")
+EMBEDDER_KINDS = ("model", "none")  # none: documents and dense searches bring their vectors
 ANALYZER_FIELDS = ("stemmer", "stopwords")
 BM25_FIELDS = ("k1", "b")  # the method stays lucene: live writes score with it (search.segments)
 # A collection's vector index is exact (Flat) until it holds this many documents, then of its kind (search.dense)
@@ -37,6 +40,7 @@ EXACT_BELOW = 10_000
 class CollectionSettings:
     model: str = DEFAULT_MODEL
     precision: str = "fp32"
+    dimension: int | None = None  # set: the embedder is `none`, and every vector has this many numbers
     analyzer: Analyzer = field(default_factory=Analyzer)
     bm25: BM25Params = field(default_factory=BM25Params)
     vectors: FaissParams = field(default_factory=lambda: FaissParams(exact_below=EXACT_BELOW))
@@ -50,6 +54,17 @@ class CollectionSettings:
             return cls()
         section = _object(data, "settings", SECTIONS)
         embedder = _object(section.get("embedder", {}), "settings.embedder", EMBEDDER_FIELDS)
+        kind = embedder.get("kind", "model")
+        if kind not in EMBEDDER_KINDS:
+            raise SpecError("settings.embedder.kind", f"must be one of {', '.join(EMBEDDER_KINDS)}, not {kind!r}")
+        dimension = embedder.get("dimension")
+        if kind == "none":
+            if isinstance(dimension, bool) or not isinstance(dimension, int) or not 1 <= dimension <= MAX_DIMENSION:
+                raise SpecError("settings.embedder.dimension", f"required with kind none: an integer from 1 to {MAX_DIMENSION}")
+            if set(embedder) - {"kind", "dimension"}:
+                raise SpecError("settings.embedder", "kind none takes a dimension only (no model, no precision)")
+        elif dimension is not None:
+            raise SpecError("settings.embedder.dimension", "the model decides the dimension: give it with kind none only")
         model = embedder.get("model", DEFAULT_MODEL)
         if not isinstance(model, str) or not model.strip():
             raise SpecError("settings.embedder.model", "must be a model name or a folder the server has")
@@ -70,11 +85,16 @@ class CollectionSettings:
             defaults = SearchSpec().merge(section.get("defaults"))
         except SpecError as exc:
             raise exc.within("settings.defaults") from None
-        return cls(model, precision, analyzer, bm25, vectors, tuple(filterable) if filterable is not None else None, defaults)
+        filterable = tuple(filterable) if filterable is not None else None
+        shared = {"analyzer": analyzer, "bm25": bm25, "vectors": vectors, "filterable": filterable, "defaults": defaults}
+        if kind == "none":
+            return cls(model=NO_MODEL, dimension=dimension, **shared)
+        return cls(model=model, precision=precision, **shared)
 
     def build_options(self) -> BuildOptions:
         return BuildOptions(
             model=self.model,
+            backend=NO_MODEL if self.dimension is not None else "onnx",
             precision=self.precision,
             analyzer=self.analyzer,
             bm25=self.bm25,

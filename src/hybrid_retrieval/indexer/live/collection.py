@@ -23,11 +23,11 @@ from hybrid_retrieval.indexer.live.compaction import build_compacted, current_co
 from hybrid_retrieval.indexer.live.log import log_path, unwritable
 from hybrid_retrieval.indexer.live.replay import apply_logged, replay_records
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
-from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types
+from hybrid_retrieval.indexer.live.validate import VectorRule, check_batch, check_ids, decide_types
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
 from hybrid_retrieval.indexer.wal import WriteAheadLog
-from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.errors import StorageError
 from hybrid_retrieval.search.live_hubness import Prepared
@@ -74,6 +74,8 @@ class Collection:
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
         check_live_method(index.manifest.bm25)
+        # documents may bring their own vectors of the index's dimension; without a model, they must
+        self.vectors = VectorRule(index.dense.dimension, required=index.manifest.embedder.document_backend == NO_MODEL)
         self._state = LiveState(index, index.manifest.applied_sequence)
         self._write_lock = threading.Lock()  # guards the state and the log
         self._compact_lock = threading.Lock()
@@ -111,13 +113,19 @@ class Collection:
     # writes
 
     def upsert(self, documents: list, positions: list[int] | None = None) -> int:
-        """Validate every document (SpecError naming `documents[i].field`), embed, log durably, apply; the sequence
-        number. `positions`: in a shard, each document's position in the whole sharded index (logged with it)."""
+        """Validate every document (SpecError naming `documents[i].field`), embed those that bring no vector, log
+        durably, apply; the sequence number. `positions`: in a shard, each document's position in the whole sharded
+        index (logged with it)."""
         checked = self._check_batch(documents)  # everything a record holds is checked and converted before it is logged
         if positions is not None:
             checked = [{**doc, "position": int(position)} for doc, position in zip(checked, positions, strict=True)]
-        texts = [indexed_text(doc["title"], doc["text"]) for doc in checked]
-        vectors = self._embed(texts)
+        vectors = np.empty((len(checked), self.vectors.dimension), dtype=np.float32)
+        embed = [i for i, doc in enumerate(checked) if "vector" not in doc]
+        for i, doc in enumerate(checked):
+            if "vector" in doc:
+                vectors[i] = doc["vector"]
+        if embed:
+            vectors[embed] = self._embed([indexed_text(checked[i]["title"], checked[i]["text"]) for i in embed])
         hubness = self._state.hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
         prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None else None
         record_docs = [
@@ -185,7 +193,7 @@ class Collection:
     def _check_batch(self, documents) -> list[dict]:
         with self._write_lock:
             types = dict(self._state.field_types)
-        checked = check_batch(documents, self.max_batch_docs, types)
+        checked = check_batch(documents, self.max_batch_docs, types, self.vectors)
         decide_types(checked, types, self._state.filterable)  # fail before embedding; decided again when logged
         return checked
 

@@ -19,6 +19,8 @@ from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import filterable_fields
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
+from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
+from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.segments import LiveDocument
 
 
@@ -27,12 +29,13 @@ def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: 
     what it keeps of the old base and what `on_compact(state, manifest, folder)` adds; the manifest is written last."""
     index = state.index
     options = replace(build_options_of(index), field_types={name: kind for name, kind in state.field_types.items() if kind is not None})
+    model = index.path / MODEL_DIR if index.manifest.embedder.document_backend != NO_MODEL else None
     manifest = build_into(
         folder,
         corpus,
         options,
-        index.path / MODEL_DIR,
-        json.loads((index.path / MODEL_DIR / "embedder.json").read_text()),
+        model,
+        json.loads((model / CONFIG_FILE).read_text()) if model is not None else no_model_spec(index.manifest.embedder.dimension),
         vectors=vectors,
         collection=True,
     )

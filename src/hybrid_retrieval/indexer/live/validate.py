@@ -6,11 +6,14 @@ converted to what the log holds, so a logged record always applies.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.types import encodable, type_of_kind, written_value
+from hybrid_retrieval.search.vectors import check_vector
 
 MAX_ID_BYTES = 512
+DOCUMENT_FIELDS = ("id", "title", "text", "metadata", "vector")
 
 
 def field_types_of(fields: dict) -> dict[str, str | None]:
@@ -30,10 +33,20 @@ def filterable_fields(manifest) -> frozenset[str] | None:
     return None
 
 
-def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) -> list[dict]:
+@dataclass(frozen=True)
+class VectorRule:
+    """Documents may bring their own vector of `dimension` numbers; `required`: every one must (a collection whose
+    embedder is `none`)."""
+
+    dimension: int
+    required: bool = False
+
+
+def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], vectors: VectorRule | None = None) -> list[dict]:
     """A write batch, checked whole and converted to what the log holds (so a logged record always applies):
     SpecError naming `documents[i].field` of the first problem. `types`: each metadata field's type in the collection
-    (None: not filterable); a value its field cannot take is refused (decide_types settles the fields it adds)."""
+    (None: not filterable); a value its field cannot take is refused (decide_types settles the fields it adds).
+    `vectors`: whether documents may (or must) carry a `vector`, kept as a unit float32 array."""
     if not isinstance(documents, list) or not documents:
         raise SpecError("documents", "must be a non-empty list of documents")
     if len(documents) > max_batch_docs:
@@ -44,9 +57,10 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) ->
         where = ("documents", i)
         if not isinstance(doc, dict):
             raise SpecError(where, "must be an object with id, text and optionally title and metadata")
-        unknown = set(doc) - {"id", "title", "text", "metadata"}
+        known = DOCUMENT_FIELDS if vectors is not None else DOCUMENT_FIELDS[:-1]
+        unknown = set(doc) - set(known)
         if unknown:
-            raise SpecError((*where, sorted(unknown)[0]), "unknown field; valid: id, title, text, metadata")
+            raise SpecError((*where, sorted(unknown)[0]), f"unknown field; valid: {', '.join(known)}")
         doc_id = check_id(doc.get("id"), (*where, "id"), written=True)
         if doc_id in seen:
             raise SpecError((*where, "id"), f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
@@ -69,7 +83,12 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None]) ->
             if not encodable(name):
                 raise SpecError((*where, "metadata"), "a field name is not valid Unicode (a lone surrogate such as \\ud800)")
             converted[name] = written_value(types.get(name), value, (*where, "metadata", name))[0]
-        checked.append({"id": doc_id, "title": title, "text": doc["text"], "metadata": converted})
+        document = {"id": doc_id, "title": title, "text": doc["text"], "metadata": converted}
+        if vectors is not None and "vector" in doc:
+            document["vector"] = check_vector(doc["vector"], vectors.dimension, (*where, "vector"))
+        elif vectors is not None and vectors.required:
+            raise SpecError((*where, "vector"), "required: this collection embeds nothing itself (its embedder is `none`)")
+        checked.append(document)
     return checked
 
 

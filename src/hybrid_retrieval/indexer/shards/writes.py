@@ -62,6 +62,8 @@ class ShardedCollection:
     def seq(self) -> int:
         return sum(self._acked)
 
+    vectors = None  # a sharded index's documents bring no vectors: each shard's writer embeds its own
+
     @property
     def filterable(self) -> frozenset[str] | None:
         return self._filterable

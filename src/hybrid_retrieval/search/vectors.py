@@ -1,0 +1,29 @@
+"""Vectors that applications send (a document's embedding, a search's query vector): checked and made unit length, so
+inner products stay cosines like those of the collection's own model."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+
+from hybrid_retrieval.search.errors import Loc, SpecError
+
+MAX_DIMENSION = 8192
+
+
+def check_vector(value: object, dimension: int, where: str | Loc) -> np.ndarray:
+    """`value` as a unit float32 vector: SpecError naming `where` unless it is a list of `dimension` finite numbers,
+    not all zero."""
+    if not isinstance(value, list) or not all(isinstance(x, Real) and not isinstance(x, bool) for x in value):
+        raise SpecError(where, f"must be a list of {dimension} numbers")
+    if len(value) != dimension:
+        raise SpecError(where, f"has {len(value)} dimensions; this collection's vectors have {dimension}")
+    if not all(math.isfinite(x) for x in value):
+        raise SpecError(where, "holds a value that is not a finite number (NaN or infinity)")
+    vector = np.asarray(value, dtype=np.float64)
+    norm = float(np.linalg.norm(vector))
+    if not norm or not math.isfinite(norm) or not np.isfinite(vector / norm).all():
+        raise SpecError(where, "is the zero vector (or too close to it), which has no direction to compare")
+    return (vector / norm).astype(np.float32)
