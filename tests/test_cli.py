@@ -28,9 +28,10 @@ def test_index_command_reports_bad_corpus_line(tmp_path):
     assert not (tmp_path / "idx").exists()
 
 
-def test_serve_without_index_fails_fast():
-    result = hybrid("serve")
-    assert result.returncode == 2 and "no index given" in result.stderr
+def test_serve_refuses_a_damaged_data_directory_fast(tmp_path):
+    (tmp_path / "aliases.json").write_text("{not json")
+    result = hybrid("serve", "--data", tmp_path, "--port", free_port())
+    assert result.returncode == 2 and "aliases.json is not valid JSON" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_path):

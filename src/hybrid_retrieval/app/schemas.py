@@ -184,7 +184,8 @@ class SearchRequest(SpecBody):
     # the query text, its vector, or both (the vector alone drives a dense search)
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [{"required": ["query"]}, {"required": ["vector"]}]})
 
-    query: str | None = Field(
+    # typed without None (null is refused, as the schema says); absent, it is None
+    query: str = Field(  # type: ignore[assignment]
         None,
         min_length=1,
         max_length=MAX_QUERY_CHARS,
@@ -192,7 +193,7 @@ class SearchRequest(SpecBody):
         description="free-text query: not blank, no control characters except tab and newline; may be left out when "
         "`vector` is given and the search is dense (no reranking, no highlights)",
     )
-    vector: list[Float] | None = Field(
+    vector: list[Float] = Field(  # type: ignore[assignment]
         None,
         min_length=1,
         max_length=MAX_DIMENSION,
@@ -217,7 +218,9 @@ class SearchRequest(SpecBody):
 
     @field_validator("query")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is None:  # a vector alone: the pipeline checks that the search needs no text
+            return value
         if not value.strip():
             raise ValueError("query must not be empty or whitespace")
         if _CONTROL.search(value):
