@@ -24,8 +24,17 @@ FILTERABLE = ["flag", "tags", "year"]
 SETTINGS = {"filterable": FILTERABLE, "bm25": {"k1": 1.2, "b": 0.75}}
 
 
+KEYS_FILE = """# key        role   collections and aliases
+lifecycle-writer
+app-key      write  scifact
+viewer       read   scifact-offline
+"""
+
+
 def env_for(data) -> dict[str, str]:
-    return {"HYBRID_DATA": str(data), "HYBRID_WRITE_KEYS": "lifecycle-writer", "HYBRID_REFRESH_INTERVAL": "0.2", "HYBRID_VERIFY": "size"}
+    keys = data.parent / "keys.txt"
+    keys.write_text(KEYS_FILE)
+    return {"HYBRID_DATA": str(data), "HYBRID_WRITE_KEYS_FILE": str(keys), "HYBRID_REFRESH_INTERVAL": "0.2", "HYBRID_VERIFY": "size"}
 
 
 def documents(scifact, count: int) -> list[dict]:
@@ -182,6 +191,29 @@ def lifecycle(scifact, tmp_path, count: int) -> None:
         after = client.post("/search", json={"query": queries[0], "k": 10}).json()["hits"]
         assert [h["id"] for h in after] == [h["id"] for h in before]
         assert client.get(f"/tasks/{task['id']}").json()["state"] == "succeeded"  # tasks are kept in the data directory
+        check_scoped_keys(client, queries[0])
+
+
+def check_scoped_keys(client: httpx.Client, query: str) -> None:
+    """A key limited to some collections and aliases works there and answers 403 naming the collection elsewhere."""
+    app, viewer = {"X-API-Key": "app-key"}, {"X-API-Key": "viewer"}
+    search = {"query": query, "k": 3}
+    assert client.post("/collections/scifact/search", json=search, headers=app).status_code == 200  # its alias
+    outside = client.post("/collections/scifact-offline/search", json=search, headers=app)  # the collection behind it
+    assert outside.status_code == 403 and "scifact-offline" in outside.json()["detail"]
+    assert client.post("/collections/nowhere/search", json=search, headers=app).status_code == 403  # no existence leak
+    created = client.post("/collections", json={"name": "mine"}, headers=app)
+    assert created.status_code == 403 and "'mine'" in created.json()["detail"]
+    assert client.post("/admin/reload", headers=app).status_code == 403  # acts on every collection
+    written = client.put("/collections/scifact/documents?wait=true", json={"documents": [{"id": "n1", "text": "new"}]}, headers=app)
+    assert written.status_code == 200
+    assert [c["name"] for c in client.get("/collections", headers=app).json()["collections"]] == ["scifact-offline"]
+    assert client.get("/aliases", headers=app).json() == {"aliases": {"scifact": "scifact-offline"}}
+    # a read key: searches in its scope (the default alias points there too), no writes
+    assert client.post("/collections/scifact-offline/search", json=search, headers=viewer).status_code == 200
+    assert client.post("/search", json=search, headers=viewer).status_code == 200
+    refused = client.delete("/collections/scifact-offline/documents/n1", headers=viewer)
+    assert refused.status_code == 403 and "read key" in refused.json()["detail"]
 
 
 def test_collection_lifecycle(scifact, tmp_path):

@@ -308,7 +308,8 @@ def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
             Settings(index=scifact_slice_index, device="cpu", batch_queries=setting, rerank_depth=10), cross_encoder=LengthScorer()
         )
         with TestClient(app) as client:
-            assert isinstance(app.state.collections.default().serving.pipeline.embedder.embedder, BatchingEmbedder) == batched  # inside the query cache
+            queries = app.state.collections.default().serving.pipeline.embedder
+            assert isinstance(queries.embedder, BatchingEmbedder) == batched  # inside the query cache
             body = client.post("/search", json={"query": "vitamin D", "k": 3}).json()
             assert body["spec"]["rerank"] == {"enabled": True, "depth": 10, "weight": 1.0} and len(body["hits"]) == 3
 

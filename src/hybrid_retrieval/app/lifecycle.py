@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from hybrid_retrieval.app.collections import Collections, memory_bytes
 from hybrid_retrieval.app.documents import stats_of
 from hybrid_retrieval.app.json_body import CheckedRoute
-from hybrid_retrieval.app.routes import _collections
+from hybrid_retrieval.app.routes import _collections, scoped
 from hybrid_retrieval.app.schemas import (
     AliasList,
     AliasSet,
@@ -25,7 +25,7 @@ from hybrid_retrieval.app.schemas import (
     TaskInfo,
     TaskList,
 )
-from hybrid_retrieval.app.security import require_api_key, require_write_key
+from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
 from hybrid_retrieval.app.serving import Reloader
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
@@ -105,17 +105,21 @@ def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
     responses=_CHANGE,
     tags=["collections"],
 )
-def create_collection(body: CollectionCreate, collections: CollectionsDep) -> CollectionInfo:
+def create_collection(body: CollectionCreate, collections: CollectionsDep, request: Request) -> CollectionInfo:
     """Create an empty collection; documents come with PUT /collections/{name}/documents."""
     name = check_name(body.name, "name")
+    check_scope(request, name)
     settings = CollectionSettings.parse(body.settings_dict())
     return _info(collections, collections.create(name, settings))
 
 
 @router.get("/collections", response_model=CollectionList, dependencies=[Depends(require_api_key)], tags=["collections"])
-def list_collections(collections: CollectionsDep) -> CollectionList:
+def list_collections(collections: CollectionsDep, request: Request) -> CollectionList:
+    """The collections the key may use."""
     summaries = []
     for name, reloader in sorted(collections.served.items()):
+        if not allowed(request, name, *_aliases_of(collections, name)):
+            continue
         serving = reloader.serving
         writable = serving is not None and serving.collection is not None
         summaries.append(
@@ -132,10 +136,10 @@ def list_collections(collections: CollectionsDep) -> CollectionList:
 @router.get(
     "/collections/{name}", response_model=CollectionInfo, dependencies=[Depends(require_api_key)], responses=_READ, tags=["collections"]
 )
-def get_collection(name: Name, collections: CollectionsDep) -> CollectionInfo:
+def get_collection(name: Name, collections: CollectionsDep, request: Request) -> CollectionInfo:
     """Settings, counts, defaults and what they rest on, metadata fields, size on disk and in memory (an alias names
     the collection it points to)."""
-    return _info(collections, collections.resolve(name))
+    return _info(collections, scoped(request, name, lambda: collections.resolve(name)))
 
 
 @router.patch(
@@ -145,46 +149,54 @@ def get_collection(name: Name, collections: CollectionsDep) -> CollectionInfo:
     responses=_CHANGE,
     tags=["collections"],
 )
-def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep) -> CollectionInfo:
+def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep, request: Request) -> CollectionInfo:
     """Change what needs no rebuild: the default search spec (rerank settings included). Each field given replaces
     that field of the defaults; served at once, kept across restarts and compactions."""
-    reloader = collections.resolve(name)
+    reloader = scoped(request, name, lambda: collections.resolve(name))
     reloader.override_defaults(body.defaults_dict())
     return _info(collections, reloader)
 
 
 @router.delete("/collections/{name}", status_code=204, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["collections"])
-def drop_collection(name: Name, collections: CollectionsDep) -> Response:
+def drop_collection(name: Name, collections: CollectionsDep, request: Request) -> Response:
     """Drop a collection and its files (refused while an alias points to it)."""
+    check_scope(request, name)
     collections.drop(name)
     return Response(status_code=204)
 
 
 @router.get("/aliases", response_model=AliasList, dependencies=[Depends(require_api_key)], tags=["aliases"])
-def list_aliases(collections: CollectionsDep) -> AliasList:
-    return AliasList(aliases=collections.aliases)
+def list_aliases(collections: CollectionsDep, request: Request) -> AliasList:
+    """The aliases the key may use (by the alias, or the collection it points to)."""
+    return AliasList(aliases={alias: target for alias, target in collections.aliases.items() if allowed(request, alias, target)})
 
 
 @router.put("/aliases/{alias}", response_model=AliasList, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["aliases"])
-def set_alias(alias: AliasName, body: AliasSet, collections: CollectionsDep) -> AliasList:
+def set_alias(alias: AliasName, body: AliasSet, collections: CollectionsDep, request: Request) -> AliasList:
     """Create an alias, or repoint it in one atomic step: requests through it see the old or the new collection."""
+    check_scope(request, alias)
+    check_scope(request, body.collection)
     collections.set_alias(alias, body.collection)
-    return AliasList(aliases=collections.aliases)
+    return list_aliases(collections, request)
 
 
 @router.delete("/aliases/{alias}", response_model=AliasList, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["aliases"])
-def drop_alias(alias: AliasName, collections: CollectionsDep) -> AliasList:
+def drop_alias(alias: AliasName, collections: CollectionsDep, request: Request) -> AliasList:
+    check_scope(request, alias)
     collections.drop_alias(alias)
-    return AliasList(aliases=collections.aliases)
+    return list_aliases(collections, request)
 
 
 @router.get("/tasks/{task_id}", response_model=TaskInfo, dependencies=[Depends(require_api_key)], responses=_READ, tags=["tasks"])
 def get_task(task_id: str, request: Request) -> JSONResponse:
     """A bulk load's state, documents done (durable) of the total, rate and error."""
-    return JSONResponse(request.app.state.tasks.get(task_id).to_dict())
+    task = request.app.state.tasks.get(task_id)
+    check_scope(request, task.collection)
+    return JSONResponse(task.to_dict())
 
 
 @router.get("/tasks", response_model=TaskList, dependencies=[Depends(require_api_key)], tags=["tasks"])
 def list_tasks(request: Request, collection: str | None = None) -> JSONResponse:
     """Recent bulk loads, oldest first (of one collection with ?collection=)."""
-    return JSONResponse({"tasks": [task.to_dict() for task in request.app.state.tasks.list(collection)]})
+    tasks = [task.to_dict() for task in request.app.state.tasks.list(collection) if allowed(request, task.collection)]
+    return JSONResponse({"tasks": tasks})

@@ -23,7 +23,7 @@ from hybrid_retrieval.app.lifecycle import router as lifecycle_router
 from hybrid_retrieval.app.limits import BodySizeLimit
 from hybrid_retrieval.app.observability import Metrics, RequestContext
 from hybrid_retrieval.app.routes import default_collection, named_collection, search_routes, service_router
-from hybrid_retrieval.app.security import InFlightLimit, load_api_keys, load_write_keys
+from hybrid_retrieval.app.security import InFlightLimit, Keys
 from hybrid_retrieval.app.serving import Resources, load_reranker, open_folder
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.app.tasks import Tasks
@@ -146,8 +146,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     )
     app.state.collections = None
     app.state.metrics = metrics = Metrics()
-    app.state.api_keys = load_api_keys(settings)
-    app.state.write_keys = load_write_keys(settings)
+    app.state.keys = Keys.load(settings)
     app.state.in_flight = InFlightLimit(settings.max_in_flight)
     app.state.deadlines = Deadlines(settings.request_timeout, settings.write_timeout)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, write_max_bytes=settings.max_write_body_bytes)

@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from hybrid_retrieval.app.collections import Collections
 from hybrid_retrieval.app.json_body import CheckedRoute
 from hybrid_retrieval.app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
-from hybrid_retrieval.app.security import require_api_key, require_write_key
+from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_unscoped_write_key
 from hybrid_retrieval.app.serving import Reloader, ReloadInProgress, Serving
 from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.search import budget
@@ -46,13 +46,29 @@ def _serving_of(reloader: Reloader) -> Serving:
 
 async def default_collection(request: Request) -> Reloader:
     """The unprefixed routes' collection (HYBRID_DEFAULT_COLLECTION)."""
-    return _collections(request).default()
+    collections = _collections(request)
+    return scoped(request, collections.default_name, collections.default)
 
 
 async def named_collection(
     request: Request, name: Annotated[str, PathParam(description="a collection, or an alias of one", examples=["products"])]
 ) -> Reloader:
-    return _collections(request).resolve(name)
+    collections = _collections(request)
+    return scoped(request, name, lambda: collections.resolve(name))
+
+
+def scoped(request: Request, name: str, resolve: Callable[[], Reloader]) -> Reloader:
+    """The collection `name` resolves to, if the request's key may use it (by that name, or the collection's own);
+    403 naming it otherwise, also when it does not exist (a key learns nothing outside its scope)."""
+    if allowed(request, name):
+        return resolve()
+    try:
+        reloader = resolve()
+    except NotFound:
+        reloader = None
+    check_scope(request, name, *([reloader.name] if reloader is not None else []))
+    assert reloader is not None  # check_scope raised otherwise
+    return reloader
 
 
 def serving_of(collection: Callable) -> Callable:
@@ -226,7 +242,7 @@ def describe(serving: Serving, **more) -> Ready:
 @service_router.post(
     "/admin/reload",
     response_model=Ready,
-    dependencies=[Depends(require_write_key)],
+    dependencies=[Depends(require_unscoped_write_key)],
     responses={
         401: {"description": "missing API key"},
         403: {"description": "not a write key, or no write keys configured"},

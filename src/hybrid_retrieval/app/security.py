@@ -5,28 +5,80 @@ from __future__ import annotations
 import hmac
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from fastapi import HTTPException, Request
 
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.search.errors import ConfigError
+
+READ, WRITE = "read", "write"
 
 
-def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
-    """Read keys from HYBRID_API_KEYS (comma-separated) and HYBRID_API_KEYS_FILE (one per line)."""
-    return _keys(settings.api_keys, settings.api_keys_file)
+@dataclass(frozen=True)
+class Grant:
+    """What a key may do: its role (a write key also reads) and the collections it may use (None: every one). A
+    collection may be named directly or through an alias: either name in the scope allows it."""
+
+    role: str
+    scope: frozenset[str] | None = None
+
+    def allows(self, *names: str) -> bool:
+        return self.scope is None or any(name in self.scope for name in names)
 
 
-def load_write_keys(settings: Settings) -> tuple[bytes, ...]:
-    """Write keys from HYBRID_WRITE_KEYS and HYBRID_WRITE_KEYS_FILE: they may also search."""
-    return _keys(settings.write_keys, settings.write_keys_file)
+OPEN = Grant(READ)  # no key configured at all: anyone may search
 
 
-def _keys(listed: str | None, file: Path | None) -> tuple[bytes, ...]:
-    keys = [k.strip() for k in (listed or "").split(",")]
+class Keys:
+    """The configured keys with their grants. A key file's line is `KEY [ROLE] [SCOPE]`: ROLE `read` or `write` (default:
+    the file's role), SCOPE comma-separated collection and alias names (default: all). Comma-separated keys in
+    HYBRID_API_KEYS / HYBRID_WRITE_KEYS have their variable's role and every collection. Lines starting with # are
+    comments."""
+
+    def __init__(self, entries: list[tuple[bytes, Grant]]):
+        self.entries = entries
+
+    @classmethod
+    def load(cls, settings: Settings) -> Keys:
+        entries = [
+            *_entries(settings.api_keys, settings.api_keys_file, READ),
+            *_entries(settings.write_keys, settings.write_keys_file, WRITE),
+        ]
+        return cls(entries)
+
+    @property
+    def any(self) -> bool:
+        return bool(self.entries)
+
+    @property
+    def writes(self) -> bool:
+        return any(grant.role == WRITE for _, grant in self.entries)
+
+    def match(self, presented: bytes) -> Grant | None:
+        """The grant of the presented key; every configured key is compared in constant time, and all of them: timing
+        must not reveal which key, or how much of one, matched."""
+        found = None
+        for key, grant in self.entries:
+            if hmac.compare_digest(presented, key):
+                found = grant
+        return found
+
+
+def _entries(listed: str | None, file: Path | None, role: str) -> list[tuple[bytes, Grant]]:
+    entries = [(k.strip().encode(), Grant(role)) for k in (listed or "").split(",") if k.strip()]
     if file:
-        keys += [line.strip() for line in Path(file).read_text().splitlines()]
-    return tuple(k.encode() for k in keys if k)
+        for number, line in enumerate(Path(file).read_text().splitlines(), start=1):
+            fields = line.split()
+            if not fields or fields[0].startswith("#"):
+                continue
+            grant_role, rest = (fields[1], fields[2:]) if len(fields) > 1 and fields[1] in (READ, WRITE) else (role, fields[1:])
+            if len(rest) > 1:
+                raise ConfigError(f"{file}:{number}: expected `KEY [read|write] [NAME,NAME,...]`, got {len(fields)} fields")
+            scope = None if not rest or rest[0] == "*" else frozenset(name for name in rest[0].split(",") if name)
+            entries.append((fields[0].encode(), Grant(grant_role, scope)))
+    return entries
 
 
 def _presented_key(request: Request) -> str | None:
@@ -37,29 +89,51 @@ def _presented_key(request: Request) -> str | None:
 
 
 # The dependencies are coroutines: they never block, and FastAPI runs a plain function in a worker thread (a thread
-# hop per dependency per request, measurable at a few hundred requests a second).
+# hop per dependency per request, measurable at a few hundred requests a second). Each leaves the key's grant in
+# request.state.grant, which the collection a route acts on is checked against (check_scope).
 
 
 async def require_api_key(request: Request) -> None:
-    """Searches: open when no key of either role is configured; else 401 without a key, 403 with a wrong one."""
-    keys: tuple[bytes, ...] = request.app.state.api_keys + request.app.state.write_keys
-    if keys:
-        _check_key(request, keys)
+    """Reads: open when no key of either role is configured; else 401 without a key, 403 with a wrong one."""
+    keys: Keys = request.app.state.keys
+    request.state.grant = _check_key(request, keys) if keys.any else OPEN
 
 
 async def require_write_key(request: Request) -> None:
     """Writes and admin endpoints: refused (403) unless write keys are configured and one is presented."""
-    keys: tuple[bytes, ...] = request.app.state.write_keys
-    if not keys:
+    keys: Keys = request.app.state.keys
+    if not keys.writes:
         raise HTTPException(
             status_code=403,
             detail="writes and admin endpoints are disabled: configure HYBRID_WRITE_KEYS (or HYBRID_WRITE_KEYS_FILE) to enable them",
         )
-    _check_key(request, keys)
+    grant = _check_key(request, keys)
+    if grant.role != WRITE:
+        raise HTTPException(status_code=403, detail="invalid API key for this endpoint: it is a read key")
+    request.state.grant = grant
 
 
-def _check_key(request: Request, keys: tuple[bytes, ...]) -> None:
-    """401 without a key, 403 with a wrong one; every configured key is compared in constant time."""
+async def require_unscoped_write_key(request: Request) -> None:
+    """What acts on every collection (reload): a write key for all of them."""
+    await require_write_key(request)
+    if request.state.grant.scope is not None:
+        raise HTTPException(status_code=403, detail="this key is limited to some collections: this endpoint acts on all of them")
+
+
+def check_scope(request: Request, *names: str) -> None:
+    """403 naming the collection when the request's key may not use it (by any of `names`: as asked, as resolved)."""
+    grant: Grant | None = getattr(request.state, "grant", None)
+    if grant is not None and not grant.allows(*names):
+        raise HTTPException(status_code=403, detail=f"this key may not use collection {names[0]!r}")
+
+
+def allowed(request: Request, *names: str) -> bool:
+    grant: Grant | None = getattr(request.state, "grant", None)
+    return grant is None or grant.allows(*names)
+
+
+def _check_key(request: Request, keys: Keys) -> Grant:
+    """401 without a key, 403 with a wrong one."""
     presented = _presented_key(request)
     if not presented:
         raise HTTPException(
@@ -67,12 +141,10 @@ def _check_key(request: Request, keys: tuple[bytes, ...]) -> None:
             detail="missing API key: send 'Authorization: Bearer <key>' or 'X-API-Key'",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    candidate = presented.encode()
-    matched = False
-    for key in keys:  # no early exit: timing must not reveal which key, or how much of one, matched
-        matched |= hmac.compare_digest(candidate, key)
-    if not matched:
+    grant = keys.match(presented.encode())
+    if grant is None:
         raise HTTPException(status_code=403, detail="invalid API key for this endpoint")
+    return grant
 
 
 class InFlightLimit:
