@@ -19,6 +19,7 @@ if CHROMIUM is None:
     pytest.skip("no Chromium on this machine: apt-get install chromium (scripts/test.sh does, as root)", allow_module_level=True)
 
 KEY = "ui-test-key"
+WRITER = "ui-test-writer"
 XSS_TITLE = "<img src=x onerror=alert(1)>"
 QUERY = "cells protein expression"
 FIRST_PAINT_BUDGET_MS = 300
@@ -33,7 +34,8 @@ def server(scifact_slice, tmp_path_factory):
     docs = [json.loads(line) for line in scifact_slice.read_text().splitlines()[:300]]
     docs.append({"_id": "xss", "title": XSS_TITLE, "text": "zyxwv quokka marsupial <script>alert(2)</script> & friends"})
     build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
-    with running_server(root / "index", {"HYBRID_API_KEYS": KEY, "HYBRID_VERIFY": "size"}) as (url, _):
+    env = {"HYBRID_API_KEYS": KEY, "HYBRID_WRITE_KEYS": WRITER, "HYBRID_DATA": str(root / "data"), "HYBRID_VERIFY": "size"}
+    with running_server(root / "index", env) as (url, _):
         yield url
 
 
@@ -146,6 +148,22 @@ def test_pages_move_and_the_url_holds_the_state(page, server):
     page.goto(page.url)  # a shared link restores the view
     page.wait_for_selector("#column-a .hit[data-rank='11']")
     assert page.input_value("#q") == QUERY
+
+
+def test_the_collection_picker_searches_the_picked_collection(page, server):
+    with httpx.Client(base_url=server, headers={"X-API-Key": WRITER}) as client:
+        assert client.post("/collections", json={"name": "notes"}).status_code == 201
+        note = {"id": "n1", "title": "Field notes", "text": "A quokka was seen near the path."}
+        assert client.put("/collections/notes/documents?wait=true", json={"documents": [note]}).status_code == 200
+    open_with_key(page)
+    wait_until(page, "[...document.getElementById('collection').options].some((o) => o.value === 'notes')")
+    page.select_option("#collection", "notes")
+    search(page, "quokka")
+    assert page.locator("#column-a .hit").nth(0).get_attribute("data-id") == "n1"
+    assert "c=notes" in page.url and "/collections/notes/search" in page.input_value("#curl")
+    wait_until(page, "document.getElementById('summary').textContent.startsWith('1 documents')")
+    page.goto(page.url)  # a shared link restores the collection
+    page.wait_for_selector("#column-a .hit[data-id='n1']")
 
 
 def test_a_missing_key_opens_the_key_prompt_and_an_empty_query_sends_nothing(page):

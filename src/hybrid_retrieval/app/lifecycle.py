@@ -4,6 +4,7 @@ need a write key; reads a read key (app.security). The work is app.collections' 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -88,6 +89,7 @@ def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
         settings=settings_of(manifest),
         defaults=serving.pipeline.defaults.to_dict(),
         evidence=serving.evidence,
+        fusion_tuning=asdict(manifest.fusion_tuning) if manifest.fusion_tuning else None,
         metadata={name: info.to_dict() for name, info in manifest.metadata.items()},
         stats=stats_of(serving),
         disk_bytes=_folder_bytes(serving.index.path),

@@ -511,6 +511,7 @@ class CollectionInfo(BaseModel):
     settings: dict[str, Any] = Field(description="what it was created with: embedder, analyzer, bm25, vectors, filterable")
     defaults: dict[str, Any] = Field(description="the search spec a request that says nothing gets")
     evidence: dict[str, Any] = Field(description="what each fitted default rests on (tuning, hubness fit, reranker weight)")
+    fusion_tuning: dict | None = Field(None, description="what `hybrid tune` measured when it chose the default fusion")
     metadata: dict[str, Any] = Field(description="metadata fields: filter type, or why not filterable")
     stats: Stats
     disk_bytes: int = Field(description="size of its folder on disk (the model files, shared by hard links, counted)")

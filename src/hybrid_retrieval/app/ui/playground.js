@@ -36,12 +36,14 @@ function readState() {
   return {
     q: params.get("q") ?? "", k: params.get("k") ?? "10", page: Math.max(1, parseInt(params.get("page") ?? "1", 10) || 1),
     filter: params.get("filter") ?? "", highlight: params.get("highlight") !== "0", compare: params.get("compare") === "1",
+    collection: params.get("c") ?? "",
     a: config("a"), b: config("b"),
   };
 }
 
 function writeState(state) {
   const params = new URLSearchParams();
+  if (state.collection) params.set("c", state.collection);
   if (state.q) params.set("q", state.q);
   if (state.k !== "10") params.set("k", state.k);
   if (state.page > 1) params.set("page", String(state.page));
@@ -60,6 +62,7 @@ function writeState(state) {
 function formState(page) {
   const config = (prefix) => Object.fromEntries(CONFIG_FIELDS.map((f) => [f, $(`${prefix}-${f}`).value]));
   return {q: $("q").value, k: $("k").value, page, filter: $("filter").value, highlight: $("highlight").checked,
+          collection: $("collection").value,
           compare: $("compare").checked, a: config("a"), b: config("b")};
 }
 
@@ -152,8 +155,14 @@ class RequestError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
+// the picked collection's search route ("" picks the default collection, which the unprefixed route serves)
+function searchPath() {
+  const name = $("collection").value;
+  return name ? `/collections/${encodeURIComponent(name)}/search` : "/search";
+}
+
 async function post(body) {
-  const response = await fetch("/search", {method: "POST", headers: headers(), body: JSON.stringify(body)});
+  const response = await fetch(searchPath(), {method: "POST", headers: headers(), body: JSON.stringify(body)});
   const payload = await response.json().catch(() => ({}));
   if (!response.ok) throw new RequestError(response.status, describeError(response, payload));
   return payload;
@@ -177,7 +186,7 @@ function describeError(response, payload) {
 function curlFor(body) {
   const json = JSON.stringify(body).replaceAll("'", "'\\''");
   const key = sessionStorage.getItem(KEY_STORAGE) ? " -H \"X-API-Key: $HYBRID_API_KEY\"" : "";
-  return `curl -s ${location.origin}/search -H 'content-type: application/json'${key} -d '${json}'`;
+  return `curl -s ${location.origin}${searchPath()} -H 'content-type: application/json'${key} -d '${json}'`;
 }
 
 // --- rendering ---
@@ -399,11 +408,40 @@ async function search(page = 1) {
 let currentPage = 1;
 let searchTicket = 0;
 
-async function loadSummary() {
+// the collections (and aliases) this key may search, for the picker; the default collection stays first
+async function loadCollections(picked) {
+  const select = $("collection");
   try {
-    const response = await fetch("/ready");
+    const [collections, aliases] = await Promise.all(["/collections", "/aliases"].map(async (path) => {
+      const response = await fetch(path, {headers: headers()});
+      if (!response.ok) throw new RequestError(response.status, describeError(response, await response.json().catch(() => ({}))));
+      return response.json();
+    }));
+    const names = [...collections.collections.map((c) => [c.name, `${c.name} (${c.documents.toLocaleString()} documents)`]),
+                   ...Object.entries(aliases.aliases).map(([alias, target]) => [alias, `${alias} → ${target}`])];
+    select.replaceChildren(el("option", {value: "", text: "default collection"}),
+                           ...names.map(([value, text]) => el("option", {value, text})));
+  } catch {
+    select.replaceChildren(el("option", {value: "", text: "default collection"}));  // e.g. a key is needed to list them
+  }
+  if (picked && ![...select.options].some((option) => option.value === picked)) select.append(el("option", {value: picked, text: picked}));
+  select.value = picked ?? "";
+}
+
+async function loadSummary() {
+  const name = $("collection").value;
+  try {
+    const response = await fetch(name ? `/collections/${encodeURIComponent(name)}` : "/ready", {headers: headers()});
     const ready = await response.json();
-    if (!ready.ready) throw new Error("the index is not loaded yet");
+    if (!response.ok) throw new Error(typeof ready.detail === "string" ? ready.detail : `${response.status}`);
+    if (name) {
+      ready.model = ready.settings?.embedder?.model;  // a collection's description: GET /collections/{name}
+    } else if (!ready.ready) {
+      throw new Error("the index is not loaded yet");
+    } else if (ready.documents == null) {
+      $("summary").textContent = `${ready.collections} collections; no default collection: pick one`;
+      return;
+    }
     const fusion = ready.defaults?.fusion ?? {};
     const tuned = ready.fusion_tuning;
     const parts = [`${ready.documents.toLocaleString()} documents`, `model ${ready.model ?? "?"}`,
@@ -442,8 +480,12 @@ function start() {
     }
   });
   window.addEventListener("resize", () => requestAnimationFrame(drawLinks));
-  loadSummary();
-  if (state.q.trim()) search(state.page);
+  $("collection").addEventListener("change", () => { loadSummary(); if ($("q").value.trim()) search(1); });
+  key.addEventListener("change", () => loadCollections($("collection").value));
+  loadCollections(state.collection).then(() => {
+    loadSummary();
+    if (state.q.trim()) search(state.page);
+  });
 }
 
 document.addEventListener("DOMContentLoaded", start);
