@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi import Path as PathParam
@@ -37,14 +37,18 @@ router = APIRouter(route_class=CheckedRoute)
 CollectionsDep = Annotated[Collections, Depends(_collections)]
 Name = Annotated[str, PathParam(description="a collection", examples=["products-v1"])]
 AliasName = Annotated[str, PathParam(description=f"an alias: {NAME_RULE_TEXT}", pattern=f"^{NAME_RULE.pattern}$", examples=["products"])]
-_CHANGE = {
+_CHANGE: dict[int | str, dict[str, Any]] = {
     401: {"description": "missing key"},
     403: {"description": "not a write key, or no write keys configured"},
     404: {"description": "no such collection or alias"},
     409: {"description": "the name is taken, an alias points to it, or the collection limit is reached"},
     422: {"description": "invalid name or settings; `loc` names the field"},
 }
-_READ = {401: {"description": "missing key"}, 403: {"description": "invalid key"}, 404: {"description": "no such collection"}}
+_READ: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing key"},
+    403: {"description": "invalid key"},
+    404: {"description": "no such collection"},
+}
 
 
 def _aliases_of(collections: Collections, name: str) -> list[str]:
