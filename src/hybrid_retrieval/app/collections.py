@@ -94,10 +94,9 @@ class Collections:
                     raise HybridError(f"--index {self.external} would be served as {name!r}, a collection of the data directory too")
                 opener = self._external_opener or functools.partial(self._open_folder, self.external)
                 self._serve(name, opener)
-            data = self.data
-            for name in data.names() if data is not None else []:
-                assert data is not None
-                self._serve(name, functools.partial(self._open_folder, data.path(name)))
+            if self.data is not None:
+                for name in self.data.names():
+                    self._serve(name, functools.partial(self._open_folder, self.data.path(name)))
 
     def scan(self) -> list[str]:
         """Serve the collections an offline build published into the data directory since; their names."""
