@@ -114,6 +114,30 @@ def test_openapi_schema_documents_search(client):
     assert "rrf_k" in json.dumps(schema["components"]["schemas"]["SearchRequest"])
 
 
+def test_every_request_body_in_the_schema_has_an_example(client):
+    schema = client.get("/openapi.json").json()
+    components = schema["components"]["schemas"]
+
+    def has_example(node, seen=()) -> bool:
+        if isinstance(node, dict):
+            if "example" in node or "examples" in node:
+                return True
+            name = node.get("$ref", "").rsplit("/", 1)[-1]
+            if name:
+                return name not in seen and has_example(components[name], (*seen, name))
+            return any(has_example(value, seen) for value in node.values())
+        return isinstance(node, list) and any(has_example(value, seen) for value in node)
+
+    bodies = {
+        f"{method.upper()} {path}": op["requestBody"]
+        for path, ops in schema["paths"].items()
+        for method, op in ops.items()
+        if "requestBody" in op
+    }
+    assert len(bodies) >= 11 and "POST /collections" in bodies and "PUT /collections/{name}/documents" in bodies
+    assert [route for route, body in bodies.items() if not has_example(body)] == []
+
+
 def test_hybrid_serve_answers_over_loopback(scifact_slice_index):
     with running_server(scifact_slice_index) as (url, _):
         hits = httpx.post(f"{url}/search", json={"query": "vitamin D deficiency", "k": 5}, timeout=10).json()["hits"]

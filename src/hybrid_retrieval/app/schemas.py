@@ -182,7 +182,16 @@ class SpecBody(DefaultsBody):
 
 class SearchRequest(SpecBody):
     # the query text, its vector, or both (the vector alone drives a dense search)
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [{"required": ["query"]}, {"required": ["vector"]}]})
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": [{"required": ["query"]}, {"required": ["vector"]}],
+            "examples": [
+                {"query": "vitamin D deficiency and bone density", "k": 5},
+                {"query": "statins and cancer", "k": 10, "mode": "hybrid", "fusion": {"method": "cc", "alpha": 0.6, "norm": "zscore"}},
+            ],
+        },
+    )
 
     # typed without None (null is refused, as the schema says); absent, it is None
     query: str = Field(  # type: ignore[assignment]
@@ -357,6 +366,12 @@ class Ready(BaseModel):
 
 
 class DocumentIn(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [{"id": "n1", "title": "Quokkas", "text": "The quokka is a small marsupial.", "metadata": {"year": 2024}}]
+        }
+    )
+
     id: str | int = Field(
         description="unique id, at most 512 bytes of UTF-8, no control characters, not . or ..; "
         "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)"
@@ -379,7 +394,9 @@ DocumentId = Annotated[str, Field(min_length=1, max_length=512, pattern=r"\S", d
 
 
 class DeleteRequest(_Strict):
-    ids: list[DocumentId] = Field(..., min_length=1, description="documents to delete (an id that does not exist is no error)")
+    ids: list[DocumentId] = Field(
+        ..., min_length=1, description="documents to delete (an id that does not exist is no error)", examples=[["n1", "n2"]]
+    )
 
 
 class DocumentOut(BaseModel):
