@@ -121,15 +121,18 @@ class Collections:
 
     def _serve(self, name: str, opener) -> Reloader:
         """(change lock held) Open a collection and add it to `served`."""
-        if len(self.served) >= self.settings.max_collections:
-            raise TooMany(
-                f"the service serves {len(self.served)} collections, as many as HYBRID_MAX_COLLECTIONS allows: drop one or raise the limit"
-            )
+        self._check_room()
         reloader = Reloader(name, self.resources, opener)
         reloader.open(opener())
         self.resources.metrics.collection_bytes.labels(name).set_function(functools.partial(memory_bytes, reloader))
         self.served = {**self.served, name: reloader}
         return reloader
+
+    def _check_room(self) -> None:
+        if len(self.served) >= self.settings.max_collections:
+            raise TooMany(
+                f"the service serves {len(self.served)} collections, as many as HYBRID_MAX_COLLECTIONS allows: drop one or raise the limit"
+            )
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -141,8 +144,7 @@ class Collections:
     def create(self, name: str, settings: CollectionSettings) -> Reloader:
         data = self._data()
         with self._change:
-            if len(self.served) >= self.settings.max_collections:
-                raise TooMany(f"the service serves {len(self.served)} collections, as many as HYBRID_MAX_COLLECTIONS allows")
+            self._check_room()  # before building it
             if name in self.served:
                 raise Conflict(f"a collection named {name!r} exists")
             data.create(name, settings)
@@ -151,12 +153,10 @@ class Collections:
     def drop(self, name: str) -> None:
         data = self._data()
         with self._change:
+            data.check_droppable(name)  # before it stops serving: a refused drop changes nothing
             reloader = self.served.get(name)
-            if reloader is None or not data.exists(name):
-                raise NotFound(f"no collection named {name!r} in the data directory")
-            pointing = sorted(alias for alias, target in data.aliases.items() if target == name)
-            if pointing:
-                raise Conflict(f"aliases {', '.join(pointing)} point to {name!r}: repoint or delete them first")
+            if reloader is None:
+                raise NotFound(f"collection {name!r} is not served here")
             self.served = {n: r for n, r in self.served.items() if n != name}  # new requests miss it from here on
             reloader.close()
             data.drop(name)

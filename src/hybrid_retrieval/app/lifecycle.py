@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from hybrid_retrieval.app.collections import Collections, memory_bytes
 from hybrid_retrieval.app.documents import stats_of
 from hybrid_retrieval.app.json_body import CheckedRoute
-from hybrid_retrieval.app.routes import _collections, scoped
+from hybrid_retrieval.app.routes import collections_of, scoped
 from hybrid_retrieval.app.schemas import (
     AliasList,
     AliasSet,
@@ -34,7 +34,7 @@ from hybrid_retrieval.indexer.manifest import Manifest
 
 router = APIRouter(route_class=CheckedRoute)
 
-CollectionsDep = Annotated[Collections, Depends(_collections)]
+CollectionsDep = Annotated[Collections, Depends(collections_of)]
 Name = Annotated[str, PathParam(description="a collection", examples=["products-v1"])]
 AliasName = Annotated[str, PathParam(description=f"an alias: {NAME_RULE_TEXT}", pattern=f"^{NAME_RULE.pattern}$", examples=["products"])]
 _CHANGE: dict[int | str, dict[str, Any]] = {
@@ -120,7 +120,7 @@ def create_collection(body: CollectionCreate, collections: CollectionsDep, reque
 
 
 @router.get("/collections", response_model=CollectionList, dependencies=[Depends(require_api_key)], tags=["collections"])
-def list_collections(collections: CollectionsDep, request: Request) -> CollectionList:
+def listcollections_of(collections: CollectionsDep, request: Request) -> CollectionList:
     """The collections the key may use."""
     summaries = []
     for name, reloader in sorted(collections.served.items()):

@@ -30,7 +30,7 @@ from hybrid_retrieval.search.vectors import check_vector
 service_router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
 
 
-def _collections(request: Request) -> Collections:
+def collections_of(request: Request) -> Collections:
     collections = request.app.state.collections
     if collections is None:
         raise HTTPException(status_code=503, detail="the service is starting", headers={"Retry-After": "1"})
@@ -46,14 +46,14 @@ def _serving_of(reloader: Reloader) -> Serving:
 
 async def default_collection(request: Request) -> Reloader:
     """The unprefixed routes' collection (HYBRID_DEFAULT_COLLECTION)."""
-    collections = _collections(request)
+    collections = collections_of(request)
     return scoped(request, collections.default_name, collections.default)
 
 
 async def named_collection(
     request: Request, name: Annotated[str, PathParam(description="a collection, or an alias of one", examples=["products"])]
 ) -> Reloader:
-    collections = _collections(request)
+    collections = collections_of(request)
     return scoped(request, name, lambda: collections.resolve(name))
 
 
@@ -252,7 +252,7 @@ def describe(serving: Serving, **more) -> Ready:
 def reload(request: Request) -> Ready:
     """Open every collection's folder again (e.g. after `hybrid index` rebuilt one) and swap each in; serve the
     collections built into the data directory since."""
-    collections = _collections(request)
+    collections = collections_of(request)
     try:
         collections.reload()
     except ReloadInProgress as exc:

@@ -139,15 +139,19 @@ class DataDir:
     def drop(self, name: str) -> None:
         """Remove collection `name`; Conflict when an alias points to it (drop or repoint the alias first)."""
         with self._lock:
-            if not self.exists(name):
-                raise NotFound(f"no collection named {name!r}")
-            pointing = sorted(alias for alias, target in self._aliases.items() if target == name)
-            if pointing:
-                raise Conflict(f"aliases {', '.join(pointing)} point to {name!r}: repoint or delete them first")
+            self.check_droppable(name)
             doomed = self.collections / f"{DROPPED}{name}-{uuid.uuid4().hex[:12]}"
             self.path(name).rename(doomed)  # gone from the name at once; a crash while removing leaves only this
             shutil.rmtree(doomed, ignore_errors=True)
         logger.info("dropped collection %s", name)
+
+    def check_droppable(self, name: str) -> None:
+        """NotFound when there is no such collection, Conflict while an alias points to it."""
+        if not self.exists(name):
+            raise NotFound(f"no collection named {name!r}")
+        pointing = sorted(alias for alias, target in self._aliases.items() if target == name)
+        if pointing:
+            raise Conflict(f"aliases {', '.join(pointing)} point to {name!r}: repoint or delete them first")
 
     # --- aliases ------------------------------------------------------------------------------------------------
 
