@@ -1,0 +1,147 @@
+"""The data directory (names, creation, drops, aliases, what a crash leaves), collection settings, and the lifecycle
+rules of the API that the end-to-end test does not walk through (defaults changed at run time, limits, bad loads)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, check_name, name_of_folder
+from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW, CollectionSettings
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.dense import FaissParams
+from hybrid_retrieval.search.errors import HybridError, SpecError
+from tests.conftest import TINY_CORPUS
+
+WRITER = {"X-API-Key": "w"}
+DOCS = [{"id": d["_id"], "title": d["title"], "text": d["text"]} for d in TINY_CORPUS]
+
+
+@pytest.mark.parametrize("name", ["a", "products-v2", "x_1", "9" * 64])
+def test_valid_names(name):
+    assert check_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "A", "-a", "_a", "a b", "a/b", "é", "9" * 65, 7])
+def test_invalid_names_are_refused_naming_the_field(name):
+    with pytest.raises(SpecError) as error:
+        check_name(name, "name")
+    assert error.value.field == "name"
+
+
+def test_a_folder_served_from_outside_is_named_after_it(tmp_path):
+    assert name_of_folder(tmp_path / "SciFact Index") == "scifact-index"
+    assert name_of_folder(tmp_path / "---") == "default"
+
+
+def test_create_drop_and_aliases_on_disk(tmp_path):
+    data = DataDir(tmp_path)
+    manifest = data.create("notes", CollectionSettings.parse({"bm25": {"k1": 1.2}, "filterable": ["year"]}))
+    assert manifest.documents == 0 and manifest.bm25.k1 == 1.2 and manifest.filterable == ["year"]
+    assert open_index(data.path("notes")).num_docs == 0 and data.names() == ["notes"]
+    with pytest.raises(Conflict):
+        data.create("notes", CollectionSettings())
+    data.set_alias("current", "notes")
+    with pytest.raises(Conflict):
+        data.create("current", CollectionSettings())  # one namespace for both
+    with pytest.raises(Conflict):
+        data.drop("notes")  # the alias points to it
+    with pytest.raises(NotFound):
+        data.set_alias("other", "missing")
+    assert DataDir(tmp_path).aliases == {"current": "notes"}  # kept on disk
+    data.drop_alias("current")
+    data.drop("notes")
+    assert data.names() == [] and not data.path("notes").exists()
+
+
+def test_what_a_crash_leaves_is_removed_at_the_next_start(tmp_path):
+    data = DataDir(tmp_path)
+    leftovers = [data.collections / ".notes.building-x1", data.collections / ".dropped-old-1234"]
+    for folder in leftovers:
+        (folder / "bm25").mkdir(parents=True)
+    DataDir(tmp_path)
+    assert not any(folder.exists() for folder in leftovers)
+
+
+def test_a_damaged_aliases_file_is_refused_with_its_name(tmp_path):
+    (tmp_path / "aliases.json").write_text("{oops")
+    with pytest.raises(HybridError, match="aliases.json is not valid JSON"):
+        DataDir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"shards": 2}, "settings.shards"),
+        ({"embedder": {"kind": "none"}}, "settings.embedder.dimension"),
+        ({"embedder": {"kind": "none", "dimension": 8, "model": "x"}}, "settings.embedder"),
+        ({"embedder": {"dimension": 8}}, "settings.embedder.dimension"),
+        ({"vectors": {"kind": "annoy"}}, "settings.vectors.kind"),
+        ({"bm25": {"b": 2}}, "settings.bm25.b"),
+        ({"defaults": {"filter": {"year": 2020}}}, "settings.defaults.filter"),
+        ({"defaults": {"fusion": {"method": "cc", "alpha": 3}}}, "settings.defaults.fusion.alpha"),
+        ({"filterable": "year"}, "settings.filterable"),
+    ],
+)
+def test_invalid_settings_name_the_field(settings, field):
+    with pytest.raises(SpecError) as error:
+        CollectionSettings.parse(settings)
+    assert error.value.field == field
+
+
+def test_a_collection_starts_exact_and_takes_its_kind_past_the_threshold():
+    hnsw = FaissParams(kind="hnsw", exact_below=100)
+    assert hnsw.factory(99) == "Flat" and hnsw.factory(100) == "HNSW32,Flat"
+    assert FaissParams(kind="ivf").factory(38) == "Flat"  # too few vectors to train one cluster
+    assert CollectionSettings.parse({"vectors": {"kind": "hnsw"}}).vectors.exact_below == EXACT_BELOW
+
+
+@pytest.fixture
+def client(tmp_path):
+    with TestClient(create_app(Settings(data=tmp_path / "data", write_keys="w", refresh_interval=0.05, max_collections=2))) as c:
+        yield c
+
+
+def test_defaults_changed_through_the_api_are_served_and_kept(tmp_path, client):
+    assert client.post("/collections", json={"name": "notes"}, headers=WRITER).status_code == 201
+    assert client.put("/collections/notes/documents?wait=true", json={"documents": DOCS}, headers=WRITER).status_code == 200
+    patched = client.patch("/collections/notes/settings", json={"defaults": {"mode": "bm25", "depth": 40}}, headers=WRITER)
+    assert patched.status_code == 200 and patched.json()["defaults"]["mode"] == "bm25"
+    assert client.post("/collections/notes/search", json={"query": "cat"}, headers=WRITER).json()["spec"]["mode"] == "bm25"
+    refused = client.patch("/collections/notes/settings", json={"defaults": {"hubness": {"method": "qbnorm"}}}, headers=WRITER)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][:3] == ["body", "defaults", "hubness"]
+    client.post("/collections/notes/compact", headers=WRITER).raise_for_status()
+    with TestClient(create_app(Settings(data=tmp_path / "data", write_keys="w"))) as again:
+        spec = again.post("/collections/notes/search", json={"query": "cat"}, headers=WRITER).json()["spec"]
+        assert (spec["mode"], spec["depth"]) == ("bm25", 40)  # across a compaction and a restart
+
+
+def test_limits_and_bad_loads(client):
+    for name in ("a", "b"):
+        assert client.post("/collections", json={"name": name}, headers=WRITER).status_code == 201
+    full = client.post("/collections", json={"name": "c"}, headers=WRITER)
+    assert full.status_code == 409 and "HYBRID_MAX_COLLECTIONS" in full.json()["detail"]
+    bad = [*DOCS, {"id": "x", "text": ""}]
+    refused = client.put("/collections/a/documents?wait=false", json={"documents": bad}, headers=WRITER)
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "documents", len(DOCS), "text"]
+    assert client.get("/tasks", headers=WRITER).json() == {"tasks": []}  # nothing was queued
+    task = client.put("/collections/a/documents?wait=false", json={"documents": DOCS}, headers=WRITER).json()
+    deadline = time.monotonic() + 60
+    while client.get(f"/tasks/{task['id']}", headers=WRITER).json()["state"] != "succeeded":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert [t["id"] for t in client.get("/tasks?collection=a", headers=WRITER).json()["tasks"]] == [task["id"]]
+    assert client.get("/tasks/nope", headers=WRITER).status_code == 404
+    assert client.delete("/collections/b", headers=WRITER).status_code == 204
+    assert 'collection="b"' not in client.get("/metrics").text and 'collection="a"' in client.get("/metrics").text
+
+
+def test_a_service_of_one_folder_creates_no_collection(tiny_index):
+    with TestClient(create_app(Settings(write_keys="w"), index=open_index(tiny_index))) as client:
+        refused = client.post("/collections", json={"name": "notes"}, headers=WRITER)
+        assert refused.status_code == 409 and "--data" in refused.json()["detail"]
+        assert [c["name"] for c in client.get("/collections", headers=WRITER).json()["collections"]] == ["index"]
