@@ -135,6 +135,13 @@ def test_limits_and_bad_loads(client):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     assert [t["id"] for t in client.get("/tasks?collection=a", headers=WRITER).json()["tasks"]] == [task["id"]]
+    # one collection's tasks run in the order they came: the later version of an id wins
+    versions = [[{"id": "d1", "text": f"version {n}"}, *DOCS[1:]] for n in range(4)]
+    ids = [client.put("/collections/a/documents?wait=false", json={"documents": v}, headers=WRITER).json()["id"] for v in versions]
+    while any(client.get(f"/tasks/{i}", headers=WRITER).json()["state"] != "succeeded" for i in ids):
+        assert time.monotonic() < deadline + 60
+        time.sleep(0.05)
+    assert client.get("/collections/a/documents/d1", headers=WRITER).json()["text"] == "version 3"
     assert client.get("/tasks/nope", headers=WRITER).status_code == 404
     assert client.delete("/collections/b", headers=WRITER).status_code == 204
     assert 'collection="b"' not in client.get("/metrics").text and 'collection="a"' in client.get("/metrics").text

@@ -31,7 +31,12 @@ class Settings(BaseSettings):
         None, description="the collection (or alias) the unprefixed routes act on; default: the --index folder's, else 'default'"
     )
     max_collections: int = Field(100, ge=1, description="collections served at once; creating one more answers 409")
-    task_workers: int = Field(2, ge=1, description="bulk loads (PUT .../documents?wait=false) that run at once; more wait in line")
+    task_workers: int = Field(
+        2,
+        ge=1,
+        description="collections whose bulk loads (PUT .../documents?wait=false) run at once; one collection's loads run "
+        "one after another, in the order they came",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     device: Literal[DEVICES] = "auto"

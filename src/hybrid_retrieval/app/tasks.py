@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -66,6 +67,9 @@ class Tasks:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="task")
+        # one collection's tasks run one at a time, in the order they came (a later load of an id wins); collections'
+        # queues run side by side
+        self._queues: dict[str, deque] = {}
         if folder is not None:
             self._recover(folder)
 
@@ -95,9 +99,23 @@ class Tasks:
             self._tasks[task.id] = task
             self._forget_old()
         self._save(task)
-        self._pool.submit(self._run, task, reloader, documents)
+        with self._lock:
+            queue = self._queues.setdefault(reloader.name, deque())
+            queue.append((task, reloader, documents))
+            if len(queue) == 1:  # no runner drains this collection's queue now
+                self._pool.submit(self._drain, queue)
         logger.info("task %s: load %d documents into %s", task.id, len(documents), reloader.name)
         return task
+
+    def _drain(self, queue: deque) -> None:
+        while True:
+            with self._lock:
+                task, reloader, documents = queue[0]
+            self._run(task, reloader, documents)
+            with self._lock:
+                queue.popleft()
+                if not queue:
+                    return
 
     def _run(self, task: Task, reloader: Reloader, documents: list) -> None:
         task.state, task.started_at = RUNNING, _now()
@@ -107,7 +125,7 @@ class Tasks:
         try:
             for start in range(0, len(documents), size):
                 if self._closing.is_set():
-                    raise RuntimeError("the service is stopping")
+                    raise RuntimeError("the service stopped before the load finished: the documents done are in the collection")
                 serving = reloader.serving  # read per batch: a reload or compaction may have replaced it
                 if serving is None or serving.collection is None:
                     raise RuntimeError(f"collection {reloader.name!r} no longer takes writes")
