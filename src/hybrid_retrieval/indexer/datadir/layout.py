@@ -99,7 +99,7 @@ class DataDir:
             vectors = settings.vectors
             if vectors.kind == "ivfpq" and spec["dimension"] % vectors.pq_m:
                 raise SpecError("settings.vectors.pq_m", f"{vectors.pq_m} does not divide the model's dimension {spec['dimension']}")
-            with tempfile.TemporaryDirectory(dir=self.root) as scratch:
+            with tempfile.TemporaryDirectory(prefix=".create-", dir=self.collections) as scratch:  # a crash's: swept at start
                 corpus = Path(scratch) / "corpus.jsonl"
                 corpus.touch()
                 with publish_dir(self.path(name), replace=False) as tmp:
