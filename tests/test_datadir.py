@@ -56,6 +56,8 @@ def test_create_drop_and_aliases_on_disk(tmp_path):
     data.drop_alias("current")
     data.drop("notes")
     assert data.names() == [] and not data.path("notes").exists()
+    with pytest.raises(NotFound):
+        data.drop("x" * 300)  # a name no file system takes is no collection
 
 
 def test_what_a_crash_leaves_is_removed_at_the_next_start(tmp_path):

@@ -82,7 +82,8 @@ class DataDir:
         return sorted(p.name for p in self.collections.iterdir() if NAME_RULE.fullmatch(p.name) and (p / MANIFEST).is_file())
 
     def exists(self, name: str) -> bool:
-        return (self.path(name) / MANIFEST).is_file()
+        # no other name can be one (and a name the filesystem refuses, e.g. too long, must not reach it)
+        return bool(NAME_RULE.fullmatch(name)) and (self.path(name) / MANIFEST).is_file()
 
     # --- collections --------------------------------------------------------------------------------------------
 
