@@ -1,4 +1,5 @@
-"""docker_smoke.sh helper: `put` writes a document through the API; `check` finds it by id and by search."""
+"""docker_smoke.sh helper: `put` writes a document through the API, into the built index and into a collection it
+creates; `check` finds both by id and by search (after `compose restart api`)."""
 
 import json
 import sys
@@ -19,8 +20,12 @@ def call(method: str, path: str, body=None):
 if step == "put":
     written = call("PUT", "/documents?wait=true", {"documents": [{"id": "smoke-1", "text": TEXT}]})
     assert written["visible"], written
+    assert call("POST", "/collections", {"name": "smoke-notes"})["documents"] == 0
+    written = call("PUT", "/collections/smoke-notes/documents?wait=true", {"documents": [{"id": "note-1", "text": TEXT}]})
+    assert written["visible"], written
 else:
-    assert call("GET", "/documents/smoke-1")["text"] == TEXT
-    hits = call("POST", "/search", {"query": "zebrafish smoke probe", "mode": "bm25", "k": 1})["hits"]
-    assert hits and hits[0]["id"] == "smoke-1", hits
-    print("a written document survived `compose restart api`", file=sys.stderr)
+    for prefix, doc_id in (("", "smoke-1"), ("/collections/smoke-notes", "note-1")):
+        assert call("GET", f"{prefix}/documents/{doc_id}")["text"] == TEXT
+        hits = call("POST", f"{prefix}/search", {"query": "zebrafish smoke probe", "mode": "bm25", "k": 1})["hits"]
+        assert hits and hits[0]["id"] == doc_id, hits
+    print("a written document and a created collection survived `compose restart api`", file=sys.stderr)

@@ -3,6 +3,7 @@ searches (dense leg included) in a process where importing torch or sentence-tra
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,15 +16,17 @@ SERVE_WITHOUT_TORCH = """
 import runpy, sys
 sys.modules["torch"] = None  # any import of them raises ImportError
 sys.modules["sentence_transformers"] = None
-sys.argv = ["hybrid", "--index", sys.argv[1], "--port", sys.argv[2], "--host", "127.0.0.1"]
+sys.argv = ["hybrid", "--index", sys.argv[1], "--data", sys.argv[3], "--port", sys.argv[2], "--host", "127.0.0.1"]
 runpy.run_module("hybrid_retrieval.app", run_name="__main__")
 """
 
 
-def test_the_service_starts_and_searches_without_torch(tiny_index):
+def test_the_service_starts_searches_and_creates_collections_without_torch(tiny_index, tmp_path):
     port = free_port()
+    env = {**os.environ, "HYBRID_WRITE_KEYS": "w", "HYBRID_CACHE": str(tmp_path / "no-exports")}  # nothing exported
     server = subprocess.Popen(
-        [sys.executable, "-c", SERVE_WITHOUT_TORCH, str(tiny_index), str(port)],
+        [sys.executable, "-c", SERVE_WITHOUT_TORCH, str(tiny_index), str(port), str(tmp_path / "data")],
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -31,10 +34,18 @@ def test_the_service_starts_and_searches_without_torch(tiny_index):
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             wait_until_ready(client, server, 120)
+            headers = {"X-API-Key": "w"}
             for mode in ("dense", "hybrid"):
-                response = client.post("/search", json={"query": "a kitten resting on a rug", "k": 3, "mode": mode})
+                response = client.post("/search", json={"query": "a kitten resting on a rug", "k": 3, "mode": mode}, headers=headers)
                 assert response.status_code == 200, response.text
                 assert response.json()["hits"][0]["id"] == "d1", (mode, response.text)
+            # a new collection of the served index's model takes that model's files: no export, no torch
+            created = client.post("/collections", json={"name": "notes"}, headers=headers)
+            assert created.status_code == 201, created.text
+            note = {"id": "n1", "text": "A kitten sleeps on a warm rug."}
+            assert client.put("/collections/notes/documents?wait=true", json={"documents": [note]}, headers=headers).status_code == 200
+            found = client.post("/collections/notes/search", json={"query": "cat napping", "mode": "dense"}, headers=headers)
+            assert found.json()["hits"][0]["id"] == "n1", found.text
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -147,7 +147,8 @@ class Collections:
             self._check_room()  # before building it
             if name in self.served:
                 raise Conflict(f"a collection named {name!r} exists")
-            data.create(name, settings)
+            served_models = [r.serving.index.path / MODEL_DIR for r in self.served.values() if r.serving is not None]
+            data.create(name, settings, served_models)  # a model a served index has needs no export (nor torch)
             return self._serve(name, functools.partial(self._open_folder, data.path(name)))
 
     def drop(self, name: str) -> None:

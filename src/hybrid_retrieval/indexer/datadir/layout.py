@@ -18,6 +18,7 @@ import shutil
 import tempfile
 import threading
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
 from hybrid_retrieval.common.publish import in_use, publish_dir, write_atomic
@@ -87,15 +88,16 @@ class DataDir:
 
     # --- collections --------------------------------------------------------------------------------------------
 
-    def create(self, name: str, settings: CollectionSettings) -> Manifest:
-        """An empty collection `name` built with `settings`, published atomically; Conflict when the name is taken."""
+    def create(self, name: str, settings: CollectionSettings, models: Iterable[Path] = ()) -> Manifest:
+        """An empty collection `name` built with `settings`, published atomically; Conflict when the name is taken.
+        `models`: more ONNX export folders the model may be taken from (those of indexes served from elsewhere)."""
         check_name(name)
         with self._lock:
             self._check_free(name)
             if settings.dimension is not None:  # no model: documents and searches bring their vectors
                 onnx_folder, spec = None, no_model_spec(settings.dimension)
             else:
-                onnx_folder = self._model_folder(settings.model)
+                onnx_folder = self._model_folder(settings.model, models)
                 spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
             vectors = settings.vectors
             if vectors.kind == "ivfpq" and spec["dimension"] % vectors.pq_m:
@@ -116,11 +118,10 @@ class DataDir:
         if name in self._aliases:
             raise Conflict(f"{name!r} is an alias (of {self._aliases[name]!r}): collections and aliases share names")
 
-    def _model_folder(self, model: str) -> Path:
-        """The ONNX export of `model`: a collection's copy when one was built with it (no export, no torch), an export
-        folder given by path, or the export cache (exported on first use, which needs torch)."""
-        for name in self.names():
-            folder = self.path(name) / MODEL_DIR
+    def _model_folder(self, model: str, models: Iterable[Path]) -> Path:
+        """The ONNX export of `model`: the copy of a collection (or of one of `models`) built with it (no export, no
+        torch), an export folder given by path, or the export cache (exported on first use, which needs torch)."""
+        for folder in [*(self.path(name) / MODEL_DIR for name in self.names()), *models]:
             try:
                 built_with = json.loads((folder / CONFIG_FILE).read_text())["model"]
             except (OSError, ValueError, KeyError):
