@@ -114,8 +114,8 @@ class Collections:
     def _open_folder(self, folder: Path):
         """An index folder, its documents' model session shared with the other collections of that model."""
         embedder = None
-        if not is_sharded(folder) and read_manifest(folder).embedder.document_backend != NO_MODEL:
-            spec = read_manifest(folder).embedder
+        spec = read_manifest(folder).embedder if not is_sharded(folder) else None
+        if spec is not None and spec.document_backend != NO_MODEL:
             embedder = self.resources.session(folder / MODEL_DIR, spec.model_checksum, spec.document_precision, self.settings.device)
         return open_folder(folder, self.settings, embedder)
 

@@ -3,7 +3,6 @@ need a write key; reads a read key (app.security). The work is app.collections' 
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -30,6 +29,7 @@ from hybrid_retrieval.app.security import allowed, check_scope, require_api_key,
 from hybrid_retrieval.app.serving import Reloader
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
 
 router = APIRouter(route_class=CheckedRoute)
@@ -70,17 +70,6 @@ def settings_of(manifest: Manifest) -> dict:
     }
 
 
-def _folder_bytes(folder) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:  # removed meanwhile (a compaction's old files)
-                pass
-    return total
-
-
 def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
     serving = reloader.serving
     if serving is None:
@@ -96,7 +85,7 @@ def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
         fusion_tuning=asdict(manifest.fusion_tuning) if manifest.fusion_tuning else None,
         metadata={name: info.to_dict() for name, info in manifest.metadata.items()},
         stats=stats_of(serving),
-        disk_bytes=_folder_bytes(serving.index.path),
+        disk_bytes=folder_bytes(serving.index.path),
         memory_bytes=memory_bytes(reloader),
         created_at=manifest.created_at,
         index=str(serving.index.path),

@@ -107,13 +107,12 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
         batch = _batch_queries(settings)
         resources = Resources(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
-        external = settings.index
         data = DataDir(settings.data_dir) if settings.data_dir is not None else None
         collections = Collections(
             resources,
             data,
             settings.default_collection_name,
-            external,
+            settings.index,
             opener or (_injected(index, settings) if index is not None else None),
         )
         try:

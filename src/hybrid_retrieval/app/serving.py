@@ -84,7 +84,7 @@ class Resources:
         # its keys carry the model's checksum, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=self.metrics.observe_query_cache)
         self.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
-        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, device or threads) -> session
+        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, device, threads) -> session
         self._sessions_lock = threading.Lock()
         self.cross_encoder = cross_encoder
         self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")

@@ -13,7 +13,8 @@ from hybrid_retrieval.common.publish import in_use, siblings
 logger = logging.getLogger(__name__)
 
 
-def _size(folder: Path) -> int:
+def folder_bytes(folder: Path) -> int:
+    """Bytes of the files under `folder` (those removed meanwhile left out)."""
     total = 0
     for dirpath, _dirnames, filenames in os.walk(folder):
         for name in filenames:
@@ -24,7 +25,7 @@ def _size(folder: Path) -> int:
 
 def temporary_bytes(index: Path | str) -> int:
     """Disk used beside `index` by builds and compactions in progress, or left by killed ones."""
-    return sum(_size(folder) for folder in siblings(Path(index)))
+    return sum(folder_bytes(folder) for folder in siblings(Path(index)))
 
 
 def remove_leftovers(index: Path | str) -> list[tuple[Path, int]]:
@@ -37,7 +38,7 @@ def remove_leftovers(index: Path | str) -> list[tuple[Path, int]]:
     removed = []
     for folder in siblings(index):
         if not in_use(folder):
-            size = _size(folder)
+            size = folder_bytes(folder)
             shutil.rmtree(folder, ignore_errors=True)
             if not folder.exists():
                 logger.warning("removed %s (%d bytes), left by a build or compaction that was killed", folder, size)

@@ -50,8 +50,6 @@ class NoEmbedder:
     """A collection without a model: its documents and dense searches bring their vectors; anything that would embed
     text is refused, naming the `vector` the request should carry."""
 
-    providers: tuple[str, ...] = ()
-
     def __init__(self, dimension: int):
         self.dimension = dimension
 

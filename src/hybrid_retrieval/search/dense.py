@@ -52,6 +52,12 @@ class FaissParams:
         if isinstance(self.flat_search_cutoff, bool) or not isinstance(self.flat_search_cutoff, int) or self.flat_search_cutoff < 0:
             raise ConfigError(f"flat_search_cutoff must be an integer >= 0, got {self.flat_search_cutoff!r}")
 
+    def check_dimension(self, dimension: int) -> None:
+        """ivfpq codes dimension / pq_m dimensions in a byte: pq_m must divide the dimension (checked before any
+        vector exists: a collection is exact until it holds `exact_below` of them)."""
+        if self.kind == "ivfpq" and dimension % self.pq_m:
+            raise ConfigError(f"pq_m (--pq-m) {self.pq_m} does not divide the embedding dimension {dimension}")
+
     def built_for(self, num_vectors: int) -> FaissParams:
         """These parameters as an index of `num_vectors` is built with them: Flat below `exact_below`, and for an IVF
         kind with too few vectors to train one cluster (39)."""
@@ -104,9 +110,8 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     import faiss
 
     n, dim = vectors.shape
+    params.check_dimension(dim)
     params = params.built_for(n)
-    if params.kind == "ivfpq" and dim % params.pq_m:
-        raise ConfigError(f"--pq-m {params.pq_m} does not divide the embedding dimension {dim}")
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
     if params.kind == "hnsw":
         index.hnsw.efConstruction = params.ef_construction  # type: ignore[attr-defined]  # faiss stubs: an Index, not its HNSW subclass

@@ -29,7 +29,7 @@ from hybrid_retrieval.indexer.store import MODEL_DIR
 from hybrid_retrieval.models.embedder import no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.search.errors import HybridError, SpecError
+from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +99,10 @@ class DataDir:
             else:
                 onnx_folder = self._model_folder(settings.model, models)
                 spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
-            vectors = settings.vectors
-            if vectors.kind == "ivfpq" and spec["dimension"] % vectors.pq_m:
-                raise SpecError("settings.vectors.pq_m", f"{vectors.pq_m} does not divide the model's dimension {spec['dimension']}")
+            try:
+                settings.vectors.check_dimension(spec["dimension"])
+            except ConfigError as exc:
+                raise SpecError("settings.vectors.pq_m", str(exc)) from None
             with tempfile.TemporaryDirectory(prefix=".create-", dir=self.collections) as scratch:  # a crash's: swept at start
                 corpus = Path(scratch) / "corpus.jsonl"
                 corpus.touch()
@@ -159,8 +160,9 @@ class DataDir:
 
     @property
     def aliases(self) -> dict[str, str]:
-        """alias -> collection (a copy)."""
-        return dict(self._aliases)
+        """alias -> collection, read on every request: replaced whole on a change, never changed in place (so do not
+        change it either)."""
+        return self._aliases
 
     def set_alias(self, alias: str, collection: str) -> None:
         """Point `alias` at `collection` (created, or repointed in one atomic file replace)."""
