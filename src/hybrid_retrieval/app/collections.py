@@ -19,6 +19,8 @@ from pathlib import Path
 from hybrid_retrieval.app.serving import Reloader, Resources, open_folder
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, extract
+from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
 from hybrid_retrieval.indexer.store import MODEL_DIR
@@ -48,10 +50,18 @@ def memory_bytes(reloader: Reloader) -> int:
 
 
 class Collections:
-    def __init__(self, resources: Resources, data: DataDir | None, default: str, external: Path | None = None, opener=None):
+    def __init__(
+        self,
+        resources: Resources,
+        data: DataDir | None,
+        default: str,
+        external: Path | None = None,
+        opener=None,
+        snapshots: SnapshotStore | None = None,
+    ):
         """`external`: a folder served beside the data directory's collections (`--index`), named after it; `opener`
-        opens it instead of this process (cluster.serve's shards on Ray Serve)."""
-        self.resources, self.data, self.default_name = resources, data, default
+        opens it instead of this process (cluster.serve's shards on Ray Serve); `snapshots`: where snapshots go."""
+        self.resources, self.data, self.default_name, self._snapshots = resources, data, default, snapshots
         self.settings = resources.settings
         self.external = external
         self._external_opener = opener
@@ -176,6 +186,57 @@ class Collections:
     def drop_alias(self, alias: str) -> None:
         with self._change:
             self._data().drop_alias(alias)
+
+    # --- snapshots ----------------------------------------------------------------------------------------------
+
+    @property
+    def snapshots(self) -> SnapshotStore:
+        if self._snapshots is None:
+            raise Conflict("this service keeps no snapshots: set HYBRID_SNAPSHOTS (or serve a data directory)")
+        return self._snapshots
+
+    def snapshot(self, name: str) -> SnapshotInfo:
+        """A consistent snapshot of collection `name` (or the one an alias names), taken while it is served."""
+        store = self.snapshots
+        reloader = self.resolve(name)
+        serving = reloader.serving
+        if serving is None:
+            raise Conflict(f"collection {reloader.name!r} is not loaded")
+        collection = serving.collection
+        if collection is not None and not isinstance(collection, Collection):
+            raise Conflict(f"collection {reloader.name!r} is sharded: snapshot each shard's folder offline (`hybrid snapshot create`)")
+        frozen = collection.frozen if collection is not None else None  # read-only: nothing changes under the copy
+        info = store.take(serving.index.path, reloader.name, frozen)
+        self.resources.metrics.describe_snapshots(store.infos())
+        return info
+
+    def restore(self, name: str, source: Path, replace: bool) -> Reloader:
+        """Serve the snapshot file `source` as collection `name`: a new collection, or (`replace`) in place of the
+        one of that name in one atomic swap. The file is checked whole before anything changes (BadSnapshot)."""
+        data = self._data()
+        with self._change:
+            old = self.served.get(name)
+            if old is not None and not data.exists(name):
+                raise Conflict(f"collection {name!r} is served with --index, not from the data directory: restore into a new name")
+            if old is None:
+                self._check_room()
+            stopped = False
+
+            def fill(folder: Path) -> SnapshotInfo:
+                nonlocal stopped
+                info = extract(source, folder)
+                if old is not None:  # searches go on; writes wait for the restored collection
+                    old.stop_writes(f"collection {name!r} is being replaced by a restore: write again once it is done")
+                    stopped = True
+                return info
+
+            try:
+                info = data.publish(name, fill, replace)
+            finally:
+                if stopped and old is not None:  # the restored folder (or, when the swap failed, the old one) is served from here on
+                    old.open(old.opener())
+            logger.info("restored %s from snapshot %s (sequence %d, %d documents)", name, info.id, info.sequence, info.documents)
+            return old if old is not None else self._serve(name, functools.partial(self._open_folder, data.path(name)))
 
     # --- upkeep -------------------------------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ def settings_of(manifest: Manifest) -> dict:
     }
 
 
-def _info(collections: Collections, reloader: Reloader) -> CollectionInfo:
+def collection_info(collections: Collections, reloader: Reloader) -> CollectionInfo:
     serving = reloader.serving
     if serving is None:
         raise Conflict(f"collection {reloader.name!r} is not loaded")
@@ -105,7 +105,7 @@ def create_collection(body: CollectionCreate, collections: CollectionsDep, reque
     name = check_name(body.name, "name")
     check_scope(request, name)
     settings = CollectionSettings.parse(body.settings_dict())
-    return _info(collections, collections.create(name, settings))
+    return collection_info(collections, collections.create(name, settings))
 
 
 @router.get("/collections", response_model=CollectionList, dependencies=[Depends(require_api_key)], tags=["collections"])
@@ -134,7 +134,7 @@ def listcollections_of(collections: CollectionsDep, request: Request) -> Collect
 def get_collection(name: Name, collections: CollectionsDep, request: Request) -> CollectionInfo:
     """Settings, counts, defaults and what they rest on, metadata fields, size on disk and in memory (an alias names
     the collection it points to)."""
-    return _info(collections, scoped(request, name, lambda: collections.resolve(name)))
+    return collection_info(collections, scoped(request, name, lambda: collections.resolve(name)))
 
 
 @router.patch(
@@ -149,7 +149,7 @@ def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep,
     that field of the defaults; served at once, kept across restarts and compactions."""
     reloader = scoped(request, name, lambda: collections.resolve(name))
     reloader.override_defaults(body.defaults_dict())
-    return _info(collections, reloader)
+    return collection_info(collections, reloader)
 
 
 @router.delete("/collections/{name}", status_code=204, dependencies=[Depends(require_write_key)], responses=_CHANGE, tags=["collections"])

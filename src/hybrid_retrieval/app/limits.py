@@ -9,6 +9,7 @@ from fastapi import HTTPException
 
 # document batches: /documents..., and /collections/{name}/documents...
 WRITE_PATHS = re.compile(r"(/collections/[^/]+)?/documents(/|$)")
+SNAPSHOT_UPLOADS = re.compile(r"/collections/[^/]+/snapshots/restore$")
 
 
 class BodyTooLarge(HTTPException):
@@ -21,15 +22,18 @@ class BodyTooLarge(HTTPException):
 
 
 class BodySizeLimit:
-    """`max_bytes` for every body, `write_max_bytes` for the document routes (WRITE_PATHS)."""
+    """`max_bytes` for every body, `write_max_bytes` for the document routes (WRITE_PATHS), `upload_max_bytes` for
+    snapshot uploads (SNAPSHOT_UPLOADS)."""
 
-    def __init__(self, app, max_bytes: int, write_max_bytes: int | None = None):
-        self.app, self.default_max, self.write_max = app, max_bytes, write_max_bytes or max_bytes
+    def __init__(self, app, max_bytes: int, write_max_bytes: int | None = None, upload_max_bytes: int | None = None):
+        self.app, self.default_max = app, max_bytes
+        self.write_max, self.upload_max = write_max_bytes or max_bytes, upload_max_bytes or max_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        limit = self.write_max if WRITE_PATHS.match(scope.get("path", "")) else self.default_max
+        path = scope.get("path", "")
+        limit = self.write_max if WRITE_PATHS.match(path) else self.upload_max if SNAPSHOT_UPLOADS.match(path) else self.default_max
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await self._reject(send, limit)

@@ -26,9 +26,11 @@ from hybrid_retrieval.app.routes import default_collection, named_collection, se
 from hybrid_retrieval.app.security import InFlightLimit, Keys
 from hybrid_retrieval.app.serving import Resources, load_reranker, open_folder
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.app.snapshot_routes import router as snapshot_router
 from hybrid_retrieval.app.tasks import Tasks
 from hybrid_retrieval.app.ui import router as ui_router
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound
+from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, SnapshotNotFound, SnapshotStore
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.models.providers import onnx_providers
 from hybrid_retrieval.search.errors import DeadlineExceeded, HybridError, SpecError, StorageError
@@ -108,12 +110,16 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         batch = _batch_queries(settings)
         resources = Resources(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
         data = DataDir(settings.data_dir) if settings.data_dir is not None else None
+        snapshots = SnapshotStore(settings.snapshot_dir, settings.snapshot_keep) if settings.snapshot_dir is not None else None
+        if snapshots is not None:
+            app.state.metrics.describe_snapshots(snapshots.infos())
         collections = Collections(
             resources,
             data,
             settings.default_collection_name,
             settings.index,
             opener or (_injected(index, settings) if index is not None else None),
+            snapshots,
         )
         try:
             collections.open_all()
@@ -148,7 +154,12 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     app.state.keys = Keys.load(settings)
     app.state.in_flight = InFlightLimit(settings.max_in_flight)
     app.state.deadlines = Deadlines(settings.request_timeout, settings.write_timeout)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes, write_max_bytes=settings.max_write_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        write_max_bytes=settings.max_write_body_bytes,
+        upload_max_bytes=settings.max_snapshot_bytes,
+    )
     app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost, so it sees every response
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
@@ -160,6 +171,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         )
     app.include_router(service_router)
     app.include_router(lifecycle_router)
+    app.include_router(snapshot_router)
     missing = {404: {"description": "no such collection or alias (unprefixed routes: no default collection)"}}
     for routes in (search_routes(default_collection), document_routes(default_collection, compact_path="/admin/compact")):
         app.include_router(routes, tags=["default collection"], responses=missing)
@@ -184,8 +196,13 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         status = 507 if exc.kind == StorageError.FULL else 503
         return JSONResponse(status_code=status, content={"detail": str(exc)})
 
+    @app.exception_handler(BadSnapshot)
+    async def _bad_snapshot(request: Request, exc: BadSnapshot):
+        return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]})
+
     @app.exception_handler(NotFound)
-    async def _not_found(request: Request, exc: NotFound):
+    @app.exception_handler(SnapshotNotFound)
+    async def _not_found(request: Request, exc: HybridError):
         return JSONResponse(status_code=404, content={"detail": str(exc)})
 
     @app.exception_handler(Conflict)

@@ -8,6 +8,7 @@ import logging
 import re
 import time
 import uuid
+from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -41,6 +42,15 @@ class Metrics:
         self.query_cache_hit_ratio = Gauge(
             "hybrid_query_cache_hit_ratio", "query embedding cache hits / lookups since start (read from the cache)", registry=self.registry
         )
+        self.snapshot_time = Gauge(
+            "hybrid_snapshot_last_timestamp_seconds",
+            "when the newest snapshot of each collection was taken (unix time)",
+            ["collection"],
+            registry=self.registry,
+        )
+        self.snapshot_bytes = Gauge(
+            "hybrid_snapshot_last_bytes", "the size of the newest snapshot of each collection", ["collection"], registry=self.registry
+        )
         self.build_info = Gauge(
             "hybrid_index_info",
             "each served collection's index (value 1)",
@@ -62,6 +72,14 @@ class Metrics:
         self.build_info.labels(
             collection, str(FORMAT_VERSION), manifest.builder_version, manifest.embedder.model, manifest.faiss.factory, manifest.created_at
         ).set(1)
+
+    def describe_snapshots(self, infos) -> None:
+        """The newest of each collection's snapshots (SnapshotInfo, oldest first): its time and size."""
+        for gauge in (self.snapshot_time, self.snapshot_bytes):
+            gauge.clear()
+        for info in infos:
+            self.snapshot_time.labels(info.collection).set(datetime.fromisoformat(info.created_at).timestamp())
+            self.snapshot_bytes.labels(info.collection).set(info.bytes)
 
     def forget(self, collection: str) -> None:
         """A dropped collection leaves the metrics."""

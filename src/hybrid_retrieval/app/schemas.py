@@ -562,3 +562,22 @@ class TaskInfo(BaseModel):
 
 class TaskList(BaseModel):
     tasks: list[TaskInfo]
+
+
+class SnapshotOut(BaseModel):
+    id: str = Field(examples=["products-20261125T101500123456Z"])
+    collection: str = Field(description="the collection it was taken of")
+    sequence: int = Field(description="the last write it holds: a restore holds exactly the writes acknowledged up to it")
+    documents: int
+    bytes: int = Field(description="size of the snapshot file")
+    created_at: str
+    manifest_sha256: str = Field(description="sha256 of the collection's manifest.json it holds")
+    format: int
+
+
+class SnapshotList(BaseModel):
+    snapshots: list[SnapshotOut] = Field(description="oldest first")
+
+
+class SnapshotRestore(_Strict):
+    snapshot: str = Field(description="the id of a listed snapshot", examples=["products-20261125T101500123456Z"])

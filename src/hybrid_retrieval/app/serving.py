@@ -273,6 +273,14 @@ class Reloader:
         finally:
             self._lock.release()
 
+    def stop_writes(self, reason: str) -> None:
+        """Refuse writes from now on with `reason` (searches go on), once a compaction in progress has finished: the
+        folder can then be replaced (a restore over it)."""
+        serving = self.serving
+        if serving is not None and serving.collection is not None:
+            serving.collection.close(reason)
+        self.wait_for_compaction()
+
     def close(self) -> None:
         """Stop serving: wait for a compaction, close the log (a drop or shutdown)."""
         self.wait_for_compaction()

@@ -37,6 +37,11 @@ class Settings(BaseSettings):
         description="collections whose bulk loads (PUT .../documents?wait=false) run at once; one collection's loads run "
         "one after another, in the order they came",
     )
+    snapshots: Path | None = Field(None, description="the folder of collection snapshots; default: `snapshots` in the data directory")
+    snapshot_keep: int = Field(0, ge=0, description="snapshots kept per collection (the oldest go when one more is taken); 0: all")
+    max_snapshot_bytes: int = Field(
+        64 * 1024**3, ge=1024, description="the largest snapshot file POST .../snapshots/restore takes as an upload"
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     device: Literal[DEVICES] = "auto"
@@ -177,6 +182,13 @@ class Settings(BaseSettings):
     @property
     def data_dir(self) -> Path | None:
         return self.data if self.data is not None or self.index is not None else Path("data")
+
+    @property
+    def snapshot_dir(self) -> Path | None:
+        if self.snapshots is not None:
+            return self.snapshots
+        data = self.data_dir
+        return data / "snapshots" if data is not None else None
 
     @property
     def default_collection_name(self) -> str:

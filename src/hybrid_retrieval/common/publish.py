@@ -154,10 +154,10 @@ def publish_dir(
             raise
 
 
-# Hidden siblings of a published folder: builds in progress, compactions' scratch space, and the old folder of a
-# swap by renames. A process holds a lock on its own (flock on the folder) while it works in it, so another process
+# Hidden siblings of a published folder: builds in progress, compactions' and snapshots' scratch space, and the old
+# folder of a swap by renames. A process holds a lock on its own (flock on the folder) while it works in it, so another process
 # can tell a leftover of a killed one from work in progress (`in_use`; indexer.leftovers removes them).
-LEFTOVER_KINDS = ("building", "compact", "retired")
+LEFTOVER_KINDS = ("building", "compact", "snapshot", "retired")
 
 
 @contextlib.contextmanager
@@ -173,9 +173,10 @@ def _work_folder(target: Path, kind: str) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def scratch_dir(target: Path | str) -> Iterator[Path]:
-    """A scratch folder beside `target` (same filesystem), locked while in use and removed after."""
-    with _work_folder(Path(target), "compact") as folder:
+def scratch_dir(target: Path | str, kind: str = "compact") -> Iterator[Path]:
+    """A scratch folder beside `target` (same filesystem, so files can be hard-linked into it), locked while in use
+    and removed after; `kind` (one of LEFTOVER_KINDS) names what it is for."""
+    with _work_folder(Path(target), kind) as folder:
         try:
             yield folder
         finally:

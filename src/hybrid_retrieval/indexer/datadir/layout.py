@@ -18,8 +18,9 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 from hybrid_retrieval.common.publish import in_use, publish_dir, write_atomic
 from hybrid_retrieval.indexer.build import build_into
@@ -39,6 +40,7 @@ COLLECTIONS = "collections"
 ALIASES = "aliases.json"
 TASKS = "tasks"
 DROPPED = ".dropped-"  # prefix of a collection folder being removed
+T = TypeVar("T")
 
 
 class NotFound(HybridError, LookupError):
@@ -112,6 +114,18 @@ class DataDir:
                     write_manifest(tmp, manifest)
         logger.info("created collection %s (%s)", name, settings.model)
         return manifest
+
+    def publish(self, name: str, fill: Callable[[Path], T], replace: bool) -> T:
+        """Publish the index folder `fill(folder)` writes as collection `name` (what fill returns): a new collection,
+        or with `replace` in place of the one of that name in one atomic swap. Nothing changes when fill raises."""
+        check_name(name)
+        with self._lock:
+            if name in self._aliases:
+                raise Conflict(f"{name!r} is an alias (of {self._aliases[name]!r}): collections and aliases share names")
+            if self.exists(name) and not replace:
+                raise Conflict(f"a collection named {name!r} exists: replace it explicitly, or use a new name")
+            with publish_dir(self.path(name), replace=True) as tmp:
+                return fill(tmp)
 
     def _check_free(self, name: str) -> None:
         if self.exists(name):

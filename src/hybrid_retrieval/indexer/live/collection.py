@@ -6,10 +6,13 @@ guards what, where writes are embedded); the steps are its sibling modules'.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +32,7 @@ from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder
 from hybrid_retrieval.search import budget
-from hybrid_retrieval.search.errors import StorageError
+from hybrid_retrieval.search.errors import HybridError, StorageError
 from hybrid_retrieval.search.live_hubness import Prepared
 from hybrid_retrieval.search.segments import check_live_method
 
@@ -37,6 +40,16 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH_DOCS = 1000
 EMBED_CHUNK = 32  # documents embedded per decision of where (all cores, or half while searches run)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A point in a collection's write sequence: the last acknowledged write's sequence number, the length of the log
+    that holds exactly the writes up to it, and the documents that exist then."""
+
+    seq: int
+    log_bytes: int
+    documents: int
 
 
 def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
@@ -82,6 +95,7 @@ class Collection:
         self._refresh_lock = threading.Lock()
         self._visible = threading.Condition()
         self.write_problem: str | None = None  # why the last write could not be logged (cleared by the next that is)
+        self._closed: str | None = None  # why writes are refused for good (close)
         if replay:
             replay_records(self._state, WriteAheadLog.replay(self.wal_path))
         self._wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
@@ -162,6 +176,8 @@ class Collection:
         budget.check("embedding the documents")  # past its deadline, a write is dropped before it is logged
         state = self._state
         with self._write_lock:
+            if self._closed is not None:
+                raise HybridError(self._closed)
             try:
                 if self._wal is None:
                     self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
@@ -276,6 +292,8 @@ class Collection:
         the last sequence it holds, so a crash at any point leaves the old or the new base with every write."""
         with self._compact_lock:
             with self._write_lock:
+                if self._closed is not None:
+                    return self.snapshot  # its folder may be another collection's by now (a restore over it)
                 state = self._state.freeze()
             if not state.live.docs and state.base_alive.all():
                 return self.refresh()  # nothing to merge
@@ -327,7 +345,22 @@ class Collection:
             "visible_sequence": snapshot.seq,
         }
 
-    def close(self) -> None:
-        if self._wal is not None:
-            self._wal.close()
-            self._wal = None
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[Point]:
+        """Hold compactions and settings changes off (never writes or searches) and yield the Point of the last
+        acknowledged write: until the body ends, the base folder's files cannot change, and the log's first
+        `log_bytes` bytes hold exactly the writes up to `seq` (a failed append is cut back before the lock is let go)."""
+        with self._compact_lock:
+            with self._write_lock:
+                state = self._state
+                log = self.wal_path
+                point = Point(state.seq, log.stat().st_size if log.exists() else 0, int(state.base_alive.sum()) + len(state.live))
+            yield point
+
+    def close(self, reason: str = "this collection is closed") -> None:
+        """Close the log; later writes are refused with `reason` (a drop, a restore over it, shutdown)."""
+        with self._write_lock:
+            self._closed = reason
+            if self._wal is not None:
+                self._wal.close()
+                self._wal = None

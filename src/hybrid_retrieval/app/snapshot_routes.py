@@ -1,0 +1,156 @@
+"""Snapshots over HTTP: take one while the collection serves, list, download, delete, restore from a listed one or an
+uploaded file. A snapshot's routes name the collection it was taken of (an alias: the collection it points to), which
+may have been dropped since. The work is indexer.datadir.snapshots' and app.collections'."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, Response
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from hybrid_retrieval.app.json_body import CheckedRoute
+from hybrid_retrieval.app.lifecycle import CollectionsDep, Name, collection_info
+from hybrid_retrieval.app.routes import scoped
+from hybrid_retrieval.app.schemas import CollectionInfo, SnapshotList, SnapshotOut, SnapshotRestore
+from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
+from hybrid_retrieval.indexer.datadir.snapshots import SUFFIX, SnapshotNotFound
+from hybrid_retrieval.search.errors import SpecError
+
+router = APIRouter(route_class=CheckedRoute, tags=["snapshots"])
+
+_EXAMPLE_ID = "products-20261125T101500123456Z"
+_WRITE = Depends(require_write_key)
+SnapshotId = Annotated[str, PathParam(description="a snapshot's id", examples=[_EXAMPLE_ID])]
+TAR = "application/x-tar"
+_UPLOAD_TYPES = (TAR, "application/octet-stream")
+_CHANGE: dict[int | str, dict[str, Any]] = {
+    401: {"description": "missing key"},
+    403: {"description": "not a write key, or not one for this collection"},
+    404: {"description": "no such collection or snapshot"},
+    409: {"description": "the collection exists (restore with replace=true), is sharded, or no snapshot folder is configured"},
+    413: {"description": "the upload is larger than HYBRID_MAX_SNAPSHOT_BYTES"},
+    415: {"description": "the body is neither JSON naming a snapshot nor a snapshot file"},
+    422: {"description": "the snapshot file is truncated, damaged or not a snapshot: nothing was changed"},
+}
+
+
+def _target(request: Request, collections, name: str) -> str:
+    """The collection `name` names (an alias: the one it points to), if the key may use it."""
+    target = collections.aliases.get(name, name)
+    check_scope(request, name, target)
+    return target
+
+
+def _snapshot_of(collections, target: str, snapshot_id: str):
+    info = collections.snapshots.get(snapshot_id)
+    if info.collection != target:
+        raise SnapshotNotFound(f"no snapshot {snapshot_id!r} of collection {target!r}")
+    return info
+
+
+@router.post(
+    "/collections/{name}/snapshots",
+    status_code=201,
+    response_model=SnapshotOut,
+    dependencies=[_WRITE],
+    responses=_CHANGE,
+)
+def create_snapshot(name: Name, collections: CollectionsDep, request: Request) -> SnapshotOut:
+    """Take a consistent snapshot: exactly the writes acknowledged before it, none after. Searches and writes go on
+    while it is written (into HYBRID_SNAPSHOTS); HYBRID_SNAPSHOT_KEEP says how many of a collection's are kept."""
+    reloader = scoped(request, name, lambda: collections.resolve(name))
+    return SnapshotOut(**collections.snapshot(reloader.name).to_dict())
+
+
+@router.get("/collections/{name}/snapshots", response_model=SnapshotList, dependencies=[Depends(require_api_key)], responses=_CHANGE)
+def list_snapshots(name: Name, collections: CollectionsDep, request: Request) -> SnapshotList:
+    """The complete snapshots of a collection (served or dropped since), oldest first."""
+    target = _target(request, collections, name)
+    return SnapshotList(snapshots=[SnapshotOut(**info.to_dict()) for info in collections.snapshots.infos(target)])
+
+
+@router.get("/snapshots", response_model=SnapshotList, dependencies=[Depends(require_api_key)])
+def list_all_snapshots(collections: CollectionsDep, request: Request) -> SnapshotList:
+    """Every complete snapshot the key may use, oldest first."""
+    infos = collections.snapshots.infos()
+    return SnapshotList(snapshots=[SnapshotOut(**info.to_dict()) for info in infos if allowed(request, info.collection)])
+
+
+@router.get(
+    "/collections/{name}/snapshots/{snapshot_id}",
+    dependencies=[Depends(require_api_key)],
+    responses={**_CHANGE, 200: {"content": {TAR: {}}, "description": "the snapshot file"}},
+    response_class=FileResponse,
+)
+def download_snapshot(name: Name, snapshot_id: SnapshotId, collections: CollectionsDep, request: Request) -> FileResponse:
+    """The snapshot file, for copying elsewhere (restore it with POST .../snapshots/restore or `hybrid snapshot restore`)."""
+    info = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
+    return FileResponse(collections.snapshots.path(info.id), media_type=TAR, filename=f"{info.id}{SUFFIX}")
+
+
+@router.delete("/collections/{name}/snapshots/{snapshot_id}", status_code=204, dependencies=[_WRITE], responses=_CHANGE)
+def delete_snapshot(name: Name, snapshot_id: SnapshotId, collections: CollectionsDep, request: Request) -> Response:
+    info = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
+    collections.snapshots.delete(info.id)
+    collections.resources.metrics.describe_snapshots(collections.snapshots.infos())
+    return Response(status_code=204)
+
+
+@router.post(
+    "/collections/{name}/snapshots/restore",
+    status_code=201,
+    response_model=CollectionInfo,
+    dependencies=[_WRITE],
+    responses=_CHANGE,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": SnapshotRestore.model_json_schema(),
+                    "example": {"snapshot": "products-20261125T101500123456Z"},
+                },
+                TAR: {"schema": {"type": "string", "format": "binary"}, "example": "(a file from GET .../snapshots/{id})"},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}, "example": "(a snapshot file)"},
+            },
+        }
+    },
+)
+async def restore_snapshot(
+    name: Name,
+    collections: CollectionsDep,
+    request: Request,
+    replace: Annotated[bool, Query(description="replace the collection of that name in one atomic swap (else 409 if it exists)")] = False,
+) -> CollectionInfo:
+    """Restore a snapshot as collection `name`: from a listed one (JSON `{"snapshot": id}`) or an uploaded file
+    (`application/x-tar` or `application/octet-stream` body, streamed to disk, at most HYBRID_MAX_SNAPSHOT_BYTES). The
+    file is checked whole (every byte's checksum) before anything changes; a new collection, or the old one replaced
+    at once: searches see the old or the restored collection, never a mix."""
+    check_scope(request, name)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    store = collections.snapshots
+    if content_type == "application/json":
+        try:
+            body = SnapshotRestore.model_validate(await request.json())
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            raise SpecError(".".join(str(part) for part in error["loc"]) or "snapshot", error["msg"]) from None
+        except ValueError:
+            raise SpecError("body", "not valid JSON") from None
+        info = store.get(body.snapshot)
+        check_scope(request, info.collection)
+        reloader = await run_in_threadpool(collections.restore, name, store.path(info.id), replace)
+    elif content_type in _UPLOAD_TYPES:
+        with store.partial(f"upload-{uuid.uuid4().hex}") as upload:
+            with upload.open("wb") as out:
+                async for chunk in request.stream():  # the body limit middleware answers 413 past the limit
+                    out.write(chunk)
+            reloader = await run_in_threadpool(collections.restore, name, upload, replace)
+    else:
+        raise HTTPException(415, f"send JSON naming a listed snapshot, or the snapshot file as {' or '.join(_UPLOAD_TYPES)}")
+    return collection_info(collections, reloader)
