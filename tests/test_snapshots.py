@@ -5,7 +5,14 @@ retention, replacement and metrics."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import itertools
+import json
 import random
+import subprocess
+import sys
+import tarfile
 import threading
 import time
 
@@ -14,7 +21,13 @@ import numpy as np
 import pytest
 
 from hybrid_retrieval.evaluation.server import running_server
-from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, read_info
+from hybrid_retrieval.indexer.datadir.layout import DataDir
+from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, extract, read_info
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.log import log_path
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.wal import WriteAheadLog
 
 WRITER = {"X-API-Key": "snapshot-writer"}
 DIMENSION = 16
@@ -142,7 +155,7 @@ def test_a_snapshot_under_writes_restores_exactly_the_acknowledged_writes(tmp_pa
             writer.join()
         assert writer.error is None, writer.error
         acknowledged = writer.acknowledged
-        assert len(acknowledged) > 30 and all(a[0] < b[0] for a, b in zip(acknowledged, acknowledged[1:]))
+        assert len(acknowledged) > 30 and all(a[0] < b[0] for a, b in itertools.pairwise(acknowledged))
         for i, info in enumerate(snapshots):
             # every snapshot falls inside the stream, so it is a real cut of it
             assert acknowledged[0][0] <= info["sequence"] < acknowledged[-1][0], (info, acknowledged[0][0], acknowledged[-1][0])
@@ -207,7 +220,10 @@ def test_a_snapshot_moves_to_another_machine_and_damaged_files_change_nothing(tm
         with pytest.raises(BadSnapshot):
             read_info(damaged)
 
-    with running_server(None, env_for(tmp_path / "elsewhere")) as (url, _), httpx.Client(base_url=url, headers=WRITER, timeout=120) as client:
+    with (
+        running_server(None, env_for(tmp_path / "elsewhere")) as (url, _),
+        httpx.Client(base_url=url, headers=WRITER, timeout=120) as client,
+    ):
         upload = {"Content-Type": "application/octet-stream"}
         for damaged in (truncated, flipped_file):
             refused = client.post("/collections/facts/snapshots/restore", content=damaged.read_bytes(), headers=upload)
@@ -219,7 +235,9 @@ def test_a_snapshot_moves_to_another_machine_and_damaged_files_change_nothing(tm
         for query, hits in expected.items():
             assert client.post("/collections/facts/search", json={"query": query, "k": 5}).json()["hits"] == hits
         # it takes writes, and a damaged upload over it changes nothing
-        assert client.put("/collections/facts/documents?wait=true", json={"documents": [{"id": "x", "text": "a wombat"}]}).status_code == 200
+        assert (
+            client.put("/collections/facts/documents?wait=true", json={"documents": [{"id": "x", "text": "a wombat"}]}).status_code == 200
+        )
         refused = client.post("/collections/facts/snapshots/restore?replace=true", content=flipped_file.read_bytes(), headers=upload)
         assert refused.status_code == 422
         assert client.get("/collections/facts/documents/x").status_code == 200
@@ -227,8 +245,82 @@ def test_a_snapshot_moves_to_another_machine_and_damaged_files_change_nothing(tm
         replaced = client.post("/collections/facts/snapshots/restore?replace=true", content=snapshot_file.read_bytes(), headers=upload)
         assert replaced.status_code == 201 and replaced.json()["documents"] == 5
         assert client.get("/collections/facts/documents/x").status_code == 404
-        assert client.put("/collections/facts/documents?wait=true", json={"documents": [{"id": "y", "text": "a numbat"}]}).status_code == 200
+        assert (
+            client.put("/collections/facts/documents?wait=true", json={"documents": [{"id": "y", "text": "a numbat"}]}).status_code == 200
+        )
         wrong_type = client.post("/collections/other/snapshots/restore", content=b"hello", headers={"Content-Type": "text/plain"})
         assert wrong_type.status_code == 415
         unknown = client.post("/collections/other/snapshots/restore", json={"snapshot": "facts-20990101T000000000000Z"})
         assert unknown.status_code == 404
+
+
+def hybrid(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_offline_snapshot_commands(tmp_path):
+    data = DataDir(tmp_path / "data")
+    data.create("notes", CollectionSettings.parse({"embedder": {"kind": "none", "dimension": 4}}))
+    collection = Collection(open_index(data.path("notes"), verify="size"))
+    collection.upsert([{"id": f"n{i}", "text": f"note {i}", "vector": [1.0, i, 0.0, 0.5]} for i in range(12)])
+    collection.delete(["n3"])
+    collection.close()
+
+    created = hybrid("snapshot", "create", "notes", "--data", str(data.root))
+    assert created.returncode == 0, created.stderr
+    info = json.loads(created.stdout)
+    assert (info["collection"], info["sequence"], info["documents"]) == ("notes", 2, 11)
+    listed = hybrid("snapshot", "list", "--data", str(data.root))
+    assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == [info["id"]]
+    verified = hybrid("snapshot", "verify", str(data.root / "snapshots" / f"{info['id']}.snapshot"))
+    assert verified.returncode == 0 and json.loads(verified.stdout)["sequence"] == 2
+
+    restored = hybrid("snapshot", "restore", info["id"], "--as", "copy", "--data", str(data.root))
+    assert restored.returncode == 0, restored.stderr
+    copy = Collection(open_index(data.path("copy"), verify="full"))
+    assert (copy.seq, copy.snapshot.documents, copy.get("n3"), copy.get("n4")["text"]) == (2, 11, None, "note 4")
+    copy.close()
+    again = hybrid("snapshot", "restore", info["id"], "--as", "copy", "--data", str(data.root))
+    assert again.returncode == 2 and "exists" in again.stderr
+
+    writer = WriteAheadLog(log_path(data.path("notes")), lock=True)  # as a running service that writes it holds it
+    try:
+        refused = hybrid("snapshot", "restore", info["id"], "--as", "notes", "--replace", "--data", str(data.root))
+        assert refused.returncode == 2 and "running service" in refused.stderr
+    finally:
+        writer.close()
+    assert hybrid("snapshot", "restore", info["id"], "--as", "notes", "--replace", "--data", str(data.root)).returncode == 0
+
+
+def archive_with(tmp_path, members: dict[str, bytes]):
+    path = tmp_path / "crafted.snapshot"
+    with tarfile.open(path, "w") as tar:
+        for name, content in members.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(content)
+            tar.addfile(member, io.BytesIO(content))
+    return path
+
+
+def test_files_that_are_not_snapshots_are_refused(tmp_path):
+    for members in ({}, {"collection/manifest.json": b"{}"}, {"snapshot.json": b"not json"}, {"snapshot.json": b'{"check": "0"}'}):
+        with pytest.raises(BadSnapshot):
+            extract(archive_with(tmp_path, members), tmp_path / "out")
+    (tmp_path / "plain.snapshot").write_bytes(b"hello")
+    with pytest.raises(BadSnapshot):
+        read_info(tmp_path / "plain.snapshot")
+    # a member outside the collection's folder is refused even when the checksums agree
+    described = {"id": "x-20260101T000000000000Z", "collection": "x", "sequence": 0, "documents": 0, "created_at": "", "format": 1}
+    evil = {"collection/../escape": b"boom"}
+    before_trailer = archive_with(tmp_path, evil).read_bytes()[:1024]  # the member's header block and data block
+    trailer = {
+        **described,
+        "manifest_sha256": "",
+        "files": {"../escape": {"bytes": 4, "sha256": hashlib.sha256(b"boom").hexdigest()}},
+        "archive_sha256": hashlib.sha256(before_trailer).hexdigest(),
+    }
+    body = json.dumps({**trailer, "check": hashlib.sha256(json.dumps(trailer, sort_keys=True, separators=(",", ":")).encode()).hexdigest()})
+    crafted = archive_with(tmp_path, {**evil, "snapshot.json": body.encode()})
+    with pytest.raises(BadSnapshot, match="not a file of the collection"):
+        extract(crafted, tmp_path / "out")
+    assert not (tmp_path / "escape").exists()
