@@ -17,6 +17,7 @@ from bench import (
     scale_bench,
     serving_bench,
     shard_write_bench,
+    snapshot_bench,
 )
 from bench.harness import Case
 
@@ -27,6 +28,7 @@ CASES: list[Case] = [  # a section renders where its first case is
     *filter_bench.CASES,
     *live_bench.CASES,
     *collections_bench.CASES,
+    *snapshot_bench.CASES,
     *accel_bench.CASES,
     *query_bench.CASES,
     *rerank_bench.CASES,
