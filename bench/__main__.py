@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.catalog import CASES, select
 from bench.context import Context
-from bench.harness import run_cases, write_record
+from bench.harness import run_cases, stamp, write_record
 from bench.render import render_benchmarks, write_headline
 
 
@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("--quick", action="store_true", help="smoke-sized cases (seconds, not the published figures)")
     run.add_argument("--baseline", metavar="REF", help="a git ref whose service also runs in the serving case")
     run.add_argument("--out", type=Path, default=Path("runs/bench/record.json"))
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run recorded in --out (made by this same commit): its cases that ran are kept",
+    )
     render = commands.add_parser("render", help="write docs/BENCHMARKS.md (and the README's headline) from a record")
     render.add_argument("record", type=Path)
     render.add_argument("--benchmarks", type=Path, default=Path("docs/BENCHMARKS.md"))
@@ -52,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
         Context(args.data, args.work).prepare()
     elif args.command == "run":
         cases = select(args.only, args.skip)
-        record = run_cases(cases, Context(args.data, args.work, quick=args.quick, baseline=args.baseline))
+        resumed = _resumable(args.out) if args.resume and args.out.is_file() else None
+        context = Context(args.data, args.work, quick=args.quick, baseline=args.baseline)
+        record = run_cases(cases, context, resumed=resumed, save=lambda record: write_record(record, args.out))
         write_record(record, args.out)
         print(f"[bench] record: {args.out}")
     else:
@@ -60,6 +67,18 @@ def main(argv: list[str] | None = None) -> None:
         args.benchmarks.write_text(render_benchmarks(record))
         write_headline(args.readme, record)
         print(f"[bench] wrote {args.benchmarks} and the headline of {args.readme}")
+
+
+def _resumable(path: Path) -> dict:
+    """The record of an interrupted run, if this clean checkout is the commit that made it (else SystemExit)."""
+    record = json.loads(path.read_text())
+    now, then = stamp(), record["stamp"]
+    if now["dirty"] or then["dirty"] or now["commit"] != then["commit"]:
+        raise SystemExit(
+            f"{path} was made by commit {then['commit']}{' (dirty)' if then['dirty'] else ''}, this checkout is "
+            f"{now['commit']}{' (dirty)' if now['dirty'] else ''}: resume from a clean checkout of that commit, or start over"
+        )
+    return record
 
 
 if __name__ == "__main__":

@@ -174,14 +174,36 @@ def run_case(case: Case, context: Any) -> CaseResult:
     return result
 
 
-def run_cases(cases: Iterable[Case], context: Any, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run `cases` in order; the record: the stamp, the context's parameters and every case's result."""
-    record: dict[str, Any] = {"stamp": stamp(), "context": context.describe(), "cases": []}
+def run_cases(
+    cases: Iterable[Case],
+    context: Any,
+    progress: Callable[[str], None] = print,
+    resumed: dict[str, Any] | None = None,
+    save: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Run `cases` in order; the record: the stamp, the context's parameters and every case's result. `resumed`: a
+    record of an interrupted run of the same code, whose cases that ran are kept, not run again. `save(record)` is
+    called after every case, so an interruption loses at most the case in progress."""
+    record: dict[str, Any] = resumed or {"stamp": stamp(), "context": context.describe(), "cases": []}
+    if resumed is not None:
+        record["stamp"].setdefault("resumed", []).append(stamp()["date"])
+    done = {(c["section"], c["name"]): c for c in record["cases"] if c["status"] == "ran"}
+    cases = list(cases)
+    order = [(case.section, case.name) for case in cases]
+    order += [key for key in done if key not in order]  # kept from the interrupted run, though not asked for now
     for case in cases:
+        key = (case.section, case.name)
+        if key in done:
+            progress(f"[bench] {case.section} / {case.name}: ran before ({done[key]['seconds']:.0f} s), kept")
+            continue
         progress(f"[bench] {case.section} / {case.name}")
         result = run_case(case, context)
         progress(f"[bench]   {result.status} ({result.seconds:.0f} s)")
-        record["cases"].append(asdict(result))
+        done[key] = asdict(result)
+        record["cases"] = [done[k] for k in order if k in done]  # in catalogue order
+        if save is not None:
+            save(record)
+    record["cases"] = [done[k] for k in order if k in done]
     return record
 
 

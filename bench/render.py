@@ -60,7 +60,7 @@ def header(record: dict[str, Any]) -> list[str]:
         "",
         "| run | |",
         "|---|---|",
-        f"| date | {s['date']} |",
+        f"| date | {s['date']}" + (f", resumed {', '.join(s['resumed'])} (the same commit)" if s.get("resumed") else "") + " |",
         f"| commit | `{s['commit']}`{' with uncommitted changes' if s['dirty'] else ''} |",
         f"| machine | {machine_line(s['machine'])} |",
         f"| software | Python {s['machine'].get('python')}, {versions} |",

@@ -70,6 +70,29 @@ def test_a_run_records_every_case_with_its_status_and_keeps_going():
     json.dumps(record)  # a record is plain JSON
 
 
+def test_an_interrupted_run_resumes_keeping_the_cases_that_ran():
+    runs = {"first": 0, "second": 0}
+
+    def counted(name, fails=False):
+        def run(ctx):
+            runs[name] += 1
+            if fails:
+                raise RuntimeError("interrupted")
+            return [Table(name, [{"runs": runs[name]}])]
+
+        return run
+
+    saved = []
+    first = [Case("S", "first", "-", counted("first")), Case("S", "second", "-", counted("second", fails=True))]
+    record = run_cases(first, FakeContext(), progress=lambda line: None, save=lambda r: saved.append(json.loads(json.dumps(r))))
+    assert [[c["name"] for c in r["cases"]] for r in saved] == [["first"], ["first", "second"]]  # saved after each case
+    again = [Case("S", "first", "-", counted("first")), Case("S", "second", "-", counted("second"))]
+    resumed = run_cases(again, FakeContext(), progress=lambda line: None, resumed=saved[-1])
+    assert runs == {"first": 1, "second": 2}  # the case that ran is kept, the failed one runs again
+    assert [(c["name"], c["status"]) for c in resumed["cases"]] == [("first", "ran"), ("second", "ran")]
+    assert resumed["cases"][0] == record["cases"][0] and len(resumed["stamp"]["resumed"]) == 1
+
+
 def test_the_document_states_when_where_and_what_did_not_run():
     record = _record()
     text = render_benchmarks(record)

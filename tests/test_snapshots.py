@@ -183,7 +183,7 @@ def test_a_snapshot_moves_to_another_machine_and_damaged_files_change_nothing(tm
             ]
         )
     ]
-    source_env = env_for(tmp_path / "source", HYBRID_SNAPSHOT_KEEP="2")
+    source_env = env_for(tmp_path / "source", HYBRID_SNAPSHOT_KEEP="2", HYBRID_MAX_SNAPSHOT_BYTES="4096")
     with running_server(None, source_env) as (url, _), httpx.Client(base_url=url, headers=WRITER, timeout=120) as client:
         assert client.post("/collections", json={"name": "facts"}).status_code == 201
         assert client.put("/collections/facts/documents?wait=true", json={"documents": docs[:3]}).status_code == 200
@@ -207,6 +207,8 @@ def test_a_snapshot_moves_to_another_machine_and_damaged_files_change_nothing(tm
         # restoring over an existing collection needs replace=true; the first snapshot then replaces it at once
         clash = client.post("/collections/facts/snapshots/restore", json={"snapshot": second["id"]})
         assert clash.status_code == 409
+        too_large = client.post("/collections/big/snapshots/restore", content=b"x" * 5000, headers={"Content-Type": "application/x-tar"})
+        assert too_large.status_code == 413
     snapshot_file = tmp_path / "copied.snapshot"
     snapshot_file.write_bytes(download.content)
 
