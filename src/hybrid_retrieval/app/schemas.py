@@ -384,6 +384,11 @@ class DocumentIn(BaseModel):
         "a field keeps the type the index or its first write gave it (another "
         "type answers 422)",
     )
+    vector: list[Float] | None = Field(
+        None,
+        description="the document's embedding, of the collection's dimension (normalised to unit length): stored instead "
+        "of embedding its text; required by collections whose embedder is `none`",
+    )
 
 
 class DocumentBatch(BaseModel):

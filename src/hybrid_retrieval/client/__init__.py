@@ -1,0 +1,71 @@
+"""A Python client of the hybrid retrieval service: `Client` (blocking) and `AsyncClient`, typed requests and results,
+typed errors, retries with backoff. It needs httpx and pydantic only (`pip install ./clients/python` installs it
+without the server); the server's distribution includes it too.
+"""
+
+from hybrid_retrieval.client.calls import NO_RETRY, LoadReport, Retry
+from hybrid_retrieval.client.client import AsyncClient, Client
+from hybrid_retrieval.client.errors import (
+    AuthError,
+    ClientError,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    ServerError,
+    Unavailable,
+    ValidationError,
+)
+from hybrid_retrieval.client.models import (
+    RRF,
+    CollectionInfo,
+    CollectionSettings,
+    CollectionSummary,
+    ConvexCombination,
+    Defaults,
+    Document,
+    Highlight,
+    Hit,
+    Hubness,
+    Rerank,
+    SearchRequest,
+    SearchResponse,
+    Snapshot,
+    Stats,
+    StoredDocument,
+    Task,
+    WriteResult,
+)
+
+__all__ = [
+    "NO_RETRY",
+    "RRF",
+    "AsyncClient",
+    "AuthError",
+    "Client",
+    "ClientError",
+    "CollectionInfo",
+    "CollectionSettings",
+    "CollectionSummary",
+    "Conflict",
+    "ConvexCombination",
+    "Defaults",
+    "Document",
+    "Highlight",
+    "Hit",
+    "Hubness",
+    "LoadReport",
+    "NotFound",
+    "PayloadTooLarge",
+    "Rerank",
+    "Retry",
+    "SearchRequest",
+    "SearchResponse",
+    "ServerError",
+    "Snapshot",
+    "Stats",
+    "StoredDocument",
+    "Task",
+    "Unavailable",
+    "ValidationError",
+    "WriteResult",
+]

@@ -1,0 +1,321 @@
+"""The HTTP API's bodies as typed objects: requests the client sends and responses it reads.
+
+They mirror the server's schema (`GET /openapi.json`); tests/test_client_schema.py fails when a field or route changes
+on one side only. Requests leave out what is not set, so the server's defaults apply; responses keep fields the
+server adds later (extra="allow"), so an older client keeps working against a newer server.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: the fields that were set, None left out."""
+        return self.model_dump(exclude_none=True, by_alias=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# --- the search spec ------------------------------------------------------------------------------------------------
+
+
+class RRF(_Request):
+    """Reciprocal rank fusion: score = sum over retrievers of weight / (rrf_k + rank)."""
+
+    method: Literal["rrf"] = "rrf"
+    rrf_k: float | None = None
+    weights: list[float] | None = Field(None, description="[bm25, dense]")
+
+
+class ConvexCombination(_Request):
+    """score = alpha * norm(cosine) + (1 - alpha) * norm(bm25), normalised over the candidates."""
+
+    method: Literal["cc"] = "cc"
+    alpha: float | None = None
+    norm: str | None = None
+
+
+Fusion = Annotated[RRF | ConvexCombination, Field(discriminator="method")]
+
+
+class Hubness(_Request):
+    method: str | None = Field(None, description="none, qbnorm or dbnorm")
+    dynamic: bool | None = None
+
+
+class Rerank(_Request):
+    enabled: bool | None = None
+    depth: int | None = None
+    weight: float | None = None
+
+
+class Highlight(_Request):
+    enabled: bool | None = None
+    semantic: bool | None = None
+    snippet_chars: int | None = None
+    snippets: int | None = None
+
+
+class Defaults(_Request):
+    """The fields of a search spec that a collection's defaults may set."""
+
+    mode: Literal["hybrid", "bm25", "dense"] | None = None
+    depth: int | None = None
+    fusion: Fusion | None = None
+    hubness: Hubness | None = None
+    rerank: Rerank | None = None
+    min_score: float | None = None
+    highlight: bool | Highlight | None = None
+
+
+class SearchRequest(Defaults):
+    """One search: a query text, a vector, or both, with any field of the search spec."""
+
+    query: str | None = None
+    vector: list[float] | None = None
+    k: int | None = None
+    offset: int | None = None
+    filter: dict[str, Any] | None = None
+    fields: list[str] | Literal["*"] | None = None
+    facets: list[str] | None = None
+    explain: bool | None = None
+    include_text: bool | None = None
+
+
+# --- search results -------------------------------------------------------------------------------------------------
+
+
+class Component(_Response):
+    score: float
+    rank: int | None
+    normalized: float | None
+    contribution: float
+
+
+class RerankComponent(_Response):
+    score: float | None
+    weight: float
+    first_stage_rank: int
+    first_stage_score: float
+
+
+class Explanation(_Response):
+    final: float
+    rerank: RerankComponent | None = None
+    fused: float | None = None
+    bm25: Component | None = None
+    dense: Component | None = None
+
+
+class Snippet(_Response):
+    text: str
+    start: int
+    end: int
+    matches: list[list[int]]
+    terms: list[str]
+
+
+class SemanticSentence(_Response):
+    text: str
+    start: int
+    end: int
+    score: float
+
+
+class HitHighlight(_Response):
+    title: list[Snippet]
+    text: list[Snippet]
+    semantic: SemanticSentence | None = None
+
+
+class Hit(_Response):
+    id: str
+    score: float
+    rank: int
+    title: str
+    text: str | None = None
+    fields: dict[str, Any] | None = None
+    highlight: HitHighlight | None = None
+    explain: Explanation | None = None
+
+
+class FacetValue(_Response):
+    value: str | int | bool
+    count: int
+
+
+class SearchResponse(_Response):
+    query: str | None
+    k: int
+    offset: int
+    has_more: bool
+    spec: dict[str, Any]
+    reranker: str | None = None
+    hits: list[Hit]
+    facets: dict[str, list[FacetValue]] | None = None
+    timings_ms: dict[str, float]
+
+
+class BatchResponse(_Response):
+    results: list[SearchResponse]
+    timings_ms: dict[str, float]
+
+
+# --- documents ------------------------------------------------------------------------------------------------------
+
+
+class Document(_Request):
+    """A document to upsert; `vector` for collections that bring their own vectors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | int
+    title: str | None = None
+    text: str = ""
+    metadata: dict[str, Any] | None = None
+    vector: list[float] | None = None
+
+
+class StoredDocument(_Response):
+    id: str
+    title: str
+    text: str
+    metadata: dict[str, Any]
+
+
+class WriteResult(_Response):
+    sequence: int
+    documents: int
+    visible: bool
+
+
+class Stats(_Response):
+    documents: int
+    base_documents: int
+    deleted_base_documents: int | None = None
+    live_documents: int | None = None
+    last_sequence: int | None = None
+    visible_sequence: int | None = None
+    writable: bool
+    write_refusal: str | None = None
+    temporary_bytes: int | None = None
+
+
+class Task(_Response):
+    id: str
+    collection: str
+    state: Literal["queued", "running", "succeeded", "failed", "interrupted"]
+    documents_total: int
+    documents_done: int
+    documents_per_second: float | None = None
+    last_sequence: int | None = None
+    error: str | None = None
+    created_at: str
+    started_at: str | None = None
+    finished_at: str | None = None
+    seconds: float
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("succeeded", "failed", "interrupted")
+
+
+# --- collections, aliases, snapshots, service -------------------------------------------------------------------------
+
+
+class EmbedderSettings(_Request):
+    kind: Literal["model", "none"] | None = None
+    dimension: int | None = None
+    model: str | None = None
+    precision: str | None = None
+
+
+class AnalyzerSettings(_Request):
+    stemmer: str | None = None
+    stopwords: str | None = None
+
+
+class BM25Settings(_Request):
+    k1: float | None = None
+    b: float | None = None
+
+
+class VectorSettings(_Request):
+    kind: str | None = None
+    exact_below: int | None = None
+    nlist: int | None = None
+    nprobe: int | None = None
+    hnsw_m: int | None = None
+    pq_m: int | None = None
+    pq_refine: int | None = None
+    ef_construction: int | None = None
+    ef_search: int | None = None
+    flat_search_cutoff: int | None = None
+
+
+class CollectionSettings(_Request):
+    """What a collection is created with; every field is optional (the server's defaults apply)."""
+
+    embedder: EmbedderSettings | None = None
+    analyzer: AnalyzerSettings | None = None
+    bm25: BM25Settings | None = None
+    vectors: VectorSettings | None = None
+    filterable: list[str] | None = None
+    defaults: Defaults | None = None
+
+
+class CollectionSummary(_Response):
+    name: str
+    documents: int
+    state: Literal["ready", "read-only"]
+    aliases: list[str]
+
+
+class CollectionInfo(_Response):
+    name: str
+    aliases: list[str]
+    documents: int
+    settings: dict[str, Any]
+    defaults: dict[str, Any]
+    evidence: dict[str, Any]
+    fusion_tuning: dict[str, Any] | None = None
+    metadata: dict[str, Any]
+    stats: Stats
+    disk_bytes: int
+    memory_bytes: int
+    created_at: str
+    index: str
+
+
+class Snapshot(_Response):
+    id: str
+    collection: str
+    sequence: int
+    documents: int
+    bytes: int
+    created_at: str
+    manifest_sha256: str
+    format: int
+
+
+class Ready(_Response):
+    ready: bool
+    collections: int | None = None
+    documents: int | None = None
+    index: str | None = None
+    created_at: str | None = None
+    model: str | None = None
+    fusion_tuning: dict[str, Any] | None = None
+    defaults: dict[str, Any] | None = None
+    evidence: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    writable: bool | None = None
+    write_refusal: str | None = None
