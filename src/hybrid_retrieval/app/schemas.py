@@ -457,7 +457,7 @@ class EmbedderSettings(_Strict):
         description="a sentence-transformers model name or folder the server has (exported to ONNX once; the bundled "
         "all-MiniLM-L6-v2 needs nothing), or an ONNX export folder",
     )
-    precision: Literal[PRECISIONS] = Field("fp32", description="the ONNX weights that embed the documents")
+    precision: Literal[tuple(PRECISIONS)] = Field("fp32", description="the ONNX weights that embed the documents")  # type: ignore[valid-type]
 
 
 class AnalyzerSettings(_Strict):

@@ -18,6 +18,7 @@ from hybrid_retrieval.app.lifecycle import CollectionsDep, Name, collection_info
 from hybrid_retrieval.app.routes import scoped
 from hybrid_retrieval.app.schemas import CollectionInfo, SnapshotList, SnapshotOut, SnapshotRestore
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
+from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.datadir.snapshots import SUFFIX, SnapshotNotFound
 from hybrid_retrieval.search.errors import SpecError
 
@@ -25,6 +26,9 @@ router = APIRouter(route_class=CheckedRoute, tags=["snapshots"])
 
 _EXAMPLE_ID = "products-20261125T101500123456Z"
 _WRITE = Depends(require_write_key)
+NewName = Annotated[
+    str, PathParam(description=f"the collection to restore into: {NAME_RULE_TEXT}", pattern=f"^{NAME_RULE.pattern}$", examples=["products"])
+]
 SnapshotId = Annotated[str, PathParam(description="a snapshot's id", examples=[_EXAMPLE_ID])]
 TAR = "application/x-tar"
 _UPLOAD_TYPES = (TAR, "application/octet-stream")
@@ -122,7 +126,7 @@ def delete_snapshot(name: Name, snapshot_id: SnapshotId, collections: Collection
     },
 )
 async def restore_snapshot(
-    name: Name,
+    name: NewName,
     collections: CollectionsDep,
     request: Request,
     replace: Annotated[bool, Query(description="replace the collection of that name in one atomic swap (else 409 if it exists)")] = False,

@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, TypeAdapter
+from pydantic import ValidationError as PydanticValidationError
 
 from hybrid_retrieval.client.errors import ClientError, error_for
 from hybrid_retrieval.client.models import (
@@ -152,8 +153,15 @@ def search_request(request: SearchRequest | dict | None, spec: dict[str, Any]) -
     return body
 
 
-def document_json(document: Document | dict) -> dict[str, Any]:
-    return document.body() if isinstance(document, Document) else Document.model_validate(document).body()
+def document_json(document: Document | dict, index: int = 0) -> dict[str, Any]:
+    """A document's JSON; ValidationError naming `documents[index].field` before anything is sent."""
+    if isinstance(document, Document):
+        return document.body()
+    try:
+        return Document.model_validate(document).body()
+    except PydanticValidationError as exc:
+        detail = [{"loc": ["documents", index, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        raise error_for(422, detail) from None
 
 
 # --- operations -----------------------------------------------------------------------------------------------------
@@ -172,8 +180,8 @@ def metrics() -> Call[str]:
     return Call("GET", "/metrics", lambda response: response.text)
 
 
-def reload() -> Call[dict]:
-    return Call("POST", "/admin/reload", lambda response: response.json(), idempotent=False)
+def reload() -> Call[Ready]:
+    return Call("POST", "/admin/reload", model(Ready), idempotent=False)
 
 
 def list_collections() -> Call[list[CollectionSummary]]:
@@ -225,7 +233,7 @@ def search_batch(collection: str | None, requests: Sequence[SearchRequest | dict
 
 
 def upsert(collection: str | None, documents: Sequence[Document | dict], wait: bool | None) -> Call[WriteResult]:
-    body = {"documents": [document_json(d) for d in documents]}
+    body = {"documents": [document_json(d, i) for i, d in enumerate(documents)]}
     return Call("PUT", f"{scope(collection)}/documents", model(WriteResult), params=_wait(wait), json=body)
 
 
@@ -316,10 +324,10 @@ def read_documents(source: Iterable[Document | dict] | str | Path) -> Iterator[d
                     raise ClientError(f"{source}:{number}: not JSON ({exc})") from None
                 if "id" not in row and "_id" in row:
                     row["id"] = row.pop("_id")
-                yield document_json(row)
+                yield document_json(row, number - 1)
         return
-    for document in source:
-        yield document_json(document)
+    for i, document in enumerate(source):
+        yield document_json(document, i)
 
 
 def ndjson_batches(

@@ -122,7 +122,7 @@ class Client:
     def metrics(self) -> str:
         return self.send(calls.metrics())
 
-    def reload(self) -> dict:
+    def reload(self) -> Ready:
         return self.send(calls.reload())
 
     # --- collections and aliases -----------------------------------------------------------------------------------
@@ -324,7 +324,7 @@ class AsyncClient:
     async def metrics(self) -> str:
         return await self.send(calls.metrics())
 
-    async def reload(self) -> dict:
+    async def reload(self) -> Ready:
         return await self.send(calls.reload())
 
     async def list_collections(self) -> list[CollectionSummary]:

@@ -14,8 +14,9 @@ class ClientError(Exception):
 
 
 class ValidationError(ClientError):
-    """422: the request is invalid. `field` is the path of the first invalid field, as the server names it (e.g.
-    ["body", "fusion", "alpha"]); `errors` every one of them."""
+    """422: the request is invalid (also raised before sending a document the client can tell is invalid). `field` is
+    the path of the first invalid field, as the server names it (e.g. ["body", "fusion", "alpha"]); `errors` every
+    one of them."""
 
     def __init__(self, message: str, status: int, detail: Any):
         super().__init__(message, status, detail)
