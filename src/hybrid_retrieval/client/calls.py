@@ -358,6 +358,15 @@ class LoadReport:
     def loaded(self) -> int:
         return sum(task.documents_done for task in self.tasks)
 
+    @property
+    def last_sequence(self) -> int | None:
+        """The sequence number of the last write the load logged."""
+        return max((task.last_sequence for task in self.tasks if task.last_sequence is not None), default=None)
+
+    def searchable(self, stats: Stats) -> bool:
+        """Whether searches of the collection `stats` describes see every document of the load."""
+        return self.last_sequence is None or (stats.visible_sequence or 0) >= self.last_sequence
+
     def check(self) -> LoadReport:
         failed = [task for task in self.tasks if task.state != "succeeded"]
         if failed:

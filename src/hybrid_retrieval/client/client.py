@@ -189,7 +189,7 @@ class Client:
     ) -> LoadReport:
         """Load any number of documents (an iterable, or a JSONL file streamed line by line) as bulk-load tasks of
         `batch_documents` documents (NDJSON, at most ~8 MiB a request), one after another so that a later version of
-        a document wins; returns when every task has finished, raising if one failed. `progress`: True draws a tqdm
+        a document wins; returns once every document is searchable, raising if a task failed. `progress`: True draws a tqdm
         bar with rate and ETA, or a callable(done, total)."""
         report = LoadReport()
         update = calls.progress_bar(progress, _total(documents))
@@ -203,6 +203,8 @@ class Client:
             report.tasks.append(task)
             update(report.loaded, None)
             report.check()
+        while not report.searchable(self.stats(collection)):
+            time.sleep(TASK_POLL_SECONDS)  # searchable within the service's refresh interval
         update(report.loaded, report.sent)
         return report
 
@@ -392,6 +394,8 @@ class AsyncClient:
             report.tasks.append(task)
             update(report.loaded, None)
             report.check()
+        while not report.searchable(await self.stats(collection)):
+            await asyncio.sleep(TASK_POLL_SECONDS)  # searchable within the service's refresh interval
         update(report.loaded, report.sent)
         return report
 
