@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from pathlib import Path
@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
-from hybrid_retrieval.client.errors import ClientError, error_for
+from hybrid_retrieval.client.errors import ClientError, Unavailable, error_for
 from hybrid_retrieval.client.models import (
     BatchResponse,
     CollectionInfo,
@@ -51,6 +51,11 @@ class Call(Generic[T]):
     content: bytes | None = None
     headers: dict[str, str] | None = None
     idempotent: bool = True  # sending it twice does what sending it once does: it may be retried
+
+    def request(self, http: httpx.Client | httpx.AsyncClient, headers: dict[str, str]) -> httpx.Request:
+        """The request `http` sends: the client's `headers` under the call's own."""
+        merged = {**headers, **(self.headers or {})}
+        return http.build_request(self.method, self.path, params=self.params, json=self.json, content=self.content, headers=merged)
 
     def result(self, response: httpx.Response) -> T:
         if response.is_success:
@@ -109,6 +114,21 @@ class Retry:
 
 
 NO_RETRY = Retry(attempts=1)
+
+
+def settle(call: Call[T], retry: Retry, attempt: int, outcome: httpx.Response | httpx.TransportError) -> tuple[bool, Any]:
+    """What try number `attempt` of `call` came to: (True, its result), or (False, seconds to wait before the next
+    try). Raises the answer's typed error, or Unavailable when the server could not be reached and no try is left."""
+    response = outcome if isinstance(outcome, httpx.Response) else None
+    wait = retry.wait(call, attempt, response)
+    if wait is not None:
+        return False, wait
+    if isinstance(outcome, httpx.TransportError):
+        raise Unavailable(f"{call.method} {call.path}: no answer from the server ({type(outcome).__name__}: {outcome})") from outcome
+    return True, call.result(outcome)
+
+
+Plan = Generator["Call[Any] | float", Any, T]  # yields calls to send (or seconds to pause), gets their results, returns T
 
 
 def model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
@@ -394,3 +414,37 @@ def progress_bar(progress: bool | Callable[[int, int | None], None], total: int 
             bar.close()
 
     return update
+
+
+TASK_POLL_SECONDS = 0.2
+
+
+def load(
+    collection: str | None, documents: Iterable[Document | dict] | str | Path, batch_documents: int, progress: Any
+) -> Plan[LoadReport]:
+    """A bulk load: tasks of `batch_documents` documents, one after another (a later version of a document wins),
+    each followed to its end, then until searches see the last of them."""
+    report = LoadReport()
+    update = progress_bar(progress, count_documents(documents))
+    for body, count in ndjson_batches(read_documents(documents), batch_documents):
+        running = yield load_batch(collection, body)
+        report.sent += count
+        while not running.finished:
+            update(report.loaded + running.documents_done, None)
+            yield TASK_POLL_SECONDS
+            running = yield task(running.id)
+        report.tasks.append(running)
+        update(report.loaded, None)
+        report.check()
+    while not report.searchable((yield stats(collection))):
+        yield TASK_POLL_SECONDS  # searchable within the service's refresh interval
+    update(report.loaded, report.sent)
+    return report
+
+
+def count_documents(source: Iterable[Document | dict] | str | Path) -> int | None:
+    """How many documents a load will send, when that is known before reading them (a file: its lines)."""
+    if isinstance(source, (str, Path)):
+        with Path(source).open("rb") as lines:
+            return sum(1 for line in lines if line.strip())
+    return len(source) if isinstance(source, Sized) else None

@@ -7,6 +7,7 @@ Both send the same `calls.Call`s under the same `Retry` policy; a method of one 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -16,7 +17,6 @@ import httpx
 
 from hybrid_retrieval.client import calls
 from hybrid_retrieval.client.calls import Call, LoadReport, Retry
-from hybrid_retrieval.client.errors import Unavailable
 from hybrid_retrieval.client.models import (
     CollectionInfo,
     CollectionSettings,
@@ -37,23 +37,11 @@ from hybrid_retrieval.client.models import (
 T = TypeVar("T")
 DEFAULT_URL = "http://127.0.0.1:8000"
 MAX_OFFSET = 10_000  # the server pages through at most this many hits
-TASK_POLL_SECONDS = 0.2
 Progress = bool | Callable[[int, int | None], None]
 
 
 def _headers(api_key: str | None, headers: dict[str, str] | None) -> dict[str, str]:
     return {**({"X-API-Key": api_key} if api_key else {}), **(headers or {})}
-
-
-def _total(source: Iterable[Document | dict] | str | Path) -> int | None:
-    if isinstance(source, (str, Path)):
-        with Path(source).open("rb") as lines:
-            return sum(1 for line in lines if line.strip())
-    return len(source) if hasattr(source, "__len__") else None  # type: ignore[arg-type]
-
-
-def _unreachable(call: Call, exc: httpx.TransportError) -> Unavailable:
-    return Unavailable(f"{call.method} {call.path}: no answer from the server ({type(exc).__name__}: {exc})")
 
 
 class Client:
@@ -89,27 +77,29 @@ class Client:
 
     def send(self, call: Call[T]) -> T:
         """Send `call`, again while the retry policy says so; its result, or the typed error of its answer."""
-        attempt = 0
-        while True:
+        for attempt in itertools.count():
             try:
-                response = self._http.request(
-                    call.method,
-                    call.path,
-                    params=call.params,
-                    json=call.json,
-                    content=call.content,
-                    headers={**self._headers, **(call.headers or {})},
-                )
+                outcome: httpx.Response | httpx.TransportError = self._http.send(call.request(self._http, self._headers))
             except httpx.TransportError as exc:
-                wait = self.retry.wait(call, attempt, None)
-                if wait is None:
-                    raise _unreachable(call, exc) from exc
-            else:
-                wait = self.retry.wait(call, attempt, response)
-                if wait is None:
-                    return call.result(response)
-            time.sleep(wait)
-            attempt += 1
+                outcome = exc
+            done, value = calls.settle(call, self.retry, attempt, outcome)
+            if done:
+                return value
+            time.sleep(value)
+        raise AssertionError("unreachable")
+
+    def _run(self, plan: calls.Plan[T]) -> T:
+        """Carry out a plan: send the calls it yields, pause as it says, until it returns."""
+        try:
+            step = next(plan)
+            while True:
+                if isinstance(step, Call):
+                    step = plan.send(self.send(step))
+                else:
+                    time.sleep(step)
+                    step = plan.send(None)
+        except StopIteration as finished:
+            return finished.value
 
     # --- service ---------------------------------------------------------------------------------------------------
 
@@ -191,22 +181,7 @@ class Client:
         `batch_documents` documents (NDJSON, at most ~8 MiB a request), one after another so that a later version of
         a document wins; returns once every document is searchable, raising if a task failed. `progress`: True draws a tqdm
         bar with rate and ETA, or a callable(done, total)."""
-        report = LoadReport()
-        update = calls.progress_bar(progress, _total(documents))
-        for body, count in calls.ndjson_batches(calls.read_documents(documents), batch_documents):
-            task = self.send(calls.load_batch(collection, body))
-            report.sent += count
-            while not task.finished:
-                update(report.loaded + task.documents_done, None)
-                time.sleep(TASK_POLL_SECONDS)
-                task = self.task(task.id)
-            report.tasks.append(task)
-            update(report.loaded, None)
-            report.check()
-        while not report.searchable(self.stats(collection)):
-            time.sleep(TASK_POLL_SECONDS)  # searchable within the service's refresh interval
-        update(report.loaded, report.sent)
-        return report
+        return self._run(calls.load(collection, documents, batch_documents, progress))
 
     def get_document(self, collection: str | None, doc_id: str | int) -> StoredDocument:
         return self.send(calls.get_document(collection, doc_id))
@@ -295,27 +270,28 @@ class AsyncClient:
         await self._http.aclose()
 
     async def send(self, call: Call[T]) -> T:
-        attempt = 0
-        while True:
+        for attempt in itertools.count():
             try:
-                response = await self._http.request(
-                    call.method,
-                    call.path,
-                    params=call.params,
-                    json=call.json,
-                    content=call.content,
-                    headers={**self._headers, **(call.headers or {})},
-                )
+                outcome: httpx.Response | httpx.TransportError = await self._http.send(call.request(self._http, self._headers))
             except httpx.TransportError as exc:
-                wait = self.retry.wait(call, attempt, None)
-                if wait is None:
-                    raise _unreachable(call, exc) from exc
-            else:
-                wait = self.retry.wait(call, attempt, response)
-                if wait is None:
-                    return call.result(response)
-            await asyncio.sleep(wait)
-            attempt += 1
+                outcome = exc
+            done, value = calls.settle(call, self.retry, attempt, outcome)
+            if done:
+                return value
+            await asyncio.sleep(value)
+        raise AssertionError("unreachable")
+
+    async def _run(self, plan: calls.Plan[T]) -> T:
+        try:
+            step = next(plan)
+            while True:
+                if isinstance(step, Call):
+                    step = plan.send(await self.send(step))
+                else:
+                    await asyncio.sleep(step)
+                    step = plan.send(None)
+        except StopIteration as finished:
+            return finished.value
 
     async def health(self) -> bool:
         return await self.send(calls.health())
@@ -382,22 +358,7 @@ class AsyncClient:
         batch_documents: int = 10_000,
         progress: Progress = False,
     ) -> LoadReport:
-        report = LoadReport()
-        update = calls.progress_bar(progress, _total(documents))
-        for body, count in calls.ndjson_batches(calls.read_documents(documents), batch_documents):
-            task = await self.send(calls.load_batch(collection, body))
-            report.sent += count
-            while not task.finished:
-                update(report.loaded + task.documents_done, None)
-                await asyncio.sleep(TASK_POLL_SECONDS)
-                task = await self.task(task.id)
-            report.tasks.append(task)
-            update(report.loaded, None)
-            report.check()
-        while not report.searchable(await self.stats(collection)):
-            await asyncio.sleep(TASK_POLL_SECONDS)  # searchable within the service's refresh interval
-        update(report.loaded, report.sent)
-        return report
+        return await self._run(calls.load(collection, documents, batch_documents, progress))
 
     async def get_document(self, collection: str | None, doc_id: str | int) -> StoredDocument:
         return await self.send(calls.get_document(collection, doc_id))

@@ -24,7 +24,7 @@ _RENAME_EXCHANGE = 2
 _EXCHANGE_UNSUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
-def _fsync_path(path: str | Path) -> None:
+def fsync_path(path: str | Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -39,8 +39,8 @@ def _fsync_tree(root: Path) -> None:
         for name in filenames:
             path = os.path.join(dirpath, name)
             if not os.path.islink(path):
-                _fsync_path(path)
-        _fsync_path(dirpath)
+                fsync_path(path)
+        fsync_path(dirpath)
 
 
 def _exchange(a: Path, b: Path) -> None:
@@ -93,7 +93,7 @@ def _publish(tmp: Path, target: Path, *, replace: bool, keep_existing: bool) -> 
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                 raise
         else:
-            _fsync_path(target.parent)
+            fsync_path(target.parent)
             return
     if keep_existing:
         shutil.rmtree(tmp)
@@ -110,7 +110,7 @@ def _publish(tmp: Path, target: Path, *, replace: bool, keep_existing: bool) -> 
             raise
         old = _swap_by_renames(tmp, target)
     # Make the new name durable before the only other copy of the old data goes away.
-    _fsync_path(target.parent)
+    fsync_path(target.parent)
     shutil.rmtree(old)
 
 
@@ -204,7 +204,7 @@ def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> N
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_path(path.parent)
+    fsync_path(path.parent)
 
 
 def siblings(target: Path) -> list[Path]:

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
-from hybrid_retrieval.common.publish import in_use, scratch_dir
+from hybrid_retrieval.common.publish import fsync_path, in_use, scratch_dir
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE, log_path
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
@@ -400,7 +400,7 @@ class SnapshotStore:
                 info = write_archive(staging, partial, collection, seq, documents, snapshot_id, created)
                 final = self.folder / f"{snapshot_id}{SUFFIX}"
                 os.rename(partial, final)
-                _fsync_dir(self.folder)
+                fsync_path(self.folder)
         logger.info(
             "snapshot %s of %s: sequence %d, %d documents, %d bytes in %.2f s",
             info.id,
@@ -441,11 +441,3 @@ def _stage_offline(folder: Path, staging: Path) -> tuple[int, int]:
         shutil.rmtree(staging)
         staging.mkdir()
     raise HybridError(f"{folder} kept changing while it was read: take the snapshot through the service's API")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
