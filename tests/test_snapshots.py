@@ -272,7 +272,10 @@ def test_offline_snapshot_commands(tmp_path):
     assert created.returncode == 0, created.stderr
     info = json.loads(created.stdout)
     assert (info["collection"], info["sequence"], info["documents"]) == ("notes", 2, 11)
-    listed = hybrid("snapshot", "list", "--data", str(data.root))
+    data.create("untouched", CollectionSettings.parse({"embedder": {"kind": "none", "dimension": 4}}))  # never written: no log
+    untouched = json.loads(hybrid("snapshot", "create", "untouched", "--data", str(data.root)).stdout)
+    assert (untouched["sequence"], untouched["documents"]) == (0, 0)
+    listed = hybrid("snapshot", "list", "--data", str(data.root), "--collection", "notes")
     assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == [info["id"]]
     verified = hybrid("snapshot", "verify", str(data.root / "snapshots" / f"{info['id']}.snapshot"))
     assert verified.returncode == 0 and json.loads(verified.stdout)["sequence"] == 2

@@ -209,9 +209,10 @@ class _HashingReader:
 # --- reading one --------------------------------------------------------------------------------------------------
 
 
-def read_info(path: Path) -> tuple[dict, int]:
-    """A snapshot's trailer, checked against every archive byte (BadSnapshot when anything differs); the trailer and
-    the offset of its header."""
+def read_info(path: Path, whole: bool = True) -> tuple[dict, int]:
+    """A snapshot's trailer, checked against its own checksum and (`whole`) against every archive byte: BadSnapshot
+    when anything differs. The trailer and the offset of its header. Listing reads the trailer alone (a tar's headers
+    are read by seeking past the files); a restore and `hybrid snapshot verify` check the whole file."""
     try:
         with tarfile.open(path, mode="r:") as tar:
             members = tar.getmembers()
@@ -232,6 +233,8 @@ def read_info(path: Path) -> tuple[dict, int]:
         raise BadSnapshot(f"{path.name}: its {TRAILER} does not match its checksum (damaged)")
     if trailer.get("format") != FORMAT:
         raise BadSnapshot(f"{path.name}: snapshot format {trailer.get('format')!r}; this version reads format {FORMAT}")
+    if not whole:
+        return trailer, last.offset
     with path.open("rb") as fh:
         digest = hashlib.sha256()
         left = last.offset
@@ -357,7 +360,7 @@ class SnapshotStore:
         if cached is not None and cached[0] == key:
             return cached[1]
         try:
-            trailer, _ = read_info(path)
+            trailer, _ = read_info(path, whole=False)
         except BadSnapshot as exc:
             logger.warning("not listed: %s", exc)
             return None
@@ -433,6 +436,8 @@ def _stage_offline(folder: Path, staging: Path) -> tuple[int, int]:
         stage(folder, staging)
         if (folder / MANIFEST).read_bytes() == before == (staging / MANIFEST).read_bytes():
             seq = finish_log(staging)
+            if not log_path(staging).exists():  # nothing was ever written (or the index takes no writes)
+                return seq, read_manifest(staging).documents
             collection = Collection(open_index(staging, verify="size"))
             try:
                 return seq, collection.snapshot.documents
