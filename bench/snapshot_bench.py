@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from bench.harness import Case, Table, compare, percentiles
 from hybrid_retrieval.evaluation.server import running_server
@@ -37,6 +38,25 @@ def _searching(url: str, queries: list[str], stop: threading.Event, times: list[
             i += 1
 
 
+def _writing(url: str, dimension: int, stop: threading.Event, times: list[float]) -> None:
+    """One closed-loop writer: upserts of one document (bringing its vector, so the write is logging and applying,
+    not embedding), over 50 ids so the live segment stays small."""
+    rng = np.random.default_rng(0)
+    with httpx.Client(base_url=url, timeout=120, headers=HEADERS) as client:
+        i = 0
+        while not stop.is_set():
+            vector = rng.normal(size=dimension)
+            doc = {
+                "id": f"bench-{i % 50}",
+                "text": f"a note written during the benchmark, number {i}",
+                "vector": (vector / np.linalg.norm(vector)).tolist(),
+            }
+            started = time.perf_counter()
+            client.put(f"/collections/{NAME}/documents", json={"documents": [doc]}).raise_for_status()
+            times.append((time.perf_counter() - started) * 1000)
+            i += 1
+
+
 def _snapshotting(client: httpx.Client, stop: threading.Event, seconds: list[float]) -> None:
     while not stop.is_set():
         started = time.perf_counter()
@@ -44,10 +64,12 @@ def _snapshotting(client: httpx.Client, stop: threading.Event, seconds: list[flo
         seconds.append(time.perf_counter() - started)
 
 
-def _window(url: str, client: httpx.Client, queries: list[str], seconds: float, with_snapshots: bool) -> tuple[list[float], list[float]]:
-    """Search latencies (ms) of two closed-loop clients over `seconds`, and the durations (s) of the snapshots taken
-    back to back meanwhile (none without `with_snapshots`)."""
-    stop, times, snapshots = threading.Event(), [], []
+def _window(
+    url: str, client: httpx.Client, queries: list[str], dimension: int, seconds: float, with_snapshots: bool
+) -> tuple[list[float], list[float], list[float]]:
+    """Search latencies (ms) of two closed-loop clients and write latencies (ms) of one writer over `seconds`, and
+    the durations (s) of the snapshots taken back to back meanwhile (none without `with_snapshots`)."""
+    stop, times, writes, snapshots = threading.Event(), [], [], []
     errors: list[BaseException] = []
 
     def guarded(work, *args) -> None:
@@ -58,6 +80,7 @@ def _window(url: str, client: httpx.Client, queries: list[str], seconds: float, 
             stop.set()
 
     workers = [threading.Thread(target=guarded, args=(_searching, url, queries, stop, times)) for _ in range(2)]
+    workers.append(threading.Thread(target=guarded, args=(_writing, url, dimension, stop, writes)))
     if with_snapshots:
         workers.append(threading.Thread(target=guarded, args=(_snapshotting, client, stop, snapshots)))
     for worker in workers:
@@ -68,7 +91,7 @@ def _window(url: str, client: httpx.Client, queries: list[str], seconds: float, 
         worker.join()
     if errors:
         raise errors[0]
-    return times, snapshots
+    return times, writes, snapshots
 
 
 def measure(index: Path, queries: list[str], repeats: int, window_s: float, windows: int) -> dict:
@@ -90,12 +113,13 @@ def measure(index: Path, queries: list[str], repeats: int, window_s: float, wind
                 client.delete(f"/collections/copy-{i}").raise_for_status()
             for query in queries[:5]:  # warm-up
                 client.post(f"/collections/{NAME}/search", json={"query": query, "k": 10})
-            quiet, busy, during = [], [], []
+            dimension = client.get(f"/collections/{NAME}").json()["settings"]["embedder"]["dimension"]
+            quiet, busy, quiet_writes, busy_writes, during = [], [], [], [], []
             for _ in range(windows):  # alternating, so that machine noise hits both kinds alike
-                quiet += _window(url, client, queries, window_s, with_snapshots=False)[0]
-                times, snapshots = _window(url, client, queries, window_s, with_snapshots=True)
-                busy += times
-                during += snapshots
+                times, writes, _ = _window(url, client, queries, dimension, window_s, with_snapshots=False)
+                quiet, quiet_writes = quiet + times, quiet_writes + writes
+                times, writes, snapshots = _window(url, client, queries, dimension, window_s, with_snapshots=True)
+                busy, busy_writes, during = busy + times, busy_writes + writes, during + snapshots
         return {
             "documents": info["documents"],
             "snapshot_bytes": info["bytes"],
@@ -104,6 +128,8 @@ def measure(index: Path, queries: list[str], repeats: int, window_s: float, wind
             "restore_s": restored,
             "quiet_ms": quiet,
             "busy_ms": busy,
+            "quiet_write_ms": quiet_writes,
+            "busy_write_ms": busy_writes,
             "snapshots_during": len(during),
             "snapshot_during_s": during,
         }
@@ -121,16 +147,12 @@ def _snapshots(ctx) -> list[Table]:
         "snapshot s while searched (median)": round(statistics.median(r["snapshot_during_s"]), 3) if r["snapshot_during_s"] else None,
     }
     versus = compare(r["busy_ms"], r["quiet_ms"])
+    writes_versus = compare(r["busy_write_ms"], r["quiet_write_ms"])
     pause = [
-        {"window": "no snapshot", "searches": len(r["quiet_ms"]), **percentiles(r["quiet_ms"]), "max_ms": round(max(r["quiet_ms"]), 1)},
-        {
-            "window": f"snapshots back to back ({r['snapshots_during']} taken)",
-            "searches": len(r["busy_ms"]),
-            **percentiles(r["busy_ms"]),
-            "max_ms": round(max(r["busy_ms"]), 1),
-        },
+        {"window": window, **_latencies("search", r[f"{kind}_ms"]), **_latencies("write", r[f"{kind}_write_ms"])}
+        for window, kind in (("no snapshot", "quiet"), (f"snapshots back to back ({r['snapshots_during']} taken)", "busy"))
     ]
-    p99 = pause[1]["p99_ms"] / pause[0]["p99_ms"]
+    p99 = pause[1]["search p99_ms"] / pause[0]["search p99_ms"]
     return [
         Table(
             f"snapshot and restore of the {ctx.data.name} collection over HTTP (tuned, hubness fitted, with its model)",
@@ -140,14 +162,24 @@ def _snapshots(ctx) -> list[Table]:
             "snapshot holds the whole index folder, the ONNX model included, uncompressed.",
         ),
         Table(
-            "hybrid k=10 search latency of two closed-loop clients, without and during snapshots",
+            "hybrid k=10 search latency of two closed-loop clients and upsert latency of one writer, without and during snapshots",
             pause,
-            f"Windows of equal length alternate (without, during). During / without: p50 {versus['ratio']} (p "
-            f"{versus['p']}, {versus['verdict']}), p99 {p99:.3f}. A snapshot blocks no search or write: it holds the write "
+            f"Windows of equal length alternate (without, during). During / without, searches: p50 {versus['ratio']} (p "
+            f"{versus['p']}, {versus['verdict']}), p99 {p99:.3f}; writes: p50 {writes_versus['ratio']} (p "
+            f"{writes_versus['p']}, {writes_versus['verdict']}). Each write brings its vector (one document, 50 ids). "
+            "A snapshot blocks no search or write: it holds the write "
             "lock while it reads the log's length and holds compactions off while it hard-links the files; what "
             "searches feel is the CPU and disk that the archive's checksums and copy take beside them.",
         ),
     ]
+
+
+def _latencies(what: str, values_ms: list[float]) -> dict:
+    return {
+        f"{what} count": len(values_ms),
+        **{f"{what} {key}": value for key, value in percentiles(values_ms).items()},
+        f"{what} max_ms": round(max(values_ms), 1),
+    }
 
 
 CASES = [
