@@ -101,7 +101,8 @@ class Awaited:
         self.loop.close()
 
 
-@pytest.fixture(params=[Blocking, Awaited], ids=["Client", "AsyncClient"])
+# the async run of the scenario is slow-marked (CI runs it) to keep the default suite within its time
+@pytest.fixture(params=[Blocking, pytest.param(Awaited, marks=pytest.mark.slow)], ids=["Client", "AsyncClient"])
 def kind(request):
     return request.param
 

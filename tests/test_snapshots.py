@@ -145,7 +145,7 @@ def test_a_snapshot_under_writes_restores_exactly_the_acknowledged_writes(tmp_pa
         writer.start()
         snapshots = []
         try:
-            for _ in range(3):
+            for _ in range(2):
                 time.sleep(0.8)
                 reply = client.post("/collections/notes/snapshots")
                 assert reply.status_code == 201, reply.text
