@@ -245,13 +245,6 @@ def test_busy_answers_are_retried_after_what_retry_after_says(server):
     assert response.hits and statuses[-1] == 200 and 503 in statuses, statuses
     waits = [later - earlier for (earlier, status), (later, _) in itertools.pairwise(answers) if status == 503]
     assert min(waits) >= 0.95, waits  # Retry-After: 1
-    # a call that is not idempotent is sent once
-    with Client(server, api_key=WRITE) as client:
-        attempts = []
-        call = Call("POST", "/collections/busy/snapshots", nothing, idempotent=False)
-        assert client.retry.wait(call, 0, httpx.Response(503, headers={"Retry-After": "1"})) is None
-        attempts.append(client.send(call))
-        assert attempts == [None]
 
 
 def test_no_server_answers_unavailable_after_the_retries():

@@ -25,6 +25,13 @@ def notes(start: int, count: int) -> list[dict]:
     ]
 
 
+def create_notes(client: httpx.Client, count: int) -> None:
+    """Collection `notes` (documents bring their vectors), holding `count` notes."""
+    settings = {"embedder": {"kind": "none", "dimension": 4}}
+    assert client.post("/collections", json={"name": "notes", "settings": settings}).status_code == 201
+    assert client.put("/collections/notes/documents?wait=true", json={"documents": notes(0, count)}).status_code == 200
+
+
 def state(client: httpx.Client, name: str) -> tuple[int, list]:
     """What a collection answers: its document count and a search's hits."""
     stats = client.get(f"/collections/{name}/stats").json()
@@ -59,11 +66,7 @@ def leftovers(data) -> list[str]:
 def test_a_snapshot_killed_at_any_step_leaves_the_collection_whole_and_lists_nothing(tmp_path, kill_at):
     data = tmp_path / "data"
     with running_server(None, env_for(data)) as (url, _), httpx.Client(base_url=url, headers=KEY, timeout=60) as client:
-        assert (
-            client.post("/collections", json={"name": "notes", "settings": {"embedder": {"kind": "none", "dimension": 4}}}).status_code
-            == 201
-        )
-        assert client.put("/collections/notes/documents?wait=true", json={"documents": notes(0, 40)}).status_code == 200
+        create_notes(client, 40)
         before = state(client, "notes")
     killed(data, kill_at, lambda client: client.post("/collections/notes/snapshots"))
     with running_server(None, env_for(data)) as (url, _), httpx.Client(base_url=url, headers=KEY, timeout=60) as client:
@@ -85,11 +88,7 @@ def test_a_snapshot_killed_at_any_step_leaves_the_collection_whole_and_lists_not
 def test_a_restore_killed_at_any_step_serves_the_old_or_the_whole_restored_collection(tmp_path, kill_at, into, replaced):
     data = tmp_path / "data"
     with running_server(None, env_for(data)) as (url, _), httpx.Client(base_url=url, headers=KEY, timeout=60) as client:
-        assert (
-            client.post("/collections", json={"name": "notes", "settings": {"embedder": {"kind": "none", "dimension": 4}}}).status_code
-            == 201
-        )
-        assert client.put("/collections/notes/documents?wait=true", json={"documents": notes(0, 30)}).status_code == 200
+        create_notes(client, 30)
         snapshot = client.post("/collections/notes/snapshots").json()
         at_snapshot = state(client, "notes")
         assert client.put("/collections/notes/documents?wait=true", json={"documents": notes(30, 20)}).status_code == 200

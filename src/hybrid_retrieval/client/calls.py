@@ -8,6 +8,7 @@ import json
 import random
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -58,8 +59,13 @@ class Call(Generic[T]):
         return http.build_request(self.method, self.path, params=self.params, json=self.json, content=self.content, headers=merged)
 
     def result(self, response: httpx.Response) -> T:
-        if response.is_success:
-            return self.read(response)
+        check(response)
+        return self.read(response)
+
+
+def check(response: httpx.Response) -> None:
+    """The typed error of an answer that is not a success (its body read)."""
+    if not response.is_success:
         raise error_for(response.status_code, _detail(response), retry_after(response))
 
 
@@ -80,8 +86,6 @@ def retry_after(response: httpx.Response) -> float | None:
     except ValueError:
         pass
     try:
-        from datetime import datetime, timezone
-
         return max(0.0, (parsedate_to_datetime(value) - datetime.now(timezone.utc)).total_seconds())
     except (TypeError, ValueError):
         return None
@@ -425,7 +429,7 @@ def load(
     """A bulk load: tasks of `batch_documents` documents, one after another (a later version of a document wins),
     each followed to its end, then until searches see the last of them."""
     report = LoadReport()
-    update = progress_bar(progress, count_documents(documents))
+    update = progress_bar(progress, count_documents(documents) if progress else None)
     for body, count in ndjson_batches(read_documents(documents), batch_documents):
         running = yield load_batch(collection, body)
         report.sent += count
@@ -443,7 +447,8 @@ def load(
 
 
 def count_documents(source: Iterable[Document | dict] | str | Path) -> int | None:
-    """How many documents a load will send, when that is known before reading them (a file: its lines)."""
+    """How many documents a load will send, when that is known before reading them (a file: its lines, read once
+    more for the progress bar's total)."""
     if isinstance(source, (str, Path)):
         with Path(source).open("rb") as lines:
             return sum(1 for line in lines if line.strip())

@@ -222,7 +222,7 @@ class Client:
         with self._http.stream("GET", calls.snapshot_path(collection, snapshot_id), headers=self._headers) as response:
             if not response.is_success:
                 response.read()
-                calls.Call("GET", "", calls.nothing).result(response)
+                calls.check(response)
             with target.open("wb") as out:
                 for chunk in response.iter_bytes(1 << 20):
                     out.write(chunk)
@@ -241,7 +241,8 @@ class Client:
         with Path(file).open("rb") as body:  # type: ignore[arg-type]
             headers = {**self._headers, "Content-Type": "application/octet-stream"}
             response = self._http.post(path, params=params, content=body, headers=headers)
-        return Call("POST", path, calls.model(CollectionInfo)).result(response)
+        calls.check(response)
+        return CollectionInfo.model_validate(response.json())
 
 
 class AsyncClient:
@@ -395,7 +396,7 @@ class AsyncClient:
         async with self._http.stream("GET", calls.snapshot_path(collection, snapshot_id), headers=self._headers) as response:
             if not response.is_success:
                 await response.aread()
-                calls.Call("GET", "", calls.nothing).result(response)
+                calls.check(response)
             with target.open("wb") as out:
                 async for chunk in response.aiter_bytes(1 << 20):
                     out.write(chunk)
@@ -417,4 +418,5 @@ class AsyncClient:
 
         headers = {**self._headers, "Content-Type": "application/octet-stream"}
         response = await self._http.post(path, params=params, content=chunks(), headers=headers)
-        return Call("POST", path, calls.model(CollectionInfo)).result(response)
+        calls.check(response)
+        return CollectionInfo.model_validate(response.json())

@@ -33,7 +33,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import IO, cast
@@ -91,7 +91,7 @@ def new_id(collection: str, when: datetime) -> str:
 def stage(folder: Path, staging: Path) -> None:
     """Hard-link (or copy, where links cannot be made) the index folder's files and its log into `staging`; the
     caller holds compactions off while this runs (finish_log then cuts the log)."""
-    manifest = Manifest.from_dict(json.loads((folder / MANIFEST).read_text()), str(folder / MANIFEST))
+    manifest = read_manifest(folder)
     for rel in [*manifest.files, MANIFEST]:
         _link(folder / rel, staging / rel)
     log = log_path(folder)
@@ -132,7 +132,7 @@ def finish_log(staging: Path, length: int | None = None, expected_seq: int | Non
     else:
         seq = None
     if seq is None:
-        seq = Manifest.from_dict(json.loads((staging / MANIFEST).read_text())).applied_sequence
+        seq = read_manifest(staging).applied_sequence
     if expected_seq is not None and seq != expected_seq:
         raise HybridError(f"the staged log ends at sequence {seq}, the snapshot point is {expected_seq}: nothing was kept")
     return seq
@@ -168,7 +168,7 @@ def write_archive(staging: Path, out: Path, collection: str, seq: int, documents
             tar.addfile(member, io.BytesIO(trailer))
         raw.flush()
         os.fsync(raw.fileno())
-    return SnapshotInfo(**{**info.to_dict(), "bytes": out.stat().st_size})
+    return replace(info, bytes=out.stat().st_size)
 
 
 def _canonical(data: dict) -> bytes:
@@ -338,7 +338,7 @@ class SnapshotStore:
     def infos(self, collection: str | None = None) -> list[SnapshotInfo]:
         """The complete snapshots (of `collection`), oldest first; a damaged file is left out (and logged)."""
         infos = []
-        for path in sorted(self.folder.glob(f"*{SUFFIX}")):
+        for path in self.folder.glob(f"*{SUFFIX}"):
             info = self._read(path)
             if info is not None and (collection is None or info.collection == collection):
                 infos.append(info)
