@@ -1,3 +1,5 @@
+import pytest
+
 from bench.measure import ann_comparison, bm25_throughput, http_load
 from hybrid_retrieval.indexer.store import open_index
 
@@ -23,6 +25,7 @@ def test_http_load_is_bounded_and_error_free(scifact_slice_index):
     assert all(v["requests"] == 6 and v["errors"] == 0 for v in report.values())
 
 
+@pytest.mark.slow
 def test_query_embedding_compares_onnx_and_torch(tiny_index):
     from bench.accel_bench import embedding_throughput, query_embedding_latency
 

@@ -35,7 +35,7 @@ def export(cross_encoder_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def pairs(scifact):
     with (scifact / "corpus.jsonl").open() as fh:
-        docs = [json.loads(line) for line in itertools.islice(fh, 40)]
+        docs = [json.loads(line) for line in itertools.islice(fh, 16)]
     return "Vitamin D deficiency is linked to bone loss", [f"{d['title']} {d['text']}" for d in docs]
 
 

@@ -205,6 +205,7 @@ def test_reembed_asks_for_the_queries_of_a_tuned_fusion_it_cannot_find(synthetic
     assert read_manifest(index_dir).embedder.model == read_manifest(synthetic / "index").embedder.model  # checked before any work
 
 
+@pytest.mark.slow
 def test_cli_refuses_test_qrels_and_reembeds_with_a_report(synthetic, trained, tmp_path):
     import shutil
 

@@ -27,7 +27,7 @@ def _names_index_fields(body) -> bool:
     return any(isinstance(item, dict) and INDEX_FIELD_KEYS & set(item) for item in items)
 
 
-@pytest.mark.parametrize("examples", [20, pytest.param(150, marks=pytest.mark.slow)])  # per operation
+@pytest.mark.parametrize("examples", [10, pytest.param(150, marks=pytest.mark.slow)])  # per operation
 def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys, examples):
     # A fitted hubness correction, so every schema-valid request (any hubness method) can be served.
     index_dir = tmp_path / "index"

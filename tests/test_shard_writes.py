@@ -74,6 +74,7 @@ def assert_same_answers(whole_view, sharded, queries) -> int:
     return compared
 
 
+@pytest.mark.slow
 def test_writes_go_to_the_owning_shard_and_answers_equal_the_whole_index(pair, scifact):
     whole_path, sharded_path = pair
     whole = Collection(open_index(whole_path))
