@@ -1,0 +1,154 @@
+"""Splitting a long document into passages the embedder can read whole.
+
+A model reads at most `max_seq_length` word pieces (256 for all-MiniLM-L6-v2) and silently drops the rest, so a
+document longer than that gets a vector of its head only. Chunking cuts the text into passages of at most `size`
+word pieces of the embedder's own tokenizer, ending at a sentence boundary where one lies in the window's second
+half, the next passage repeating the last `overlap` word pieces (from a sentence start where one lies there).
+`paragraphs` cuts at blank lines first (a corpus that already splits its documents, e.g. a list of paragraphs joined
+by blank lines) and packs consecutive paragraphs into one passage while they fit.
+
+Each passage is a span of character offsets into the document's text: `text[start:end]` is exactly what the passage
+holds, so results can point into the stored text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE
+from hybrid_retrieval.search.errors import ConfigError
+
+CHUNKING_METHODS = ("none", "tokens", "paragraphs")
+SPECIAL_TOKENS = 2  # [CLS] and [SEP]: what a passage may not use of the model's window
+PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
+SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*$")
+
+
+@dataclass(frozen=True)
+class ChunkingParams:
+    method: str = "none"  # none: one vector per document, of its first max_seq_length word pieces
+    size: int = 128  # word pieces per passage, at most the model's window less its special tokens
+    overlap: int = 16  # word pieces a passage repeats of the previous one (tokens only)
+
+    def __post_init__(self) -> None:
+        if self.method not in CHUNKING_METHODS:
+            raise ConfigError(f"unknown chunking method {self.method!r}; valid: {', '.join(CHUNKING_METHODS)}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 8:
+            raise ConfigError(f"chunking size must be an integer of at least 8 word pieces, got {self.size!r}")
+        if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or not 0 <= self.overlap <= self.size // 2:
+            raise ConfigError(f"chunking overlap must be an integer from 0 to half the size ({self.size // 2}), got {self.overlap!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "size": self.size, "overlap": self.overlap}
+
+
+@dataclass(frozen=True)
+class Span:
+    """A passage: `text[start:end]` of its document's text."""
+
+    start: int
+    end: int
+
+
+class Chunker:
+    """Cuts texts into passages with the word pieces of the embedder in `model_folder` (an index's model/ or an ONNX
+    export): the same tokenizer that will embed them, so a passage of `size` pieces is never truncated."""
+
+    def __init__(self, model_folder: Path | str, params: ChunkingParams):
+        from tokenizers import Tokenizer
+
+        folder = Path(model_folder)
+        window = int(json.loads((folder / CONFIG_FILE).read_text())["max_seq_length"]) - SPECIAL_TOKENS
+        if params.size > window:
+            raise ConfigError(f"chunking size {params.size} exceeds what the model reads ({window} word pieces after its special tokens)")
+        self.params = params
+        self._tokenizer = Tokenizer.from_file(str(folder / TOKENIZER_FILE))
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def spans(self, text: str) -> list[Span]:
+        """The passages of `text`, in order; one span of the whole text when it fits or chunking is off, and for an
+        empty text (every document has at least one passage)."""
+        if not self.params.enabled:
+            return [Span(0, len(text))]
+        if self.params.method == "paragraphs":
+            spans = self._paragraph_spans(text)
+        else:
+            spans = self._token_spans(text, 0, len(text), self.params.overlap)
+        return spans or [Span(0, len(text))]
+
+    def _offsets(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
+        """Character offsets of the word pieces of `text[start:end]`, in `text`."""
+        encoding = self._tokenizer.encode(text[start:end], add_special_tokens=False)
+        return [(start + a, start + b) for a, b in encoding.offsets]
+
+    def _token_spans(self, text: str, start: int, end: int, overlap: int) -> list[Span]:
+        offsets = self._offsets(text, start, end)
+        size, n = self.params.size, len(offsets)
+        if n <= size:
+            return [Span(offsets[0][0], offsets[-1][1])] if offsets else []
+        starts = sentence_starts(text, offsets)
+        spans, first = [], 0
+        while True:
+            last = min(first + size, n)  # one past the passage's last piece
+            if last < n:
+                # end before the latest sentence start in the window's second half, if there is one
+                inside = [s for s in starts if first + size // 2 < s <= last]
+                last = inside[-1] if inside else last
+            spans.append(Span(offsets[first][0], offsets[last - 1][1]))
+            if last == n:
+                return spans
+            repeat_from = last - overlap
+            # repeat from a sentence start within the overlap when there is one (never fewer than 0 pieces, and on)
+            sentence = [s for s in starts if repeat_from <= s < last]
+            first = max(sentence[0] if sentence else repeat_from, first + 1)
+
+    def _paragraph_spans(self, text: str) -> list[Span]:
+        """Paragraphs (split at blank lines), consecutive ones packed while they fit in `size` pieces; a paragraph
+        longer than that is cut by tokens, without overlap across paragraphs."""
+        bounds, at = [], 0
+        for match in PARAGRAPH_BREAK.finditer(text):
+            bounds.append((at, match.start()))
+            at = match.end()
+        bounds.append((at, len(text)))
+        spans: list[Span] = []
+        packed: Span | None = None
+        packed_pieces = 0
+        for start, end in bounds:
+            offsets = self._offsets(text, start, end)
+            if not offsets:
+                continue
+            if packed is not None and packed_pieces + len(offsets) <= self.params.size:
+                packed, packed_pieces = Span(packed.start, offsets[-1][1]), packed_pieces + len(offsets)
+                continue
+            if packed is not None:
+                spans.append(packed)
+                packed = None
+            if len(offsets) <= self.params.size:
+                packed, packed_pieces = Span(offsets[0][0], offsets[-1][1]), len(offsets)
+            else:
+                spans.extend(self._token_spans(text, start, end, self.params.overlap))
+        if packed is not None:
+            spans.append(packed)
+        return spans
+
+
+def sentence_starts(text: str, offsets: list[tuple[int, int]]) -> list[int]:
+    """Indexes of the word pieces that begin a sentence: after a line break, or after whitespace that follows a
+    sentence's end mark (with any closing quotes or brackets)."""
+    starts = []
+    for i in range(1, len(offsets)):
+        gap = text[offsets[i - 1][1] : offsets[i][0]]
+        if not gap:
+            continue
+        end = offsets[i - 1][1]
+        if "\n" in gap or (gap.isspace() and SENTENCE_END.search(text[max(0, end - 4) : end])):
+            starts.append(i)
+    return starts

@@ -1,0 +1,126 @@
+import itertools
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from hybrid_retrieval.indexer.chunking import Chunker, ChunkingParams, Span
+from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.passages import PassageScoring, aggregate
+
+
+@pytest.fixture(scope="module")
+def model(tiny_index):
+    return tiny_index / "model"
+
+
+@pytest.fixture(scope="module")
+def pieces(model):
+    """Character offsets of every word piece of a text, as the chunker's tokenizer cuts it."""
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tokenizer.no_truncation()
+    return lambda text: tokenizer.encode(text, add_special_tokens=False).offsets
+
+
+@pytest.fixture(scope="module")
+def long_texts(scifact):
+    with (scifact / "corpus.jsonl").open() as fh:
+        docs = [json.loads(line) for line in itertools.islice(fh, 40)]
+    return ["\n\n".join(f"{d['title']}. {d['text']}" for d in docs[i : i + 5]) for i in range(0, 40, 5)]
+
+
+def check_cover(text: str, spans: list[Span], offsets, size: int, overlap: int) -> None:
+    """Spans in order, each at most `size` pieces, cutting only between pieces, together holding every piece, the next
+    one starting within the last `overlap` pieces of the previous."""
+    starts = {a for a, _ in offsets}
+    ends = {b for _, b in offsets}
+    covered = np.zeros(len(offsets), dtype=bool)
+    for before, span in zip([None, *spans], spans):
+        assert span.start in starts and span.end in ends
+        inside = [i for i, (a, b) in enumerate(offsets) if span.start <= a and b <= span.end]
+        assert 0 < len(inside) <= size
+        covered[inside] = True
+        if before is not None:
+            assert before.start < span.start
+            repeated = sum(1 for a, b in offsets if span.start <= a and b <= before.end)
+            assert repeated <= overlap
+    assert covered.all()
+
+
+@pytest.mark.parametrize("size, overlap", [(64, 8), (128, 0), (128, 16), (254, 32)])
+def test_token_chunks_cover_the_text_in_pieces_that_fit(model, pieces, long_texts, size, overlap):
+    chunker = Chunker(model, ChunkingParams("tokens", size, overlap))
+    for text in long_texts:
+        spans = chunker.spans(text)
+        assert len(spans) >= math.ceil(len(pieces(text)) / size)
+        check_cover(text, spans, pieces(text), size, overlap)
+
+
+def test_chunks_end_at_a_sentence_end_when_one_is_in_the_window(model, pieces):
+    sentences = [f"Sentence number {i} says that cells of kind {i} grow in culture." for i in range(40)]
+    text = " ".join(sentences)
+    spans = Chunker(model, ChunkingParams("tokens", 64, 16)).spans(text)
+    assert len(spans) > 3
+    for span in spans:
+        assert text[span.start : span.end].startswith("Sentence") and text[span.start : span.end].endswith("culture.")
+    check_cover(text, spans, pieces(text), 64, 16)
+
+
+def test_without_a_sentence_end_chunks_cut_between_pieces(model, pieces):
+    text = " ".join(f"word{i}" for i in range(500))
+    spans = Chunker(model, ChunkingParams("tokens", 32, 4)).spans(text)
+    check_cover(text, spans, pieces(text), 32, 4)
+    assert max(len([o for o in pieces(text) if s.start <= o[0] and o[1] <= s.end]) for s in spans) == 32
+
+
+def test_paragraphs_are_packed_while_they_fit_and_long_ones_cut(model, pieces):
+    short = ["Quokkas are marsupials.", "They live on Rottnest Island.", "Tourists photograph them."]
+    long = " ".join(f"The island has beach number {i}." for i in range(60))
+    text = "\n\n".join([*short, long, "The end."])
+    spans = Chunker(model, ChunkingParams("paragraphs", 64, 8)).spans(text)
+    assert text[spans[0].start : spans[0].end] == "\n\n".join(short)  # packed
+    cut = [text[s.start : s.end] for s in spans[1:-1]]
+    assert len(cut) > 1 and all(part in long for part in cut)  # the long paragraph alone, cut by tokens
+    assert text[spans[-1].start : spans[-1].end] == "The end."  # a cut paragraph takes no neighbour
+    for span in spans:
+        assert not re.search(r"\n\s*\n", text[span.start : span.end]) or span == spans[0]
+    check_cover(text, spans, pieces(text), 64, 8)
+
+
+def test_every_document_has_a_passage(model):
+    chunker = Chunker(model, ChunkingParams("tokens", 64, 8))
+    assert chunker.spans("") == [Span(0, 0)]
+    assert chunker.spans("   ") == [Span(0, 3)]
+    assert chunker.spans("A short note.") == [Span(0, 13)]
+    assert Chunker(model, ChunkingParams()).spans("anything at all") == [Span(0, 15)]
+
+
+def test_bad_parameters_name_what_is_valid(model):
+    with pytest.raises(ConfigError, match="valid: none, tokens, paragraphs"):
+        ChunkingParams("sentences")
+    with pytest.raises(ConfigError, match="overlap"):
+        ChunkingParams("tokens", 64, 40)
+    with pytest.raises(ConfigError, match="exceeds what the model reads"):
+        Chunker(model, ChunkingParams("tokens", 1000, 8))
+    with pytest.raises(ConfigError, match="valid: max, soft"):
+        PassageScoring("mean")
+
+
+@pytest.mark.parametrize("scoring", [PassageScoring("max"), PassageScoring("soft", 0.05, 3), PassageScoring("soft", 0.5, 1)])
+def test_aggregation_equals_its_formula(scoring):
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, 50, 400)
+    scores = rng.normal(size=400).astype(np.float32)
+    docs, aggregated = aggregate(scores, rows, scoring)
+    assert docs.tolist() == sorted(set(rows.tolist()))
+    for doc, value in zip(docs, aggregated):
+        mine = sorted(scores[rows == doc].astype(np.float64), reverse=True)
+        if scoring.aggregation == "max":
+            expected = mine[0]
+        else:
+            top = mine[: scoring.top]
+            expected = scoring.temperature * math.log(sum(math.exp(s / scoring.temperature) for s in top))
+        assert value == pytest.approx(expected, abs=1e-5)
