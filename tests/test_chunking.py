@@ -8,8 +8,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from hybrid_retrieval.indexer.chunking import Chunker, ChunkingParams, Span
+from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.errors import ConfigError
-from hybrid_retrieval.search.passages import PassageScoring, aggregate
+from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.passages import PassageIndex, PassageScoring, aggregate
+from hybrid_retrieval.search.ranking import top_k
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +127,35 @@ def test_aggregation_equals_its_formula(scoring):
             top = mine[: scoring.top]
             expected = scoring.temperature * math.log(sum(math.exp(s / scoring.temperature) for s in top))
         assert value == pytest.approx(expected, abs=1e-5)
+
+
+def passage_index(num_docs: int, seed: int, scoring: PassageScoring, kind: str = "flat") -> PassageIndex:
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.integers(0, num_docs, num_docs * 3))
+    rows = np.sort(np.r_[rows, np.arange(num_docs)])  # every document has a passage
+    vectors = rng.normal(size=(len(rows), 16)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    params = FaissParams(kind=kind, exact_below=0)
+    dense = DenseIndex(build_faiss_index(vectors, params, "cpu"), params, "cpu", vectors)
+    return PassageIndex(dense, vectors, rows, np.zeros((len(rows), 2), dtype=np.int64), num_docs, scoring)
+
+
+@pytest.mark.parametrize("scoring", [PassageScoring("max"), PassageScoring("soft", 0.05, 3)])
+def test_passage_search_equals_brute_force_aggregation(scoring):
+    index = passage_index(300, 1, scoring)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        query = rng.normal(size=16).astype(np.float32)
+        query /= np.linalg.norm(query)
+        mask = rng.random(300) < rng.choice([1.0, 0.3, 0.02])
+        allowed = Allowed(mask) if not mask.all() else None
+        docs, scores = aggregate(index.vectors @ query, index.rows, scoring)
+        keep = mask[docs]
+        expected = top_k(scores[keep], 10)
+        ranking = index.search(query, 10, allowed)
+        if scoring.aggregation == "max":  # exact; soft may miss a document whose best passage was not fetched
+            assert docs[keep][expected.doc_idx].tolist() == ranking.doc_idx.tolist()
+            np.testing.assert_allclose(ranking.scores, expected.scores, atol=1e-6)
+        assert set(ranking.doc_idx.tolist()) <= set(np.flatnonzero(mask).tolist())
+        some = rng.choice(300, 40, replace=False)
+        np.testing.assert_allclose(index.scores(some, query), [scores[docs == d][0] for d in some], atol=1e-6)

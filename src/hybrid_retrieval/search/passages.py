@@ -11,7 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
 from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.ranking import Ranking, top_k
 
 AGGREGATIONS = ("max", "soft")
 
@@ -50,3 +53,55 @@ def aggregate(scores: np.ndarray, rows: np.ndarray, scoring: PassageScoring) -> 
     weights = np.exp((scores[kept] - best[group[kept]]) / scoring.temperature)
     total = np.bincount(group[kept], weights=weights, minlength=len(firsts))
     return rows[firsts], (best + scoring.temperature * np.log(total)).astype(np.float32)
+
+
+class PassageIndex:
+    """The passages of an index's documents: each one's document (`rows`, ascending: a document's passages are
+    consecutive), its character span in the document's text, its unit vector, and a vector index over them. It ranks
+    documents: a search finds the best passages, then scores each document they belong to from all of its passages.
+    With `max` on an exact (flat) index the ranking is exact: a document missing from the passages fetched scores at
+    most the last one fetched, below the `depth` documents found.
+    """
+
+    def __init__(self, dense: DenseIndex, vectors: np.ndarray, rows: np.ndarray, spans: np.ndarray, num_docs: int, scoring: PassageScoring):
+        self.dense, self.vectors, self.rows, self.spans, self.scoring = dense, vectors, rows, spans, scoring
+        self.num_docs = num_docs
+        self.first = np.searchsorted(rows, np.arange(num_docs + 1))  # the passages of document i: first[i]:first[i + 1]
+        self.dimension = dense.dimension
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def passages_of(self, doc_idx: np.ndarray) -> np.ndarray:
+        """Every passage of these documents."""
+        starts, stops = self.first[doc_idx], self.first[np.asarray(doc_idx) + 1]
+        counts = stops - starts
+        return np.repeat(starts - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(counts.sum())
+
+    def scores(self, doc_idx: np.ndarray, vector: np.ndarray) -> np.ndarray:
+        """Each document's score from all of its passages (0 for a document without passages: an empty text)."""
+        doc_idx = np.asarray(doc_idx, dtype=np.int64)
+        passages = self.passages_of(doc_idx)
+        docs, scores = aggregate(self.vectors[passages] @ vector, self.rows[passages], self.scoring)
+        out = np.zeros(len(doc_idx), dtype=np.float32)
+        found = np.isin(doc_idx, docs)
+        out[found] = scores[np.searchsorted(docs, doc_idx[found])]
+        return out
+
+    def search(self, vector: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+        """The top-`depth` documents (of the allowed ones): passages are fetched until `depth` distinct documents are
+        among them (or none are left), and those documents scored from all their passages."""
+        passages_allowed = None if allowed is None else Allowed(allowed.mask[self.rows])
+        available = len(self) if passages_allowed is None else passages_allowed.count
+        fetch = depth
+        while True:
+            if passages_allowed is not None and self.dense.brute_force(passages_allowed):
+                found = exact_top_k(lambda ids: self.vectors[ids] @ vector, passages_allowed.ids, fetch)
+            else:
+                found = self.dense.search(vector, fetch, passages_allowed)
+            docs = np.unique(self.rows[found.doc_idx])
+            if len(docs) >= depth or fetch >= available:
+                break
+            fetch = min(available, fetch * 4)
+        best = top_k(self.scores(docs, vector), depth)  # ties: the lower document first, as everywhere
+        return Ranking(docs[best.doc_idx], best.scores)
