@@ -7,7 +7,7 @@ import contextvars
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request
@@ -106,11 +106,12 @@ def search_routes(collection: Callable) -> APIRouter:
     )
     async def search(body: SearchRequest, request: Request, serving: Serving = current) -> Response:
         def run() -> Response:
-            fields, facets = _presentation(serving, body)
+            shown = _presentation(serving, body)
             vector = query_vector(serving, body)
-            result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset, vector=vector)
+            group_by = _group_by(serving, body)
+            result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset, vector=vector, group_by=group_by)
             request.app.state.metrics.observe_search(result.timings_ms)
-            return json_response(_response(serving, body, result, fields, facets))
+            return json_response(_response(serving, body, result, shown))
 
         return await off_loop(request, run)
 
@@ -129,14 +130,15 @@ def search_routes(collection: Callable) -> APIRouter:
             for i, item in enumerate(body.searches):
                 try:
                     shown.append(_presentation(serving, item))
-                    queries.append(Query(item.query, item.k, item.spec(), item.offset, query_vector(serving, item)))
+                    vector, group_by = query_vector(serving, item), _group_by(serving, item)
+                    queries.append(Query(item.query, item.k, item.spec(), item.offset, vector, group_by))
                 except SpecError as exc:
                     raise exc.within(f"searches[{i}]") from None
             results = serving.pipeline.search_many(queries)
             responses = []
-            for item, result, (fields, facets) in zip(body.searches, results, shown):
+            for item, result, presentation in zip(body.searches, results, shown):
                 request.app.state.metrics.observe_search(result.timings_ms)
-                responses.append(_response(serving, item, result, fields, facets))
+                responses.append(_response(serving, item, result, presentation))
             return json_response(BatchResponse(results=responses, timings_ms={"total": round((time.perf_counter() - started) * 1000, 3)}))
 
         return await off_loop(request, run)
@@ -175,14 +177,29 @@ def query_vector(serving: Serving, body: SearchRequest):
     return check_vector(body.vector, serving.pipeline.dense.dimension, "vector") if body.vector is not None else None
 
 
-def _presentation(serving: Serving, body: SearchRequest):
-    """The request's metadata fields and facets, checked against the served index (422 naming the field)."""
-    return serving.presenter.check_fields(body.fields), serving.presenter.check_facets(body.facets)
+def _group_by(serving: Serving, body: SearchRequest):
+    return serving.pipeline.check_group_by(body.group_by.model_dump() if body.group_by is not None else None)
 
 
-def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> SearchResponse:
+@dataclass(frozen=True)
+class Presentation:
+    """What a request asks to see of its hits, checked against the served index (422 naming the field)."""
+
+    fields: list[str] | str | None
+    facets: list[str] | None
+    passages: int
+
+
+def _presentation(serving: Serving, body: SearchRequest) -> Presentation:
     presenter = serving.presenter
-    hits = presenter.hits(result, body.query or "", include_text=body.include_text, explain=body.explain, fields=fields)
+    return Presentation(presenter.check_fields(body.fields), presenter.check_facets(body.facets), presenter.check_passages(body.passages))
+
+
+def _response(serving: Serving, body: SearchRequest, result, shown: Presentation) -> SearchResponse:
+    presenter = serving.presenter
+    hits = presenter.hits(
+        result, body.query or "", include_text=body.include_text, explain=body.explain, fields=shown.fields, passages=shown.passages
+    )
     return SearchResponse(
         query=body.query,
         k=body.k,
@@ -190,7 +207,7 @@ def _response(serving: Serving, body: SearchRequest, result, fields, facets) -> 
         has_more=result.has_more,
         spec=result.spec.to_dict(),
         hits=hits,
-        facets=presenter.facets(result, facets),
+        facets=presenter.facets(result, shown.facets),
         reranker=serving.pipeline.reranker.name if result.reranked else None,
         timings_ms={stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     )

@@ -15,8 +15,9 @@ from hybrid_retrieval.search.analyzer import STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.dense import FAISS_KINDS
 from hybrid_retrieval.search.filters.language import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
+from hybrid_retrieval.search.grouping import MAX_GROUP_SIZE
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
-from hybrid_retrieval.search.hits import ALL_FIELDS, MAX_FACET_VALUES
+from hybrid_retrieval.search.hits import ALL_FIELDS, MAX_FACET_VALUES, MAX_PASSAGES
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import MAX_OFFSET
@@ -180,6 +181,11 @@ class SpecBody(DefaultsBody):
     filter: dict[str, Any] | None = Field(None, description=FILTER_DESCRIPTION, json_schema_extra={"examples": FILTER_EXAMPLES})
 
 
+class GroupByBody(_Strict):
+    field: str = Field(description="a filterable keyword field: one hit per value (documents without it stand alone)")
+    size: Int = Field(1, description="documents a group shows, its best first", json_schema_extra={"minimum": 1, "maximum": MAX_GROUP_SIZE})
+
+
 class SearchRequest(SpecBody):
     # the query text, its vector, or both (the vector alone drives a dense search)
     model_config = ConfigDict(
@@ -224,6 +230,14 @@ class SearchRequest(SpecBody):
     )
     explain: StrictBool = Field(False, description="return every component of each hit's score")
     include_text: StrictBool = Field(False, description="return each hit's text")
+    passages: Int = Field(
+        0,
+        description="a collection chunked into passages: each hit's passages nearest the query, this many, best first",
+        json_schema_extra={"minimum": 0, "maximum": MAX_PASSAGES},
+    )
+    group_by: GroupByBody | None = Field(
+        None, description="collapse hits by a keyword field: `k` groups, each hit the best of its group, with `group.hits` of them"
+    )
 
     @field_validator("query")
     @classmethod
@@ -281,6 +295,23 @@ class SemanticSentence(BaseModel):
     score: float = Field(description="cosine similarity of the sentence and the query")
 
 
+class Passage(BaseModel):
+    text: str = Field(description="the passage: the hit's text from start to end")
+    start: int = Field(description="where the passage starts in the stored text (Unicode code points)")
+    end: int
+    score: float = Field(description="cosine similarity of the passage and the query")
+
+
+class GroupMember(BaseModel):
+    id: str
+    score: float
+
+
+class HitGroup(BaseModel):
+    value: str | None = Field(description="the group's value of the group_by field (null: a document without it)")
+    hits: list[GroupMember] = Field(description="the group's best documents, this hit first")
+
+
 class HitHighlight(BaseModel):
     title: list[Snippet]
     text: list[Snippet]
@@ -296,6 +327,8 @@ class Hit(BaseModel):
     fields: dict[str, Any] | None = Field(None, description="the metadata fields asked for that the document has")
     highlight: HitHighlight | None = None
     explain: Explanation | None = None
+    passages: list[Passage] | None = Field(None, description="with `passages`: the hit's best passages")
+    group: HitGroup | None = Field(None, description="with `group_by`: the group this hit leads")
 
 
 class FacetValue(BaseModel):

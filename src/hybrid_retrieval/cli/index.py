@@ -13,6 +13,7 @@ from pathlib import Path
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
+from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import read_corpus
 from hybrid_retrieval.indexer.datadir.layout import DataDir, check_name
 from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
@@ -161,6 +162,15 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         type=_field_list,
         help='metadata fields to index for filters, comma-separated (default: every field whose values share a type; "" for none)',
     )
+    g.add_argument(
+        "--chunking",
+        type=_chunking,
+        default=ChunkingParams(),
+        metavar="METHOD[:SIZE[:OVERLAP]]",
+        help="cut documents into passages for the dense leg: tokens or paragraphs, SIZE word pieces of the model, OVERLAP "
+        f"repeated (default none: one vector per document, of its head; tokens alone: tokens:{default(ChunkingParams, 'size')}:"
+        f"{default(ChunkingParams, 'overlap')})",
+    )
     g.add_argument("--batch-size", type=int, default=default(BuildOptions, "batch_size"))
     add_quiet(g)
 
@@ -231,7 +241,18 @@ def build_options(args) -> BuildOptions:
         batch_size=args.batch_size,
         progress=not args.quiet,
         filterable=args.filterable,
+        chunking=args.chunking,
     )
+
+
+def _chunking(text: str) -> ChunkingParams:
+    method, *numbers = text.split(":")
+    if len(numbers) > 2 or not all(n.isdigit() for n in numbers):
+        raise argparse.ArgumentTypeError(f"expected METHOD[:SIZE[:OVERLAP]] with whole numbers, got {text!r}")
+    try:
+        return ChunkingParams(method, *map(int, numbers))
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _field_list(text: str) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ def register(commands) -> None:
     p.add_argument(
         "--fields", type=lambda text: text if text == "*" else text.split(","), help="metadata fields to show, comma-separated, or '*'"
     )
+    p.add_argument("--passages", type=int, default=0, help="a chunked index: show each hit's N passages nearest the query")
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--reranker", help=f"rerank the top {DEFAULT_RERANK_DEPTH} with this cross-encoder (e.g. a `hybrid train-reranker` folder)"
@@ -78,8 +79,9 @@ def run_search(args) -> None:
     pipeline = view.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "")
     presenter = view.presenter()
     fields = presenter.check_fields(args.fields, "--fields")
+    passages = presenter.check_passages(args.passages, "--passages")
     result = pipeline.search(args.query, args.k, spec, offset=args.offset)
-    hits = presenter.hits(result, args.query, fields=fields)
+    hits = presenter.hits(result, args.query, fields=fields, passages=passages)
     if args.json:
         print(
             json.dumps(
@@ -103,6 +105,8 @@ def run_search(args) -> None:
         snippets = hit.get("highlight", {}).get("text", [])
         if snippets:
             print(f"{'':22}{_plain(snippets[0]['text'])}")
+        for passage in hit.get("passages", []):
+            print(f"{'':22}{passage['score']:.4f} [{passage['start']}:{passage['end']}] {passage['text'][:100]}")
     more = ", more below" if result.has_more else ""
     print(f"({result.timings_ms['total']:.1f} ms, {result.spec.to_string()}{more})")
 

@@ -76,6 +76,11 @@ class Defaults(_Request):
     highlight: bool | Highlight | None = None
 
 
+class GroupBy(_Request):
+    field: str
+    size: int | None = None
+
+
 class SearchRequest(Defaults):
     """One search: a query text, a vector, or both, with any field of the search spec."""
 
@@ -88,6 +93,8 @@ class SearchRequest(Defaults):
     facets: list[str] | None = None
     explain: bool | None = None
     include_text: bool | None = None
+    passages: int | None = None
+    group_by: GroupBy | None = None
 
 
 # --- search results -------------------------------------------------------------------------------------------------
@@ -130,6 +137,23 @@ class SemanticSentence(_Response):
     score: float
 
 
+class Passage(_Response):
+    text: str
+    start: int
+    end: int
+    score: float
+
+
+class GroupMember(_Response):
+    id: str
+    score: float
+
+
+class HitGroup(_Response):
+    value: str | None
+    hits: list[GroupMember]
+
+
 class HitHighlight(_Response):
     title: list[Snippet]
     text: list[Snippet]
@@ -145,6 +169,8 @@ class Hit(_Response):
     fields: dict[str, Any] | None = None
     highlight: HitHighlight | None = None
     explain: Explanation | None = None
+    passages: list[Passage] | None = None
+    group: HitGroup | None = None
 
 
 class FacetValue(_Response):

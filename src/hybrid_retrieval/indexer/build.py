@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import store
+from hybrid_retrieval.indexer.chunking import PASSAGE_EMBEDDINGS, PASSAGE_FAISS, PASSAGES_DIR, Chunker, ChunkingParams, write_passages
 from hybrid_retrieval.indexer.corpus import corpus_file, indexed_text, read_corpus
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.manifest import (
@@ -74,6 +75,7 @@ class BuildOptions:
     progress: bool = True
     filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)
     field_types: dict | None = None  # fields whose type is decided already (a compaction keeps its collection's)
+    chunking: ChunkingParams = field(default_factory=ChunkingParams)  # none: one vector per document, of its head
 
     def __post_init__(self):
         if self.backend not in (*BACKENDS, NO_MODEL):  # none: a collection's documents bring their vectors
@@ -209,13 +211,29 @@ def build_into(
     del tokens
 
     t = time.perf_counter()
+    passages = 0
+    if options.chunking.enabled:
+        if embedder is None or onnx_folder is None:
+            raise ConfigError("a chunked index is built by `hybrid index` embedding its documents itself (not from given vectors)")
+        docs = store.DocStore(tmp)
+        try:
+            chunker = Chunker(onnx_folder, options.chunking)
+            encode = lambda texts: embedder.encode(texts, batch_size=options.batch_size)
+            vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
+        finally:
+            docs.close()
+        passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
+        passages = len(passage_vectors)
+        index = build_faiss_index(passage_vectors, options.faiss, options.device)
+        faiss.write_index(index, str(tmp / PASSAGES_DIR / PASSAGE_FAISS))
+        np.save(tmp / store.EMBEDDINGS, vectors)
     if vectors is None and not bm25.num_docs:
         vectors = np.empty((0, embedder_spec["dimension"]), dtype=np.float32)
     if vectors is None and embed is not None:
         vectors = embed(tmp, onnx_folder)
     if vectors is None:
         vectors = _embed_documents(tmp, embedder, options.batch_size, options.progress)
-    else:
+    elif not options.chunking.enabled:
         np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
     timings["embeddings_s"] = time.perf_counter() - t
 
@@ -231,7 +249,7 @@ def build_into(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         versions=_versions(),
         corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
-        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size},
+        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passages} if passages else {})},
         analyzer=options.analyzer,
         bm25_engine="bm25s",
         bm25=options.bm25,
@@ -247,6 +265,7 @@ def build_into(
         files=store.file_inventory(tmp),
         metadata=metadata.fields,
         filterable=sorted(options.filterable) if options.filterable is not None else None,
+        chunking=options.chunking,
     )
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},

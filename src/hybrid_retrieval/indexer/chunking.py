@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE
 from hybrid_retrieval.search.errors import ConfigError
 
@@ -152,3 +154,43 @@ def sentence_starts(text: str, offsets: list[tuple[int, int]]) -> list[int]:
         if "\n" in gap or (gap.isspace() and SENTENCE_END.search(text[max(0, end - 4) : end])):
             starts.append(i)
     return starts
+
+
+PASSAGES_DIR = "passages"  # in a chunked index: spans.npy, rows.npy, embeddings.npy, dense.faiss
+PASSAGE_SPANS = "spans.npy"  # int64 (p, 2): each passage's [start, end) in its document's text
+PASSAGE_ROWS = "rows.npy"  # int64 (p,): each passage's document, ascending
+PASSAGE_EMBEDDINGS = "embeddings.npy"  # float32 (p, dimension) unit vectors
+PASSAGE_FAISS = "dense.faiss"
+EMBED_PASSAGES = 1024  # passages embedded per step into the memory-mapped file
+
+
+def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: int, progress: bool = False) -> np.ndarray:
+    """Cut `documents` (stored dicts with title and text, in index order) into passages and write their spans, rows and
+    vectors (`embed(texts)`: unit vectors) into folder/passages/; returns each document's first passage vector, the
+    vector the document index keeps for it (what an unchunked index would embed: the document's head)."""
+    from tqdm import tqdm
+
+    from hybrid_retrieval.indexer.corpus import indexed_text
+
+    where = folder / PASSAGES_DIR
+    where.mkdir()
+    spans, rows, titles, texts = [], [], [], []
+    for row, doc in enumerate(documents):
+        for span in chunker.spans(doc["text"]):
+            spans.append((span.start, span.end))
+            rows.append(row)
+        titles.append(doc["title"])
+        texts.append(doc["text"])
+    rows_array = np.asarray(rows, dtype=np.int64)
+    np.save(where / PASSAGE_SPANS, np.asarray(spans, dtype=np.int64).reshape(-1, 2))
+    np.save(where / PASSAGE_ROWS, rows_array)
+    vectors = np.lib.format.open_memmap(where / PASSAGE_EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(spans), dimension))
+    with tqdm(total=len(spans), desc="passages", unit=" passages", disable=not progress) as bar:
+        for first in range(0, len(spans), EMBED_PASSAGES):
+            batch = range(first, min(first + EMBED_PASSAGES, len(spans)))
+            passage_texts = [indexed_text(titles[rows[i]], texts[rows[i]][spans[i][0] : spans[i][1]]) for i in batch]
+            vectors[batch.start : batch.stop] = embed(passage_texts)
+            bar.update(len(batch))
+    vectors.flush()
+    firsts = np.searchsorted(rows_array, np.arange(len(texts)))
+    return np.array(vectors[firsts]) if len(texts) else np.empty((0, dimension), dtype=np.float32)

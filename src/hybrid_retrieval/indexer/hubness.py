@@ -151,6 +151,8 @@ def fit_hubness(
     (vectors, ids): e.g. the banks of another fit. `default`, when given, becomes the index's hubness default
     (`evidence`: why); otherwise the default is no correction: one earned with an earlier fit does not carry over
     to new betas or a new bank. Returns the new manifest."""
+    if index.passages is not None:
+        raise ConfigError(f"{index.path} ranks documents by their passages: hubness correction fits one vector per document")
     if index.manifest.faiss.params.kind == "ivfpq":
         raise ConfigError(
             "a hubness correction searches vectors augmented with its biases, which product quantization "

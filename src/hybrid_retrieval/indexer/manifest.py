@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hybrid_retrieval.common.publish import write_atomic
+from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
@@ -125,6 +126,8 @@ class Manifest:
     # A collection's defaults set through the API (PATCH /collections/{name}/settings): a partial search spec applied
     # over `defaults` and over the server's settings.
     overrides: dict = field(default_factory=dict)
+    # How documents were cut into passages (indexer.chunking); absent from manifests before chunking: none.
+    chunking: ChunkingParams = field(default_factory=ChunkingParams)
 
     @property
     def documents(self) -> int:
@@ -152,6 +155,7 @@ class Manifest:
             "shard": self.shard,
             "filterable": self.filterable,
             "overrides": self.overrides,
+            "chunking": self.chunking.to_dict(),
             "files": self.files,
             "build": self.build,
         }
@@ -197,6 +201,7 @@ class Manifest:
                 shard=data.get("shard"),
                 filterable=data.get("filterable"),
                 overrides=data.get("overrides") or {},
+                chunking=ChunkingParams(**data.get("chunking", {})),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None

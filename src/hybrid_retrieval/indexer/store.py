@@ -27,6 +27,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from hybrid_retrieval.indexer.chunking import PASSAGE_EMBEDDINGS, PASSAGE_FAISS, PASSAGE_ROWS, PASSAGE_SPANS, PASSAGES_DIR
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
 from hybrid_retrieval.models.embedder import NO_MODEL, NoEmbedder, OnnxEmbedder, TorchEmbedder
@@ -40,6 +41,7 @@ from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
+from hybrid_retrieval.search.passages import PassageIndex, PassageScoring
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.postings import POSTINGS_DIR, Postings
 from hybrid_retrieval.search.rerank import Reranker
@@ -164,6 +166,7 @@ class OpenIndex:
     hubness: HubnessSearcher | None = None
     metadata: MetadataColumns | None = None  # None: no filterable field
     query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_precision)
+    passages: PassageIndex | None = None  # a chunked index's passages: its dense leg ranks documents by them
 
     @functools.cached_property
     def query_embedder(self):
@@ -223,11 +226,14 @@ class OpenIndex:
             hubness=self.hubness,
             reranker=reranker,
             metadata=self.metadata,
+            passages=self.passages,
         )
 
     def presenter(self, embedder=None) -> Presenter:
         """Builds the hits of this index's results (stored fields, highlights, facets); `embedder` as in `pipeline`."""
-        return Presenter(self.docs.get, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata)
+        return Presenter(
+            self.docs.get, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata, passages=self.passages
+        )
 
     def close(self) -> None:
         self.docs.close()
@@ -268,6 +274,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     metadata = None
     if any(info.filterable for info in manifest.metadata.values()):
         metadata = MetadataColumns.load(folder, manifest.metadata, manifest.documents)
+    passages = _load_passages(folder, manifest, device) if manifest.chunking.enabled else None
     return OpenIndex(
         folder,
         manifest,
@@ -280,7 +287,25 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
         _load_hubness(folder, manifest, device),
         metadata,
         precision,
+        passages,
     )
+
+
+def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageIndex:
+    where = folder / PASSAGES_DIR
+    vectors = np.asarray(np.load(where / PASSAGE_EMBEDDINGS, mmap_mode="r"))
+    rows = np.load(where / PASSAGE_ROWS)
+    counts = {
+        "manifest": manifest.counts.get("passages"),
+        "rows": len(rows),
+        "vectors": len(vectors),
+        "spans": len(np.load(where / PASSAGE_SPANS, mmap_mode="r")),
+    }
+    if len(set(counts.values())) != 1 or (len(rows) and (rows[-1] >= manifest.documents or np.any(np.diff(rows) < 0))):
+        raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
+    dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
+    spans = np.load(where / PASSAGE_SPANS)
+    return PassageIndex(dense, vectors, rows, spans, manifest.documents, PassageScoring())
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:

@@ -13,15 +13,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.highlight import Highlighter, best_sentence, split_sentences
+from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchResult
+from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import HighlightSpec
 
 ALL_FIELDS = "*"
 MAX_FACET_VALUES = 20
+MAX_PASSAGES = 20  # passages a hit shows at most
 
 
 class Encoder(Protocol):
@@ -41,9 +45,11 @@ class Presenter:
         fields: Sequence[str],
         metadata: MetadataColumns | None,
         documents: Callable[[np.ndarray], list[dict[str, Any]]] | None = None,
+        passages: PassageIndex | None = None,
     ) -> None:
-        """`documents`, when given, reads a page's documents at once (a sharded index: one call per shard)."""
-        self.embedder, self.metadata = embedder, metadata
+        """`documents`, when given, reads a page's documents at once (a sharded index: one call per shard);
+        `passages`: a chunked index's, whose hits can show their best passages."""
+        self.embedder, self.metadata, self.passages = embedder, metadata, passages
         self.documents = documents or (lambda ids: [document(int(i)) for i in ids])
         self.highlighter = Highlighter(analyzer)
         self.fields = sorted(fields)  # every metadata field of the corpus
@@ -66,11 +72,25 @@ class Presenter:
             raise SpecError(path, "this index has no filterable metadata fields to count")
         return self.metadata.check_facets(facets, path)
 
+    def check_passages(self, count: object, path: str = "passages") -> int:
+        """How many passages each hit shows (0: none)."""
+        count = checks.number(path, count, 0, MAX_PASSAGES, integer=True)
+        if count and self.passages is None:
+            raise SpecError(path, "this index is not chunked into passages (build it with --chunking): use 0")
+        return int(count)
+
     def hits(
-        self, result: SearchResult, query: str, *, include_text: bool = False, explain: bool = False, fields: list[str] | str | None = None
+        self,
+        result: SearchResult,
+        query: str,
+        *,
+        include_text: bool = False,
+        explain: bool = False,
+        fields: list[str] | str | None = None,
+        passages: int = 0,
     ) -> list[dict[str, Any]]:
         """The page's hits: id, score, rank (from 1, counting earlier pages), title; and as asked the text,
-        metadata `fields`, highlights (the spec's) and the score's components."""
+        metadata `fields`, highlights (the spec's), the score's components and the `passages` best passages."""
         hits: list[dict[str, Any]] = []
         docs: list[dict[str, Any]] = []
         explain = explain and result.explainable
@@ -93,10 +113,36 @@ class Presenter:
                 hit["highlight"] = self._highlight(query, terms, doc, result.spec.highlight)
             if explain:
                 hit["explain"] = result.explain(position)
+            if result.groups is not None:
+                hit["group"] = self._group(result, position)
+            if passages:
+                hit["passages"] = self._passages(int(result.ranking.doc_idx[position]), doc["text"], self._vector(query, result), passages)
             hits.append(hit)
         if result.spec.highlight.enabled and result.spec.highlight.semantic:
             self._semantic(query, result, hits, docs)
         return hits
+
+    def _group(self, result: SearchResult, position: int) -> dict[str, Any]:
+        assert result.groups is not None
+        members = result.groups.members[position]
+        ids = [doc["id"] for doc in self.documents(members.doc_idx)]
+        return {"value": result.groups.values[position], "hits": [{"id": i, "score": float(s)} for i, s in zip(ids, members.scores)]}
+
+    def _vector(self, query: str, result: SearchResult) -> np.ndarray:
+        """The query's embedding: the search's, or (a BM25 search) one model run, kept on the result."""
+        if result.vector is None:
+            result.vector = self.embedder.encode([query])[0]
+        return result.vector
+
+    def _passages(self, doc_idx: int, text: str, vector: np.ndarray, count: int) -> list[dict[str, Any]]:
+        """The document's `count` passages nearest the query, best first: where each lies in its text, and its cosine."""
+        assert self.passages is not None  # check_passages refused a count without them
+        ids = self.passages.passages_of(np.array([doc_idx]))
+        best = top_k(self.passages.vectors[ids] @ vector, count)
+        return [
+            {"text": text[start:end], "start": int(start), "end": int(end), "score": float(score)}
+            for (start, end), score in zip(self.passages.spans[ids[best.doc_idx]], best.scores)
+        ]
 
     def _highlight(self, query: str, terms: frozenset[str] | None, doc: dict[str, Any], spec: HighlightSpec) -> dict[str, Any]:
         marked = {

@@ -17,8 +17,10 @@ from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.fusion import Candidates, Fused, fuse
+from hybrid_retrieval.search.grouping import GroupBy, Groups, check_group_by, group
 from hybrid_retrieval.search.highlight import check_semantic_hits
 from hybrid_retrieval.search.hubness import HubnessSearcher
+from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranked, Reranker
 from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec, check_k
@@ -40,6 +42,7 @@ class Query:
     spec: SearchSpec | dict | None = None
     offset: int = 0
     vector: np.ndarray | None = None  # the query's own embedding (search.vectors.check_vector), when the caller has one
+    group_by: GroupBy | None = None  # collapse hits by a keyword field (search.grouping; checked by check_group_by)
 
 
 @dataclass
@@ -54,6 +57,7 @@ class SearchResult:
     pool: np.ndarray | None = None  # every hit a page could show (filtered, above min_score): for facets
     allowed: Allowed | None = None  # the documents the filter admits (None: no filter)
     vector: np.ndarray | None = None  # the query embedding, when a stage computed one
+    groups: Groups | None = None  # with group_by: each hit's group, by position in `ranking`
 
     @property
     def page(self) -> range:
@@ -139,8 +143,10 @@ class SearchPipeline:
         metadata: MetadataColumns | None = None,
         alive: np.ndarray | None = None,
         no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)",
+        passages: PassageIndex | None = None,
     ):
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
+        self.passages = passages  # a chunked index: the dense leg ranks documents by their passages
         self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.no_hubness_reason = no_hubness_reason
@@ -157,6 +163,8 @@ class SearchPipeline:
         return self._servable(self.defaults.merge(overrides))
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
+        if spec.hubness.method != "none" and self.passages is not None:
+            raise SpecError("hubness.method", 'this index ranks documents by passages, which no hubness correction covers; use "none"')
         if spec.hubness.method != "none" and self.hubness is None:
             raise SpecError("hubness.method", f'{self.no_hubness_reason}; use "none"')
         if spec.rerank.enabled and self.reranker is None:
@@ -183,6 +191,10 @@ class SearchPipeline:
         allowed = self._admitted(filter_)
         return allowed if self.alive is None else Allowed(allowed.mask & self.alive.mask)
 
+    def check_group_by(self, value: object, path: str = "group_by") -> GroupBy | None:
+        """A request's group_by, checked against this index's keyword fields."""
+        return check_group_by(value, self.metadata, path)
+
     def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None):
         scores = clock.time("bm25", self.bm25.scores, query)
         return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
@@ -202,6 +214,8 @@ class SearchPipeline:
         (see DenseIndex.brute_force)."""
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
+        if self.passages is not None:  # a chunked index has no hubness correction (training.hubness fits documents)
+            return vector, clock.time("dense", self.passages.search, vector, depth, allowed), None
         if hubness.method != "none" and coef is not None:
             return vector, clock.time("dense", self.hubness.search_with, vector, depth, coef, allowed, self.embeddings), coef
         if hubness.method != "none":
@@ -233,7 +247,9 @@ class SearchPipeline:
         else:
             bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
-        if coef is None:
+        if self.passages is not None:
+            dense_scores, floors = (lambda idx: self.passages.scores(idx, vector)), None
+        elif coef is None:
             dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
         else:
             correction = self.hubness.correction
@@ -249,7 +265,13 @@ class SearchPipeline:
         return candidates, vector
 
     def search(
-        self, query: str | None, k: int = 10, spec: SearchSpec | dict | None = None, offset: int = 0, vector: np.ndarray | None = None
+        self,
+        query: str | None,
+        k: int = 10,
+        spec: SearchSpec | dict | None = None,
+        offset: int = 0,
+        vector: np.ndarray | None = None,
+        group_by: GroupBy | None = None,
     ) -> SearchResult:
         """Hits `offset` .. `offset + k` for `query` under `spec`: a full spec, or a partial one (dict form)
         merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch, or an application
@@ -258,6 +280,7 @@ class SearchPipeline:
         Pages are consistent: hybrid fuses a fixed `depth` per retriever and reranking reorders a fixed
         `rerank.depth`, so page 2 with k=10 is ranks 11-20 of k=20 with the same scores. `min_score` applies
         to the final score: the fused (or single-retriever) score, or the reranker's (search.rerank.interpolate).
+        With `group_by`, the hits and pages are groups (search.grouping), formed among at least `depth` candidates.
         """
         spec = spec if isinstance(spec, SearchSpec) else self.resolve(spec)
         check_query(query, vector, spec)
@@ -269,6 +292,8 @@ class SearchPipeline:
         rerank = spec.rerank
         # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`
         single_depth = max(offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
+        if group_by is not None:  # groups need more documents than hits: as many as a group could show, at least depth
+            single_depth = max(single_depth, (offset + k + 1) * group_by.size)
         fused = None
         if spec.mode == "bm25":
             ranking = self.bm25_leg(query, single_depth, clock, allowed)[1]
@@ -285,6 +310,10 @@ class SearchPipeline:
         if spec.min_score is not None:
             # float64: a huge min_score must not overflow a float32 cast; scores descend
             ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
+        pool, groups = ranking.doc_idx, None  # facets count documents, grouped or not
+        if group_by is not None:
+            assert self.metadata is not None  # check_group_by found the field
+            ranking, groups = clock.time("group", group, ranking, self.metadata.columns[group_by.field], group_by.size)
         clock.timings["total"] = (time.perf_counter() - started) * 1000
         return SearchResult(
             ranking.head(offset + k),
@@ -294,9 +323,10 @@ class SearchPipeline:
             reranked,
             offset=offset,
             has_more=len(ranking) > offset + k,
-            pool=ranking.doc_idx,
+            pool=pool,
             allowed=allowed,
             vector=vector,
+            groups=groups,
         )
 
     def search_many(self, queries: list[Query]) -> list[SearchResult]:
@@ -307,7 +337,7 @@ class SearchPipeline:
             try:
                 spec = item.spec if isinstance(item.spec, SearchSpec) else self.resolve(item.spec)
                 check_query(item.text, item.vector, spec)
-                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset), item.vector))
+                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset), item.vector, item.group_by))
                 check_semantic_hits(spec.highlight.semantic, resolved[-1].k)
             except SpecError as exc:
                 raise exc.within(f"searches[{i}]") from None
@@ -318,7 +348,7 @@ class SearchPipeline:
         results = []
         for i, item in enumerate(resolved):
             budget.check("a batch of searches")
-            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i, item.vector))
+            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i, item.vector), item.group_by)
             if i in vectors:
                 result.timings_ms["embed"] = embed_ms  # the batch's one model run
             results.append(result)

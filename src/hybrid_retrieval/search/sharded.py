@@ -25,6 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
+from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.fusion import RETRIEVERS, Candidates
 from hybrid_retrieval.search.hubness import HubnessCorrection, HubnessParams, score_floor
@@ -169,6 +170,12 @@ class ShardedPipeline(SearchPipeline):
         the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms)."""
         self.shards, self.consistency = shards, consistency
         super().__init__(None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata)
+
+    def check_group_by(self, value: object, path: str = "group_by") -> None:
+        """Groups need every candidate's field values, which the shards hold: not on a sharded index."""
+        if value is not None:
+            raise SpecError(path, "a sharded index does not group hits: search it without group_by")
+        return None
 
     def allowed(self, filter_: dict | None) -> ShardFilter | None:
         if filter_ is None:

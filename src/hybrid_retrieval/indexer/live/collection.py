@@ -32,7 +32,7 @@ from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder
 from hybrid_retrieval.search import budget
-from hybrid_retrieval.search.errors import HybridError, StorageError
+from hybrid_retrieval.search.errors import ConfigError, HybridError, StorageError
 from hybrid_retrieval.search.live_hubness import Prepared
 from hybrid_retrieval.search.segments import check_live_method
 
@@ -87,6 +87,8 @@ class Collection:
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
         check_live_method(index.manifest.bm25)
+        if index.manifest.chunking.enabled:
+            raise ConfigError(f"{index.path} is chunked into passages, and live writes do not chunk documents yet: it is served read-only")
         # documents may bring their own vectors of the index's dimension; without a model, they must
         self.vectors = VectorRule(index.dense.dimension, required=index.manifest.embedder.document_backend == NO_MODEL)
         self._state = LiveState(index, index.manifest.applied_sequence)

@@ -57,6 +57,8 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
             )
         if manifest.shard is not None:
             raise ConfigError(f"{source} is itself a shard: split the whole index instead")
+        if manifest.chunking.enabled:
+            raise ConfigError(f"{source} is chunked into passages, which shards do not hold: split an index built without --chunking")
         _check_no_pending_writes(index)
         owner = shard_of(index.doc_ids, shards)
         empty = np.flatnonzero(np.bincount(owner, minlength=shards) == 0)

@@ -1,0 +1,91 @@
+"""A chunked index: built with passages, its dense leg ranks documents by their best passage, exactly as brute force."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from hybrid_retrieval.indexer.build import BuildOptions, build_index
+from hybrid_retrieval.indexer.chunking import ChunkingParams
+from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.shards.split import split_index
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.errors import ConfigError, SpecError
+from hybrid_retrieval.search.passages import PassageScoring, aggregate
+from hybrid_retrieval.search.ranking import top_k
+
+CHUNKING = ChunkingParams("tokens", 64, 8)
+
+
+@pytest.fixture(scope="module")
+def chunked(scifact, tmp_path_factory):
+    """12 long documents of 4 consecutive scifact abstracts each, cut into passages of 64 word pieces."""
+    folder = tmp_path_factory.mktemp("chunked")
+    with (scifact / "corpus.jsonl").open() as fh:
+        docs = [json.loads(line) for line in itertools.islice(fh, 48)]
+    with (folder / "corpus.jsonl").open("w") as fh:
+        for i in range(0, 48, 4):
+            text = "\n\n".join(f"{d['title']}. {d['text']}" for d in docs[i : i + 4])
+            fh.write(json.dumps({"_id": f"long-{i // 4}", "title": f"part {i // 4}", "text": text}) + "\n")
+    options = BuildOptions(precision="int8", device="cpu", progress=False, chunking=CHUNKING)
+    build_index(folder / "corpus.jsonl", folder / "index", options)
+    index = open_index(folder / "index", device="cpu", query_precision="int8")
+    yield index
+    index.close()
+
+
+def test_the_manifest_and_files_describe_the_passages(chunked):
+    manifest, passages = chunked.manifest, chunked.passages
+    assert manifest.chunking == CHUNKING and manifest.counts["passages"] == len(passages) > 12 * 4
+    assert any(name.startswith("passages/") for name in manifest.files)  # checksummed like every other file
+    assert np.array_equal(np.unique(passages.rows), np.arange(12))
+    for row in (0, 5, 11):
+        doc = chunked.docs.get(row)
+        mine = passages.passages_of(np.array([row]))
+        np.testing.assert_array_equal(chunked.embeddings[row], passages.vectors[mine[0]])  # the document keeps its head's vector
+        texts = [indexed_text(doc["title"], doc["text"][start:end]) for start, end in passages.spans[mine]]
+        np.testing.assert_allclose(chunked.embedder.encode(texts), passages.vectors[mine], atol=1e-5)
+
+
+@pytest.mark.parametrize("query", ["white matter development in infants", "DNA methylation", "myelin basic protein gene"])
+def test_dense_ranks_documents_by_their_best_passage(chunked, query):
+    pipeline = chunked.pipeline()
+    result = pipeline.search(query, 5, {"mode": "dense"})
+    vector = chunked.query_embedder.encode([query])[0]
+    docs, scores = aggregate(chunked.passages.vectors @ vector, chunked.passages.rows, PassageScoring("max"))
+    expected = top_k(scores, 5)
+    assert result.ranking.doc_idx.tolist() == docs[expected.doc_idx].tolist()
+    np.testing.assert_allclose(result.ranking.scores, expected.scores, atol=1e-5)
+    hybrid = pipeline.search(query, 12, {"mode": "hybrid"})
+    candidates = hybrid.fused.candidates
+    np.testing.assert_allclose(candidates.scores["dense"], scores[candidates.doc_idx], atol=1e-5)  # every candidate by its passages
+
+
+def test_what_a_chunked_index_does_not_do_is_refused_by_name(chunked, tmp_path):
+    with pytest.raises(SpecError) as refused:
+        chunked.pipeline().search("DNA", 5, {"mode": "dense", "hubness": {"method": "qbnorm"}})
+    assert refused.value.field == "hubness.method" and "passages" in refused.value.reason
+    with pytest.raises(ConfigError, match="live writes do not chunk"):
+        Collection(chunked)
+    with pytest.raises(ConfigError, match="chunked into passages"):
+        split_index(chunked.path, tmp_path / "sharded", 2)
+
+
+def test_hits_show_their_best_passages(chunked, tiny_index):
+    pipeline, presenter = chunked.pipeline(), chunked.presenter()
+    query = "diffusion tensor imaging of the newborn brain"
+    for mode in ("dense", "bm25", "hybrid"):
+        result = pipeline.search(query, 4, {"mode": mode})
+        hits = presenter.hits(result, query, passages=presenter.check_passages(2))
+        for hit in hits:
+            text = chunked.document_by_id(hit["id"])["text"]
+            shown = hit["passages"]
+            assert len(shown) == 2 and shown[0]["score"] >= shown[1]["score"]
+            assert all(text[p["start"] : p["end"]] == p["text"] and p["text"] for p in shown)
+            if mode == "dense":  # a document scores as its best passage
+                assert shown[0]["score"] == pytest.approx(hit["score"], abs=1e-5)
+    with pytest.raises(SpecError, match="not chunked") as refused:
+        open_index(tiny_index).presenter().check_passages(1)
+    assert refused.value.field == "passages"
