@@ -5,7 +5,10 @@ import json
 
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import indexed_text
@@ -28,7 +31,8 @@ def chunked(scifact, tmp_path_factory):
     with (folder / "corpus.jsonl").open("w") as fh:
         for i in range(0, 48, 4):
             text = "\n\n".join(f"{d['title']}. {d['text']}" for d in docs[i : i + 4])
-            fh.write(json.dumps({"_id": f"long-{i // 4}", "title": f"part {i // 4}", "text": text}) + "\n")
+            record = {"_id": f"long-{i // 4}", "title": f"part {i // 4}", "text": text, "metadata": {"source": f"s{i // 4 % 3}"}}
+            fh.write(json.dumps(record) + "\n")
     options = BuildOptions(precision="int8", device="cpu", progress=False, chunking=CHUNKING)
     build_index(folder / "corpus.jsonl", folder / "index", options)
     index = open_index(folder / "index", device="cpu", query_precision="int8")
@@ -89,3 +93,22 @@ def test_hits_show_their_best_passages(chunked, tiny_index):
     with pytest.raises(SpecError, match="not chunked") as refused:
         open_index(tiny_index).presenter().check_passages(1)
     assert refused.value.field == "passages"
+
+
+def test_the_service_shows_passages_and_groups(chunked, tiny_index):
+    body = {"query": "myelination of white matter", "k": 3, "passages": 2, "group_by": {"field": "source", "size": 2}}
+    with TestClient(create_app(Settings(index=chunked.path))) as client:
+        answer = client.post("/search", json=body)
+        assert answer.status_code == 200, answer.text
+        hits = answer.json()["hits"]
+        assert len(hits) == 3 and len({hit["group"]["value"] for hit in hits}) == 3
+        for hit in hits:
+            text = chunked.document_by_id(hit["id"])["text"]
+            assert [text[p["start"] : p["end"]] for p in hit["passages"]] == [p["text"] for p in hit["passages"]]
+            assert hit["group"]["hits"][0] == {"id": hit["id"], "score": hit["score"]}
+        refused = client.post("/search", json={**body, "group_by": {"field": "title"}})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "group_by", "field"]
+        assert client.post("/search", json={**body, "passages": 21}).status_code == 422
+    with TestClient(create_app(Settings(index=tiny_index))) as client:
+        refused = client.post("/search", json={"query": "cat", "passages": 1})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "passages"]
