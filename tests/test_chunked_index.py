@@ -18,6 +18,7 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.passages import PassageScoring, aggregate
 from hybrid_retrieval.search.ranking import top_k
+from tests.conftest import LengthScorer
 
 CHUNKING = ChunkingParams("tokens", 64, 8)
 
@@ -112,3 +113,24 @@ def test_the_service_shows_passages_and_groups(chunked, tiny_index):
     with TestClient(create_app(Settings(index=tiny_index))) as client:
         refused = client.post("/search", json={"query": "cat", "passages": 1})
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "passages"]
+
+
+def test_the_reranker_reads_each_documents_best_passage(chunked):
+    class Recorder(LengthScorer):
+        def score(self, query, texts, batch_size=32):
+            self.texts = list(texts)
+            return super().score(query, texts)
+
+    query = "DNA methylation in blood cells"
+    recorder = Recorder()
+    pipeline = chunked.pipeline(cross_encoder=recorder)
+    result = pipeline.search(query, 4, {"mode": "bm25", "rerank": {"enabled": True, "depth": 4}})
+    vector = chunked.query_embedder.encode([query])[0]
+    first_stage = pipeline.search(query, 4, {"mode": "bm25"}).ranking.doc_idx
+    expected = []
+    for doc_idx in first_stage:
+        doc = chunked.docs.get(int(doc_idx))
+        passages = chunked.passages.passages_of(np.array([doc_idx]))
+        start, end = chunked.passages.spans[passages[np.argmax(chunked.passages.vectors[passages] @ vector)]]
+        expected.append(indexed_text(doc["title"], doc["text"][start:end]))
+    assert recorder.texts == expected and result.reranked is not None

@@ -185,6 +185,13 @@ class OpenIndex:
         doc = self.docs.get(doc_idx)
         return indexed_text(doc["title"], doc["text"])
 
+    def best_passage_text(self, doc_idx: int, vector: np.ndarray) -> str:
+        """A chunked index's passage of the document nearest the query vector, with the document's title."""
+        assert self.passages is not None
+        doc = self.docs.get(doc_idx)
+        start, end = self.passages.best(doc_idx, vector)
+        return indexed_text(doc["title"], doc["text"][start:end])
+
     @functools.cached_property
     def postings(self) -> Postings:
         """Term frequencies for BM25 with live statistics (search.postings), read on first use."""
@@ -215,7 +222,10 @@ class OpenIndex:
         """A search pipeline over this index whose defaults are the manifest's, with `overrides` (a partial
         spec: the service's settings) merged on. `cross_encoder` enables the rerank stage; `embedder`
         replaces the index's own (e.g. a batching wrapper around it)."""
-        reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
+        reranker = None
+        if cross_encoder is not None:
+            passage_text = self.best_passage_text if self.passages is not None else None
+            reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name, passage_text_of=passage_text)
         return SearchPipeline(
             self.bm25,
             self.dense,

@@ -20,7 +20,6 @@ from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.highlight import Highlighter, best_sentence, split_sentences
 from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchResult
-from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import HighlightSpec
 
 ALL_FIELDS = "*"
@@ -137,11 +136,10 @@ class Presenter:
     def _passages(self, doc_idx: int, text: str, vector: np.ndarray, count: int) -> list[dict[str, Any]]:
         """The document's `count` passages nearest the query, best first: where each lies in its text, and its cosine."""
         assert self.passages is not None  # check_passages refused a count without them
-        ids = self.passages.passages_of(np.array([doc_idx]))
-        best = top_k(self.passages.vectors[ids] @ vector, count)
+        ids, scores = self.passages.nearest(doc_idx, vector, count)
         return [
             {"text": text[start:end], "start": int(start), "end": int(end), "score": float(score)}
-            for (start, end), score in zip(self.passages.spans[ids[best.doc_idx]], best.scores)
+            for (start, end), score in zip(self.passages.spans[ids], scores)
         ]
 
     def _highlight(self, query: str, terms: frozenset[str] | None, doc: dict[str, Any], spec: HighlightSpec) -> dict[str, Any]:

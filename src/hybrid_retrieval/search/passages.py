@@ -78,6 +78,17 @@ class PassageIndex:
         counts = stops - starts
         return np.repeat(starts - np.r_[0, np.cumsum(counts)[:-1]], counts) + np.arange(counts.sum())
 
+    def nearest(self, doc_idx: int, vector: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(the document's `count` passages nearest the query, best first; their cosines)."""
+        ids = self.passages_of(np.array([doc_idx]))
+        best = top_k(self.vectors[ids] @ vector, count)
+        return ids[best.doc_idx], best.scores
+
+    def best(self, doc_idx: int, vector: np.ndarray) -> tuple[int, int]:
+        """The span of the document's passage nearest the query."""
+        start, end = self.spans[self.nearest(doc_idx, vector, 1)[0][0]]
+        return int(start), int(end)
+
     def scores(self, doc_idx: np.ndarray, vector: np.ndarray) -> np.ndarray:
         """Each document's score from all of its passages (0 for a document without passages: an empty text)."""
         doc_idx = np.asarray(doc_idx, dtype=np.int64)

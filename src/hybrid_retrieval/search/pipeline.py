@@ -305,7 +305,9 @@ class SearchPipeline:
             ranking = fused.ranking()
         reranked = None
         if rerank.enabled:
-            reranked = clock.time("rerank", self.reranker.rerank, query, ranking, rerank.depth, rerank.weight)
+            if self.passages is not None and vector is None:  # the reranker reads each document's best passage
+                vector = clock.time("embed", self.embedder.encode, [query])[0]
+            reranked = clock.time("rerank", self.reranker.rerank, query, ranking, rerank.depth, rerank.weight, vector)
             ranking = reranked.ranking
         if spec.min_score is not None:
             # float64: a huge min_score must not overflow a float32 cast; scores descend

@@ -61,16 +61,27 @@ class Reranker:
     """A cross-encoder (models.cross_encoder.CrossEncoder) over the index's document texts."""
 
     def __init__(
-        self, model: Any, text_of: Callable[[int], str], name: str = "", texts_of: Callable[[np.ndarray], list[str]] | None = None
+        self,
+        model: Any,
+        text_of: Callable[[int], str],
+        name: str = "",
+        texts_of: Callable[[np.ndarray], list[str]] | None = None,
+        passage_text_of: Callable[[int, np.ndarray], str] | None = None,
     ):
-        """`texts_of`, when given, reads many documents' texts at once (a sharded index: one call per shard)."""
-        self.model, self.name = model, name
+        """`texts_of`, when given, reads many documents' texts at once (a sharded index: one call per shard).
+        `passage_text_of(doc, query vector)`: a chunked index's best passage of a document, which the model reads instead
+        of the document's head."""
+        self.model, self.name, self.passage_text_of = model, name, passage_text_of
         self.texts_of = texts_of or (lambda ids: [text_of(int(i)) for i in ids])
 
-    def rerank(self, query: str, candidates: Ranking, depth: int, weight: float) -> Reranked:
-        """Rerank the top `depth` of `candidates` (ties keep the first-stage order); keep the rest below."""
+    def rerank(self, query: str, candidates: Ranking, depth: int, weight: float, vector: np.ndarray | None = None) -> Reranked:
+        """Rerank the top `depth` of `candidates` (ties keep the first-stage order); keep the rest below. With
+        `vector` (the query's embedding) and passages, each document is read as its passage nearest the query."""
         head = candidates.head(depth)
-        texts = self.texts_of(head.doc_idx)
+        if self.passage_text_of is not None and vector is not None:
+            texts = [self.passage_text_of(int(i), vector) for i in head.doc_idx]
+        else:
+            texts = self.texts_of(head.doc_idx)
         logits = np.asarray(self.model.score(query, texts), dtype=np.float32)
         final = interpolate(logits, head.scores, weight)
         order = np.argsort(-final, kind="stable")
