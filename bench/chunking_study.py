@@ -28,9 +28,9 @@ from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.fusion import RRF, Candidates, fuse
-from hybrid_retrieval.search.passages import PassageScoring, aggregate
+from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
-from hybrid_retrieval.search.spec import DEFAULT_DEPTH
+from hybrid_retrieval.search.spec import DEFAULT_DEPTH, PassageSpec
 from hybrid_retrieval.training.metrics import per_query_scores
 
 CHUNKINGS = {
@@ -42,8 +42,8 @@ CHUNKINGS = {
 # an abstract is one paragraph and mostly fits 254 pieces: on the original corpus those two equal `truncated` nearly
 SHORT_DOCUMENT_CHUNKINGS = ("truncated", "tokens-128/16")
 SCORINGS = {
-    "max": PassageScoring("max"),
-    **{f"soft-t{t}": PassageScoring("soft", temperature=t, top=3) for t in (0.02, 0.05, 0.1)},
+    "max": PassageSpec("max"),
+    **{f"soft-t{t}": PassageSpec("soft", temperature=t, top=3) for t in (0.02, 0.05, 0.1)},
 }
 METRICS = ("ndcg@10", "recall@100")
 RUN_DEPTH = 100
@@ -73,7 +73,7 @@ def passages_of(docs, chunker: Chunker, embedder, analyzer: Analyzer, cache: Pat
     return Passages(rows, vectors, [analyzer.analyze(t) for t in texts], embed_s)
 
 
-def document_scores(passage_scores: np.ndarray, rows: np.ndarray, n: int, scoring: PassageScoring) -> np.ndarray:
+def document_scores(passage_scores: np.ndarray, rows: np.ndarray, n: int, scoring: PassageSpec) -> np.ndarray:
     docs, scores = aggregate(passage_scores, rows, scoring)
     out = np.full(n, -np.inf, dtype=np.float32)
     out[docs] = scores

@@ -16,8 +16,9 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import ConfigError, SpecError
-from hybrid_retrieval.search.passages import PassageScoring, aggregate
+from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
+from hybrid_retrieval.search.spec import PassageSpec
 from tests.conftest import LengthScorer
 
 CHUNKING = ChunkingParams("tokens", 64, 8)
@@ -59,7 +60,7 @@ def test_dense_ranks_documents_by_their_best_passage(chunked, query):
     pipeline = chunked.pipeline()
     result = pipeline.search(query, 5, {"mode": "dense"})
     vector = chunked.query_embedder.encode([query])[0]
-    docs, scores = aggregate(chunked.passages.vectors @ vector, chunked.passages.rows, PassageScoring("max"))
+    docs, scores = aggregate(chunked.passages.vectors @ vector, chunked.passages.rows, PassageSpec("max"))
     expected = top_k(scores, 5)
     assert result.ranking.doc_idx.tolist() == docs[expected.doc_idx].tolist()
     np.testing.assert_allclose(result.ranking.scores, expected.scores, atol=1e-5)

@@ -9,10 +9,11 @@ from tokenizers import Tokenizer
 
 from hybrid_retrieval.indexer.chunking import Chunker, ChunkingParams, Span
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.passages import PassageIndex, PassageScoring, aggregate
+from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.ranking import top_k
+from hybrid_retrieval.search.spec import PassageSpec, SearchSpec, parse_spec_string
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +109,14 @@ def test_bad_parameters_name_what_is_valid(model):
         ChunkingParams("tokens", 64, 40)
     with pytest.raises(ConfigError, match="exceeds what the model reads"):
         Chunker(model, ChunkingParams("tokens", 1000, 8))
-    with pytest.raises(ConfigError, match="valid: max, soft"):
-        PassageScoring("mean")
+    with pytest.raises(SpecError, match="valid: max, soft") as refused:
+        SearchSpec().merge({"passage_scoring": {"aggregation": "mean"}})
+    assert refused.value.field == "passage_scoring.aggregation"
+    with pytest.raises(SpecError, match="passage_scoring.temperature"):
+        SearchSpec().merge({"passage_scoring": {"temperature": 0}})
 
 
-@pytest.mark.parametrize("scoring", [PassageScoring("max"), PassageScoring("soft", 0.05, 3), PassageScoring("soft", 0.5, 1)])
+@pytest.mark.parametrize("scoring", [PassageSpec("max"), PassageSpec("soft", 0.05, 3), PassageSpec("soft", 0.5, 1)])
 def test_aggregation_equals_its_formula(scoring):
     rng = np.random.default_rng(0)
     rows = rng.integers(0, 50, 400)
@@ -129,7 +133,7 @@ def test_aggregation_equals_its_formula(scoring):
         assert value == pytest.approx(expected, abs=1e-5)
 
 
-def passage_index(num_docs: int, seed: int, scoring: PassageScoring, kind: str = "flat") -> PassageIndex:
+def passage_index(num_docs: int, seed: int, kind: str = "flat") -> PassageIndex:
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.integers(0, num_docs, num_docs * 3))
     rows = np.sort(np.r_[rows, np.arange(num_docs)])  # every document has a passage
@@ -137,12 +141,12 @@ def passage_index(num_docs: int, seed: int, scoring: PassageScoring, kind: str =
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     params = FaissParams(kind=kind, exact_below=0)
     dense = DenseIndex(build_faiss_index(vectors, params, "cpu"), params, "cpu", vectors)
-    return PassageIndex(dense, vectors, rows, np.zeros((len(rows), 2), dtype=np.int64), num_docs, scoring)
+    return PassageIndex(dense, vectors, rows, np.zeros((len(rows), 2), dtype=np.int64), num_docs)
 
 
-@pytest.mark.parametrize("scoring", [PassageScoring("max"), PassageScoring("soft", 0.05, 3)])
+@pytest.mark.parametrize("scoring", [PassageSpec("max"), PassageSpec("soft", 0.05, 3)])
 def test_passage_search_equals_brute_force_aggregation(scoring):
-    index = passage_index(300, 1, scoring)
+    index = passage_index(300, 1)
     rng = np.random.default_rng(2)
     for _ in range(20):
         query = rng.normal(size=16).astype(np.float32)
@@ -152,10 +156,17 @@ def test_passage_search_equals_brute_force_aggregation(scoring):
         docs, scores = aggregate(index.vectors @ query, index.rows, scoring)
         keep = mask[docs]
         expected = top_k(scores[keep], 10)
-        ranking = index.search(query, 10, allowed)
+        ranking = index.search(query, 10, scoring, allowed)
         if scoring.aggregation == "max":  # exact; soft may miss a document whose best passage was not fetched
             assert docs[keep][expected.doc_idx].tolist() == ranking.doc_idx.tolist()
             np.testing.assert_allclose(ranking.scores, expected.scores, atol=1e-6)
         assert set(ranking.doc_idx.tolist()) <= set(np.flatnonzero(mask).tolist())
         some = rng.choice(300, 40, replace=False)
-        np.testing.assert_allclose(index.scores(some, query), [scores[docs == d][0] for d in some], atol=1e-6)
+        np.testing.assert_allclose(index.scores(some, query, scoring), [scores[docs == d][0] for d in some], atol=1e-6)
+
+
+def test_passage_scoring_round_trips_through_the_string_form():
+    spec = SearchSpec().merge({"mode": "dense", "passage_scoring": {"aggregation": "soft", "temperature": 0.1, "top": 4}})
+    assert spec.to_string() == "dense+rrf:60+depth:100+nohub+rerank:off:d=50:w=1+passages:soft:t=0.1:top=4"
+    assert SearchSpec().merge(parse_spec_string(spec.to_string())) == spec
+    assert "passages" not in SearchSpec().to_string()  # the default is not named

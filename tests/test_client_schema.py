@@ -60,6 +60,7 @@ MODELS = {
     models.Hubness: "HubnessBody",
     models.Rerank: "RerankBody",
     models.Highlight: "HighlightBody",
+    models.PassageScoring: "PassageScoringBody",
     models.Defaults: "DefaultsBody",
     models.GroupBy: "GroupByBody",
     models.SearchRequest: "SearchRequest",

@@ -22,7 +22,7 @@ from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import MAX_OFFSET
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
-from hybrid_retrieval.search.spec import MAX_DEPTH, MAX_K, MODES
+from hybrid_retrieval.search.spec import AGGREGATIONS, MAX_DEPTH, MAX_K, MODES
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
 MAX_QUERY_CHARS = 2048
@@ -130,6 +130,14 @@ class RerankBody(_Strict):
     )
 
 
+class PassageScoringBody(_Strict):
+    aggregation: str | None = Field(
+        **_documented("a chunked index: a document scores as its best passage (max) or a soft maximum of its best", enum=list(AGGREGATIONS))
+    )
+    temperature: Float | None = Field(**_documented("soft: τ in τ·log Σ exp(s/τ) (default 0.05)", exclusiveMinimum=0, maximum=10))
+    top: Int | None = Field(**_documented("soft: the passages of a document that count (default 3)", minimum=1, maximum=100))
+
+
 class HighlightBody(_Strict):
     enabled: StrictBool | None = Field(None, description="highlight the hits (default true when this object is given)")
     semantic: StrictBool | None = Field(
@@ -174,6 +182,9 @@ class DefaultsBody(_Strict):
         description="mark the query's terms in snippets of each hit's title and text: matched through the index's "
         "analyzer (so `bleeding` marks `bleeds`), HTML-escaped with <mark> tags, with character offsets (Unicode code "
         "points) into the stored field; `true` or an object",
+    )
+    passage_scoring: PassageScoringBody | None = Field(
+        None, description="a chunked index: how a document scores from its passages in the dense leg (default: its best passage)"
     )
 
 

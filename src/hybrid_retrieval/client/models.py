@@ -64,6 +64,12 @@ class Highlight(_Request):
     snippets: int | None = None
 
 
+class PassageScoring(_Request):
+    aggregation: Literal["max", "soft"] | None = None
+    temperature: float | None = None
+    top: int | None = None
+
+
 class Defaults(_Request):
     """The fields of a search spec that a collection's defaults may set."""
 
@@ -74,6 +80,7 @@ class Defaults(_Request):
     rerank: Rerank | None = None
     min_score: float | None = None
     highlight: bool | Highlight | None = None
+    passage_scoring: PassageScoring | None = None
 
 
 class GroupBy(_Request):

@@ -41,7 +41,7 @@ from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
-from hybrid_retrieval.search.passages import PassageIndex, PassageScoring
+from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.postings import POSTINGS_DIR, Postings
 from hybrid_retrieval.search.rerank import Reranker
@@ -315,7 +315,7 @@ def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageInde
         raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
     dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
     spans = np.load(where / PASSAGE_SPANS)
-    return PassageIndex(dense, vectors, rows, spans, manifest.documents, PassageScoring())
+    return PassageIndex(dense, vectors, rows, spans, manifest.documents)
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:

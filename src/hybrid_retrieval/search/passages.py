@@ -7,37 +7,15 @@ soft   τ · log Σ exp(s_i / τ) over its `top` best passages: the best passage
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
-
-AGGREGATIONS = ("max", "soft")
-
-
-@dataclass(frozen=True)
-class PassageScoring:
-    aggregation: str = "max"
-    temperature: float = 0.05  # soft: the score difference at which a second passage counts e times less
-    top: int = 3  # soft: passages of a document that count
-
-    def __post_init__(self) -> None:
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(f"unknown passage aggregation {self.aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) or not 0 < self.temperature <= 10:
-            raise ConfigError(f"passage temperature must be a number in (0, 10], got {self.temperature!r}")
-        if isinstance(self.top, bool) or not isinstance(self.top, int) or not 1 <= self.top <= 100:
-            raise ConfigError(f"passage top must be an integer from 1 to 100, got {self.top!r}")
-
-    def to_dict(self) -> dict:
-        return {"aggregation": self.aggregation, "temperature": self.temperature, "top": self.top}
+from hybrid_retrieval.search.spec import PassageSpec
 
 
-def aggregate(scores: np.ndarray, rows: np.ndarray, scoring: PassageScoring) -> tuple[np.ndarray, np.ndarray]:
+def aggregate(scores: np.ndarray, rows: np.ndarray, scoring: PassageSpec) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct documents `rows` names, ascending; each one's score from its passages' `scores`)."""
     if not len(rows):
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
@@ -63,8 +41,8 @@ class PassageIndex:
     most the last one fetched, below the `depth` documents found.
     """
 
-    def __init__(self, dense: DenseIndex, vectors: np.ndarray, rows: np.ndarray, spans: np.ndarray, num_docs: int, scoring: PassageScoring):
-        self.dense, self.vectors, self.rows, self.spans, self.scoring = dense, vectors, rows, spans, scoring
+    def __init__(self, dense: DenseIndex, vectors: np.ndarray, rows: np.ndarray, spans: np.ndarray, num_docs: int):
+        self.dense, self.vectors, self.rows, self.spans = dense, vectors, rows, spans
         self.num_docs = num_docs
         self.first = np.searchsorted(rows, np.arange(num_docs + 1))  # the passages of document i: first[i]:first[i + 1]
         self.dimension = dense.dimension
@@ -89,17 +67,17 @@ class PassageIndex:
         start, end = self.spans[self.nearest(doc_idx, vector, 1)[0][0]]
         return int(start), int(end)
 
-    def scores(self, doc_idx: np.ndarray, vector: np.ndarray) -> np.ndarray:
+    def scores(self, doc_idx: np.ndarray, vector: np.ndarray, scoring: PassageSpec) -> np.ndarray:
         """Each document's score from all of its passages (0 for a document without passages: an empty text)."""
         doc_idx = np.asarray(doc_idx, dtype=np.int64)
         passages = self.passages_of(doc_idx)
-        docs, scores = aggregate(self.vectors[passages] @ vector, self.rows[passages], self.scoring)
+        docs, scores = aggregate(self.vectors[passages] @ vector, self.rows[passages], scoring)
         out = np.zeros(len(doc_idx), dtype=np.float32)
         found = np.isin(doc_idx, docs)
         out[found] = scores[np.searchsorted(docs, doc_idx[found])]
         return out
 
-    def search(self, vector: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+    def search(self, vector: np.ndarray, depth: int, scoring: PassageSpec, allowed: Allowed | None = None) -> Ranking:
         """The top-`depth` documents (of the allowed ones): passages are fetched until `depth` distinct documents are
         among them (or none are left), and those documents scored from all their passages."""
         passages_allowed = None if allowed is None else Allowed(allowed.mask[self.rows])
@@ -114,5 +92,5 @@ class PassageIndex:
             if len(docs) >= depth or fetch >= available:
                 break
             fetch = min(available, fetch * 4)
-        best = top_k(self.scores(docs, vector), depth)  # ties: the lower document first, as everywhere
+        best = top_k(self.scores(docs, vector, scoring), depth)  # ties: the lower document first, as everywhere
         return Ranking(docs[best.doc_idx], best.scores)

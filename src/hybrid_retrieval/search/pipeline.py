@@ -23,7 +23,7 @@ from hybrid_retrieval.search.hubness import HubnessSearcher
 from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranked, Reranker
-from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec, check_k
+from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec, check_k
 
 MAX_OFFSET = 10_000
 
@@ -208,14 +208,17 @@ class SearchPipeline:
         allowed: Allowed | None = None,
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
+        scoring: PassageSpec | None = None,
     ):
         """(query vector, ranking, bias coefficients): corrected over the whole corpus when asked (with `coef` when the
         caller chose them: a shard's coordinator); among the allowed documents only, scored exactly when they are few
-        (see DenseIndex.brute_force)."""
+        (see DenseIndex.brute_force). A chunked index ranks documents by their passages, as `scoring` (default: the
+        defaults') says."""
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         if self.passages is not None:  # a chunked index has no hubness correction (training.hubness fits documents)
-            return vector, clock.time("dense", self.passages.search, vector, depth, allowed), None
+            scoring = scoring or self.defaults.passage_scoring
+            return vector, clock.time("dense", self.passages.search, vector, depth, scoring, allowed), None
         if hubness.method != "none" and coef is not None:
             return vector, clock.time("dense", self.hubness.search_with, vector, depth, coef, allowed, self.embeddings), coef
         if hubness.method != "none":
@@ -236,19 +239,21 @@ class SearchPipeline:
         allowed: Allowed | None = None,
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
+        scoring: PassageSpec | None = None,
     ) -> tuple[Candidates, np.ndarray]:
         """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
-        (corrected) cosine; and the query vector."""
+        (corrected) cosine, or its passages' score in a chunked index; and the query vector."""
         clock = clock or Stopwatch()
+        scoring = scoring or self.defaults.passage_scoring
         if self.executor is not None:
             bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed)
-            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
+            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
             bm25_scores, bm25_ranking = bm25_future.result()
         else:
             bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed)
-            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef)
+            vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
         if self.passages is not None:
-            dense_scores, floors = (lambda idx: self.passages.scores(idx, vector)), None
+            dense_scores, floors = (lambda idx: self.passages.scores(idx, vector, scoring)), None
         elif coef is None:
             dense_scores, floors = (lambda idx: self.embeddings[idx] @ vector), None
         else:
@@ -298,9 +303,9 @@ class SearchPipeline:
         if spec.mode == "bm25":
             ranking = self.bm25_leg(query, single_depth, clock, allowed)[1]
         elif spec.mode == "dense":
-            vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector)
+            vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector, None, spec.passage_scoring)
         else:
-            candidates, vector = self.candidates(query, spec.depth, spec.hubness, clock, allowed, vector)
+            candidates, vector = self.candidates(query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring)
             fused = clock.time("fusion", fuse, candidates, spec.fusion)
             ranking = fused.ranking()
         reranked = None

@@ -32,7 +32,7 @@ from hybrid_retrieval.search.hubness import HubnessCorrection, HubnessParams, sc
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranker
-from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec
+from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec
 
 
 class ShardClient(Protocol):
@@ -226,6 +226,7 @@ class ShardedPipeline(SearchPipeline):
         allowed: ShardFilter | None = None,
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
+        scoring: PassageSpec | None = None,  # a sharded index has no passages (indexer.shards.split refuses them)
     ):
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
@@ -243,6 +244,7 @@ class ShardedPipeline(SearchPipeline):
         allowed: ShardFilter | None = None,
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
+        scoring: PassageSpec | None = None,
     ) -> tuple[Candidates, np.ndarray]:
         clock = clock or Stopwatch()
         if vector is None:

@@ -50,6 +50,7 @@ MODES = ("bm25", "dense", "hybrid")
 MAX_K = 1000
 MAX_DEPTH = 1000
 DEFAULT_DEPTH = 100
+AGGREGATIONS = ("max", "soft")  # how a document scores from its passages (search.passages)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,22 @@ class HighlightSpec:
         object.__setattr__(self, "snippets", count)
 
 
-_Part = TypeVar("_Part", "HubnessSpec", "RerankSpec", "HighlightSpec")
+@dataclass(frozen=True)
+class PassageSpec:
+    """How a chunked index scores a document from its passages (search.passages.aggregate): `max` (its best passage)
+    or `soft` (τ · log Σ exp(s / τ) over its `top` best passages)."""
+
+    aggregation: str = "max"
+    temperature: float = 0.05  # soft: the cosine difference at which a second passage counts e times less
+    top: int = 3  # soft: passages of a document that count
+
+    def __post_init__(self) -> None:
+        checks.choice("aggregation", self.aggregation, AGGREGATIONS)
+        object.__setattr__(self, "temperature", checks.number("temperature", self.temperature, 0, 10, above=True))
+        object.__setattr__(self, "top", checks.number("top", self.top, 1, 100, integer=True))
+
+
+_Part = TypeVar("_Part", "HubnessSpec", "RerankSpec", "HighlightSpec", "PassageSpec")
 
 
 def _merge_part(cls: type[_Part], base: _Part, given: object, name: str) -> _Part:
@@ -123,6 +139,7 @@ class SearchSpec:
     min_score: float | None = None  # drop hits whose final score is below it
     filter: dict[str, Any] | None = None  # which documents may be retrieved (search.filters); checked by the index
     highlight: HighlightSpec = field(default_factory=HighlightSpec)
+    passage_scoring: PassageSpec = field(default_factory=PassageSpec)  # a chunked index's dense leg (search.passages)
 
     def __post_init__(self) -> None:
         checks.choice("mode", self.mode, MODES)
@@ -157,6 +174,8 @@ class SearchSpec:
                 # `true` / `false` switch it; an object switches it on unless it says "enabled": false
                 given = {"enabled": value} if isinstance(value, bool) else {"enabled": True, **value} if isinstance(value, dict) else value
                 changes[name] = _merge_part(HighlightSpec, self.highlight, given, name)
+            elif name == "passage_scoring":
+                changes[name] = _merge_part(PassageSpec, self.passage_scoring, value, name)
             else:
                 changes[name] = value
         return replace(self, **changes)
@@ -180,6 +199,11 @@ class SearchSpec:
                 "semantic": self.highlight.semantic,
                 "snippet_chars": self.highlight.snippet_chars,
                 "snippets": self.highlight.snippets,
+            },
+            "passage_scoring": {
+                "aggregation": self.passage_scoring.aggregation,
+                "temperature": self.passage_scoring.temperature,
+                "top": self.passage_scoring.top,
             },
         }
 
@@ -223,6 +247,13 @@ def spec_to_string(spec: dict[str, Any]) -> str:
             f":{key}={highlight[name]}" for key, name in (("chars", "snippet_chars"), ("snippets", "snippets")) if name in highlight
         )
         parts.append(text)
+    scoring = spec.get("passage_scoring")
+    if scoring is not None and scoring != SearchSpec().to_dict()["passage_scoring"]:  # named only when not the default
+        text = "passages:" + scoring.get("aggregation", "max")
+        text += "".join(
+            f":{key}={checks.compact(scoring[name])}" for key, name in (("t", "temperature"), ("top", "top")) if name in scoring
+        )
+        parts.append(text)
     if spec.get("filter"):
         parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
     return "+".join(parts)
@@ -261,12 +292,14 @@ def parse_spec_string(text: str) -> dict[str, Any]:
             spec["min_score"] = checks.parse_number("min_score", arg)
         elif name == "highlight":
             spec["highlight"] = _parse_highlight(arg)
+        elif name == "passages":
+            spec["passage_scoring"] = _parse_passages(arg)
         else:
             raise SpecError(
                 "spec",
                 f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
                 "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
-                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], filter:JSON (last)",
+                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N], filter:JSON (last)",
             )
     return spec
 
@@ -299,6 +332,19 @@ def _parse_highlight(arg: str) -> dict[str, Any]:
         else:
             raise SpecError("highlight", f"unknown part {part!r}; valid: highlight[:on|:off][:semantic][:chars=N][:snippets=N]")
     return highlight
+
+
+def _parse_passages(arg: str) -> dict[str, Any]:
+    method, *options = arg.split(":")
+    scoring: dict[str, Any] = {"aggregation": checks.choice("passage_scoring.aggregation", method, AGGREGATIONS)}
+    for part in options:
+        if part.startswith("t="):
+            scoring["temperature"] = checks.parse_number("passage_scoring.temperature", part[2:])
+        elif part.startswith("top="):
+            scoring["top"] = _integer("passage_scoring.top", part[4:])
+        else:
+            raise SpecError("passage_scoring", f"unknown part {part!r}; valid: passages:max|soft[:t=T][:top=N]")
+    return scoring
 
 
 def _integer(name: str, text: str) -> float:
