@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -19,24 +20,32 @@ from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import PassageSpec
-from tests.conftest import LengthScorer
+from tests.conftest import LengthScorer, write_jsonl
 
 CHUNKING = ChunkingParams("tokens", 64, 8)
+OPTIONS = BuildOptions(precision="int8", device="cpu", progress=False, chunking=CHUNKING)
+
+
+def long_documents(scifact, first: int, count: int, parts: int = 4) -> list[dict]:
+    """`count` long documents of `parts` consecutive scifact abstracts each, from abstract `first` on."""
+    with (scifact / "corpus.jsonl").open() as fh:
+        docs = [json.loads(line) for line in itertools.islice(fh, first, first + count * parts)]
+    return [
+        {
+            "_id": f"long-{(first + i) // parts}",
+            "title": f"part {(first + i) // parts}",
+            "text": "\n\n".join(f"{d['title']}. {d['text']}" for d in docs[i : i + parts]),
+            "metadata": {"source": f"s{(first + i) // parts % 3}"},
+        }
+        for i in range(0, count * parts, parts)
+    ]
 
 
 @pytest.fixture(scope="module")
 def chunked(scifact, tmp_path_factory):
     """12 long documents of 4 consecutive scifact abstracts each, cut into passages of 64 word pieces."""
     folder = tmp_path_factory.mktemp("chunked")
-    with (scifact / "corpus.jsonl").open() as fh:
-        docs = [json.loads(line) for line in itertools.islice(fh, 48)]
-    with (folder / "corpus.jsonl").open("w") as fh:
-        for i in range(0, 48, 4):
-            text = "\n\n".join(f"{d['title']}. {d['text']}" for d in docs[i : i + 4])
-            record = {"_id": f"long-{i // 4}", "title": f"part {i // 4}", "text": text, "metadata": {"source": f"s{i // 4 % 3}"}}
-            fh.write(json.dumps(record) + "\n")
-    options = BuildOptions(precision="int8", device="cpu", progress=False, chunking=CHUNKING)
-    build_index(folder / "corpus.jsonl", folder / "index", options)
+    build_index(write_jsonl(folder / "corpus.jsonl", long_documents(scifact, 0, 12)), folder / "index", OPTIONS)
     index = open_index(folder / "index", device="cpu", query_precision="int8")
     yield index
     index.close()
@@ -73,8 +82,6 @@ def test_what_a_chunked_index_does_not_do_is_refused_by_name(chunked, tmp_path):
     with pytest.raises(SpecError) as refused:
         chunked.pipeline().search("DNA", 5, {"mode": "dense", "hubness": {"method": "qbnorm"}})
     assert refused.value.field == "hubness.method" and "passages" in refused.value.reason
-    with pytest.raises(ConfigError, match="live writes do not chunk"):
-        Collection(chunked)
     with pytest.raises(ConfigError, match="chunked into passages"):
         split_index(chunked.path, tmp_path / "sharded", 2)
 
@@ -135,3 +142,51 @@ def test_the_reranker_reads_each_documents_best_passage(chunked):
         start, end = chunked.passages.spans[passages[np.argmax(chunked.passages.vectors[passages] @ vector)]]
         expected.append(indexed_text(doc["title"], doc["text"][start:end]))
     assert recorder.texts == expected and result.reranked is not None
+
+
+def dense_hits(pipeline, query: str, ids) -> dict[str, float]:
+    result = pipeline.search(query, 20, {"mode": "dense"})
+    return {ids(int(i)): float(s) for i, s in zip(result.ranking.doc_idx, result.ranking.scores)}
+
+
+def test_writes_replace_all_of_a_documents_passages_and_rank_as_a_fresh_build(chunked, scifact, tmp_path):
+    shutil.copytree(chunked.path, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index", device="cpu", query_precision="int8"))
+    documents = {doc["_id"]: doc for doc in long_documents(scifact, 0, 12)}
+    first, second = long_documents(scifact, 100, 1)[0], long_documents(scifact, 200, 1)[0]
+    for doc in (first, {**second, "_id": first["_id"]}):  # written, then replaced by other text
+        collection.upsert([{"id": doc["_id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]}])
+        documents[doc["_id"]] = doc
+        snapshot = collection.refresh()
+        presenter, pipeline = snapshot.presenter(), snapshot.pipeline()
+        query = doc["text"].split("\n\n")[2][:120]  # the third part's opening: only this version holds it
+        result = pipeline.search(query, 3, {"mode": "dense"})
+        hits = presenter.hits(result, query, passages=3)
+        assert hits[0]["id"] == doc["_id"]
+        assert all(p["text"] in doc["text"] for p in hits[0]["passages"])  # no passage of the replaced version
+    collection.delete(["long-3"])
+    documents.pop("long-3")
+    snapshot = collection.refresh()
+    build_index(write_jsonl(tmp_path / "fresh.jsonl", list(documents.values())), tmp_path / "fresh", OPTIONS)
+    fresh = open_index(tmp_path / "fresh", device="cpu", query_precision="int8")
+    queries = ["white matter in preterm infants", "myelodysplastic syndrome", "DNA methylation", first["text"][:80]]
+    ids = lambda i: snapshot.document(i)["id"]
+    for query in queries:
+        live, built = dense_hits(snapshot.pipeline(), query, ids), dense_hits(fresh.pipeline(), query, lambda i: fresh.doc_ids[i])
+        assert set(live) == set(built) and "long-3" not in live
+        for doc_id, score in built.items():
+            assert live[doc_id] == pytest.approx(score, abs=1e-4), (query, doc_id)
+    compacted = collection.compact()
+    assert compacted.index.manifest.counts["passages"] == fresh.manifest.counts["passages"]
+    for query in queries:
+        after = dense_hits(compacted.pipeline(), query, lambda i: compacted.document(i)["id"])
+        built = dense_hits(fresh.pipeline(), query, lambda i: fresh.doc_ids[i])
+        assert after.keys() == built.keys() and all(after[d] == pytest.approx(built[d], abs=1e-4) for d in built)
+
+
+def test_a_chunked_collection_takes_no_vectors(chunked, tmp_path):
+    shutil.copytree(chunked.path, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index", device="cpu", query_precision="int8"))
+    with pytest.raises(SpecError) as refused:
+        collection.upsert([{"id": "x", "text": "a note", "vector": [0.1] * 384}])
+    assert refused.value.field == "documents[0].vector"

@@ -86,6 +86,7 @@ MODELS = {
     models.AnalyzerSettings: "AnalyzerSettings",
     models.BM25Settings: "BM25Settings",
     models.VectorSettings: "VectorSettings",
+    models.ChunkingSettings: "ChunkingSettings",
     models.CollectionSettings: "CollectionSettingsBody",
     models.CollectionSummary: "CollectionSummary",
     models.CollectionInfo: "CollectionInfo",

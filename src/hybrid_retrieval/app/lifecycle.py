@@ -67,6 +67,7 @@ def settings_of(manifest: Manifest) -> dict:
         "bm25": {"k1": manifest.bm25.k1, "b": manifest.bm25.b},
         "vectors": {**manifest.faiss.params.to_dict(), "factory": manifest.faiss.factory},
         "filterable": manifest.filterable,
+        "chunking": manifest.chunking.to_dict(),
     }
 
 

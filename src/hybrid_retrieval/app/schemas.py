@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
 
+from hybrid_retrieval.indexer.chunking import CHUNKING_METHODS
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW
 from hybrid_retrieval.models.onnx_export import PRECISIONS
@@ -527,6 +528,12 @@ class VectorSettings(_Strict):
     flat_search_cutoff: Int = Field(10_000, ge=0, description="ivf, hnsw: filters admitting at most this many documents are scored exactly")
 
 
+class ChunkingSettings(_Strict):
+    method: str | None = Field(**_documented("cut documents into passages for the dense leg (default none)", enum=list(CHUNKING_METHODS)))
+    size: Int | None = Field(**_documented("word pieces of the model per passage (default 128)", minimum=8))
+    overlap: Int | None = Field(**_documented("tokens: word pieces a passage repeats of the previous one (default 16)", minimum=0))
+
+
 class CollectionSettingsBody(_Strict):
     embedder: EmbedderSettings | None = None
     analyzer: AnalyzerSettings | None = None
@@ -535,6 +542,7 @@ class CollectionSettingsBody(_Strict):
     filterable: list[Annotated[str, Field(min_length=1)]] | None = Field(
         None, description="metadata fields indexed for filters; null: every field whose values share a type"
     )
+    chunking: ChunkingSettings | None = Field(None, description="passages for long documents (the dense leg ranks by its best)")
     defaults: DefaultsBody | None = Field(None, description="the search spec a request that says nothing gets")
 
 

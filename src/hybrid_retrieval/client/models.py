@@ -294,6 +294,12 @@ class VectorSettings(_Request):
     flat_search_cutoff: int | None = None
 
 
+class ChunkingSettings(_Request):
+    method: Literal["none", "tokens", "paragraphs"] | None = None
+    size: int | None = None
+    overlap: int | None = None
+
+
 class CollectionSettings(_Request):
     """What a collection is created with; every field is optional (the server's defaults apply)."""
 
@@ -302,6 +308,7 @@ class CollectionSettings(_Request):
     bm25: BM25Settings | None = None
     vectors: VectorSettings | None = None
     filterable: list[str] | None = None
+    chunking: ChunkingSettings | None = None
     defaults: Defaults | None = None
 
 

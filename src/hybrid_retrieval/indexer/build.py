@@ -27,7 +27,15 @@ from tqdm import tqdm
 
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import store
-from hybrid_retrieval.indexer.chunking import PASSAGE_EMBEDDINGS, PASSAGE_FAISS, PASSAGES_DIR, Chunker, ChunkingParams, write_passages
+from hybrid_retrieval.indexer.chunking import (
+    PASSAGE_EMBEDDINGS,
+    PASSAGE_FAISS,
+    PASSAGES_DIR,
+    Chunker,
+    ChunkingParams,
+    save_passages,
+    write_passages,
+)
 from hybrid_retrieval.indexer.corpus import corpus_file, indexed_text, read_corpus
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.manifest import (
@@ -187,11 +195,14 @@ def build_into(
     started: float | None = None,
     embed: Callable[[Path, Path], np.ndarray] | None = None,
     collection: bool = False,
+    passages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
     in corpus order) as given. `collection`: the base of a collection (created empty, or compacted), which may be empty
-    and may declare filterable fields no document has yet; else an empty corpus or such a field is an error."""
+    and may declare filterable fields no document has yet; else an empty corpus or such a field is an error. A chunked
+    index (options.chunking) embeds its documents' passages, or takes `passages` (spans, rows, vectors) as given, with
+    `vectors` each document's first passage's."""
     started = time.perf_counter() if started is None else started
     timings = {}
     t = time.perf_counter()
@@ -211,19 +222,22 @@ def build_into(
     del tokens
 
     t = time.perf_counter()
-    passages = 0
+    passage_count = 0
     if options.chunking.enabled:
-        if embedder is None or onnx_folder is None:
-            raise ConfigError("a chunked index is built by `hybrid index` embedding its documents itself (not from given vectors)")
-        docs = store.DocStore(tmp)
-        try:
-            chunker = Chunker(onnx_folder, options.chunking)
-            encode = lambda texts: embedder.encode(texts, batch_size=options.batch_size)
-            vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
-        finally:
-            docs.close()
+        if passages is not None:  # a compaction's: the documents' passages as they are, `vectors` their first ones
+            save_passages(tmp, *passages)
+        elif embedder is None or onnx_folder is None:
+            raise ConfigError("a chunked index embeds its passages itself: it takes no document vectors")
+        else:
+            docs = store.DocStore(tmp)
+            try:
+                chunker = Chunker(onnx_folder, options.chunking)
+                encode = lambda texts: embedder.encode(texts, batch_size=options.batch_size)
+                vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
+            finally:
+                docs.close()
         passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
-        passages = len(passage_vectors)
+        passage_count = len(passage_vectors)
         index = build_faiss_index(passage_vectors, options.faiss, options.device)
         faiss.write_index(index, str(tmp / PASSAGES_DIR / PASSAGE_FAISS))
         np.save(tmp / store.EMBEDDINGS, vectors)
@@ -249,7 +263,7 @@ def build_into(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         versions=_versions(),
         corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
-        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passages} if passages else {})},
+        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passage_count} if options.chunking.enabled else {})},
         analyzer=options.analyzer,
         bm25_engine="bm25s",
         bm25=options.bm25,

@@ -13,6 +13,7 @@ holds, so results can point into the stored text.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class ChunkingParams:
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 8:
             raise ConfigError(f"chunking size must be an integer of at least 8 word pieces, got {self.size!r}")
         if isinstance(self.overlap, bool) or not isinstance(self.overlap, int) or not 0 <= self.overlap <= self.size // 2:
-            raise ConfigError(f"chunking overlap must be an integer from 0 to half the size ({self.size // 2}), got {self.overlap!r}")
+            raise ConfigError(f"chunking overlap must be an integer from 0 to half a passage ({self.size // 2}), got {self.overlap!r}")
 
     @property
     def enabled(self) -> bool:
@@ -194,3 +195,34 @@ def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: 
     vectors.flush()
     firsts = np.searchsorted(rows_array, np.arange(len(texts)))
     return np.array(vectors[firsts]) if len(texts) else np.empty((0, dimension), dtype=np.float32)
+
+
+def save_passages(folder: Path, spans: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> None:
+    """Passages made already (a compaction's: the documents' passages as they are) into folder/passages/."""
+    where = folder / PASSAGES_DIR
+    where.mkdir()
+    np.save(where / PASSAGE_SPANS, np.asarray(spans, dtype=np.int64).reshape(-1, 2))
+    np.save(where / PASSAGE_ROWS, np.asarray(rows, dtype=np.int64))
+    np.save(where / PASSAGE_EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+
+
+def encode_passages(spans: list[Span], vectors: np.ndarray) -> dict:
+    """A written document's passages as its log record holds them: spans and little-endian float32 vectors, base64."""
+    return {
+        "spans": [[span.start, span.end] for span in spans],
+        "vectors": base64.b64encode(np.asarray(vectors, dtype="<f4").tobytes()).decode(),
+    }
+
+
+def decode_passages(record: object, text: str, dimension: int) -> tuple[np.ndarray, np.ndarray]:
+    """(spans (m, 2), vectors (m, dimension)) of a logged document's passages; ValueError saying what is wrong (a log is
+    a file: it may have been edited)."""
+    if not isinstance(record, dict) or not isinstance(record.get("spans"), list) or not isinstance(record.get("vectors"), str):
+        raise ValueError("passages must be an object with spans and vectors")
+    spans = np.asarray(record["spans"], dtype=np.int64).reshape(-1, 2)
+    raw = base64.b64decode(record["vectors"], validate=True)
+    if not len(spans) or len(raw) != 4 * dimension * len(spans):
+        raise ValueError(f"passages need at least one span and {dimension} float32 values for each")
+    if np.any(spans[:, 0] > spans[:, 1]) or np.any(spans < 0) or np.any(spans[:, 1] > len(text)) or np.any(np.diff(spans[:, 0]) < 0):
+        raise ValueError("passage spans must lie in the text, in order")
+    return spans, np.frombuffer(raw, dtype="<f4").reshape(len(spans), dimension).astype(np.float32)

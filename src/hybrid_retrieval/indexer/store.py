@@ -121,6 +121,13 @@ class DocStoreWriter:
         np.save(self._folder / DOC_OFFSETS, np.asarray(self._offsets, dtype=np.int64))
 
 
+def best_passage_text(doc: dict, passages: PassageIndex, doc_idx: int, vector: np.ndarray) -> str:
+    """A chunked index's passage of the document nearest the query vector, with the document's title: what the
+    reranker reads of it."""
+    start, end = passages.best(doc_idx, vector)
+    return indexed_text(doc["title"], doc["text"][start:end])
+
+
 def verify_files(folder: Path, manifest: Manifest, mode: str = "full") -> None:
     """Check that every file of the manifest exists with its size (and checksum, in `full` mode)."""
     verify_inventory(folder, manifest.files, mode)
@@ -186,11 +193,8 @@ class OpenIndex:
         return indexed_text(doc["title"], doc["text"])
 
     def best_passage_text(self, doc_idx: int, vector: np.ndarray) -> str:
-        """A chunked index's passage of the document nearest the query vector, with the document's title."""
         assert self.passages is not None
-        doc = self.docs.get(doc_idx)
-        start, end = self.passages.best(doc_idx, vector)
-        return indexed_text(doc["title"], doc["text"][start:end])
+        return best_passage_text(self.docs.get(doc_idx), self.passages, doc_idx, vector)
 
     @functools.cached_property
     def postings(self) -> Postings:

@@ -7,9 +7,11 @@ soft   τ · log Σ exp(s_i / τ) over its `top` best passages: the best passage
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
-from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
+from hybrid_retrieval.search.dense import exact_top_k
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import PassageSpec
@@ -33,6 +35,22 @@ def aggregate(scores: np.ndarray, rows: np.ndarray, scoring: PassageSpec) -> tup
     return rows[firsts], (best + scoring.temperature * np.log(total)).astype(np.float32)
 
 
+class VectorSearch(Protocol):
+    """What finds passages: a DenseIndex, or search.segments.LiveDense after writes."""
+
+    dimension: int
+
+    def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking: ...
+
+    def brute_force(self, allowed: Allowed) -> bool: ...
+
+
+class Rows(Protocol):
+    """`rows[ids]` of an array, or of search.segments.LiveVectors across the base's and the written documents'."""
+
+    def __getitem__(self, ids: Any) -> np.ndarray: ...
+
+
 class PassageIndex:
     """The passages of an index's documents: each one's document (`rows`, ascending: a document's passages are
     consecutive), its character span in the document's text, its unit vector, and a vector index over them. It ranks
@@ -41,7 +59,7 @@ class PassageIndex:
     most the last one fetched, below the `depth` documents found.
     """
 
-    def __init__(self, dense: DenseIndex, vectors: np.ndarray, rows: np.ndarray, spans: np.ndarray, num_docs: int):
+    def __init__(self, dense: VectorSearch, vectors: Rows, rows: np.ndarray, spans: Rows, num_docs: int):
         self.dense, self.vectors, self.rows, self.spans = dense, vectors, rows, spans
         self.num_docs = num_docs
         self.first = np.searchsorted(rows, np.arange(num_docs + 1))  # the passages of document i: first[i]:first[i + 1]

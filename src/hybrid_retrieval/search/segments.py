@@ -26,6 +26,7 @@ from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
@@ -43,6 +44,8 @@ class LiveDocument:
     length: int  # analysed tokens
     vector: np.ndarray  # unit vector from the index's embedder
     position: int = -1  # in a shard: the document's position in the whole sharded index (indexer.shards)
+    passage_spans: np.ndarray | None = None  # a chunked index: (m, 2) character spans of the document's passages
+    passage_vectors: np.ndarray | None = None  # and their (m, dimension) unit vectors
 
     @classmethod
     def analysed(
@@ -55,6 +58,7 @@ class LiveDocument:
         vector: np.ndarray,
         vocabulary: dict[str, int],
         position: int = -1,
+        passages: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> LiveDocument:
         """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms."""
         counts = Counter(tokens)
@@ -69,6 +73,7 @@ class LiveDocument:
             len(tokens),
             np.asarray(vector, dtype=np.float32),
             position,
+            *(passages or (None, None)),
         )
 
 
@@ -90,6 +95,12 @@ class LiveSegment:
         order = np.argsort(term_ids, kind="stable")  # by term, then document
         self._docs, self._tfs = doc_of[order], tfs[order]
         self._indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=len(vocabulary)))])
+        # a chunked index's passages of these documents: each one's document (its position here), span and vector
+        chunked = [d for d in docs if d.passage_spans is not None]
+        counts = [len(d.passage_spans) for d in chunked]  # type: ignore[arg-type]  # chunked: spans set
+        self.passage_rows = np.repeat(np.array([i for i, d in enumerate(docs) if d.passage_spans is not None], np.int64), counts)
+        self.passage_spans = np.concatenate([d.passage_spans for d in chunked]) if chunked else np.empty((0, 2), np.int64)
+        self.passage_vectors = np.concatenate([d.passage_vectors for d in chunked]) if chunked else np.empty((0, dimension), np.float32)
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -220,7 +231,8 @@ class CorpusScoredBM25:
 
 
 class LiveVectors:
-    """`vectors[ids]` across the base embeddings and the live segment's vectors."""
+    """`vectors[ids]` across the base embeddings and the live segment's vectors (or any two row arrays of one dtype:
+    a chunked index's passage spans)."""
 
     def __init__(self, base: np.ndarray, live: np.ndarray):
         self.base, self.live = base, live
@@ -234,7 +246,7 @@ class LiveVectors:
         if keys.ndim == 0:
             row: np.ndarray = self[keys.reshape(1)][0]
             return row
-        out = np.empty((len(keys), self.base.shape[1]), dtype=np.float32)
+        out = np.empty((len(keys), self.base.shape[1]), dtype=self.base.dtype)
         in_base = keys < self.base_docs
         out[in_base] = self.base[keys[in_base]]
         out[~in_base] = self.live[keys[~in_base] - self.base_docs]
@@ -303,3 +315,17 @@ def _concat_column(field_type: str | None, parts: list[tuple[KeywordColumn | Val
     values: list[np.ndarray] = [column.values.astype(dtype) if column is not None else np.zeros(n, dtype) for column, n in value_parts]
     present = [column.present if column is not None else np.zeros(n, bool) for column, n in value_parts]
     return ValueColumn(np.concatenate(values), np.concatenate(present))
+
+
+def live_passages(base: PassageIndex, live: LiveSegment) -> PassageIndex:
+    """A chunked index's passages after writes: the base's (a deleted document's are excluded by the caller's allowed
+    set, as its document is) and the written documents', numbered after the base's documents and passages."""
+    base_docs = base.num_docs
+    dense, vectors, spans = cast(DenseIndex, base.dense), cast(np.ndarray, base.vectors), cast(np.ndarray, base.spans)  # a base's own
+    return PassageIndex(
+        LiveDense(dense, live.passage_vectors),
+        LiveVectors(vectors, live.passage_vectors),
+        np.concatenate([base.rows, live.passage_rows + base_docs]),
+        LiveVectors(spans, live.passage_spans),
+        base_docs + len(live),
+    )

@@ -6,6 +6,7 @@ naming `settings.<field>`), then turned into the build options and default searc
      "bm25": {"k1": 1.2, "b": 0.75},
      "vectors": {"kind": "flat", ...},               # search.dense.FaissParams' fields
      "filterable": ["year", "tags"],                   # null or absent: every metadata field that can be
+     "chunking": {"method": "tokens", "size": 128, "overlap": 16},   # indexer.chunking's (default none)
      "defaults": {"mode": "hybrid", ...}}              # a partial search spec (search.spec)
 
 Every field is optional; what is absent takes `hybrid index`'s default.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hybrid_retrieval.indexer.build import BuildOptions
+from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
@@ -27,7 +29,8 @@ from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
-SECTIONS = ("embedder", "analyzer", "bm25", "vectors", "filterable", "defaults")
+SECTIONS = ("embedder", "analyzer", "bm25", "vectors", "filterable", "chunking", "defaults")
+CHUNKING_FIELDS = ("method", "size", "overlap")
 EMBEDDER_FIELDS = ("kind", "model", "precision", "dimension")
 EMBEDDER_KINDS = ("model", "none")  # none: documents and dense searches bring their vectors
 ANALYZER_FIELDS = ("stemmer", "stopwords")
@@ -46,6 +49,7 @@ class CollectionSettings:
     vectors: FaissParams = field(default_factory=lambda: FaissParams(exact_below=EXACT_BELOW))
     filterable: tuple[str, ...] | None = None
     defaults: SearchSpec = field(default_factory=SearchSpec)
+    chunking: ChunkingParams = field(default_factory=ChunkingParams)
 
     @classmethod
     def parse(cls, data: Any) -> CollectionSettings:
@@ -86,7 +90,17 @@ class CollectionSettings:
         except SpecError as exc:
             raise exc.within("settings.defaults") from None
         filterable = tuple(filterable) if filterable is not None else None
-        shared = {"analyzer": analyzer, "bm25": bm25, "vectors": vectors, "filterable": filterable, "defaults": defaults}
+        chunking = _build(ChunkingParams, "settings.chunking", _object(section.get("chunking", {}), "settings.chunking", CHUNKING_FIELDS))
+        if chunking.enabled and kind == "none":
+            raise SpecError("settings.chunking", "a collection without a model cannot embed passages: chunk with kind model")
+        shared = {
+            "analyzer": analyzer,
+            "bm25": bm25,
+            "vectors": vectors,
+            "filterable": filterable,
+            "defaults": defaults,
+            "chunking": chunking,
+        }
         if kind == "none":
             return cls(model=NO_MODEL, dimension=dimension, **shared)
         return cls(model=model, precision=precision, **shared)
@@ -102,6 +116,7 @@ class CollectionSettings:
             device="cpu",
             progress=False,
             filterable=self.filterable,
+            chunking=self.chunking,
         )
 
 

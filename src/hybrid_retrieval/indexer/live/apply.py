@@ -11,6 +11,7 @@ import base64
 
 import numpy as np
 
+from hybrid_retrieval.indexer.chunking import decode_passages
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import field_types_of, filterable_fields
@@ -55,8 +56,17 @@ class LiveState:
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
+                passages = decode_passages(doc["passages"], doc["text"], len(vectors[-1])) if "passages" in doc else None
                 self.live[doc["id"]] = LiveDocument.analysed(
-                    doc["id"], doc["title"], doc["text"], doc["metadata"], tokens, vectors[-1], self.vocabulary, doc.get("position", -1)
+                    doc["id"],
+                    doc["title"],
+                    doc["text"],
+                    doc["metadata"],
+                    tokens,
+                    vectors[-1],
+                    self.vocabulary,
+                    doc.get("position", -1),
+                    passages,
                 )
                 self.last_position = max(self.last_position, doc.get("position", -1))
                 self.keys[doc["id"]], self.next_key = self.next_key, self.next_key + 1

@@ -19,6 +19,7 @@ import numpy as np
 
 from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.build import EMBED_BATCH
+from hybrid_retrieval.indexer.chunking import Chunker, encode_passages
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.apply import LiveState
@@ -32,7 +33,7 @@ from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder
 from hybrid_retrieval.search import budget
-from hybrid_retrieval.search.errors import ConfigError, HybridError, StorageError
+from hybrid_retrieval.search.errors import HybridError, StorageError
 from hybrid_retrieval.search.live_hubness import Prepared
 from hybrid_retrieval.search.segments import check_live_method
 
@@ -87,10 +88,12 @@ class Collection:
         self._embed_lock = threading.Lock()
         index.postings  # noqa: B018  (refuse early an index that cannot take writes)
         check_live_method(index.manifest.bm25)
-        if index.manifest.chunking.enabled:
-            raise ConfigError(f"{index.path} is chunked into passages, and live writes do not chunk documents yet: it is served read-only")
-        # documents may bring their own vectors of the index's dimension; without a model, they must
-        self.vectors = VectorRule(index.dense.dimension, required=index.manifest.embedder.document_backend == NO_MODEL)
+        # documents may bring their own vectors of the index's dimension; without a model, they must. A chunked index
+        # embeds its documents' passages itself (indexer.chunking): its documents bring none.
+        chunking = index.manifest.chunking
+        self.chunker = Chunker(index.path / MODEL_DIR, chunking) if chunking.enabled else None
+        no_model = index.manifest.embedder.document_backend == NO_MODEL
+        self.vectors = None if self.chunker is not None else VectorRule(index.dense.dimension, required=no_model)
         self._state = LiveState(index, index.manifest.applied_sequence)
         self._write_lock = threading.Lock()  # guards the state and the log
         self._compact_lock = threading.Lock()
@@ -135,6 +138,9 @@ class Collection:
         checked = self._check_batch(documents)  # everything a record holds is checked and converted before it is logged
         if positions is not None:
             checked = [{**doc, "position": int(position)} for doc, position in zip(checked, positions, strict=True)]
+        if self.chunker is not None:
+            return self._log_and_apply({"op": "upsert", "documents": self._with_passages(checked)})
+        assert self.vectors is not None  # set when the index is not chunked
         vectors = np.empty((len(checked), self.vectors.dimension), dtype=np.float32)
         embed = [i for i, doc in enumerate(checked) if "vector" not in doc]
         for i, doc in enumerate(checked):
@@ -148,6 +154,21 @@ class Collection:
             {**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()} for doc, v in zip(checked, vectors)
         ]
         return self._log_and_apply({"op": "upsert", "documents": record_docs}, prepared)
+
+    def _with_passages(self, checked: list[dict]) -> list[dict]:
+        """A chunked index's documents with their passages, embedded: a re-upsert replaces all of a document's passages
+        in one record. The document's own vector is its first passage's (what the build keeps)."""
+        assert self.chunker is not None
+        spans = [self.chunker.spans(doc["text"]) for doc in checked]
+        texts = [indexed_text(doc["title"], doc["text"][span.start : span.end]) for doc, mine in zip(checked, spans) for span in mine]
+        vectors = self._embed(texts)
+        ends = np.cumsum([len(mine) for mine in spans])
+        out = []
+        for doc, mine, end in zip(checked, spans, ends):
+            passages = vectors[end - len(mine) : end]
+            vector = base64.b64encode(np.asarray(passages[0], dtype="<f4").tobytes()).decode()
+            out.append({**doc, "vector": vector, "passages": encode_passages(mine, passages)})
+        return out
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         if self.write_threads is not None:

@@ -25,8 +25,9 @@ from hybrid_retrieval.search.segments import LiveDocument
 
 
 def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None) -> None:
-    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus), with
-    what it keeps of the old base and what `on_compact(state, manifest, folder)` adds; the manifest is written last."""
+    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; a
+    chunked index's passages as they are), with what it keeps of the old base and what `on_compact(state, manifest,
+    folder)` adds; the manifest is written last."""
     index = state.index
     options = replace(build_options_of(index), field_types={name: kind for name, kind in state.field_types.items() if kind is not None})
     model = index.path / MODEL_DIR if index.manifest.embedder.document_backend != NO_MODEL else None
@@ -38,6 +39,7 @@ def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: 
         json.loads((model / CONFIG_FILE).read_text()) if model is not None else no_model_spec(index.manifest.embedder.dimension),
         vectors=vectors,
         collection=True,
+        passages=current_passages(state) if index.passages is not None else None,
     )
     _carry_over(state, manifest, folder, vectors)
     if on_compact is not None:
@@ -89,6 +91,20 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
     return corpus, vectors
 
 
+def current_passages(state: Snapshot) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A chunked collection's passages (spans, rows, vectors), in current_corpus's order of documents."""
+    base = state.index.passages
+    assert base is not None
+    alive = np.flatnonzero(state.base_alive)
+    ids = base.passages_of(alive)
+    counts = np.diff(base.first)[alive]
+    live = state.live
+    rows = np.concatenate([np.repeat(np.arange(len(alive), dtype=np.int64), counts), live.passage_rows + len(alive)])
+    spans = np.concatenate([base.spans[ids], live.passage_spans])
+    vectors = np.concatenate([base.vectors[ids], live.passage_vectors])
+    return spans, rows, vectors
+
+
 def build_options_of(index: OpenIndex) -> BuildOptions:
     """The build options the index was made with (the filterable fields it kept, when they were restricted)."""
     filterable = filterable_fields(index.manifest)
@@ -102,6 +118,7 @@ def build_options_of(index: OpenIndex) -> BuildOptions:
         device="cpu",
         progress=False,
         filterable=tuple(sorted(filterable)) if filterable is not None else None,
+        chunking=index.manifest.chunking,
     )
 
 

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid_retrieval.indexer.corpus import indexed_text
-from hybrid_retrieval.indexer.store import OpenIndex
+from hybrid_retrieval.indexer.store import OpenIndex, best_passage_text
 from hybrid_retrieval.search.filters.columns import MetadataCollector, MetadataColumns
 from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.live_hubness import LiveHubnessView
+from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.rerank import Reranker
-from hybrid_retrieval.search.segments import LiveBM25, LiveDense, LiveSegment, LiveVectors, concat_columns
+from hybrid_retrieval.search.segments import LiveBM25, LiveDense, LiveSegment, LiveVectors, concat_columns, live_passages
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,15 @@ class Snapshot:
         live = _live_columns(self.field_types, self.live, self.index.manifest.metadata)
         return concat_columns(self.index.metadata, live, len(self.base_alive), len(self.live))
 
+    @functools.cached_property
+    def passages(self) -> PassageIndex | None:
+        """A chunked index's passages, the written documents' included (built once per snapshot)."""
+        return live_passages(self.index.passages, self.live) if self.index.passages is not None else None
+
+    def best_passage_text(self, doc_idx: int, vector: np.ndarray) -> str:
+        assert self.passages is not None
+        return best_passage_text(self.document(doc_idx), self.passages, doc_idx, vector)
+
     def pipeline(
         self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "", embedder=None
     ) -> SearchPipeline:
@@ -90,7 +100,10 @@ class Snapshot:
                     "written documents: refit it with `hybrid hubness fit`"
                 )
             }
-        reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name) if cross_encoder is not None else None
+        reranker = None
+        if cross_encoder is not None:
+            passage_text = self.best_passage_text if self.passages is not None else None
+            reranker = Reranker(cross_encoder, self.doc_text, cross_encoder_name, passage_text_of=passage_text)
         return SearchPipeline(
             LiveBM25(index.bm25, index.postings, index.manifest.bm25, self.base_alive, self.live),
             LiveDense(index.dense, self.live.vectors),
@@ -102,12 +115,15 @@ class Snapshot:
             reranker=reranker,
             metadata=self.metadata,
             alive=alive,
+            passages=self.passages,
             **unfitted,
         )
 
     def presenter(self, embedder=None) -> Presenter:
         fields = set(self.index.manifest.metadata) | {name for doc in self.live.docs for name in doc.metadata}
-        return Presenter(self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), self.metadata)
+        return Presenter(
+            self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), self.metadata, passages=self.passages
+        )
 
 
 def _live_columns(types: dict[str, str | None], live: LiveSegment, base_fields: dict):
