@@ -263,7 +263,7 @@ def build_into(
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         versions=_versions(),
         corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
-        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passage_count} if options.chunking.enabled else {})},
+        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passage_count} if passage_count else {})},
         analyzer=options.analyzer,
         bm25_engine="bm25s",
         bm25=options.bm25,

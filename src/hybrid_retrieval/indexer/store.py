@@ -308,17 +308,11 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
 def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageIndex:
     where = folder / PASSAGES_DIR
     vectors = np.asarray(np.load(where / PASSAGE_EMBEDDINGS, mmap_mode="r"))
-    rows = np.load(where / PASSAGE_ROWS)
-    counts = {
-        "manifest": manifest.counts.get("passages"),
-        "rows": len(rows),
-        "vectors": len(vectors),
-        "spans": len(np.load(where / PASSAGE_SPANS, mmap_mode="r")),
-    }
+    rows, spans = np.load(where / PASSAGE_ROWS), np.load(where / PASSAGE_SPANS)
+    counts = {"manifest": manifest.counts.get("passages", 0), "rows": len(rows), "vectors": len(vectors), "spans": len(spans)}
     if len(set(counts.values())) != 1 or (len(rows) and (rows[-1] >= manifest.documents or np.any(np.diff(rows) < 0))):
         raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
     dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
-    spans = np.load(where / PASSAGE_SPANS)
     return PassageIndex(dense, vectors, rows, spans, manifest.documents)
 
 
