@@ -4,16 +4,19 @@ import itertools
 import json
 import shutil
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import ConfigError, SpecError
@@ -84,6 +87,8 @@ def test_what_a_chunked_index_does_not_do_is_refused_by_name(chunked, tmp_path):
     assert refused.value.field == "hubness.method" and "passages" in refused.value.reason
     with pytest.raises(ConfigError, match="chunked into passages"):
         split_index(chunked.path, tmp_path / "sharded", 2)
+    with pytest.raises(ConfigError, match="re-embedding does not redo"):
+        reembed(chunked.path, "all-MiniLM-L6-v2")
 
 
 def test_hits_show_their_best_passages(chunked, tiny_index):
@@ -190,3 +195,25 @@ def test_a_chunked_collection_takes_no_vectors(chunked, tmp_path):
     with pytest.raises(SpecError) as refused:
         collection.upsert([{"id": "x", "text": "a note", "vector": [0.1] * 384}])
     assert refused.value.field == "documents[0].vector"
+
+
+def test_an_application_creates_fills_and_searches_a_chunked_collection(scifact, tmp_path):
+    from tests.test_collections import WRITER, env_for
+
+    data = tmp_path / "data"
+    settings = {"embedder": {"precision": "int8"}, "chunking": {"method": "tokens", "size": 64, "overlap": 8}}
+    docs = [{"id": d["_id"], "title": d["title"], "text": d["text"], "metadata": d["metadata"]} for d in long_documents(scifact, 0, 6)]
+    with running_server(None, env_for(data)) as (url, _), httpx.Client(base_url=url, timeout=120, headers=WRITER) as client:
+        bad = client.post("/collections", json={"name": "x", "settings": {"chunking": {"method": "sentences"}}})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "settings", "chunking", "method"]
+        created = client.post("/collections", json={"name": "long", "settings": settings})
+        assert created.status_code == 201, created.text
+        assert created.json()["settings"]["chunking"] == settings["chunking"]
+        written = client.put("/collections/long/documents?wait=true", json={"documents": docs})
+        assert written.status_code == 200, written.text
+        query = docs[4]["text"].split("\n\n")[3][:100]  # the last part of one document
+        hits = client.post("/collections/long/search", json={"query": query, "k": 2, "mode": "dense", "passages": 1}).json()["hits"]
+        assert hits[0]["id"] == docs[4]["id"] and hits[0]["passages"][0]["text"] in docs[4]["text"]
+        assert hits[0]["passages"][0]["start"] > len(docs[4]["text"]) // 2  # found by a passage far past the head
+        refused = client.put("/collections/long/documents", json={"documents": [{"id": "v", "text": "x", "vector": [0.0] * 384}]})
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == "vector"

@@ -224,6 +224,10 @@ def build_into(
     t = time.perf_counter()
     passage_count = 0
     if options.chunking.enabled:
+        if passages is None and not bm25.num_docs:  # an empty collection: nothing to embed
+            dimension = embedder_spec["dimension"]
+            vectors = np.empty((0, dimension), dtype=np.float32)
+            passages = (np.empty((0, 2), np.int64), np.empty(0, np.int64), vectors)
         if passages is not None:  # a compaction's: the documents' passages as they are, `vectors` their first ones
             save_passages(tmp, *passages)
         elif embedder is None or onnx_folder is None:

@@ -24,7 +24,7 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.errors import ConfigError, HybridError
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ def reembed(
     """Re-embed the index at `index_dir` with `model` (a name or path; documents at `precision`, default the index's)."""
     index_dir = Path(index_dir).resolve()
     index = open_index(index_dir, verify="size", device=device)
+    if index.manifest.chunking.enabled:
+        raise ConfigError(f"{index_dir} is chunked into passages, which re-embedding does not redo: rebuild it with the new model")
     collection = Collection(index)  # the documents as they are now: the log's writes replayed onto the base
     try:
         wal = index_dir / LIVE_DIR / WAL_FILE
