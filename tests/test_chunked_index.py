@@ -3,6 +3,7 @@
 import itertools
 import json
 import shutil
+import threading
 
 import httpx
 import numpy as np
@@ -217,3 +218,38 @@ def test_an_application_creates_fills_and_searches_a_chunked_collection(scifact,
         assert hits[0]["passages"][0]["start"] > len(docs[4]["text"]) // 2  # found by a passage far past the head
         refused = client.put("/collections/long/documents", json={"documents": [{"id": "v", "text": "x", "vector": [0.0] * 384}]})
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == "vector"
+
+
+def test_searches_during_rewrites_never_see_a_stale_passage(chunked, scifact, tmp_path):
+    """A document rewritten back and forth between two texts while four threads search: every hit's passages lie in
+    the text that hit shows, and a delete leaves none of it."""
+    shutil.copytree(chunked.path, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index", device="cpu", query_precision="int8"))
+    versions = [doc["text"] for doc in (long_documents(scifact, 100, 1)[0], long_documents(scifact, 200, 1)[0])]
+    queries = [text.split("\n\n")[1][:100] for text in versions]
+    stop, problems, checked = threading.Event(), [], [0]
+
+    def search() -> None:
+        while not stop.is_set():
+            snapshot = collection.snapshot
+            for query in queries:
+                result = snapshot.pipeline().search(query, 5, {"mode": "hybrid"})
+                for hit in snapshot.presenter().hits(result, query, include_text=True, passages=3):
+                    checked[0] += 1
+                    if any(p["text"] != hit["text"][p["start"] : p["end"]] for p in hit["passages"]):
+                        problems.append(hit["id"])
+
+    searchers = [threading.Thread(target=search) for _ in range(4)]
+    for thread in searchers:
+        thread.start()
+    for i in range(6):
+        collection.upsert([{"id": "moving", "title": "", "text": versions[i % 2]}])
+        collection.refresh()
+    collection.delete(["moving"])
+    final = collection.refresh()
+    stop.set()
+    for thread in searchers:
+        thread.join()
+    assert checked[0] > 20 and problems == []
+    for query in queries:
+        assert "moving" not in {final.document(int(i))["id"] for i in final.pipeline().search(query, 20).ranking.doc_idx}
