@@ -10,6 +10,7 @@ from bench import (
     filter_bench,
     gpu_bench,
     live_bench,
+    longdocs,
     measure,
     quality,
     query_bench,
@@ -23,6 +24,7 @@ from bench.harness import Case
 
 CASES: list[Case] = [  # a section renders where its first case is
     *quality.CASES,
+    *longdocs.CASES,
     *measure.CASES,
     *serving_bench.CASES,
     *filter_bench.CASES,

@@ -1,4 +1,5 @@
-"""A long-document variant of a BEIR dataset, to measure chunking where it matters.
+"""A long-document variant of a BEIR dataset, to measure chunking where it matters, and the benchmark case that
+compares a chunked index with one vector per document on it and on the original dataset.
 
 Each long document is `group` consecutive documents of the original corpus (in its file order), each part written as
 its title and text, parts separated by a blank line; the long document has no title of its own. A query is relevant to
@@ -16,9 +17,18 @@ import json
 import shutil
 from pathlib import Path
 
-from hybrid_retrieval.indexer.corpus import read_corpus, read_qrels
+from bench.harness import Case, Table, percentiles, timed_ms
+from hybrid_retrieval.indexer.corpus import read_corpus, read_qrels, split_queries
+from hybrid_retrieval.indexer.leftovers import folder_bytes
+from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.store import open_index
 
 PART_SEPARATOR = "\n\n"
+GROUP = 5
+CHUNKING = "tokens:128:16"  # what bench.chunking_study chose on train queries (docs/experiments.md)
+PIPELINES = ("bm25", "dense", "hybrid")
+METRICS = ("ndcg@10", "recall@100")
+LATENCY_QUERIES = 100
 
 
 def make_long_variant(source: Path, out: Path, group: int = 5) -> Path:
@@ -49,6 +59,88 @@ def make_long_variant(source: Path, out: Path, group: int = 5) -> Path:
         (out / "qrels" / qrels_file.name).write_text("\n".join(lines) + "\n")
     (out / "variant.json").write_text(json.dumps(description, indent=2) + "\n")
     return out
+
+
+def _index(ctx, dataset: Path, folder: Path, *flags: str) -> Path:
+    if not (folder / "manifest.json").is_file():
+        ctx.hybrid("index", dataset, "--out", folder, "--quiet", *flags)
+    return folder
+
+
+def _compare(ctx, dataset: Path, chunked: Path, truncated: Path, out: Path) -> dict:
+    ctx.hybrid(
+        "eval", "--data", dataset, "--index", chunked, "--baseline-index", truncated, "--no-tune", "--quiet",
+        "--pipelines", ",".join(PIPELINES), "--out", out,
+    )  # fmt: skip
+    return json.loads((out / dataset.name / "report.json").read_text())
+
+
+def _latency(index: Path, queries: list[str], mode: str) -> float:
+    opened = open_index(index, verify="size")
+    try:
+        pipeline = opened.pipeline()
+        pipeline.search(queries[0], 10, {"mode": mode})  # warm
+        return percentiles([timed_ms(lambda q=q: pipeline.search(q, 10, {"mode": mode})) for q in queries])["p50_ms"]
+    finally:
+        opened.close()
+
+
+def _long_documents(ctx) -> list[Table]:
+    root = ctx.work / "longdocs"
+    variant = make_long_variant(ctx.data, root / f"{ctx.data.name}-long{GROUP}", GROUP)
+    quality, cost = [], []
+    for dataset, truncated in ((variant, None), (ctx.data, ctx.untuned_index)):
+        truncated = truncated or _index(ctx, dataset, root / f"{dataset.name}-truncated")
+        chunked = _index(ctx, dataset, root / f"{dataset.name}-chunked", "--chunking", CHUNKING)
+        report = _compare(ctx, dataset, chunked, truncated, root / "eval" / dataset.name)
+        for pipeline in PIPELINES:
+            row, base = report["pipelines"][pipeline], report["baseline_index"]["pipelines"][pipeline]
+            quality.append(
+                {
+                    "dataset": f"{dataset.name} test ({report['queries']} queries)",
+                    "pipeline": pipeline,
+                    **{f"{m} one vector": base["baseline"][m] for m in METRICS},
+                    **{f"{m} chunked": row[m] for m in METRICS},
+                    "nDCG@10 change": base["ndcg@10_delta"],
+                    "p": base["p_value"],
+                    "wins/ties/losses": f"{base['wins']}/{base['ties']}/{base['losses']}",
+                }
+            )
+        queries = list(split_queries(dataset, "test")[0].values())[: ctx.size(LATENCY_QUERIES, 5)]
+        for label, index in (("one vector", truncated), (f"chunked {CHUNKING}", chunked)):
+            manifest = read_manifest(index)
+            cost.append(
+                {
+                    "dataset": dataset.name,
+                    "index": label,
+                    "documents": manifest.documents,
+                    "passages": manifest.counts.get("passages", manifest.documents),
+                    "disk MiB": round(folder_bytes(index) / 2**20, 1),
+                    "build s": manifest.build.get("total_s"),
+                    "dense p50 ms": _latency(index, queries, "dense"),
+                    "hybrid p50 ms": _latency(index, queries, "hybrid"),
+                }
+            )
+    return [
+        Table(
+            f"chunked ({CHUNKING}) against one vector per document, the library's default fusion (RRF), test split",
+            quality,
+            f"The long-document variant joins {GROUP} consecutive abstracts into one document (bench/longdocs.py); a "
+            "query is relevant to it when it was to one of its parts. p: paired randomisation test on nDCG@10.",
+        ),
+        Table("what chunking costs: passages, disk, build time and in-process search latency (k=10)", cost),
+    ]
+
+
+CASES = [
+    Case(
+        "Quality",
+        "Long documents",
+        f"an index chunked into passages ({CHUNKING}) against one vector per document, on {GROUP}-abstract documents and on "
+        "the original abstracts",
+        _long_documents,
+    )
+]
 
 
 def main(argv: list[str] | None = None) -> None:
