@@ -1,5 +1,6 @@
 """A chunked index: built with passages, its dense leg ranks documents by their best passage, exactly as brute force."""
 
+import html
 import itertools
 import json
 import shutil
@@ -253,3 +254,16 @@ def test_searches_during_rewrites_never_see_a_stale_passage(chunked, scifact, tm
     assert checked[0] > 20 and problems == []
     for query in queries:
         assert "moving" not in {final.document(int(i))["id"] for i in final.pipeline().search(query, 20).ranking.doc_idx}
+
+
+def test_semantic_highlights_are_the_nearest_passage_without_a_model_run(chunked):
+    class NoModel:
+        def encode(self, texts, batch_size=32):
+            raise AssertionError("a chunked index's semantic highlight needs no model run")
+
+    query = "zzqxv"  # no term of it is in the corpus: every hit is a purely dense match
+    result = chunked.pipeline().search(query, 3, {"mode": "dense", "highlight": {"semantic": True}})
+    presenter = chunked.presenter(embedder=NoModel())
+    for hit in presenter.hits(result, query, passages=1):
+        nearest = hit["passages"][0]
+        assert hit["highlight"]["semantic"] == {**nearest, "text": html.escape(nearest["text"])}

@@ -150,7 +150,16 @@ class Presenter:
         return {name: [snippet.to_dict() for snippet in snippets] for name, snippets in marked.items()}
 
     def _semantic(self, query: str, result: SearchResult, hits: list[dict[str, Any]], docs: list[dict[str, Any]]) -> None:
-        """The sentence nearest the query for each hit without a term match: one model run for all of them."""
+        """The sentence nearest the query for each hit without a term match: one model run for all of them. In a chunked
+        index, the passage nearest the query instead: its vectors are in the index, so no model run."""
+        if self.passages is not None:
+            vector = self._vector(query, result)
+            for hit, doc, doc_idx in zip(hits, docs, result.ranking.doc_idx[result.page.start : result.page.stop]):
+                if not (hit["highlight"]["title"] or hit["highlight"]["text"]):
+                    ids = self.passages.passages_of(np.array([doc_idx]))
+                    spans = [(int(a), int(b)) for a, b in self.passages.spans[ids]]
+                    hit["highlight"]["semantic"] = best_sentence(doc["text"], spans, self.passages.vectors[ids], vector)
+            return
         todo = [
             (hit, doc["text"], split_sentences(doc["text"]))
             for hit, doc in zip(hits, docs)
