@@ -16,8 +16,9 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.chunking import ChunkingParams
-from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.corpus import indexed_text, split_queries
 from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
@@ -25,6 +26,8 @@ from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import PassageSpec
+from hybrid_retrieval.training.fusion import tune_index
+from hybrid_retrieval.training.metrics import evaluate
 from tests.conftest import LengthScorer, write_jsonl
 
 CHUNKING = ChunkingParams("tokens", 64, 8)
@@ -267,3 +270,27 @@ def test_semantic_highlights_are_the_nearest_passage_without_a_model_run(chunked
     for hit in presenter.hits(result, query, passages=1):
         nearest = hit["passages"][0]
         assert hit["highlight"]["semantic"] == {**nearest, "text": html.escape(nearest["text"])}
+
+
+def test_tuning_chooses_passage_scoring_on_train_queries_and_records_why(chunked, scifact, tmp_path):
+    shutil.copytree(chunked.path, tmp_path / "index")
+    with (scifact / "corpus.jsonl").open() as fh:
+        long_of = {json.loads(line)["_id"]: f"long-{i // 4}" for i, line in enumerate(itertools.islice(fh, 48))}
+    queries, qrels = split_queries(scifact, "train")
+    qrels = {q: {long_of[d]: g for d, g in judged.items() if d in long_of} for q, judged in qrels.items()}
+    qrels = {q: judged for q, judged in qrels.items() if judged}
+    queries = {q: queries[q] for q in qrels}
+    assert len(queries) >= 5
+    tune_index(tmp_path / "index", queries, qrels, "train.tsv", progress=False, query_precision="int8")
+    manifest = read_manifest(tmp_path / "index")
+    proof = manifest.evidence["passage_scoring"]
+    assert set(proof["candidates"]) == {"max", "soft t=0.02 top=3", "soft t=0.05 top=3", "soft t=0.1 top=3"}
+    tuned = proof["decision"] == "tuned"
+    assert (manifest.defaults.passage_scoring != PassageSpec()) == tuned
+    assert proof["values"]["untuned max"] == proof["candidates"]["max"]
+    index = open_index(tmp_path / "index", device="cpu", query_precision="int8")
+    run = {}
+    for qid, text in queries.items():  # the untuned value is the dense leg's nDCG@10 with max, recomputed here
+        ranking = index.pipeline().search(text, 100, {"mode": "dense", "passage_scoring": {"aggregation": "max"}}).ranking
+        run[qid] = {index.doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+    assert evaluate(run, qrels, ("ndcg@10",))["ndcg@10"] == pytest.approx(proof["values"]["untuned max"], abs=1e-4)

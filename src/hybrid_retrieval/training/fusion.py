@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,8 +24,9 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict, fusion_to_dict, fusion_to_string
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import SearchPipeline
-from hybrid_retrieval.search.spec import SearchSpec
+from hybrid_retrieval.search.spec import PassageSpec, SearchSpec
 from hybrid_retrieval.training.metrics import chosen_out_of_sample, evaluate, per_query_scores
+from hybrid_retrieval.training.passages import tune_passage_scoring
 from hybrid_retrieval.training.pseudo import generate, source_name
 from hybrid_retrieval.training.splits import refuse_test_split
 
@@ -174,11 +175,18 @@ def tune_index(
     query_precision: str = "auto",
 ) -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
-    index's default only when tuning beats the untuned default out of sample. Returns the result and
-    the evidence (recorded in the manifest when `write`)."""
+    index's default only when tuning beats the untuned default out of sample. A chunked index's passage scoring is
+    chosen first, the same way (training.passages). Returns the result and the fusion's evidence (recorded in the
+    manifest with the passage scoring's when `write`)."""
     refuse_test_split(qrels_path)
     index = open_index(index_dir, verify="size", query_precision=query_precision)  # queries embedded as served
-    pipeline = index.pipeline()
+    scoring: PassageSpec | None = None
+    scoring_proof: dict = {}
+    if index.passages is not None:  # a chunked index: first how a document scores from its passages, which fusion sees
+        scoring, scoring_proof = tune_passage_scoring(
+            index.pipeline(), index.doc_ids, queries, qrels, str(qrels_path), metric, progress=progress
+        )
+    pipeline = index.pipeline({"passage_scoring": asdict(scoring)} if scoring is not None else None)
     result = tune(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
     index.close()
     out = out or Path(index_dir) / "tuning"
@@ -194,6 +202,9 @@ def tune_index(
             fusion = result.best_fusion() if proof["decision"] == "tuned" else SearchSpec().fusion
             manifest.defaults = replace(manifest.defaults, fusion=fusion)
             manifest.evidence["fusion"] = proof
+            if scoring is not None:
+                manifest.defaults = replace(manifest.defaults, passage_scoring=scoring)
+                manifest.evidence["passage_scoring"] = scoring_proof
             manifest.fusion_tuning = FusionTuning(
                 metric=metric,
                 value=round(result.best()[metric], 4),
