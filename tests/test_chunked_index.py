@@ -159,6 +159,7 @@ def dense_hits(pipeline, query: str, ids) -> dict[str, float]:
     return {ids(int(i)): float(s) for i, s in zip(result.ranking.doc_idx, result.ranking.scores)}
 
 
+@pytest.mark.slow  # 10 s or more: a fresh build, a server, threads or a tuning
 def test_writes_replace_all_of_a_documents_passages_and_rank_as_a_fresh_build(chunked, scifact, tmp_path):
     shutil.copytree(chunked.path, tmp_path / "index")
     collection = Collection(open_index(tmp_path / "index", device="cpu", query_precision="int8"))
@@ -202,6 +203,7 @@ def test_a_chunked_collection_takes_no_vectors(chunked, tmp_path):
     assert refused.value.field == "documents[0].vector"
 
 
+@pytest.mark.slow  # 10 s or more: a fresh build, a server, threads or a tuning
 def test_an_application_creates_fills_and_searches_a_chunked_collection(scifact, tmp_path):
     from tests.test_collections import WRITER, env_for
 
@@ -224,6 +226,7 @@ def test_an_application_creates_fills_and_searches_a_chunked_collection(scifact,
         assert refused.status_code == 422 and refused.json()["detail"][0]["loc"][-1] == "vector"
 
 
+@pytest.mark.slow  # 10 s or more: a fresh build, a server, threads or a tuning
 def test_searches_during_rewrites_never_see_a_stale_passage(chunked, scifact, tmp_path):
     """A document rewritten back and forth between two texts while four threads search: every hit's passages lie in
     the text that hit shows, and a delete leaves none of it."""
@@ -272,6 +275,7 @@ def test_semantic_highlights_are_the_nearest_passage_without_a_model_run(chunked
         assert hit["highlight"]["semantic"] == {**nearest, "text": html.escape(nearest["text"])}
 
 
+@pytest.mark.slow  # 10 s or more: a fresh build, a server, threads or a tuning
 def test_tuning_chooses_passage_scoring_on_train_queries_and_records_why(chunked, scifact, tmp_path):
     shutil.copytree(chunked.path, tmp_path / "index")
     with (scifact / "corpus.jsonl").open() as fh:
