@@ -8,6 +8,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from hybrid_retrieval.indexer.chunking import Chunker, ChunkingParams, Span
+from hybrid_retrieval.indexer.corpus import CorpusError, read_corpus
+from hybrid_retrieval.indexer.live.validate import check_batch
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.filters.language import Allowed
@@ -170,3 +172,20 @@ def test_passage_scoring_round_trips_through_the_string_form():
     assert spec.to_string() == "dense+rrf:60+depth:100+nohub+rerank:off:d=50:w=1+passages:soft:t=0.1:top=4"
     assert SearchSpec().merge(parse_spec_string(spec.to_string())) == spec
     assert "passages" not in SearchSpec().to_string()  # the default is not named
+
+
+def test_a_text_given_as_paragraphs_is_joined_by_blank_lines(tmp_path, model):
+    paragraphs = ["First paragraph.", "Second one, longer than the first.", "Third."]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"_id": "p", "text": paragraphs}) + "\n" + json.dumps({"_id": "q", "text": [1, 2]}) + "\n")
+    with pytest.raises(CorpusError, match="a string or a list of strings"):
+        list(read_corpus(corpus))
+    (doc,) = itertools.islice(read_corpus(corpus), 1)
+    assert doc.text == "First paragraph.\n\nSecond one, longer than the first.\n\nThird."
+    (written,) = check_batch([{"id": "p", "text": paragraphs}], 10, {})
+    assert written["text"] == doc.text
+    with pytest.raises(SpecError, match="list of strings") as refused:
+        check_batch([{"id": "q", "text": ["a", 2]}], 10, {})
+    assert refused.value.field == "documents[0].text"
+    spans = Chunker(model, ChunkingParams("paragraphs", 8, 0)).spans(doc.text)  # one paragraph a passage
+    assert [doc.text[s.start : s.end] for s in spans] == paragraphs

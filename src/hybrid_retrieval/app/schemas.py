@@ -422,7 +422,9 @@ class DocumentIn(BaseModel):
         "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)"
     )
     title: str | None = None
-    text: str = Field(description="the body (may be empty when the title is not)")
+    text: str | list[str] = Field(
+        description="the body (may be empty when the title is not), or its paragraphs as a list (stored joined by a blank line)"
+    )
     metadata: dict[str, Any] | None = Field(
         None,
         description="strings, numbers, true/false, lists of strings, ISO-8601 dates; "

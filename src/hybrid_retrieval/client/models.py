@@ -212,7 +212,7 @@ class Document(_Request):
 
     id: str | int
     title: str | None = None
-    text: str = ""
+    text: str | list[str] = ""
     metadata: dict[str, Any] | None = None
     vector: list[float] | None = None
 

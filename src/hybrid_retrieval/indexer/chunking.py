@@ -27,7 +27,16 @@ from hybrid_retrieval.search.errors import ConfigError
 CHUNKING_METHODS = ("none", "tokens", "paragraphs")
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]: what a passage may not use of the model's window
 PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
+PARAGRAPH_SEPARATOR = "\n\n"  # joins a text given as a list of paragraphs (what `paragraphs` cuts at)
 SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*$")
+
+
+def joined_paragraphs(value: object) -> object:
+    """A text given as a list of strings (a corpus that splits its documents already) as one string, its paragraphs
+    separated by a blank line; any other value as it is (its reader checks it)."""
+    if isinstance(value, list) and all(isinstance(part, str) for part in value):
+        return PARAGRAPH_SEPARATOR.join(value)
+    return value
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_retrieval.indexer.chunking import joined_paragraphs
 from hybrid_retrieval.search.errors import HybridError
 
 
@@ -79,7 +80,8 @@ def _optional_str(path: Path, line_no: int, record: dict, name: str) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise CorpusError(path, line_no, f"field {name!r} must be a string, got {type(value).__name__}")
+        kind = "a string" + (" or a list of strings (paragraphs)" if name == "text" else "")
+        raise CorpusError(path, line_no, f"field {name!r} must be {kind}, got {type(value).__name__}")
     return value
 
 
@@ -94,7 +96,7 @@ def read_corpus(path: Path | str) -> Iterator[Document]:
         seen[doc_id] = line_no
         if "text" not in record:
             raise CorpusError(file, line_no, "missing field 'text'")
-        text = _optional_str(file, line_no, record, "text")
+        text = _optional_str(file, line_no, {**record, "text": joined_paragraphs(record["text"])}, "text")
         title = _optional_str(file, line_no, record, "title")
         if not (text.strip() or title.strip()):
             raise CorpusError(file, line_no, "document has neither text nor title")

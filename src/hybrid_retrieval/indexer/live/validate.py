@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hybrid_retrieval.indexer.chunking import joined_paragraphs
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.types import encodable, type_of_kind, written_value
 from hybrid_retrieval.search.vectors import check_vector
@@ -65,8 +66,9 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], ve
         if doc_id in seen:
             raise SpecError((*where, "id"), f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
         seen[doc_id] = i
+        doc = {**doc, "text": joined_paragraphs(doc["text"])} if "text" in doc else doc
         if "text" not in doc or not isinstance(doc["text"], str):
-            raise SpecError((*where, "text"), "required: a string")
+            raise SpecError((*where, "text"), "required: a string, or a list of strings (paragraphs, joined by a blank line)")
         title = doc.get("title") or ""
         if not isinstance(title, str):
             raise SpecError((*where, "title"), "must be a string")
