@@ -22,6 +22,7 @@ from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
@@ -154,9 +155,13 @@ def test_the_reranker_reads_each_documents_best_passage(chunked):
     assert recorder.texts == expected and result.reranked is not None
 
 
-def dense_hits(pipeline, query: str, ids) -> dict[str, float]:
-    result = pipeline.search(query, 20, {"mode": "dense"})
+def hits_of(pipeline, query: str, ids, spec: dict) -> dict[str, float]:
+    result = pipeline.search(query, 20, spec)
     return {ids(int(i)): float(s) for i, s in zip(result.ranking.doc_idx, result.ranking.scores)}
+
+
+def dense_hits(pipeline, query: str, ids) -> dict[str, float]:
+    return hits_of(pipeline, query, ids, {"mode": "dense"})
 
 
 @pytest.mark.slow  # 10 s or more: a fresh build, a server, threads or a tuning
@@ -183,6 +188,9 @@ def test_writes_replace_all_of_a_documents_passages_and_rank_as_a_fresh_build(ch
     queries = ["white matter in preterm infants", "myelodysplastic syndrome", "DNA methylation", first["text"][:80]]
     ids = lambda i: snapshot.document(i)["id"]
     for query in queries:
+        for spec in ({"mode": "bm25", "passage_scoring": {"bm25": "passages"}}, {"mode": "bm25"}):
+            live, built = hits_of(snapshot.pipeline(), query, ids, spec), hits_of(fresh.pipeline(), query, lambda i: fresh.doc_ids[i], spec)
+            assert live.keys() == built.keys() and all(live[d] == pytest.approx(built[d], rel=1e-4) for d in built), (query, spec)
         live, built = dense_hits(snapshot.pipeline(), query, ids), dense_hits(fresh.pipeline(), query, lambda i: fresh.doc_ids[i])
         assert set(live) == set(built) and "long-3" not in live
         for doc_id, score in built.items():
@@ -298,3 +306,23 @@ def test_tuning_chooses_passage_scoring_on_train_queries_and_records_why(chunked
         ranking = index.pipeline().search(text, 100, {"mode": "dense", "passage_scoring": {"aggregation": "max"}}).ranking
         run[qid] = {index.doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
     assert evaluate(run, qrels, ("ndcg@10",))["ndcg@10"] == pytest.approx(proof["values"]["untuned max"], abs=1e-4)
+
+
+@pytest.mark.parametrize("query", ["white matter development in infants", "DNA methylation of blood cells"])
+def test_bm25_on_passages_scores_each_document_by_its_best_passage(chunked, tiny_index, query):
+    passages = chunked.passages
+    texts = []
+    for row, (start, end) in zip(passages.rows.tolist(), passages.spans.tolist()):
+        doc = chunked.docs.get(row)
+        texts.append(indexed_text(doc["title"], doc["text"][start:end]))
+    reference = BM25Index.build([chunked.analyzer.analyze(t) for t in texts], chunked.analyzer, chunked.manifest.bm25)  # bm25s
+    scores = reference.scores(query)
+    hit = np.flatnonzero(scores)
+    docs, best = aggregate(scores[hit], passages.rows[hit], PassageSpec())
+    expected = top_k(best, 12)
+    result = chunked.pipeline().search(query, 12, {"mode": "bm25", "passage_scoring": {"bm25": "passages"}})
+    assert result.ranking.doc_idx.tolist() == docs[expected.doc_idx].tolist()
+    np.testing.assert_allclose(result.ranking.scores, expected.scores, rtol=1e-5)
+    with pytest.raises(SpecError, match="not chunked") as refused:
+        open_index(tiny_index).pipeline().search(query, 3, {"mode": "bm25", "passage_scoring": {"bm25": "passages"}})
+    assert refused.value.field == "passage_scoring.bm25"

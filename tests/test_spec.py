@@ -189,7 +189,7 @@ def test_response_echoes_the_applied_spec(client):
         "min_score": None,
         "filter": None,
         "highlight": {"enabled": False, "semantic": False, "snippet_chars": 160, "snippets": 1},
-        "passage_scoring": {"aggregation": "max", "temperature": 0.05, "top": 3},
+        "passage_scoring": {"aggregation": "max", "temperature": 0.05, "top": 3, "bm25": "document"},
     }
     assert body["reranker"] == "LengthScorer"
     ready = client.get("/ready").json()

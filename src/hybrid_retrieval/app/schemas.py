@@ -23,7 +23,7 @@ from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import MAX_OFFSET
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
-from hybrid_retrieval.search.spec import AGGREGATIONS, MAX_DEPTH, MAX_K, MODES
+from hybrid_retrieval.search.spec import AGGREGATIONS, BM25_UNITS, MAX_DEPTH, MAX_K, MODES
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
 MAX_QUERY_CHARS = 2048
@@ -137,6 +137,9 @@ class PassageScoringBody(_Strict):
     )
     temperature: Float | None = Field(**_documented("soft: τ in τ·log Σ exp(s/τ) (default 0.05)", exclusiveMinimum=0, maximum=10))
     top: Int | None = Field(**_documented("soft: the passages of a document that count (default 3)", minimum=1, maximum=100))
+    bm25: str | None = Field(
+        **_documented("the BM25 leg scores the whole document, or its best passage (default document)", enum=list(BM25_UNITS))
+    )
 
 
 class HighlightBody(_Strict):

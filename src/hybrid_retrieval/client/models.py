@@ -68,6 +68,7 @@ class PassageScoring(_Request):
     aggregation: Literal["max", "soft"] | None = None
     temperature: float | None = None
     top: int | None = None
+    bm25: Literal["document", "passages"] | None = None
 
 
 class Defaults(_Request):

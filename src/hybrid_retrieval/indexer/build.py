@@ -30,6 +30,8 @@ from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.chunking import (
     PASSAGE_EMBEDDINGS,
     PASSAGE_FAISS,
+    PASSAGE_ROWS,
+    PASSAGE_SPANS,
     PASSAGES_DIR,
     Chunker,
     ChunkingParams,
@@ -159,6 +161,24 @@ def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) ->
     return np.load(folder / store.EMBEDDINGS)
 
 
+def _index_passage_terms(folder: Path, options: BuildOptions) -> None:
+    """BM25 of a chunked index's passages: their vocabulary (bm25s) and postings, scored with live statistics."""
+    where = folder / PASSAGES_DIR
+    spans, rows = np.load(where / PASSAGE_SPANS), np.load(where / PASSAGE_ROWS)
+    docs = store.DocStore(folder)
+    try:
+        tokens, doc, row_of_doc = [], None, -1
+        for (start, end), row in zip(spans.tolist(), rows.tolist()):
+            if row != row_of_doc:
+                doc, row_of_doc = docs.get(row), row
+            tokens.append(options.analyzer.analyze(indexed_text(doc["title"], doc["text"][start:end])))
+    finally:
+        docs.close()
+    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
+    bm25.save(where / store.BM25_DIR)
+    Postings.from_tokens(tokens, bm25.vocabulary).save(where)
+
+
 def build_index(
     corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions(), embed: Callable[[Path, Path], np.ndarray] | None = None
 ) -> Manifest:
@@ -240,6 +260,7 @@ def build_into(
                 vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
             finally:
                 docs.close()
+        _index_passage_terms(tmp, options)
         passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
         passage_count = len(passage_vectors)
         index = build_faiss_index(passage_vectors, options.faiss, options.device)

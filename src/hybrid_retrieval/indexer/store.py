@@ -45,6 +45,7 @@ from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.postings import POSTINGS_DIR, Postings
 from hybrid_retrieval.search.rerank import Reranker
+from hybrid_retrieval.search.segments import LIVE_METHOD, LiveSegment, PassageBM25
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +314,12 @@ def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageInde
     if len(set(counts.values())) != 1 or (len(rows) and (rows[-1] >= manifest.documents or np.any(np.diff(rows) < 0))):
         raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
     dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
-    return PassageIndex(dense, vectors, rows, spans, manifest.documents)
+    lexical = None
+    if manifest.bm25.method == LIVE_METHOD:  # passage BM25 keeps live statistics, as written documents do
+        bm25 = BM25Index.load(where / BM25_DIR, manifest.analyzer)
+        nothing = LiveSegment([], manifest.embedder.dimension, {})
+        lexical = PassageBM25(bm25, Postings.load(where), manifest.bm25, rows, np.ones(len(rows), bool), nothing, manifest.documents)
+    return PassageIndex(dense, vectors, rows, spans, manifest.documents, lexical)
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:

@@ -59,8 +59,10 @@ class PassageIndex:
     most the last one fetched, below the `depth` documents found.
     """
 
-    def __init__(self, dense: VectorSearch, vectors: Rows, rows: np.ndarray, spans: Rows, num_docs: int):
-        self.dense, self.vectors, self.rows, self.spans = dense, vectors, rows, spans
+    def __init__(self, dense: VectorSearch, vectors: Rows, rows: np.ndarray, spans: Rows, num_docs: int, lexical: Any = None):
+        """`lexical`: a search.segments.PassageBM25 over the passages (None: the index's BM25 method keeps no live
+        statistics)."""
+        self.dense, self.vectors, self.rows, self.spans, self.lexical = dense, vectors, rows, spans, lexical
         self.num_docs = num_docs
         self.first = np.searchsorted(rows, np.arange(num_docs + 1))  # the passages of document i: first[i]:first[i + 1]
         self.dimension = dense.dimension

@@ -165,6 +165,9 @@ class SearchPipeline:
     def _servable(self, spec: SearchSpec) -> SearchSpec:
         if spec.hubness.method != "none" and self.passages is not None:
             raise SpecError("hubness.method", 'this index ranks documents by passages, which no hubness correction covers; use "none"')
+        if spec.passage_scoring.bm25 == "passages" and (self.passages is None or self.passages.lexical is None):
+            why = "this index is not chunked into passages" if self.passages is None else "its BM25 method keeps no live statistics"
+            raise SpecError("passage_scoring.bm25", f'{why}: use "document"')
         if spec.hubness.method != "none" and self.hubness is None:
             raise SpecError("hubness.method", f'{self.no_hubness_reason}; use "none"')
         if spec.rerank.enabled and self.reranker is None:
@@ -195,9 +198,13 @@ class SearchPipeline:
         """A request's group_by, checked against this index's keyword fields."""
         return check_group_by(value, self.metadata, path)
 
-    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None):
-        scores = clock.time("bm25", self.bm25.scores, query)
-        return scores, self.bm25.ranking_from_scores(scores, depth, allowed)
+    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None, scoring: PassageSpec | None = None):
+        """(every document's BM25 score, the top `depth` of the allowed ones): of the whole document, or in a chunked
+        index of its best passage when `scoring` (default: the defaults') says so."""
+        scoring = scoring or self.defaults.passage_scoring
+        bm25 = self.passages.lexical if scoring.bm25 == "passages" and self.passages is not None else self.bm25
+        scores = clock.time("bm25", bm25.scores, query)
+        return scores, bm25.ranking_from_scores(scores, depth, allowed)
 
     def dense_leg(
         self,
@@ -246,11 +253,11 @@ class SearchPipeline:
         clock = clock or Stopwatch()
         scoring = scoring or self.defaults.passage_scoring
         if self.executor is not None:
-            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed)
+            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed, scoring)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
             bm25_scores, bm25_ranking = bm25_future.result()
         else:
-            bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed)
+            bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
         if self.passages is not None:
             dense_scores, floors = (lambda idx: self.passages.scores(idx, vector, scoring)), None
@@ -301,7 +308,7 @@ class SearchPipeline:
             single_depth = max(single_depth, (offset + k + 1) * group_by.size)
         fused = None
         if spec.mode == "bm25":
-            ranking = self.bm25_leg(query, single_depth, clock, allowed)[1]
+            ranking = self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring)[1]
         elif spec.mode == "dense":
             vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector, None, spec.passage_scoring)
         else:

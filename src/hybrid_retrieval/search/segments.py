@@ -26,9 +26,10 @@ from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.passages import PassageIndex
+from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
+from hybrid_retrieval.search.spec import PassageSpec
 
 
 @dataclass(frozen=True)
@@ -114,9 +115,12 @@ class LiveSegment:
         return self._docs[start:end], self._tfs[start:end]
 
 
+LIVE_METHOD = "lucene"  # the BM25 variant live statistics are computed for (search.postings)
+
+
 def check_live_method(params: BM25Params) -> None:
     """Live statistics are computed for the Lucene variant only (search.postings)."""
-    if params.method != "lucene":
+    if params.method != LIVE_METHOD:
         raise ConfigError(
             f"live writes score BM25 with the lucene method; this index was built with {params.method!r}: "
             "rebuild it with --bm25-method lucene to accept writes"
@@ -317,15 +321,47 @@ def _concat_column(field_type: str | None, parts: list[tuple[KeywordColumn | Val
     return ValueColumn(np.concatenate(values), np.concatenate(present))
 
 
-def live_passages(base: PassageIndex, live: LiveSegment) -> PassageIndex:
+class PassageBM25:
+    """BM25 over a chunked index's passages, with the statistics of the passages that exist (LiveBM25 over the base's
+    passage postings and the written documents' passages), each document scored by its best passage."""
+
+    def __init__(
+        self, base: BM25Index, postings: Postings, params: BM25Params, rows: np.ndarray, alive: np.ndarray, live: LiveSegment, num_docs: int
+    ):
+        self.base, self.postings, self.params = base, postings, params
+        self.scorer = LiveBM25(base, postings, params, alive, live)
+        self.rows, self.num_docs = rows, num_docs
+
+    def scores(self, query: str) -> np.ndarray:
+        """Every document's best passage's BM25 score (0: no passage matches)."""
+        passage_scores = self.scorer.scores(query)
+        hit = np.flatnonzero(passage_scores)
+        out = np.zeros(self.num_docs, dtype=np.float32)
+        if len(hit):
+            docs, best = aggregate(passage_scores[hit], self.rows[hit], PassageSpec())
+            out[docs] = best
+        return out
+
+    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
+
+
+def live_passages(base: PassageIndex, live: LiveSegment, terms: LiveSegment, base_alive: np.ndarray) -> PassageIndex:
     """A chunked index's passages after writes: the base's (a deleted document's are excluded by the caller's allowed
-    set, as its document is) and the written documents', numbered after the base's documents and passages."""
+    set, as its document is) and the written documents', numbered after the base's documents and passages. `terms`:
+    the written passages' postings, in the same order."""
     base_docs = base.num_docs
     dense, vectors, spans = cast(DenseIndex, base.dense), cast(np.ndarray, base.vectors), cast(np.ndarray, base.spans)  # a base's own
+    rows = np.concatenate([base.rows, live.passage_rows + base_docs])
+    lexical = None
+    if base.lexical is not None:
+        lexical = PassageBM25(
+            base.lexical.base, base.lexical.postings, base.lexical.params, rows, base_alive[base.rows], terms, base_docs + len(live)
+        )
     return PassageIndex(
         LiveDense(dense, live.passage_vectors),
         LiveVectors(vectors, live.passage_vectors),
-        np.concatenate([base.rows, live.passage_rows + base_docs]),
+        rows,
         LiveVectors(spans, live.passage_spans),
         base_docs + len(live),
+        lexical,
     )

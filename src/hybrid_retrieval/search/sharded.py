@@ -200,7 +200,7 @@ class ShardedPipeline(SearchPipeline):
             **self.consistency(query if mode != "dense" else None),
         }
 
-    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None):
+    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None, scoring: PassageSpec | None = None):
         answers = clock.time("bm25", self.shards.all, "search", self._request("bm25", query, depth, allowed))
         return None, merge_top([(a["positions"], a["scores"]) for a in answers], depth)
 

@@ -51,6 +51,7 @@ MAX_K = 1000
 MAX_DEPTH = 1000
 DEFAULT_DEPTH = 100
 AGGREGATIONS = ("max", "soft")  # how a document scores from its passages (search.passages)
+BM25_UNITS = ("document", "passages")
 
 
 @dataclass(frozen=True)
@@ -93,15 +94,18 @@ class HighlightSpec:
 
 @dataclass(frozen=True)
 class PassageSpec:
-    """How a chunked index scores a document from its passages (search.passages.aggregate): `max` (its best passage)
-    or `soft` (τ · log Σ exp(s / τ) over its `top` best passages)."""
+    """How a chunked index scores a document from its passages (search.passages.aggregate): in the dense leg, `max`
+    (its best passage) or `soft` (τ · log Σ exp(s / τ) over its `top` best passages); in the BM25 leg, the whole
+    `document` or its best passage (`passages`)."""
 
     aggregation: str = "max"
     temperature: float = 0.05  # soft: the cosine difference at which a second passage counts e times less
     top: int = 3  # soft: passages of a document that count
+    bm25: str = "document"  # the BM25 leg scores the whole document, or (passages) its best passage
 
     def __post_init__(self) -> None:
         checks.choice("aggregation", self.aggregation, AGGREGATIONS)
+        checks.choice("bm25", self.bm25, BM25_UNITS)
         object.__setattr__(self, "temperature", checks.number("temperature", self.temperature, 0, 10, above=True))
         object.__setattr__(self, "top", checks.number("top", self.top, 1, 100, integer=True))
 
@@ -204,6 +208,7 @@ class SearchSpec:
                 "aggregation": self.passage_scoring.aggregation,
                 "temperature": self.passage_scoring.temperature,
                 "top": self.passage_scoring.top,
+                "bm25": self.passage_scoring.bm25,
             },
         }
 
@@ -250,9 +255,10 @@ def spec_to_string(spec: dict[str, Any]) -> str:
     scoring = spec.get("passage_scoring")
     if scoring is not None and scoring != SearchSpec().to_dict()["passage_scoring"]:  # named only when not the default
         text = "passages:" + scoring.get("aggregation", "max")
-        text += "".join(
+        numbers = "".join(
             f":{key}={checks.compact(scoring[name])}" for key, name in (("t", "temperature"), ("top", "top")) if name in scoring
         )
+        text += numbers + (f":bm25={scoring['bm25']}" if "bm25" in scoring else "")
         parts.append(text)
     if spec.get("filter"):
         parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
@@ -299,7 +305,7 @@ def parse_spec_string(text: str) -> dict[str, Any]:
                 "spec",
                 f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
                 "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
-                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N], filter:JSON (last)",
+                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N][:bm25=U], filter:JSON (last)",
             )
     return spec
 
@@ -342,8 +348,10 @@ def _parse_passages(arg: str) -> dict[str, Any]:
             scoring["temperature"] = checks.parse_number("passage_scoring.temperature", part[2:])
         elif part.startswith("top="):
             scoring["top"] = _integer("passage_scoring.top", part[4:])
+        elif part.startswith("bm25="):
+            scoring["bm25"] = checks.choice("passage_scoring.bm25", part[5:], BM25_UNITS)
         else:
-            raise SpecError("passage_scoring", f"unknown part {part!r}; valid: passages:max|soft[:t=T][:top=N]")
+            raise SpecError("passage_scoring", f"unknown part {part!r}; valid: passages:max|soft[:t=T][:top=N][:bm25=document|passages]")
     return scoring
 
 

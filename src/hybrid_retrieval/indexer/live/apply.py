@@ -35,6 +35,9 @@ class LiveState:
         self.base_alive = np.ones(index.num_docs, dtype=bool)
         self.live: dict[str, LiveDocument] = {}
         self.vocabulary: dict[str, int] = {}  # terms of the live documents (search.segments.LiveSegment)
+        # a chunked index: each live document's passages, analysed for passage BM25, and their own vocabulary
+        self.passage_terms: dict[str, list[LiveDocument]] = {}
+        self.passage_vocabulary: dict[str, int] = {}
         # keys of documents for the hubness state: base index, or num_docs + a serial for written ones (search.live_hubness)
         self.keys: dict[str, int] = {}
         self.next_key = index.num_docs
@@ -57,6 +60,8 @@ class LiveState:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
                 passages = decode_passages(doc["passages"], doc["text"], len(vectors[-1])) if "passages" in doc else None
+                if passages is not None:
+                    self.passage_terms[doc["id"]] = self._passage_terms(doc, *passages)
                 self.live[doc["id"]] = LiveDocument.analysed(
                     doc["id"],
                     doc["title"],
@@ -76,8 +81,14 @@ class LiveState:
         self.seq = record["seq"]
         self.dirty = True
 
+    def _passage_terms(self, doc: dict, spans: np.ndarray, vectors: np.ndarray) -> list[LiveDocument]:
+        texts = [indexed_text(doc["title"], doc["text"][start:end]) for start, end in spans.tolist()]
+        analyze, vocabulary = self.index.analyzer.analyze, self.passage_vocabulary
+        return [LiveDocument.analysed(doc["id"], "", "", {}, analyze(text), v, vocabulary) for text, v in zip(texts, vectors)]
+
     def _remove(self, doc_id: str) -> int | None:
         """Forget the document's current version; its key (None: it did not exist)."""
+        self.passage_terms.pop(doc_id, None)
         if self.live.pop(doc_id, None) is not None:
             return self.keys.pop(doc_id)
         idx = self.base_idx.get(doc_id)
@@ -108,4 +119,8 @@ class LiveState:
             hubness = self.hubness.view(
                 self.index.embeddings, self.base_alive, np.array(list(self.keys.values()), dtype=np.int64), live.vectors, self.key_of
             )
-        return Snapshot(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness)
+        terms = None
+        if self.index.passages is not None:
+            passage_docs = [passage for doc_id in self.live for passage in self.passage_terms[doc_id]]
+            terms = LiveSegment(passage_docs, self.index.dense.dimension, self.passage_vocabulary)
+        return Snapshot(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness, terms)

@@ -34,6 +34,7 @@ class Snapshot:
     seq: int
     field_types: dict  # each metadata field's type in the collection (None: not filterable)
     hubness: LiveHubnessView | None = None  # the fitted correction extended to the writes (None: no fit, or no banks)
+    passage_terms: LiveSegment | None = None  # a chunked index: the written passages' postings, for passage BM25
 
     @property
     def changed(self) -> bool:
@@ -72,7 +73,10 @@ class Snapshot:
     @functools.cached_property
     def passages(self) -> PassageIndex | None:
         """A chunked index's passages, the written documents' included (built once per snapshot)."""
-        return live_passages(self.index.passages, self.live) if self.index.passages is not None else None
+        if self.index.passages is None:
+            return None
+        assert self.passage_terms is not None  # LiveState.freeze makes them for a chunked index
+        return live_passages(self.index.passages, self.live, self.passage_terms, self.base_alive)
 
     def best_passage_text(self, doc_idx: int, vector: np.ndarray) -> str:
         assert self.passages is not None
