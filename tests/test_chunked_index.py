@@ -295,10 +295,12 @@ def test_tuning_chooses_passage_scoring_on_train_queries_and_records_why(chunked
     assert len(queries) >= 5
     tune_index(tmp_path / "index", queries, qrels, "train.tsv", progress=False, query_precision="int8")
     manifest = read_manifest(tmp_path / "index")
-    proof = manifest.evidence["passage_scoring"]
+    proof, lexical = manifest.evidence["passage_scoring"]["dense"], manifest.evidence["passage_scoring"]["bm25"]
     assert set(proof["candidates"]) == {"max", "soft t=0.02 top=3", "soft t=0.05 top=3", "soft t=0.1 top=3"}
-    tuned = proof["decision"] == "tuned"
-    assert (manifest.defaults.passage_scoring != PassageSpec()) == tuned
+    assert set(lexical["candidates"]) == {"document", "passages"}
+    chosen = manifest.defaults.passage_scoring
+    assert (chosen.aggregation != "max") == (proof["decision"] == "tuned")
+    assert (chosen.bm25 == "passages") == (lexical["decision"] == "tuned")
     assert proof["values"]["untuned max"] == proof["candidates"]["max"]
     index = open_index(tmp_path / "index", device="cpu", query_precision="int8")
     run = {}

@@ -1,14 +1,16 @@
 """Choose how a chunked index scores a document from its passages, on labelled training queries.
 
-The untuned default is `max` (a document is its best passage); the candidates add `soft` (a soft maximum of its best
-three) at a few temperatures. Each is scored by the dense leg alone, the leg it changes. The best becomes the index's
-default only if choosing it beats `max` on held-out queries (5-fold cross-validation, as training.fusion does).
+Two choices, each scored by the leg it changes: the dense aggregation (`max`, the untuned default: a document is its
+best passage; or `soft`, a soft maximum of its best three, at a few temperatures) and the BM25 unit (the whole
+`document`, the untuned default, or its best passage). A candidate becomes the index's default only if choosing beats
+the untuned default on held-out queries (5-fold cross-validation, as training.fusion does).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
+import numpy as np
 from tqdm import tqdm
 
 from hybrid_retrieval.search.pipeline import SearchPipeline
@@ -16,7 +18,7 @@ from hybrid_retrieval.search.spec import PassageSpec
 from hybrid_retrieval.training.metrics import chosen_out_of_sample, per_query_scores
 
 FOLDS = 5
-CANDIDATES = (PassageSpec(), *(PassageSpec("soft", temperature, 3) for temperature in (0.02, 0.05, 0.1)))
+AGGREGATIONS = (PassageSpec(), *(PassageSpec("soft", temperature, 3) for temperature in (0.02, 0.05, 0.1)))
 
 
 def label(scoring: PassageSpec) -> str:
@@ -33,33 +35,44 @@ def tune_passage_scoring(
     k: int = 100,
     progress: bool = True,
 ) -> tuple[PassageSpec, dict]:
-    """(the scoring to make the default, the evidence): every candidate's dense run on `queries`, and the decision."""
+    """(the scoring to make the default, the evidence of each choice)."""
     vectors = dict(zip(queries, pipeline.embedder.encode(list(queries.values()))))  # one model run for every candidate
-    per_query = []
-    for scoring in tqdm(CANDIDATES, desc="passage scoring", disable=not progress):
-        spec = pipeline.resolve(
-            {"mode": "dense", "hubness": {"method": "none"}, "rerank": {"enabled": False}, "passage_scoring": asdict(scoring)}
-        )
-        run = {}
-        for qid, text in queries.items():
-            ranking = pipeline.search(text, k=k, spec=spec, vector=vectors[qid]).ranking
-            run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
-        per_query.append(per_query_scores(run, qrels, (metric,))[metric])
-    means = [sum(row.values()) / len(qrels) for row in per_query]
-    best = max(range(len(CANDIDATES)), key=lambda i: means[i])  # the first of equals: max
-    before, after = means[0], chosen_out_of_sample(per_query, FOLDS)
-    decision = "tuned" if after > before and best != 0 else "kept untuned"
-    evidence = {
-        "metric": metric,
-        "queries": len(queries),
-        "split": split,
-        "folds": FOLDS,
-        "values": {
-            "untuned max": round(before, 4),
-            "tuned, cross-validated": round(after, 4),
-            f"tuned {label(CANDIDATES[best])}, in-sample": round(means[best], 4),
-        },
-        "candidates": {label(scoring): round(mean, 4) for scoring, mean in zip(CANDIDATES, means)},
-        "decision": decision,
-    }
-    return (CANDIDATES[best] if decision == "tuned" else PassageSpec()), evidence
+
+    def choose(mode: str, candidates: dict[str, PassageSpec]) -> tuple[PassageSpec, dict]:
+        per_query = []
+        for scoring in tqdm(candidates.values(), desc=f"passage scoring, {mode}", disable=not progress):
+            spec = pipeline.resolve(
+                {"mode": mode, "hubness": {"method": "none"}, "rerank": {"enabled": False}, "passage_scoring": asdict(scoring)}
+            )
+            run = {}
+            for qid, text in queries.items():
+                ranking = pipeline.search(text, k=k, spec=spec, vector=vectors[qid] if mode == "dense" else None).ranking
+                run[qid] = {doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx, ranking.scores)}
+            per_query.append(per_query_scores(run, qrels, (metric,))[metric])
+        means = [sum(row.values()) / len(qrels) for row in per_query]
+        names = list(candidates)
+        best = int(np.argmax(means))  # the first of equals: the untuned default
+        before, after = means[0], chosen_out_of_sample(per_query, FOLDS)
+        decision = "tuned" if after > before and best != 0 else "kept untuned"
+        evidence = {
+            "metric": metric,
+            "queries": len(queries),
+            "split": split,
+            "folds": FOLDS,
+            "leg": mode,
+            "values": {
+                f"untuned {names[0]}": round(before, 4),
+                "tuned, cross-validated": round(after, 4),
+                f"tuned {names[best]}, in-sample": round(means[best], 4),
+            },
+            "candidates": {name: round(mean, 4) for name, mean in zip(names, means)},
+            "decision": decision,
+        }
+        return candidates[names[best] if decision == "tuned" else names[0]], evidence
+
+    chosen, dense = choose("dense", {label(scoring): scoring for scoring in AGGREGATIONS})
+    evidence = {"dense": dense}
+    if pipeline.passages is not None and pipeline.passages.lexical is not None:
+        units = {unit: replace(chosen, bm25=unit) for unit in ("document", "passages")}
+        chosen, evidence["bm25"] = choose("bm25", units)
+    return chosen, evidence
