@@ -328,3 +328,15 @@ def test_bm25_on_passages_scores_each_document_by_its_best_passage(chunked, tiny
     with pytest.raises(SpecError, match="not chunked") as refused:
         open_index(tiny_index).pipeline().search(query, 3, {"mode": "bm25", "passage_scoring": {"bm25": "passages"}})
     assert refused.value.field == "passage_scoring.bm25"
+
+
+def test_framework_retrievers_hand_on_the_best_passages():
+    from hybrid_retrieval.client.hits import hit_metadata, hit_text
+    from hybrid_retrieval.client.models import Hit
+
+    passages = [{"text": "the best part", "start": 40, "end": 53, "score": 0.8}, {"text": "another", "start": 2, "end": 9, "score": 0.6}]
+    hit = Hit.model_validate({"id": "d", "score": 0.8, "rank": 1, "title": "T", "text": "whole text", "passages": passages})
+    assert hit_text(hit) == "the best part\n\nanother"
+    assert hit_metadata(hit, "c")["passages"] == [{k: v for k, v in p.items() if k != "text"} for p in passages]
+    whole = Hit.model_validate({"id": "d", "score": 0.8, "rank": 1, "title": "T", "text": "whole text"})
+    assert hit_text(whole) == "whole text" and "passages" not in hit_metadata(whole, "c")

@@ -1,4 +1,5 @@
-"""What the framework adapters need from a hit: its text and its metadata (score, rank, title, fields, highlights)."""
+"""What the framework adapters need from a hit: its text (or best passages) and its metadata (score, rank, title, fields,
+highlights, passages)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,20 @@ def retriever_request(search: SearchRequest | dict | None, query: str) -> dict[s
     return {**body, **RETRIEVER_FIELDS, "query": query}
 
 
+def hit_text(hit: Hit) -> str:
+    """The text a framework hands on: a chunked collection's best passages of the hit when the search asked for
+    `passages` (the context a RAG prompt wants), else the hit's whole text."""
+    if hit.passages:
+        return "\n\n".join(passage.text for passage in hit.passages)
+    return hit.text or ""
+
+
 def hit_metadata(hit: Hit, collection: str | None) -> dict[str, Any]:
     metadata: dict[str, Any] = {"id": hit.id, "score": hit.score, "rank": hit.rank, "title": hit.title, **(hit.fields or {})}
     if collection is not None:
         metadata["collection"] = collection
     if hit.highlight is not None:
         metadata["highlight"] = hit.highlight.model_dump(exclude_none=True)
+    if hit.passages:  # where each passage of the text handed on lies in the document, and its cosine
+        metadata["passages"] = [{"start": p.start, "end": p.end, "score": p.score} for p in hit.passages]
     return metadata

@@ -18,14 +18,14 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict
 
 from hybrid_retrieval.client.client import AsyncClient, Client
-from hybrid_retrieval.client.hits import hit_metadata, retriever_request
+from hybrid_retrieval.client.hits import hit_metadata, hit_text, retriever_request
 from hybrid_retrieval.client.models import Hit, SearchRequest
 
 UPSERT_BATCH = 1000  # the server's default batch limit
 
 
 def _document(hit: Hit, collection: str | None) -> LCDocument:
-    return LCDocument(page_content=hit.text or "", metadata=hit_metadata(hit, collection), id=hit.id)
+    return LCDocument(page_content=hit_text(hit), metadata=hit_metadata(hit, collection), id=hit.id)
 
 
 class HybridRetriever(BaseRetriever):

@@ -13,7 +13,7 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from hybrid_retrieval.client.client import AsyncClient, Client
-from hybrid_retrieval.client.hits import hit_metadata, retriever_request
+from hybrid_retrieval.client.hits import hit_metadata, hit_text, retriever_request
 from hybrid_retrieval.client.models import SearchRequest, SearchResponse
 
 
@@ -36,7 +36,7 @@ class HybridRetriever(BaseRetriever):
 
     def _nodes(self, response: SearchResponse) -> list[NodeWithScore]:
         return [
-            NodeWithScore(node=TextNode(id_=hit.id, text=hit.text or "", metadata=hit_metadata(hit, self.collection)), score=hit.score)
+            NodeWithScore(node=TextNode(id_=hit.id, text=hit_text(hit), metadata=hit_metadata(hit, self.collection)), score=hit.score)
             for hit in response.hits
         ]
 
