@@ -315,7 +315,7 @@ def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageInde
         raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
     dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
     lexical = None
-    if manifest.bm25.method == LIVE_METHOD:  # passage BM25 keeps live statistics, as written documents do
+    if manifest.bm25.method == LIVE_METHOD and (where / BM25_DIR).is_dir():  # scored with live statistics: lucene only
         bm25 = BM25Index.load(where / BM25_DIR, manifest.analyzer)
         nothing = LiveSegment([], manifest.embedder.dimension, {})
         lexical = PassageBM25(bm25, Postings.load(where), manifest.bm25, rows, np.ones(len(rows), bool), nothing, manifest.documents)

@@ -166,7 +166,7 @@ class SearchPipeline:
         if spec.hubness.method != "none" and self.passages is not None:
             raise SpecError("hubness.method", 'this index ranks documents by passages, which no hubness correction covers; use "none"')
         if spec.passage_scoring.bm25 == "passages" and (self.passages is None or self.passages.lexical is None):
-            why = "this index is not chunked into passages" if self.passages is None else "its BM25 method keeps no live statistics"
+            why = "this index is not chunked into passages" if self.passages is None else "this index keeps no BM25 of its passages"
             raise SpecError("passage_scoring.bm25", f'{why}: use "document"')
         if spec.hubness.method != "none" and self.hubness is None:
             raise SpecError("hubness.method", f'{self.no_hubness_reason}; use "none"')
