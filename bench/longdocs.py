@@ -67,12 +67,40 @@ def _index(ctx, dataset: Path, folder: Path, *flags: str) -> Path:
     return folder
 
 
+def _tuned(ctx, dataset: Path, index: Path) -> Path:
+    """A copy of `index` tuned on the dataset's train split (fusion; a chunked index's passage scoring too), as served."""
+    folder = index.with_name(index.name + "-tuned")
+    if not (folder / "manifest.json").is_file():
+        ctx.copy_of(index, folder.name) if folder.parent == ctx.work / "indexes" else shutil.copytree(index, folder)
+        ctx.hybrid("tune", folder, "--queries", dataset / "queries.jsonl", "--qrels", dataset / "qrels" / "train.tsv", "--quiet")
+    return folder
+
+
 def _compare(ctx, dataset: Path, chunked: Path, truncated: Path, out: Path) -> dict:
     ctx.hybrid(
         "eval", "--data", dataset, "--index", chunked, "--baseline-index", truncated, "--no-tune", "--quiet",
         "--pipelines", ",".join(PIPELINES), "--out", out,
     )  # fmt: skip
     return json.loads((out / dataset.name / "report.json").read_text())
+
+
+def _quality_rows(dataset: Path, defaults: str, report: dict) -> list[dict]:
+    rows = []
+    for pipeline in PIPELINES:
+        row, base = report["pipelines"][pipeline], report["baseline_index"]["pipelines"][pipeline]
+        rows.append(
+            {
+                "dataset": f"{dataset.name} test ({report['queries']} queries)",
+                "defaults": defaults,
+                "pipeline": pipeline,
+                **{f"{m} one vector": base["baseline"][m] for m in METRICS},
+                **{f"{m} chunked": row[m] for m in METRICS},
+                "nDCG@10 change": base["ndcg@10_delta"],
+                "p": base["p_value"],
+                "wins/ties/losses": f"{base['wins']}/{base['ties']}/{base['losses']}",
+            }
+        )
+    return rows
 
 
 def _latency(index: Path, queries: list[str], mode: str) -> float:
@@ -92,20 +120,13 @@ def _long_documents(ctx) -> list[Table]:
     for dataset, truncated in ((variant, None), (ctx.data, ctx.untuned_index)):
         truncated = truncated or _index(ctx, dataset, root / f"{dataset.name}-truncated")
         chunked = _index(ctx, dataset, root / f"{dataset.name}-chunked", "--chunking", CHUNKING)
-        report = _compare(ctx, dataset, chunked, truncated, root / "eval" / dataset.name)
-        for pipeline in PIPELINES:
-            row, base = report["pipelines"][pipeline], report["baseline_index"]["pipelines"][pipeline]
-            quality.append(
-                {
-                    "dataset": f"{dataset.name} test ({report['queries']} queries)",
-                    "pipeline": pipeline,
-                    **{f"{m} one vector": base["baseline"][m] for m in METRICS},
-                    **{f"{m} chunked": row[m] for m in METRICS},
-                    "nDCG@10 change": base["ndcg@10_delta"],
-                    "p": base["p_value"],
-                    "wins/ties/losses": f"{base['wins']}/{base['ties']}/{base['losses']}",
-                }
-            )
+        pairs = {
+            "untuned (RRF 60)": (chunked, truncated),
+            "both tuned on train": (_tuned(ctx, dataset, chunked), _tuned(ctx, dataset, truncated)),
+        }
+        for defaults, (mine, theirs) in pairs.items():
+            report = _compare(ctx, dataset, mine, theirs, root / "eval" / dataset.name / defaults.split()[0])
+            quality += _quality_rows(dataset, defaults, report)
         queries = list(split_queries(dataset, "test")[0].values())[: ctx.size(LATENCY_QUERIES, 5)]
         for label, index in (("one vector", truncated), (f"chunked {CHUNKING}", chunked)):
             manifest = read_manifest(index)
@@ -123,7 +144,7 @@ def _long_documents(ctx) -> list[Table]:
             )
     return [
         Table(
-            f"chunked ({CHUNKING}) against one vector per document, the library's default fusion (RRF), test split",
+            f"chunked ({CHUNKING}) against one vector per document, untuned and both tuned on train, test split",
             quality,
             f"The long-document variant joins {GROUP} consecutive abstracts into one document (bench/longdocs.py); a "
             "query is relevant to it when it was to one of its parts. p: paired randomisation test on nDCG@10.",
