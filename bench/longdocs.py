@@ -71,7 +71,7 @@ def _tuned(ctx, dataset: Path, index: Path) -> Path:
     """A copy of `index` tuned on the dataset's train split (fusion; a chunked index's passage scoring too), as served."""
     folder = index.with_name(index.name + "-tuned")
     if not (folder / "manifest.json").is_file():
-        ctx.copy_of(index, folder.name) if folder.parent == ctx.work / "indexes" else shutil.copytree(index, folder)
+        shutil.copytree(index, folder)
         ctx.hybrid("tune", folder, "--queries", dataset / "queries.jsonl", "--qrels", dataset / "qrels" / "train.tsv", "--quiet")
     return folder
 
