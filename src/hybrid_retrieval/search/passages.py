@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from hybrid_retrieval.search.dense import exact_top_k
+from hybrid_retrieval.search.dense import FaissParams, exact_top_k
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import PassageSpec
@@ -39,6 +39,7 @@ class VectorSearch(Protocol):
     """What finds passages: a DenseIndex, or search.segments.LiveDense after writes."""
 
     dimension: int
+    params: FaissParams
 
     def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking: ...
 
@@ -49,6 +50,8 @@ class Rows(Protocol):
     """`rows[ids]` of an array, or of search.segments.LiveVectors across the base's and the written documents'."""
 
     def __getitem__(self, ids: Any) -> np.ndarray: ...
+
+    def __matmul__(self, vector: np.ndarray) -> np.ndarray: ...
 
 
 class PassageIndex:
@@ -98,8 +101,11 @@ class PassageIndex:
         return out
 
     def search(self, vector: np.ndarray, depth: int, scoring: PassageSpec, allowed: Allowed | None = None) -> Ranking:
-        """The top-`depth` documents (of the allowed ones): passages are fetched until `depth` distinct documents are
-        among them (or none are left), and those documents scored from all their passages."""
+        """The top-`depth` documents (of the allowed ones). On an exact (flat) index every passage is scored at once;
+        on an approximate one, passages are fetched until `depth` distinct documents are among them (or none are
+        left), and those documents scored from all their passages."""
+        if self.dense.params.built_for(len(self)).kind == "flat":
+            return self._exact(vector, depth, scoring, allowed)
         passages_allowed = None if allowed is None else Allowed(allowed.mask[self.rows])
         available = len(self) if passages_allowed is None else passages_allowed.count
         fetch = depth
@@ -113,4 +119,17 @@ class PassageIndex:
                 break
             fetch = min(available, fetch * 4)
         best = top_k(self.scores(docs, vector, scoring), depth)  # ties: the lower document first, as everywhere
+        return Ranking(docs[best.doc_idx], best.scores)
+
+    def _exact(self, vector: np.ndarray, depth: int, scoring: PassageSpec, allowed: Allowed | None) -> Ranking:
+        scores = self.vectors @ vector
+        if scoring.aggregation == "max":  # a document's passages are consecutive: one reduction over all of them
+            docs = np.flatnonzero(np.diff(self.first))
+            doc_scores = np.maximum.reduceat(scores, self.first[docs]) if len(docs) else scores[:0]
+        else:
+            docs, doc_scores = aggregate(scores, self.rows, scoring)
+        if allowed is not None:
+            keep = allowed.mask[docs]
+            docs, doc_scores = docs[keep], doc_scores[keep]
+        best = top_k(doc_scores, depth)
         return Ranking(docs[best.doc_idx], best.scores)

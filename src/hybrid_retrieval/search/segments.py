@@ -256,6 +256,10 @@ class LiveVectors:
         out[~in_base] = self.live[keys[~in_base] - self.base_docs]
         return out
 
+    def __matmul__(self, vector: np.ndarray) -> np.ndarray:
+        """Every row's product with `vector`, base then live."""
+        return np.concatenate([self.base @ vector, self.live @ vector])
+
 
 class LiveDense:
     """Dense search over the base FAISS index and the live vectors (scored exactly: the live segment is small)."""
