@@ -340,3 +340,15 @@ def test_framework_retrievers_hand_on_the_best_passages():
     assert hit_metadata(hit, "c")["passages"] == [{k: v for k, v in p.items() if k != "text"} for p in passages]
     whole = Hit.model_validate({"id": "d", "score": 0.8, "rank": 1, "title": "T", "text": "whole text"})
     assert hit_text(whole) == "whole text" and "passages" not in hit_metadata(whole, "c")
+
+
+def test_the_search_command_shows_passages_and_bad_chunking_is_one_line(chunked, tmp_path):
+    from tests.test_cli import hybrid
+
+    result = hybrid("search", chunked.path, "myelin basic protein", "--mode", "dense", "--k", "2", "--passages", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    for hit in json.loads(result.stdout)["hits"]:
+        text = chunked.document_by_id(hit["id"])["text"]
+        assert len(hit["passages"]) == 2 and all(text[p["start"] : p["end"]] == p["text"] for p in hit["passages"])
+    refused = hybrid("index", tmp_path / "corpus.jsonl", "--out", tmp_path / "index", "--chunking", "tokens:64:40")
+    assert refused.returncode == 2 and "overlap" in refused.stderr and not (tmp_path / "index").exists()
