@@ -132,6 +132,7 @@ def test_writes_go_to_the_owning_shard_and_answers_equal_the_whole_index(pair, s
         reopened.close()
 
 
+@pytest.mark.slow  # a split index and a server: 17 s
 def test_the_service_writes_to_a_sharded_index(pair, scifact):
     whole_path, sharded_path = pair
     writer = {"X-API-Key": "writer"}
