@@ -219,8 +219,9 @@ def test_an_application_creates_fills_and_searches_a_chunked_collection(scifact,
     settings = {"embedder": {"precision": "int8"}, "chunking": {"method": "tokens", "size": 64, "overlap": 8}}
     docs = [{"id": d["_id"], "title": d["title"], "text": d["text"], "metadata": d["metadata"]} for d in long_documents(scifact, 0, 6)]
     with running_server(None, env_for(data)) as (url, _), httpx.Client(base_url=url, timeout=120, headers=WRITER) as client:
-        bad = client.post("/collections", json={"name": "x", "settings": {"chunking": {"method": "sentences"}}})
-        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "settings", "chunking", "method"]
+        for chunking, field in (({"method": "sentences"}, "method"), ({"method": "tokens", "size": 1000}, "size")):
+            bad = client.post("/collections", json={"name": "x", "settings": {"chunking": chunking}})
+            assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "settings", "chunking", field], bad.text
         created = client.post("/collections", json={"name": "long", "settings": settings})
         assert created.status_code == 201, created.text
         assert created.json()["settings"]["chunking"] == settings["chunking"]

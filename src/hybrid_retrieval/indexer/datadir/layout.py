@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from hybrid_retrieval.common.publish import in_use, publish_dir, write_atomic
 from hybrid_retrieval.indexer.build import build_into
+from hybrid_retrieval.indexer.chunking import SPECIAL_TOKENS
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR
@@ -105,6 +106,9 @@ class DataDir:
                 settings.vectors.check_dimension(spec["dimension"])
             except ConfigError as exc:
                 raise SpecError("settings.vectors.pq_m", str(exc)) from None
+            window = int(spec["max_seq_length"]) - SPECIAL_TOKENS
+            if settings.chunking.enabled and settings.chunking.size > window:
+                raise SpecError("settings.chunking.size", f"{settings.chunking.size} exceeds what the model reads ({window} word pieces)")
             with tempfile.TemporaryDirectory(prefix=".create-", dir=self.collections) as scratch:  # a crash's: swept at start
                 corpus = Path(scratch) / "corpus.jsonl"
                 corpus.touch()
