@@ -17,7 +17,8 @@ from hybrid_retrieval.search.hubness import HubnessParams  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
 # what a schema-valid request may still name wrongly for the served index (its fields, its passages): a 422 is right
-INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults", "vector"} | {"passages", "group_by", "passage_scoring"}
+INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults", "vector"}
+INDEX_FIELD_KEYS |= {"passages", "group_by", "passage_scoring"}
 
 
 def _names_index_fields(body) -> bool:
