@@ -93,7 +93,7 @@ class Chunker:
         if self.params.method == "paragraphs":
             spans = self._paragraph_spans(text)
         else:
-            spans = self._token_spans(text, 0, len(text), self.params.overlap)
+            spans = self._token_spans(text, self._offsets(text, 0, len(text)))
         return spans or [Span(0, len(text))]
 
     def _offsets(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -101,9 +101,9 @@ class Chunker:
         encoding = self._tokenizer.encode(text[start:end], add_special_tokens=False)
         return [(start + a, start + b) for a, b in encoding.offsets]
 
-    def _token_spans(self, text: str, start: int, end: int, overlap: int) -> list[Span]:
-        offsets = self._offsets(text, start, end)
-        size, n = self.params.size, len(offsets)
+    def _token_spans(self, text: str, offsets: list[tuple[int, int]]) -> list[Span]:
+        """Passages of the word pieces at `offsets` (their character offsets in `text`)."""
+        size, overlap, n = self.params.size, self.params.overlap, len(offsets)
         if n <= size:
             return [Span(offsets[0][0], offsets[-1][1])] if offsets else []
         starts = sentence_starts(text, offsets)
@@ -146,7 +146,7 @@ class Chunker:
             if len(offsets) <= self.params.size:
                 packed, packed_pieces = Span(offsets[0][0], offsets[-1][1]), len(offsets)
             else:
-                spans.extend(self._token_spans(text, start, end, self.params.overlap))
+                spans.extend(self._token_spans(text, offsets))
         if packed is not None:
             spans.append(packed)
         return spans
@@ -182,8 +182,6 @@ def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: 
 
     from hybrid_retrieval.indexer.corpus import indexed_text
 
-    where = folder / PASSAGES_DIR
-    where.mkdir()
     spans, rows, titles, texts = [], [], [], []
     for row, doc in enumerate(documents):
         for span in chunker.spans(doc["text"]):
@@ -192,8 +190,7 @@ def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: 
         titles.append(doc["title"])
         texts.append(doc["text"])
     rows_array = np.asarray(rows, dtype=np.int64)
-    np.save(where / PASSAGE_SPANS, np.asarray(spans, dtype=np.int64).reshape(-1, 2))
-    np.save(where / PASSAGE_ROWS, rows_array)
+    where = _passage_layout(folder, np.asarray(spans, dtype=np.int64), rows_array)
     vectors = np.lib.format.open_memmap(where / PASSAGE_EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(spans), dimension))
     with tqdm(total=len(spans), desc="passages", unit=" passages", disable=not progress) as bar:
         for first in range(0, len(spans), EMBED_PASSAGES):
@@ -208,19 +205,27 @@ def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: 
 
 def save_passages(folder: Path, spans: np.ndarray, rows: np.ndarray, vectors: np.ndarray) -> None:
     """Passages made already (a compaction's: the documents' passages as they are) into folder/passages/."""
+    where = _passage_layout(folder, spans, rows)
+    np.save(where / PASSAGE_EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+
+
+def _passage_layout(folder: Path, spans: np.ndarray, rows: np.ndarray) -> Path:
+    """folder/passages/ with the passages' spans and rows; the folder."""
     where = folder / PASSAGES_DIR
     where.mkdir()
     np.save(where / PASSAGE_SPANS, np.asarray(spans, dtype=np.int64).reshape(-1, 2))
     np.save(where / PASSAGE_ROWS, np.asarray(rows, dtype=np.int64))
-    np.save(where / PASSAGE_EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+    return where
+
+
+def float32_text(values: np.ndarray) -> str:
+    """Vectors as a log record holds them: little-endian float32, base64."""
+    return base64.b64encode(np.asarray(values, dtype="<f4").tobytes()).decode()
 
 
 def encode_passages(spans: list[Span], vectors: np.ndarray) -> dict:
-    """A written document's passages as its log record holds them: spans and little-endian float32 vectors, base64."""
-    return {
-        "spans": [[span.start, span.end] for span in spans],
-        "vectors": base64.b64encode(np.asarray(vectors, dtype="<f4").tobytes()).decode(),
-    }
+    """A written document's passages as its log record holds them: spans and vectors (float32_text)."""
+    return {"spans": [[span.start, span.end] for span in spans], "vectors": float32_text(vectors)}
 
 
 def decode_passages(record: object, text: str, dimension: int) -> tuple[np.ndarray, np.ndarray]:

@@ -57,9 +57,8 @@ class Rows(Protocol):
 class PassageIndex:
     """The passages of an index's documents: each one's document (`rows`, ascending: a document's passages are
     consecutive), its character span in the document's text, its unit vector, and a vector index over them. It ranks
-    documents: a search finds the best passages, then scores each document they belong to from all of its passages.
-    With `max` on an exact (flat) index the ranking is exact: a document missing from the passages fetched scores at
-    most the last one fetched, below the `depth` documents found.
+    documents: on an exact (flat) index by scoring every passage, on an approximate one by scoring the documents of
+    the best passages it finds from all of their passages.
     """
 
     def __init__(self, dense: VectorSearch, vectors: Rows, rows: np.ndarray, spans: Rows, num_docs: int, lexical: Any = None):
@@ -69,6 +68,7 @@ class PassageIndex:
         self.num_docs = num_docs
         self.first = np.searchsorted(rows, np.arange(num_docs + 1))  # the passages of document i: first[i]:first[i + 1]
         self.dimension = dense.dimension
+        self.exact = dense.params.built_for(len(rows)).kind == "flat"
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -104,7 +104,7 @@ class PassageIndex:
         """The top-`depth` documents (of the allowed ones). On an exact (flat) index every passage is scored at once;
         on an approximate one, passages are fetched until `depth` distinct documents are among them (or none are
         left), and those documents scored from all their passages."""
-        if self.dense.params.built_for(len(self)).kind == "flat":
+        if self.exact:
             return self._exact(vector, depth, scoring, allowed)
         passages_allowed = None if allowed is None else Allowed(allowed.mask[self.rows])
         available = len(self) if passages_allowed is None else passages_allowed.count

@@ -14,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from hybrid_retrieval.search.pipeline import SearchPipeline
-from hybrid_retrieval.search.spec import PassageSpec
+from hybrid_retrieval.search.spec import BM25_UNITS, PassageSpec
 from hybrid_retrieval.training.metrics import chosen_out_of_sample, per_query_scores
 
 FOLDS = 5
@@ -73,6 +73,6 @@ def tune_passage_scoring(
     chosen, dense = choose("dense", {label(scoring): scoring for scoring in AGGREGATIONS})
     evidence = {"dense": dense}
     if pipeline.passages is not None and pipeline.passages.lexical is not None:
-        units = {unit: replace(chosen, bm25=unit) for unit in ("document", "passages")}
+        units = {unit: replace(chosen, bm25=unit) for unit in BM25_UNITS}  # the untuned unit first
         chosen, evidence["bm25"] = choose("bm25", units)
     return chosen, evidence

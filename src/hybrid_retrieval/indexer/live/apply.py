@@ -59,7 +59,7 @@ class LiveState:
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
                 tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
-                passages = decode_passages(doc["passages"], doc["text"], len(vectors[-1])) if "passages" in doc else None
+                passages = decode_passages(doc["passages"], doc["text"], self.index.dense.dimension) if "passages" in doc else None
                 if passages is not None:
                     self.passage_terms[doc["id"]] = self._passage_terms(doc, *passages)
                 self.live[doc["id"]] = LiveDocument.analysed(

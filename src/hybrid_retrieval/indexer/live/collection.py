@@ -5,7 +5,6 @@ guards what, where writes are embedded); the steps are its sibling modules'.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import logging
 import os
@@ -19,7 +18,7 @@ import numpy as np
 
 from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.build import EMBED_BATCH
-from hybrid_retrieval.indexer.chunking import Chunker, encode_passages
+from hybrid_retrieval.indexer.chunking import Chunker, encode_passages, float32_text
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.apply import LiveState
@@ -150,9 +149,7 @@ class Collection:
             vectors[embed] = self._embed([indexed_text(checked[i]["title"], checked[i]["text"]) for i in embed])
         hubness = self._state.hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
         prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None else None
-        record_docs = [
-            {**doc, "vector": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode()} for doc, v in zip(checked, vectors)
-        ]
+        record_docs = [{**doc, "vector": float32_text(v)} for doc, v in zip(checked, vectors)]
         return self._log_and_apply({"op": "upsert", "documents": record_docs}, prepared)
 
     def _with_passages(self, checked: list[dict]) -> list[dict]:
@@ -166,8 +163,7 @@ class Collection:
         out = []
         for doc, mine, end in zip(checked, spans, ends):
             passages = vectors[end - len(mine) : end]
-            vector = base64.b64encode(np.asarray(passages[0], dtype="<f4").tobytes()).decode()
-            out.append({**doc, "vector": vector, "passages": encode_passages(mine, passages)})
+            out.append({**doc, "vector": float32_text(passages[0]), "passages": encode_passages(mine, passages)})
         return out
 
     def _embed(self, texts: list[str]) -> np.ndarray:
