@@ -27,6 +27,7 @@ from hybrid_retrieval.client import (
     PayloadTooLarge,
     Retry,
     SearchRequest,
+    SynonymRule,
     Unavailable,
     ValidationError,
 )
@@ -154,7 +155,12 @@ def test_every_method_of_both_clients(server, kind, tmp_path):
         assert [h.id for h in paged] == [h.id for h in everything.hits] and len(paged) == 24
 
         # changes
-        assert call("update_defaults", name, {"mode": "bm25"}).defaults["mode"] == "bm25"
+        assert call("update_settings", name, {"mode": "bm25"}).defaults["mode"] == "bm25"
+        assert call("search", name, query="wombat", mode="bm25").hits == []
+        info = call("update_settings", name, synonyms=[SynonymRule(from_="wombat", to=["quokka"])])
+        assert info.settings["synonyms"] == [{"from": ["wombat"], "to": ["quokka"]}]
+        expanded, direct = (call("search", name, query=q, mode="bm25", k=100).hits for q in ("wombat", "quokka"))
+        assert [h.id for h in expanded] == [h.id for h in direct] and direct
         assert call("delete", name, ["d1", "d2"], wait=True).documents == 2
         assert call("delete_document", name, "d3", wait=True).documents == 1
         stats = call("stats", name)

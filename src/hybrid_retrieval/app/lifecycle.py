@@ -31,6 +31,8 @@ from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, C
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.errors import SpecError
 
 router = APIRouter(route_class=CheckedRoute)
 
@@ -63,12 +65,22 @@ def settings_of(manifest: Manifest) -> dict:
             "precision": manifest.embedder.document_precision,
             "dimension": manifest.embedder.dimension,
         },
-        "analyzer": {"stemmer": manifest.analyzer.stemmer, "stopwords": manifest.analyzer.stopwords},
+        "analyzer": analyzer_settings(manifest.analyzer),
+        "synonyms": manifest.synonyms,
         "bm25": {"k1": manifest.bm25.k1, "b": manifest.bm25.b},
         "vectors": {**manifest.faiss.params.to_dict(), "factory": manifest.faiss.factory},
         "filterable": manifest.filterable,
         "chunking": manifest.chunking.to_dict(),
     }
+
+
+def analyzer_settings(analyzer: Analyzer) -> dict:
+    """An analyzer as settings: a custom stop list as the list it is, a named one by its name."""
+    fields = ("stemmer", "stopwords", "normalization", "fold_accents", "cjk", "lowercase")
+    settings = {name: getattr(analyzer, name) for name in fields}
+    if analyzer.stopwords == "custom":
+        settings["stopwords"] = list(analyzer.stopword_list)
+    return settings
 
 
 def collection_info(collections: Collections, reloader: Reloader) -> CollectionInfo:
@@ -146,10 +158,13 @@ def get_collection(name: Name, collections: CollectionsDep, request: Request) ->
     tags=["collections"],
 )
 def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep, request: Request) -> CollectionInfo:
-    """Change what needs no rebuild: the default search spec (rerank settings included). Each field given replaces
-    that field of the defaults; served at once, kept across restarts and compactions."""
+    """Change what needs no rebuild: the default search spec (rerank settings included), each field given replacing
+    that field of the defaults, and the synonym rules, replaced whole. Served at once, kept across restarts and
+    compactions."""
+    if body.defaults is None and body.synonyms is None:
+        raise SpecError("defaults", "give defaults, synonyms or both")
     reloader = scoped(request, name, lambda: collections.resolve(name))
-    reloader.override_defaults(body.defaults_dict())
+    reloader.change_settings(body.defaults_dict(), body.synonyms_list())
     return collection_info(collections, reloader)
 
 

@@ -12,7 +12,8 @@ from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
-from hybrid_retrieval.search.analyzer import STEMMERS, STOPWORD_LISTS
+from hybrid_retrieval.search.analyzer import LANGUAGES, NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
+from hybrid_retrieval.search.cjk import CJK_MODES
 from hybrid_retrieval.search.dense import FAISS_KINDS
 from hybrid_retrieval.search.filters.language import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
@@ -488,7 +489,8 @@ class Stats(BaseModel):
 
 SETTINGS_EXAMPLE = {
     "embedder": {"model": "all-MiniLM-L6-v2"},
-    "analyzer": {"stemmer": "english", "stopwords": "en"},
+    "analyzer": {"language": "english"},
+    "synonyms": [{"equivalent": ["laptop", "notebook"]}],
     "bm25": {"k1": 1.2, "b": 0.75},
     "vectors": {"kind": "flat"},
     "filterable": ["year", "tags"],
@@ -511,8 +513,41 @@ class EmbedderSettings(_Strict):
 
 
 class AnalyzerSettings(_Strict):
-    stemmer: Literal[STEMMERS] = "english"
-    stopwords: Literal[STOPWORD_LISTS] = "en"
+    language: str | None = Field(
+        None,
+        description="sets the stemmer and stop words (and for chinese, japanese, korean: neither): "
+        f"{', '.join(LANGUAGES)}, or an ISO 639-1 code",
+        examples=["german", "ja"],
+    )
+    stemmer: Literal[STEMMERS] | None = Field(None, description="a Snowball stemmer; default: the language's, or english")  # type: ignore[valid-type]
+    stopwords: Literal[STOPWORD_LISTS] | list[Annotated[str, Field(min_length=1)]] | None = Field(  # type: ignore[valid-type]
+        None, description="a named list (en: Lucene's short English one), none, or a list of words; default: the language's, or en"
+    )
+    normalization: Literal[NORMALIZATIONS] | None = Field(
+        None, description="nfkc: full-width and compatibility forms folded (default none)"
+    )  # type: ignore[valid-type]
+    fold_accents: StrictBool | None = Field(None, description="café matches cafe (default false)")
+    cjk: Literal[CJK_MODES] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="Chinese, Japanese and Korean runs: bigram (default, no dictionary), jieba, sudachi or kiwi (dictionary "
+        "segmenters, extras zh, ja, ko), none (a run is one word)",
+    )
+    lowercase: StrictBool | None = Field(None, description="default true")
+
+
+class SynonymRule(_Strict):
+    """{"equivalent": [phrases]}: each brings the others; {"from": phrase(s), "to": [phrases]}: one way."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    equivalent: list[str] | None = None
+    from_: str | list[str] | None = Field(None, alias="from")
+    to: list[str] | None = None
+
+
+SYNONYMS_DESCRIPTION = (
+    "query-time synonym rules of the lexical leg, each phrase analysed like the documents; a query holding a rule's "
+    "phrase also searches its other phrases"
+)
 
 
 class BM25Settings(_Strict):
@@ -542,6 +577,7 @@ class ChunkingSettings(_Strict):
 class CollectionSettingsBody(_Strict):
     embedder: EmbedderSettings | None = None
     analyzer: AnalyzerSettings | None = None
+    synonyms: list[SynonymRule] | None = Field(None, description=SYNONYMS_DESCRIPTION + " (PATCH .../settings changes them)")
     bm25: BM25Settings | None = None
     vectors: VectorSettings | None = None
     filterable: list[Annotated[str, Field(min_length=1)]] | None = Field(
@@ -558,18 +594,29 @@ class CollectionCreate(_Strict):
     )
 
     def settings_dict(self) -> dict | None:
-        return self.settings.model_dump(exclude_unset=True, exclude_none=True) if self.settings is not None else None
+        return self.settings.model_dump(exclude_unset=True, exclude_none=True, by_alias=True) if self.settings is not None else None
 
 
 class SettingsPatch(_Strict):
-    defaults: DefaultsBody = Field(
+    defaults: DefaultsBody | None = Field(
+        None,
         description="fields of the search spec a request that says nothing gets; each replaces that field (over the "
         "server's HYBRID_DEPTH / HYBRID_RERANK_* settings too)",
         examples=[{"mode": "hybrid", "rerank": {"enabled": False}}],
     )
+    synonyms: list[SynonymRule] | None = Field(
+        None,
+        description=SYNONYMS_DESCRIPTION + "; replaces the collection's rules whole ([] removes them), served at once",
+        examples=[[{"equivalent": ["car", "automobile"]}, {"from": "heart attack", "to": ["myocardial infarction"]}]],
+    )
 
     def defaults_dict(self) -> dict:
-        return self.defaults.model_dump(exclude_unset=True, exclude_none=True)
+        return self.defaults.model_dump(exclude_unset=True, exclude_none=True) if self.defaults is not None else {}
+
+    def synonyms_list(self) -> list[dict] | None:
+        if self.synonyms is None:
+            return None
+        return [rule.model_dump(exclude_none=True, by_alias=True) for rule in self.synonyms]
 
 
 class CollectionSummary(BaseModel):

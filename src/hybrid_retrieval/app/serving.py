@@ -26,6 +26,7 @@ from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
 from hybrid_retrieval.search.errors import HybridError, SpecError
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.pipeline import SearchPipeline
+from hybrid_retrieval.search.synonyms import Synonyms
 
 logger = logging.getLogger(__name__)
 
@@ -217,20 +218,25 @@ class Reloader:
     def _session(self, index: OpenIndex, precision: str, threads: int | None) -> OnnxEmbedder:
         return self.resources.session(index.path / MODEL_DIR, index.manifest.embedder.model_checksum, precision, "cpu", threads)
 
-    def override_defaults(self, changes: dict) -> Serving:
-        """Set fields of the collection's default spec (each replaces the field whole) and serve them at once; SpecError
-        naming the field when this collection cannot serve them (e.g. hubness without a fitted correction)."""
+    def change_settings(self, defaults: dict, synonyms: list[dict] | None = None) -> Serving:
+        """Change what needs no rebuild and serve it at once: fields of the collection's default spec (each replaces
+        the field whole) and, when given, its synonym rules (replaced whole). SpecError naming the field when this
+        collection cannot serve them (e.g. hubness without a fitted correction, a phrase of stop words only)."""
         serving = self.serving
         if serving is None or serving.collection is None or not hasattr(serving.collection, "update_manifest"):
             raise Conflict(f"collection {self.name!r} takes no changes: {serving.write_refusal if serving else 'not loaded'}")
-        overrides = {**serving.index.manifest.overrides, **changes}
+        overrides = {**serving.index.manifest.overrides, **defaults}
         try:
-            serving.pipeline.resolve(changes)
+            serving.pipeline.resolve(defaults)
         except SpecError as exc:
             raise exc.within("defaults") from None
+        rules = Synonyms(synonyms, serving.index.analyzer.analyze).rules if synonyms is not None else None
 
         def change(manifest) -> None:
             manifest.overrides = overrides
+            if rules is not None:
+                manifest.synonyms = rules
+                manifest.analyzer.set_synonyms(rules)  # the served analyzer is the in-memory manifest's
 
         collection = serving.collection
         collection.update_manifest(change)

@@ -16,6 +16,7 @@ from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_c
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import read_corpus
 from hybrid_retrieval.indexer.datadir.layout import DataDir, check_name
+from hybrid_retrieval.indexer.datadir.settings import parse_analyzer
 from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR
 from hybrid_retrieval.indexer.live.repair import repair_log
@@ -24,8 +25,9 @@ from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.providers import BACKENDS
-from hybrid_retrieval.search.analyzer import STEMMERS, STOPWORD_LISTS, Analyzer
+from hybrid_retrieval.search.analyzer import NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.bm25 import BM25_METHODS, BM25Params
+from hybrid_retrieval.search.cjk import CJK_MODES
 from hybrid_retrieval.search.dense import FAISS_KINDS, FaissParams
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.training.reembed import reembed_index
@@ -142,8 +144,13 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bm25-method", choices=BM25_METHODS, default=default(BM25Params, "method"))
     g.add_argument("--k1", type=float, default=default(BM25Params, "k1"))
     g.add_argument("--b", type=float, default=default(BM25Params, "b"))
-    g.add_argument("--stopwords", choices=STOPWORD_LISTS, default=default(Analyzer, "stopwords"))
-    g.add_argument("--stemmer", choices=STEMMERS, default=default(Analyzer, "stemmer"))
+    g.add_argument("--language", help="BM25's language (name or ISO code): sets --stemmer and --stopwords (default english)")
+    g.add_argument("--stopwords", choices=STOPWORD_LISTS, help="stop-word list (default: the language's; en: Lucene's English list)")
+    g.add_argument("--stemmer", choices=STEMMERS, help="Snowball stemmer (default: the language's)")
+    g.add_argument("--normalization", choices=NORMALIZATIONS, help="nfkc: fold full-width and compatibility forms (default none)")
+    g.add_argument("--fold-accents", action="store_true", help="strip accents: café matches cafe")
+    g.add_argument("--cjk", choices=CJK_MODES, help="Chinese/Japanese/Korean runs: bigram (default) or a segmenter (extras zh, ja, ko)")
+    g.add_argument("--synonyms", type=Path, help="a JSON file of query-time synonym rules (search.synonyms; changeable later)")
     g.add_argument(
         "--flat-search-cutoff",
         type=int,
@@ -220,11 +227,14 @@ def run_reembed(args) -> None:
 
 
 def build_options(args) -> BuildOptions:
+    given = {name: getattr(args, name) for name in ("language", "stemmer", "stopwords", "normalization", "cjk") if getattr(args, name)}
+    analyzer = parse_analyzer({**given, **({"fold_accents": True} if args.fold_accents else {})}, "analyzer")
     return BuildOptions(
         model=args.model,
         backend=args.backend,
         precision=args.precision,
-        analyzer=Analyzer(stopwords=args.stopwords, stemmer=args.stemmer),
+        analyzer=analyzer,
+        synonyms=tuple(json.loads(args.synonyms.read_text())) if args.synonyms else (),
         bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
         faiss=FaissParams(
             kind=args.faiss,

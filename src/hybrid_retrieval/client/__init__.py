@@ -33,6 +33,7 @@ from hybrid_retrieval.client.models import (
     Snapshot,
     Stats,
     StoredDocument,
+    SynonymRule,
     Task,
     WriteResult,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "Snapshot",
     "Stats",
     "StoredDocument",
+    "SynonymRule",
     "Task",
     "Unavailable",
     "ValidationError",

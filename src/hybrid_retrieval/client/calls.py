@@ -32,6 +32,7 @@ from hybrid_retrieval.client.models import (
     Snapshot,
     Stats,
     StoredDocument,
+    SynonymRule,
     Task,
     WriteResult,
 )
@@ -223,8 +224,13 @@ def get_collection(name: str) -> Call[CollectionInfo]:
     return Call("GET", scope(name), model(CollectionInfo))
 
 
-def update_defaults(name: str, defaults: Defaults | dict) -> Call[CollectionInfo]:
-    return Call("PATCH", f"{scope(name)}/settings", model(CollectionInfo), json={"defaults": _body(defaults)})
+def update_settings(name: str, defaults: Defaults | dict | None, synonyms: list[SynonymRule | dict] | None) -> Call[CollectionInfo]:
+    body: dict[str, Any] = {}
+    if defaults is not None:
+        body["defaults"] = _body(defaults)
+    if synonyms is not None:
+        body["synonyms"] = [_body(rule) for rule in synonyms]
+    return Call("PATCH", f"{scope(name)}/settings", model(CollectionInfo), json=body)
 
 
 def drop_collection(name: str) -> Call[None]:

@@ -30,6 +30,7 @@ from hybrid_retrieval.client.models import (
     Snapshot,
     Stats,
     StoredDocument,
+    SynonymRule,
     Task,
     WriteResult,
 )
@@ -126,8 +127,11 @@ class Client:
     def get_collection(self, name: str) -> CollectionInfo:
         return self.send(calls.get_collection(name))
 
-    def update_defaults(self, name: str, defaults: Defaults | dict) -> CollectionInfo:
-        return self.send(calls.update_defaults(name, defaults))
+    def update_settings(
+        self, name: str, defaults: Defaults | dict | None = None, synonyms: list[SynonymRule | dict] | None = None
+    ) -> CollectionInfo:
+        """Change what needs no rebuild: fields of the default search spec, and the synonym rules (replaced whole)."""
+        return self.send(calls.update_settings(name, defaults, synonyms))
 
     def drop_collection(self, name: str) -> None:
         return self.send(calls.drop_collection(name))
@@ -315,8 +319,11 @@ class AsyncClient:
     async def get_collection(self, name: str) -> CollectionInfo:
         return await self.send(calls.get_collection(name))
 
-    async def update_defaults(self, name: str, defaults: Defaults | dict) -> CollectionInfo:
-        return await self.send(calls.update_defaults(name, defaults))
+    async def update_settings(
+        self, name: str, defaults: Defaults | dict | None = None, synonyms: list[SynonymRule | dict] | None = None
+    ) -> CollectionInfo:
+        """Change what needs no rebuild: fields of the default search spec, and the synonym rules (replaced whole)."""
+        return await self.send(calls.update_settings(name, defaults, synonyms))
 
     async def drop_collection(self, name: str) -> None:
         return await self.send(calls.drop_collection(name))

@@ -273,8 +273,24 @@ class EmbedderSettings(_Request):
 
 
 class AnalyzerSettings(_Request):
+    """How BM25 reads text: a `language` sets the stemmer and stop words; `stopwords` may be a list of words."""
+
+    language: str | None = None
     stemmer: str | None = None
-    stopwords: str | None = None
+    stopwords: str | list[str] | None = None
+    normalization: Literal["none", "nfkc"] | None = None
+    fold_accents: bool | None = None
+    cjk: Literal["bigram", "jieba", "sudachi", "kiwi", "none"] | None = None
+    lowercase: bool | None = None
+
+
+class SynonymRule(_Request):
+    """`SynonymRule(equivalent=["car", "automobile"])`, or one way: `SynonymRule(from_="heart attack", to=[...])`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    equivalent: list[str] | None = None
+    from_: str | list[str] | None = Field(None, alias="from")
+    to: list[str] | None = None
 
 
 class BM25Settings(_Request):
@@ -306,6 +322,7 @@ class CollectionSettings(_Request):
 
     embedder: EmbedderSettings | None = None
     analyzer: AnalyzerSettings | None = None
+    synonyms: list[SynonymRule] | None = None
     bm25: BM25Settings | None = None
     vectors: VectorSettings | None = None
     filterable: list[str] | None = None

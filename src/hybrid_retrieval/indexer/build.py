@@ -62,6 +62,7 @@ from hybrid_retrieval.search.errors import ConfigError, HybridError
 from hybrid_retrieval.search.filters.columns import MetadataCollector, check_filterable
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.spec import SearchSpec
+from hybrid_retrieval.search.synonyms import Synonyms
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class BuildOptions:
     filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)
     field_types: dict | None = None  # fields whose type is decided already (a compaction keeps its collection's)
     chunking: ChunkingParams = field(default_factory=ChunkingParams)  # none: one vector per document, of its head
+    synonyms: tuple[dict, ...] = ()  # query-time synonym rules (search.synonyms), kept in the manifest
 
     def __post_init__(self):
         if self.backend not in (*BACKENDS, NO_MODEL):  # none: a collection's documents bring their vectors
@@ -97,6 +99,7 @@ class BuildOptions:
         check_device(self.device)
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
+        Synonyms(list(self.synonyms), self.analyzer.analyze)  # refused here, naming the rule, not after the build
 
 
 def _link_or_copy(source: str, target: str) -> None:
@@ -107,9 +110,9 @@ def _link_or_copy(source: str, target: str) -> None:
         shutil.copy2(source, target)
 
 
-def _versions() -> dict:
+def _versions(analyzer: Analyzer) -> dict:
     # faiss and onnxruntime by module version: their CPU and GPU wheels have different distribution names
-    packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy")}
+    packages = {name: version(name) for name in ("bm25s", "PyStemmer", "numpy", *analyzer.libraries())}
     return {
         "python": platform.python_version(),
         **packages,
@@ -286,7 +289,7 @@ def build_into(
     manifest = Manifest(
         builder_version=BUILDER_VERSION,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        versions=_versions(),
+        versions=_versions(options.analyzer),
         corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
         counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passage_count} if passage_count else {})},
         analyzer=options.analyzer,
@@ -305,6 +308,7 @@ def build_into(
         metadata=metadata.fields,
         filterable=sorted(options.filterable) if options.filterable is not None else None,
         chunking=options.chunking,
+        synonyms=list(options.synonyms),
     )
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.indexer.chunking import ChunkingParams
-from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
 from hybrid_retrieval.search.errors import HybridError
@@ -128,6 +128,9 @@ class Manifest:
     overrides: dict = field(default_factory=dict)
     # How documents were cut into passages (indexer.chunking); absent from manifests before chunking: none.
     chunking: ChunkingParams = field(default_factory=ChunkingParams)
+    # Query-time synonym rules of the lexical leg (search.synonyms): changed without a rebuild, so kept beside the
+    # analyzer rather than in it; the open analyzer is given them.
+    synonyms: list[dict] = field(default_factory=list)
 
     @property
     def documents(self) -> int:
@@ -156,6 +159,7 @@ class Manifest:
             "filterable": self.filterable,
             "overrides": self.overrides,
             "chunking": self.chunking.to_dict(),
+            "synonyms": self.synonyms,
             "files": self.files,
             "build": self.build,
         }
@@ -179,7 +183,7 @@ class Manifest:
             faiss = dict(data["faiss"])
             hubness = data.get("hubness")
             tuning = data.get("fusion_tuning")
-            return cls(
+            manifest = cls(
                 builder_version=data["builder_version"],
                 created_at=data["created_at"],
                 versions=data["versions"],
@@ -202,7 +206,12 @@ class Manifest:
                 filterable=data.get("filterable"),
                 overrides=data.get("overrides") or {},
                 chunking=ChunkingParams(**data.get("chunking", {})),
+                synonyms=data.get("synonyms") or [],
             )
+            manifest.analyzer.set_synonyms(manifest.synonyms)
+            return manifest
+        except AnalyzerError as exc:  # e.g. its segmenter is not installed here
+            raise IndexOpenError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexOpenError(f"{where}: malformed manifest ({exc.__class__.__name__}: {exc}); rebuild the index") from None
 

@@ -34,7 +34,7 @@ from hybrid_retrieval.models.embedder import NO_MODEL, NoEmbedder, OnnxEmbedder,
 from hybrid_retrieval.models.onnx_export import resolve_precision
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
-from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.errors import ConfigError
@@ -151,12 +151,12 @@ def verify_inventory(folder: Path, files: dict[str, dict], mode: str = "full") -
             raise IndexOpenError(f"index file {path} does not match its checksum in the manifest (corrupted)")
 
 
-def _warn_on_stemmer_change(manifest: Manifest) -> None:
-    """Stemmer releases rarely change outputs, but when they do, query terms stop matching."""
-    built_with = manifest.versions.get("PyStemmer")
-    installed = version("PyStemmer")
-    if manifest.analyzer.stemmer != "none" and built_with and built_with != installed:
-        logger.warning("index was built with PyStemmer %s, queries use %s: rebuild if BM25 results look off", built_with, installed)
+def _warn_on_analysis_change(manifest: Manifest) -> None:
+    """Stemmer and segmenter releases rarely change outputs, but when they do, query terms stop matching."""
+    for library in manifest.analyzer.libraries():
+        built_with, installed = manifest.versions.get(library), version(library)
+        if built_with and built_with != installed:
+            logger.warning("index was built with %s %s, queries use %s: rebuild if BM25 results look off", library, built_with, installed)
 
 
 @dataclass
@@ -264,8 +264,11 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     folder = Path(folder)
     manifest = read_manifest(folder)
     verify_files(folder, manifest, verify)
-    _warn_on_stemmer_change(manifest)
-    bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
+    _warn_on_analysis_change(manifest)
+    try:
+        bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
+    except AnalyzerError as exc:
+        raise IndexOpenError(str(exc)) from None
     embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
     dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device, embeddings)
     docs = DocStore(folder)

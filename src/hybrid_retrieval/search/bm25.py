@@ -7,6 +7,7 @@ CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files o
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from collections.abc import Iterable
@@ -16,13 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
 
+ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
 
@@ -74,11 +76,20 @@ class BM25Index:
 
     def save(self, folder: Path) -> None:
         self._engine.save(str(folder), show_progress=False)
+        # the analyzer that made these terms, beside them: a manifest that names another one is refused at load
+        (folder / ANALYZER_FILE).write_text(json.dumps(self.analyzer.to_dict(), ensure_ascii=False, sort_keys=True))
 
     @classmethod
     def load(cls, folder: Path, analyzer: Analyzer, mmap: bool = True) -> BM25Index:
         import bm25s
 
+        made_by = folder / ANALYZER_FILE
+        if made_by.is_file() and (built := Analyzer.from_dict(json.loads(made_by.read_text()))) != analyzer:
+            changed = sorted(k for k, v in built.to_dict().items() if analyzer.to_dict().get(k) != v)
+            raise AnalyzerError(
+                f"{folder}: its terms were made by another analyzer than the manifest names (differs in {', '.join(changed)}); "
+                "queries would not match them: rebuild the index with the analyzer you want"
+            )
         return cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
 
     @property
@@ -97,7 +108,7 @@ class BM25Index:
 
     def query_token_ids(self, query: str) -> list[int]:
         """Analysed query terms that exist in the index (repeated terms count again, as in Lucene)."""
-        return [self._vocab[t] for t in self.analyzer.analyze(query) if t in self._vocab]
+        return [self._vocab[t] for t in self.analyzer.query_terms(query) if t in self._vocab]
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every document for `query` (zeros when no term matches)."""

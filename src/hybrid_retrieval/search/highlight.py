@@ -1,6 +1,6 @@
 """Query-term highlighting of search hits, matched through the index's analyzer.
 
-A field is tokenised exactly like BM25 indexed it (`analyzed_spans`: the analyzer's terms with their
+A field is tokenised exactly like BM25 indexed it (`Analyzer.spans`: the analyzer's terms with their
 character offsets in the original text), so the query `bleeding` marks `bleed` and `Bleeds` (all stem to
 `bleed`). `Highlighter.highlight` picks the best windows of about `snippet_chars` characters (most distinct
 query terms, then most matched tokens, then earliest), snapped to word and sentence boundaries, and renders
@@ -56,24 +56,6 @@ def check_semantic_hits(semantic: bool, k: int) -> None:
             f"at most {MAX_SEMANTIC_HITS} hits a page with semantic highlights "
             f"(each embeds every sentence of its hits), got k = {k}; page through more with offset",
         )
-
-
-def analyzed_spans(analyzer: Analyzer, text: str) -> list[tuple[str, int, int]]:
-    """Each term `analyzer.analyze(text)` yields, in order, as (term, start, end): code-point offsets into `text`."""
-    pattern, stopset = analyzer._pattern, analyzer._stopset
-    if not analyzer.lowercase:
-        found = [(m.group(), *m.span()) for m in pattern.finditer(text)]
-    else:
-        lowered = text.lower()
-        if len(lowered) == len(text):  # lower() never shortens a string, so equal lengths map offsets 1:1
-            found = [(m.group(), *m.span()) for m in pattern.finditer(lowered)]
-        else:
-            # Approximation: lowercasing grew the text (e.g. 'İ' -> 'i̇'), so tokens come from the original text, each lowercased.
-            found = [(m.group().lower(), *m.span()) for m in pattern.finditer(text)]
-    kept = [token for token in found if token[0] not in stopset]
-    words = [token[0] for token in kept]
-    terms = analyzer._stem(words) if analyzer._stem is not None else words
-    return [(term, start, end) for term, (_, start, end) in zip(terms, kept)]
 
 
 @dataclass(frozen=True)
@@ -226,14 +208,15 @@ class Highlighter:
         self.analyzer = analyzer
 
     def query_terms(self, query: str) -> frozenset[str]:
-        """The analysed query terms; pass them as `terms=` to highlight many hits without re-analysing the query."""
-        return frozenset(self.analyzer.analyze(query))
+        """The analysed query terms (with what synonyms add); pass them as `terms=` to highlight many hits without
+        re-analysing the query."""
+        return frozenset(self.analyzer.query_terms(query))
 
     def _field(self, query: str, field_text: str, terms: Iterable[str] | None) -> _Field | None:
         wanted = self.query_terms(query) if terms is None else frozenset(terms)
         if not wanted or not field_text:
             return None
-        hits = [hit for hit in analyzed_spans(self.analyzer, field_text) if hit[0] in wanted]
+        hits = [hit for hit in self.analyzer.spans(field_text) if hit[0] in wanted]
         return _Field(field_text, hits) if hits else None
 
     def highlight(

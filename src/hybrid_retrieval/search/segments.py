@@ -184,7 +184,7 @@ class LiveBM25:
         document count, avgdl and document frequencies of `statistics` (default: of this segment)."""
         n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
         out = np.zeros(self.num_docs, dtype=np.float64)
-        for term in self.analyzer.analyze(query):  # a repeated query term counts again, as in bm25s and Lucene
+        for term in self.analyzer.query_terms(query):  # a repeated query term counts again, as in bm25s and Lucene
             term_id = self._vocab.get(term)
             live_idx, live_tf = self.live.postings(term)
             if statistics is None:

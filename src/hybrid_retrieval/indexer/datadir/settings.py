@@ -2,7 +2,9 @@
 naming `settings.<field>`), then turned into the build options and default search spec of its index.
 
     {"embedder": {"model": "all-MiniLM-L6-v2", "precision": "fp32"},
-     "analyzer": {"stemmer": "english", "stopwords": "en"},
+     "analyzer": {"language": "german", "normalization": "nfkc", "fold_accents": true, "cjk": "bigram"},
+                                                       # or stemmer / stopwords (a list: custom) given one by one
+     "synonyms": [{"equivalent": ["car", "automobile"]}],  # search.synonyms; PATCH changes them without a rebuild
      "bm25": {"k1": 1.2, "b": 0.75},
      "vectors": {"kind": "flat", ...},               # search.dense.FaissParams' fields
      "filterable": ["year", "tags"],                   # null or absent: every metadata field that can be
@@ -14,6 +16,7 @@ Every field is optional; what is absent takes `hybrid index`'s default.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -27,13 +30,14 @@ from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
 from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.spec import SearchSpec
+from hybrid_retrieval.search.synonyms import Synonyms
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
-SECTIONS = ("embedder", "analyzer", "bm25", "vectors", "filterable", "chunking", "defaults")
+SECTIONS = ("embedder", "analyzer", "synonyms", "bm25", "vectors", "filterable", "chunking", "defaults")
 CHUNKING_FIELDS = ("method", "size", "overlap")
 EMBEDDER_FIELDS = ("kind", "model", "precision", "dimension")
 EMBEDDER_KINDS = ("model", "none")  # none: documents and dense searches bring their vectors
-ANALYZER_FIELDS = ("stemmer", "stopwords")
+ANALYZER_FIELDS = ("language", "stemmer", "stopwords", "normalization", "fold_accents", "cjk", "lowercase")
 BM25_FIELDS = ("k1", "b")  # the method stays lucene: live writes score with it (search.segments)
 # A collection's vector index is exact (Flat) until it holds this many documents, then of its kind (search.dense)
 EXACT_BELOW = 10_000
@@ -50,6 +54,7 @@ class CollectionSettings:
     filterable: tuple[str, ...] | None = None
     defaults: SearchSpec = field(default_factory=SearchSpec)
     chunking: ChunkingParams = field(default_factory=ChunkingParams)
+    synonyms: tuple[dict, ...] = ()
 
     @classmethod
     def parse(cls, data: Any) -> CollectionSettings:
@@ -75,7 +80,8 @@ class CollectionSettings:
         precision = embedder.get("precision", "fp32")
         if precision not in PRECISIONS:
             raise SpecError("settings.embedder.precision", f"must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-        analyzer = _build(Analyzer, "settings.analyzer", _object(section.get("analyzer", {}), "settings.analyzer", ANALYZER_FIELDS))
+        analyzer = parse_analyzer(section.get("analyzer", {}), "settings.analyzer")
+        synonyms = tuple(Synonyms(section.get("synonyms", []), analyzer.analyze, "settings.synonyms").rules)
         bm25 = _build(BM25Params, "settings.bm25", _object(section.get("bm25", {}), "settings.bm25", BM25_FIELDS))
         vector_fields = tuple(f.name for f in fields(FaissParams))
         vectors = _object(section.get("vectors", {}), "settings.vectors", vector_fields)
@@ -100,6 +106,7 @@ class CollectionSettings:
             "filterable": filterable,
             "defaults": defaults,
             "chunking": chunking,
+            "synonyms": synonyms,
         }
         if kind == "none":
             return cls(model=NO_MODEL, dimension=dimension, **shared)
@@ -117,7 +124,29 @@ class CollectionSettings:
             progress=False,
             filterable=self.filterable,
             chunking=self.chunking,
+            synonyms=self.synonyms,
         )
+
+
+def parse_analyzer(value: Any, where: str) -> Analyzer:
+    """An analyzer from its settings: a `language` (name or ISO code) sets the stemmer and stop words, which may also
+    be given (or overridden) one by one; `stopwords` as a list is a custom list. SpecError naming the field."""
+    spec = dict(_object(value, where, ANALYZER_FIELDS))
+    for name in ("fold_accents", "lowercase"):
+        if name in spec and not isinstance(spec[name], bool):
+            raise SpecError(f"{where}.{name}", "must be true or false")
+    stopwords = spec.get("stopwords")
+    if isinstance(stopwords, list):
+        if not stopwords or not all(isinstance(w, str) and w.strip() for w in stopwords):
+            raise SpecError(f"{where}.stopwords", "a custom list needs at least one non-empty word")
+        spec["stopwords"], spec["stopword_list"] = "custom", tuple(stopwords)
+    if not isinstance(spec.get("language", ""), str):
+        raise SpecError(f"{where}.language", "must be a language name or ISO 639-1 code")
+    return _build(_analyzer, where, spec)
+
+
+def _analyzer(language: str | None = None, **fields: Any) -> Analyzer:
+    return Analyzer.for_language(language, **fields) if language is not None else Analyzer(**fields)
 
 
 def _object(value: Any, where: str, known: tuple[str, ...]) -> dict:
@@ -129,7 +158,7 @@ def _object(value: Any, where: str, known: tuple[str, ...]) -> dict:
     return value
 
 
-def _build(kind: type, where: str, values: dict) -> Any:
+def _build(kind: Callable[..., Any], where: str, values: dict) -> Any:
     """`kind(**values)`, its ConfigError (which names the parameter) turned into a SpecError naming the field."""
     for name, value in values.items():
         if isinstance(value, (dict, list)):

@@ -127,7 +127,7 @@ def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarra
     fitted hubness correction, extended to the written documents (what a fresh fit with the same banks gives). A
     correction fitted before fits kept their banks cannot be extended: it is dropped (refit it)."""
     old = state.index.manifest
-    new.defaults, new.evidence, new.overrides = old.defaults, dict(old.evidence), dict(old.overrides)
+    new.defaults, new.evidence, new.overrides, new.synonyms = old.defaults, dict(old.evidence), dict(old.overrides), list(old.synonyms)
     new.fusion_tuning, new.corpus, new.applied_sequence = old.fusion_tuning, old.corpus, state.seq
     if old.hubness is None:
         return

@@ -116,7 +116,7 @@ class ShardedIndex:
             return {}
         extras: dict = {"min_seq": list(self.visible)}
         if query is not None:
-            terms = self.analyzer.analyze(query)
+            terms = self.analyzer.query_terms(query)
             extras["statistics"] = CorpusStatistics.total(self.shards.all("statistics", terms, extras["min_seq"]))
         return extras
 
