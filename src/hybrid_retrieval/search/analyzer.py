@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache, cached_property
 from typing import Any
 
-from hybrid_retrieval.search.cjk import CJK_MODES, CJK_RUN, SEGMENTERS, Token, bigrams, segmenter
+from hybrid_retrieval.search.cjk import CJK_MODES, CJK_PASSAGE, CJK_RUN, SEGMENTERS, Token, bigrams, segmenter
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.synonyms import Synonyms
 
@@ -215,7 +215,8 @@ class Analyzer:
             yield 0, text, False
             return
         at = 0
-        for run in CJK_RUN.finditer(text):
+        runs = CJK_RUN if self.cjk == "bigram" else CJK_PASSAGE
+        for run in runs.finditer(text):
             if run.start() > at:
                 yield at, text[at : run.start()], False
             yield run.start(), run.group(), True

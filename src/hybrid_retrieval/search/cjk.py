@@ -24,6 +24,9 @@ _HAN = "\u3005-\u3007\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebe
 _KANA = "\u3040-\u309f\u30a0-\u30ff\u31f0-\u31ff\uff66-\uff9f"
 _HANGUL = "\u1100-\u11ff\u3130-\u318f\ua960-\ua97f\uac00-\ud7af\ud7b0-\ud7ff"
 CJK_RUN = re.compile(f"[{_HAN}{_KANA}{_HANGUL}]+")
+# what a segmenter reads at once: runs with the spaces between them (Korean separates words by spaces, and a
+# segmenter needs the words around one to tag it)
+CJK_PASSAGE = re.compile(f"[{_HAN}{_KANA}{_HANGUL}]+(?:\\s+[{_HAN}{_KANA}{_HANGUL}]+)*")
 
 Token = tuple[str, int, int]  # term, start, end (code points into the text segmented)
 
@@ -33,6 +36,10 @@ def bigrams(run: str, offset: int = 0) -> list[Token]:
     if len(run) == 1:
         return [(run, offset, offset + 1)]
     return [(run[i : i + 2], offset + i, offset + i + 2) for i in range(len(run) - 1)]
+
+
+def _bigrammed(passage: str, start: int, end: int, offset: int) -> list[Token]:
+    return [token for run in CJK_RUN.finditer(passage, start, end) for token in bigrams(run.group(), offset + run.start())]
 
 
 class Segmenter:
@@ -45,7 +52,7 @@ class Segmenter:
     scripts: str
 
     def __init__(self) -> None:
-        self._pattern = re.compile(f"[{self.scripts}]+")
+        self._pattern = re.compile(f"[{self.scripts}]+(?:\\s+[{self.scripts}]+)*")
         self._lock = threading.Lock()  # the tokenizers keep state between calls
         self._tokenizer: Callable[[str], list[Token]] | None = None
 
@@ -55,19 +62,16 @@ class Segmenter:
                 self._tokenizer = self._load()
             return self._tokenizer(run)
 
-    def tokens(self, run: str, offset: int) -> list[Token]:
-        """The run's terms: its parts in this segmenter's scripts segmented, the rest bigrammed."""
+    def tokens(self, passage: str, offset: int) -> list[Token]:
+        """A passage's terms (CJK_PASSAGE): its parts in this segmenter's scripts segmented, the rest bigrammed."""
         found: list[Token] = []
         at = 0
-        for part in self._pattern.finditer(run):
-            if part.start() > at:
-                found += bigrams(run[at : part.start()], offset + at)
+        for part in self._pattern.finditer(passage):
+            found += _bigrammed(passage, at, part.start(), offset)
             start = offset + part.start()
             found += [(word, start + s, start + e) for word, s, e in self.words(part.group())]
             at = part.end()
-        if at < len(run):
-            found += bigrams(run[at:], offset + at)
-        return found
+        return found + _bigrammed(passage, at, len(passage), offset)
 
     def _load(self) -> Callable[[str], list[Token]]:
         raise NotImplementedError
@@ -105,10 +109,10 @@ class Sudachi(Segmenter):
 
 class Kiwi(Segmenter):
     """Korean morphemes (kiwipiepy): nouns, verb and adjective stems, adverbs and roots; particles (J*), endings
-    (E*), affixes and symbols are dropped, as Lucene's Nori drops its stop tags."""
+    (E*), affixes, the copula and symbols are dropped, as Lucene's Nori drops its stop tags."""
 
     name, extra, package, modules, scripts = "kiwi", "ko", "kiwipiepy", ("kiwipiepy", "kiwipiepy_model"), _HANGUL + _HAN
-    _DROPPED = ("J", "E", "XS", "XP", "SF", "SP", "SS", "SE", "SO", "SW", "W_")
+    _DROPPED = ("J", "E", "XS", "XP", "VC", "SF", "SP", "SS", "SE", "SO", "SW", "W_")
 
     def _load(self) -> Callable[[str], list[Token]]:
         from kiwipiepy import Kiwi as KiwiTokenizer

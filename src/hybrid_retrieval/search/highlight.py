@@ -94,7 +94,7 @@ class _Field:
         self.text = text
         self.terms = [term for term, _, _ in hits]
         self.hit_starts = [start for _, start, _ in hits]
-        self.hit_ends = [end for _, _, end in hits]  # tokens never overlap: sorted like the starts
+        self.hit_ends = [end for _, _, end in hits]  # ascending with the starts (CJK bigrams overlap, in order)
         words = [m.span() for m in _WORD.finditer(text)]
         self.word_starts = [start for start, _ in words]
         self.word_ends = [end for _, end in words]
@@ -189,7 +189,12 @@ class _Field:
     def snippet(self, start: int, end: int) -> Snippet:
         text = self.text
         inside = self._hits_in(start, end)
-        matches = [(self.hit_starts[k], self.hit_ends[k]) for k in inside]
+        matches: list[tuple[int, int]] = []
+        for k in inside:  # overlapping tokens (CJK bigrams: 计算 and 算机) are marked as one stretch (计算机)
+            if matches and self.hit_starts[k] < matches[-1][1]:
+                matches[-1] = (matches[-1][0], self.hit_ends[k])
+            else:
+                matches.append((self.hit_starts[k], self.hit_ends[k]))
         parts = [ELLIPSIS] if start > self.word_starts[0] else []
         pos = start
         for s, e in matches:
