@@ -9,6 +9,7 @@ from bench import (
     collections_bench,
     filter_bench,
     gpu_bench,
+    language_bench,
     live_bench,
     longdocs,
     measure,
@@ -25,6 +26,7 @@ from bench.harness import Case
 CASES: list[Case] = [  # a section renders where its first case is
     *quality.CASES,
     *longdocs.CASES,
+    *language_bench.CASES,
     *measure.CASES,
     *serving_bench.CASES,
     *filter_bench.CASES,

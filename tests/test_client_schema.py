@@ -148,13 +148,13 @@ def drift(schema: dict) -> list[str]:
             problems.append(f"{name}: not in the schema (client model {model.__name__})")
             continue
         properties, required = set(found.get("properties", {})), set(found.get("required", []))
-        fields = set(model.model_fields)
+        fields = {info.alias or name for name, info in model.model_fields.items()}  # as sent: `from_` is `from`
         for field in sorted(properties - fields):
             problems.append(f"{name}.{field}: the server has it, client model {model.__name__} does not")
         for field in sorted(fields - properties):
             problems.append(f"{name}.{field}: client model {model.__name__} has it, the server does not")
         if issubclass(model, models._Response):  # what the server always sends, the client must require, and no more
-            client_required = {name for name, info in model.model_fields.items() if info.is_required()}
+            client_required = {info.alias or name for name, info in model.model_fields.items() if info.is_required()}
             for field in sorted(client_required ^ required):
                 problems.append(f"{name}.{field}: required on one side only")
     for name, fields in ENVELOPES.items():

@@ -265,3 +265,22 @@ def test_bm25_refuses_a_manifest_that_names_another_analyzer(tmp_path):
     assert BM25Index.load(tmp_path, Analyzer.for_language("de")).num_docs == len(DOCS)
     with pytest.raises(AnalyzerError, match="differs in stemmer, stopword_list, stopwords"):
         BM25Index.load(tmp_path, Analyzer())
+
+
+def test_an_index_of_a_segmenter_that_is_not_installed_is_refused_by_name(monkeypatch, tiny_index):
+    import json
+
+    from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest
+    from hybrid_retrieval.search import cjk
+
+    manifest = json.loads((tiny_index / MANIFEST).read_text())
+    manifest["analyzer"]["cjk"] = "jieba"
+    monkeypatch.setattr(cjk.Jieba, "modules", ("jieba_is_not_installed",))
+    cjk.segmenter.cache_clear()
+    try:
+        with pytest.raises(AnalyzerError, match=r"needs the jieba_is_not_installed package: pip install 'hybrid-retrieval\[zh\]'"):
+            Analyzer(cjk="jieba")
+        with pytest.raises(IndexOpenError, match=r"pip install 'hybrid-retrieval\[zh\]'"):
+            Manifest.from_dict(manifest)
+    finally:
+        cjk.segmenter.cache_clear()

@@ -32,7 +32,6 @@ from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.search.analyzer import Analyzer
-from hybrid_retrieval.search.errors import SpecError
 
 router = APIRouter(route_class=CheckedRoute)
 
@@ -161,10 +160,9 @@ def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep,
     """Change what needs no rebuild: the default search spec (rerank settings included), each field given replacing
     that field of the defaults, and the synonym rules, replaced whole. Served at once, kept across restarts and
     compactions."""
-    if body.defaults is None and body.synonyms is None:
-        raise SpecError("defaults", "give defaults, synonyms or both")
     reloader = scoped(request, name, lambda: collections.resolve(name))
-    reloader.change_settings(body.defaults_dict(), body.synonyms_list())
+    if body.defaults is not None or body.synonyms is not None:  # an empty body changes nothing
+        reloader.change_settings(body.defaults_dict(), body.synonyms_list())
     return collection_info(collections, reloader)
 
 

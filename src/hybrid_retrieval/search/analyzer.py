@@ -137,7 +137,10 @@ class Analyzer:
         except re.error as exc:
             raise AnalyzerError(f"token_pattern is not a regular expression: {exc}") from None
         if self.cjk in SEGMENTERS:
-            segmenter(self.cjk)  # refuses, naming the extra, when its library is missing
+            try:
+                segmenter(self.cjk)
+            except ConfigError as exc:  # its library is missing: the message names the extra to install
+                raise AnalyzerError(str(exc)) from None
 
     @classmethod
     def for_language(cls, language: str, **overrides: Any) -> Analyzer:
