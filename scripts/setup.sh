@@ -8,5 +8,5 @@ extra="${HYBRID_EXTRA:-$(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}"
-.venv/bin/pip install -q -e ".[${extra},index,dev,ray,langchain,llamaindex,zh,ja,ko]"
+.venv/bin/pip install -q -e ".[${extra},index,profiles,dev,ray,langchain,llamaindex,zh,ja,ko]"
 echo "installed hybrid-retrieval with the ${extra} extra into .venv"

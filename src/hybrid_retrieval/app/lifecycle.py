@@ -61,6 +61,7 @@ def settings_of(manifest: Manifest) -> dict:
     return {
         "embedder": {
             "model": manifest.embedder.model,
+            "profile": manifest.embedder.profile,
             "precision": manifest.embedder.document_precision,
             "dimension": manifest.embedder.dimension,
         },

@@ -25,6 +25,7 @@ from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.providers import BACKENDS
+from hybrid_retrieval.models.static import PROFILES
 from hybrid_retrieval.search.analyzer import NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.bm25 import BM25_METHODS, BM25Params
 from hybrid_retrieval.search.cjk import CJK_MODES
@@ -103,7 +104,8 @@ def register(commands) -> None:
         "new FAISS index, hubness refitted, fusion re-tuned; published atomically",
     )
     p.add_argument("index", type=Path)
-    p.add_argument("--model", required=True, help="sentence-transformers model name or local path")
+    p.add_argument("--model", help="sentence-transformers model name or local path (default: the index's)")
+    p.add_argument("--profile", choices=PROFILES, help="encoder profile (default: the index's): full, or fast (a static model of it)")
     p.add_argument("--precision", choices=PRECISIONS, help="ONNX weights that embed the documents (default: the index's)")
     p.add_argument("--queries", type=Path, help="queries of the split the fusion was tuned on (default: queries.jsonl beside its qrels)")
     p.add_argument("--keep-fusion", action="store_true", help="keep the fusion tuned for the previous model instead of re-tuning it")
@@ -120,6 +122,12 @@ def register(commands) -> None:
 def add_build_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("index build")
     g.add_argument("--model", default=default(BuildOptions, "model"), help="sentence-transformers model name or local path")
+    g.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=default(BuildOptions, "profile"),
+        help="encoder profile: full (the model), or fast (a static model distilled from it: docs/relevance.md#encoder-profiles)",
+    )
     g.add_argument("--backend", choices=BACKENDS, default=default(BuildOptions, "backend"), help="how documents are embedded")
     g.add_argument(
         "--precision",
@@ -221,9 +229,15 @@ def run_repair(args) -> int:
 
 def run_reembed(args) -> None:
     started = time.perf_counter()
-    report = reembed_index(args.index, args.model, args.precision, args.device, args.queries, args.keep_fusion, progress=not args.quiet)
+    if args.model is None and args.profile is None:
+        raise ConfigError("give --model, --profile or both: what the documents are embedded with next")
+    report = reembed_index(
+        args.index, args.model, args.precision, args.device, args.queries, args.keep_fusion, progress=not args.quiet, profile=args.profile
+    )
     print(json.dumps(report, indent=2))
-    print(f"re-embedded {report['documents']} documents of {args.index} with {args.model} in {time.perf_counter() - started:.1f} s")
+    took = time.perf_counter() - started
+    what = f"{report['model']} ({report['profile']} profile)"
+    print(f"re-embedded {report['documents']} documents of {args.index} with {what} in {took:.1f} s")
 
 
 def build_options(args) -> BuildOptions:
@@ -231,6 +245,7 @@ def build_options(args) -> BuildOptions:
     analyzer = parse_analyzer({**given, **({"fold_accents": True} if args.fold_accents else {})}, "analyzer")
     return BuildOptions(
         model=args.model,
+        profile=args.profile,
         backend=args.backend,
         precision=args.precision,
         analyzer=analyzer,

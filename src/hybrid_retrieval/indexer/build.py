@@ -51,9 +51,10 @@ from hybrid_retrieval.indexer.manifest import (
     write_manifest,
 )
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder, TorchEmbedder
-from hybrid_retrieval.models.onnx_export import PRECISIONS, export_onnx
+from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.providers import BACKENDS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
+from hybrid_retrieval.models.static import PROFILES, export_profile
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
@@ -75,6 +76,7 @@ EMBED_BATCH = 16  # documents per model run: the build's default, and the write 
 @dataclass(frozen=True)
 class BuildOptions:
     model: str = DEFAULT_MODEL
+    profile: str = "full"  # the encoder profile (models.static.PROFILES): the model itself, or a static model distilled from it
     backend: str = "onnx"  # how documents are embedded; queries always use the exported ONNX model
     precision: str = "fp32"  # the ONNX weights that embed documents (and later writes): fp32 or int8
     analyzer: Analyzer = field(default_factory=Analyzer)
@@ -94,6 +96,10 @@ class BuildOptions:
             raise ConfigError(f"unknown embedding backend {self.backend!r}; valid: {', '.join(BACKENDS)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown document precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        if self.profile not in PROFILES:
+            raise ConfigError(f"unknown encoder profile {self.profile!r}; valid: {', '.join(PROFILES)}")
+        if self.profile != "full" and (self.precision != "fp32" or self.backend != "onnx"):
+            raise ConfigError(f"the {self.profile} profile embeds with its ONNX graph at fp32 (it has no int8 weights and no torch model)")
         if self.precision != "fp32" and self.backend != "onnx":
             raise ConfigError(f"{self.precision} document embedding needs the onnx backend, not {self.backend!r}")
         check_device(self.device)
@@ -196,7 +202,7 @@ def build_index(
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out)
     model = resolve_model(options.model)
-    onnx_folder = export_onnx(model, options.onnx_cache)
+    onnx_folder = export_profile(model, options.profile, options.onnx_cache)
     embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
     embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None
 

@@ -55,6 +55,8 @@ class EmbedderInfo:
     document_backend: str
     document_precision: str = "fp32"  # the ONNX weights that embedded the documents (and embed written ones)
     training: dict | None = None  # a fine-tuned model's recipe and held-out result (models.onnx_export.embedder_recipe)
+    profile: str = "full"  # full: the model's transformer; fast: a static model distilled from it (models.static)
+    recipe: dict | None = None  # how a profile's model was made from the named model (models.static)
 
 
 @dataclass(frozen=True)

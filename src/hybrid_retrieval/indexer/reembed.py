@@ -22,8 +22,9 @@ from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
-from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
+from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.registry import resolve_model
+from hybrid_retrieval.models.static import export_profile
 from hybrid_retrieval.search.errors import ConfigError, HybridError
 
 logger = logging.getLogger(__name__)
@@ -31,13 +32,15 @@ logger = logging.getLogger(__name__)
 
 def reembed(
     index_dir: Path | str,
-    model: str,
+    model: str | None = None,
     precision: str | None = None,
     device: str = "auto",
     onnx_cache: Path | None = None,
     progress: bool = True,
+    profile: str | None = None,
 ) -> Manifest:
-    """Re-embed the index at `index_dir` with `model` (a name or path; documents at `precision`, default the index's)."""
+    """Re-embed the index at `index_dir` with `model` (a name or path) in encoder `profile` (models.static), each
+    default the index's; documents at `precision`, default the index's where the profile has it."""
     index_dir = Path(index_dir).resolve()
     index = open_index(index_dir, verify="size", device=device)
     if index.manifest.chunking.enabled:
@@ -48,10 +51,11 @@ def reembed(
         logged = _size(wal)
         state = collection.snapshot
         old = index.manifest
-        onnx_folder = export_onnx(resolve_model(model), onnx_cache)
-        options = replace(
-            build_options_of(index), model=model, precision=precision or old.embedder.document_precision, device=device, progress=progress
-        )
+        model = model or old.embedder.model
+        profile = profile or old.embedder.profile
+        precision = precision or (old.embedder.document_precision if profile == "full" else "fp32")
+        options = replace(build_options_of(index), model=model, profile=profile, precision=precision, device=device, progress=progress)
+        onnx_folder = export_profile(resolve_model(model), profile, onnx_cache)
         embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
         with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
             corpus, _ = current_corpus(index, state.base_alive, state.live.docs, Path(work))
@@ -64,7 +68,11 @@ def reembed(
                 manifest.defaults = old.defaults.merge({"hubness": {"method": "none"}})
                 manifest.evidence = {name: value for name, value in old.evidence.items() if name != "hubness"}
                 manifest.fusion_tuning = old.fusion_tuning
-                manifest.build["reembedded_from"] = {"model": old.embedder.model, "model_checksum": old.embedder.model_checksum}
+                manifest.build["reembedded_from"] = {
+                    "model": old.embedder.model,
+                    "profile": old.embedder.profile,
+                    "model_checksum": old.embedder.model_checksum,
+                }
                 write_manifest(tmp, manifest)
                 if _size(wal) != logged:
                     raise HybridError(
@@ -74,7 +82,7 @@ def reembed(
     finally:
         collection.close()
         index.close()
-    logger.info("re-embedded %d documents of %s with %s", manifest.documents, index_dir, model)
+    logger.info("re-embedded %d documents of %s with %s (%s profile)", manifest.documents, index_dir, model, profile)
     return manifest
 
 

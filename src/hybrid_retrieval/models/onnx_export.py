@@ -261,7 +261,7 @@ def _positions_max_length(tokenizer, hf_config) -> int:
     return int(min(declared, positions))
 
 
-def _cached_export(target: Path, marker: str, export: Callable[[Path], None]) -> Path:
+def cached_export(target: Path, marker: str, export: Callable[[Path], None]) -> Path:
     """Export into a temporary sibling published atomically; a concurrent exporter's identical result,
     published first, is kept."""
     if (target / marker).is_file():
@@ -282,10 +282,10 @@ def st_dimension(st_model) -> int:
 def export_onnx(model: ResolvedModel, cache_dir: Path | None = None) -> Path:
     """The folder holding the ONNX export of embedding model `model`, exporting it on first use."""
     target = export_dir_for(model, cache_dir or default_cache_dir(), "embedder")
-    return _cached_export(target, CONFIG_FILE, lambda out: _export_embedder(model, out))
+    return cached_export(target, CONFIG_FILE, lambda out: _export_embedder(model, out))
 
 
 def export_cross_encoder(model: ResolvedModel, target: Path | None = None, cache_dir: Path | None = None) -> Path:
     """The folder holding the ONNX export of cross-encoder `model` (at `target`, or in the cache)."""
     target = target or export_dir_for(model, cache_dir or default_cache_dir(), "cross-encoder")
-    return _cached_export(Path(target), CROSS_ENCODER_CONFIG, lambda out: _export_cross_encoder(model, out))
+    return cached_export(Path(target), CROSS_ENCODER_CONFIG, lambda out: _export_cross_encoder(model, out))

@@ -156,7 +156,7 @@ class Analyzer:
     def synonyms(self) -> Synonyms:
         return self.__dict__.get("_synonyms") or _NO_SYNONYMS
 
-    def set_synonyms(self, rules: list[dict] | None, where: str = "synonyms") -> None:
+    def set_synonyms(self, rules: list[dict[str, Any]] | None, where: str = "synonyms") -> None:
         """Replace the query-time synonym rules (SpecError naming the rule at fault; nothing changes then). The one
         changeable part of an analyzer: swapped whole, so a search sees the old rules or the new ones."""
         self.__dict__["_synonyms"] = Synonyms(rules, self.analyze, where)

@@ -80,21 +80,24 @@ def refit_hubness(index_dir: Path, old: Manifest) -> dict:
 
 def reembed_index(
     index_dir: Path | str,
-    model: str,
+    model: str | None = None,
     precision: str | None = None,
     device: str = "auto",
     queries: Path | None = None,
     keep_fusion: bool = False,
     progress: bool = True,
+    profile: str | None = None,
 ) -> dict:
     """Re-embed, refit and re-tune; returns a report of each step."""
     index_dir = Path(index_dir)
     old = read_manifest(index_dir)
+    model = model or old.embedder.model
     split = None if keep_fusion else fusion_split(old, queries, model)  # checked before minutes of embedding
-    manifest = reembed(index_dir, model, precision, device, progress=progress)
+    manifest = reembed(index_dir, model, precision, device, progress=progress, profile=profile)
     report = {
         "documents": manifest.documents,
         "model": model,
+        "profile": manifest.embedder.profile,
         "from": manifest.build["reembedded_from"],
         "training": manifest.embedder.training,
     }

@@ -29,8 +29,9 @@ from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR
 from hybrid_retrieval.models.embedder import no_model_spec
-from hybrid_retrieval.models.onnx_export import CONFIG_FILE, export_onnx
+from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.registry import resolve_model
+from hybrid_retrieval.models.static import export_profile
 from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class DataDir:
             if settings.dimension is not None:  # no model: documents and searches bring their vectors
                 onnx_folder, spec = None, no_model_spec(settings.dimension)
             else:
-                onnx_folder = self._model_folder(settings.model, models)
+                onnx_folder = self._model_folder(settings.model, settings.profile, models)
                 spec = json.loads((onnx_folder / CONFIG_FILE).read_text())
             try:
                 settings.vectors.check_dimension(spec["dimension"])
@@ -137,21 +138,25 @@ class DataDir:
         if name in self._aliases:
             raise Conflict(f"{name!r} is an alias (of {self._aliases[name]!r}): collections and aliases share names")
 
-    def _model_folder(self, model: str, models: Iterable[Path]) -> Path:
-        """The ONNX export of `model`: the copy of a collection (or of one of `models`) built with it (no export, no
-        torch), an export folder given by path, or the export cache (exported on first use, which needs torch)."""
+    def _model_folder(self, model: str, profile: str, models: Iterable[Path]) -> Path:
+        """The ONNX export of `model` in `profile`: the copy of a collection (or of one of `models`) built with it (no
+        export, no torch), an export folder given by path, or the export cache (exported, or distilled for the fast
+        profile, on first use, which needs torch)."""
         for folder in [*(self.path(name) / MODEL_DIR for name in self.names()), *models]:
             try:
-                built_with = json.loads((folder / CONFIG_FILE).read_text())["model"]
-            except (OSError, ValueError, KeyError):
+                config = json.loads((folder / CONFIG_FILE).read_text())
+            except (OSError, ValueError):
                 continue
-            if built_with == model:
+            if (config.get("model"), config.get("profile", "full")) == (model, profile):
                 return folder
         given = Path(model).expanduser()
         if (given / CONFIG_FILE).is_file():
+            made_as = json.loads((given / CONFIG_FILE).read_text()).get("profile", "full")
+            if made_as != profile:
+                raise SpecError("settings.embedder.profile", f"the export folder {model} is of the {made_as} profile, not {profile}")
             return given
         try:
-            return export_onnx(resolve_model(model))
+            return export_profile(resolve_model(model), profile)
         except ImportError as exc:
             raise SpecError("settings.embedder.model", f"exporting {model!r} to ONNX needs torch, which is not installed ({exc})") from None
         except Exception as exc:  # not found offline, not a model: the user's to fix

@@ -25,6 +25,7 @@ from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
+from hybrid_retrieval.models.static import PROFILES
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
@@ -35,7 +36,7 @@ from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
 SECTIONS = ("embedder", "analyzer", "synonyms", "bm25", "vectors", "filterable", "chunking", "defaults")
 CHUNKING_FIELDS = ("method", "size", "overlap")
-EMBEDDER_FIELDS = ("kind", "model", "precision", "dimension")
+EMBEDDER_FIELDS = ("kind", "model", "profile", "precision", "dimension")
 EMBEDDER_KINDS = ("model", "none")  # none: documents and dense searches bring their vectors
 ANALYZER_FIELDS = ("language", "stemmer", "stopwords", "normalization", "fold_accents", "cjk", "lowercase")
 BM25_FIELDS = ("k1", "b")  # the method stays lucene: live writes score with it (search.segments)
@@ -46,6 +47,7 @@ EXACT_BELOW = 10_000
 @dataclass(frozen=True)
 class CollectionSettings:
     model: str = DEFAULT_MODEL
+    profile: str = "full"  # models.static.PROFILES
     precision: str = "fp32"
     dimension: int | None = None  # set: the embedder is `none`, and every vector has this many numbers
     analyzer: Analyzer = field(default_factory=Analyzer)
@@ -77,9 +79,14 @@ class CollectionSettings:
         model = embedder.get("model", DEFAULT_MODEL)
         if not isinstance(model, str) or not model.strip():
             raise SpecError("settings.embedder.model", "must be a model name or a folder the server has")
+        profile = embedder.get("profile", "full")
+        if profile not in PROFILES:
+            raise SpecError("settings.embedder.profile", f"must be one of {', '.join(PROFILES)}, not {profile!r}")
         precision = embedder.get("precision", "fp32")
         if precision not in PRECISIONS:
             raise SpecError("settings.embedder.precision", f"must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+        if profile != "full" and precision != "fp32":
+            raise SpecError("settings.embedder.precision", f"the {profile} profile embeds at fp32 only (it has no int8 weights)")
         analyzer = parse_analyzer(section.get("analyzer", {}), "settings.analyzer")
         synonyms = tuple(Synonyms(section.get("synonyms", []), analyzer.analyze, "settings.synonyms").rules)
         bm25 = _build(BM25Params, "settings.bm25", _object(section.get("bm25", {}), "settings.bm25", BM25_FIELDS))
@@ -110,11 +117,12 @@ class CollectionSettings:
         }
         if kind == "none":
             return cls(model=NO_MODEL, dimension=dimension, **shared)
-        return cls(model=model, precision=precision, **shared)
+        return cls(model=model, profile=profile, precision=precision, **shared)
 
     def build_options(self) -> BuildOptions:
         return BuildOptions(
             model=self.model,
+            profile=self.profile,
             backend=NO_MODEL if self.dimension is not None else "onnx",
             precision=self.precision,
             analyzer=self.analyzer,

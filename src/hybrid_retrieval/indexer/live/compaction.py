@@ -110,6 +110,7 @@ def build_options_of(index: OpenIndex) -> BuildOptions:
     filterable = filterable_fields(index.manifest)
     return BuildOptions(
         model=index.manifest.embedder.model,
+        profile=index.manifest.embedder.profile,
         backend=index.manifest.embedder.document_backend,
         precision=index.manifest.embedder.document_precision,
         analyzer=index.analyzer,

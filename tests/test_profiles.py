@@ -1,0 +1,151 @@
+"""Encoder profiles: the static graph against a NumPy reference and against model2vec's own encoder, a fast-profile
+index that records how its model was made and ranks by its vectors, re-embedding between profiles, and the settings
+that refuse what a profile cannot do."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from tests.conftest import TINY_CORPUS, write_jsonl
+
+pytest.importorskip("model2vec", reason="the profiles extra (model2vec) is not installed")
+
+TEXTS = [
+    "Vitamin D deficiency and bone density in older adults.",
+    "The cat sat on the mat.",
+    "",  # no piece: the zero vector
+    "☃☃☃ qqqxxzz",  # pieces the vocabulary may not know
+    "ｑｕｏｋｋａ 人工智能 naïve café",
+    " ".join(["mitochondrial biogenesis"] * 400),  # past the 512 pieces model2vec keeps
+]
+
+
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory):
+    """The bundled model's static model (model2vec) and its export folder in a fresh export cache."""
+    from hybrid_retrieval.models.onnx_export import export_dir_for
+    from hybrid_retrieval.models.registry import resolve_model
+    from hybrid_retrieval.models.static import StaticRecipe, distill_static, write_static_export
+
+    cache = tmp_path_factory.mktemp("export-cache")
+    base, recipe = resolve_model(), StaticRecipe()
+    static = distill_static(base, recipe)
+    folder = export_dir_for(base, cache, f"static{recipe.key()}")
+    folder.mkdir(parents=True)
+    write_static_export(static, base, recipe, folder)
+    return static, folder, cache
+
+
+def reference_mean(table: np.ndarray, ids: np.ndarray, mask: np.ndarray, unknown: int) -> np.ndarray:
+    rows = []
+    for row_ids, row_mask in zip(ids, mask, strict=True):
+        kept = [i for i, m in zip(row_ids, row_mask, strict=True) if m and i != unknown]
+        mean = table[kept].mean(0) if kept else np.zeros(table.shape[1])
+        norm = np.linalg.norm(mean)
+        rows.append(mean / norm if norm else mean)
+    return np.array(rows, dtype=np.float32)
+
+
+def test_the_static_graph_averages_the_attended_known_pieces_and_normalises():
+    import onnxruntime
+
+    from hybrid_retrieval.models.static import static_graph
+
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(50, 8)).astype(np.float32)
+    ids = rng.integers(0, 50, size=(6, 9))
+    ids[1, :] = 3  # only the unknown piece: the zero vector
+    mask = (rng.random((6, 9)) > 0.3).astype(np.int64)
+    mask[2] = 0  # nothing attended (all padding): the zero vector
+    mask[0] = 1
+    session = onnxruntime.InferenceSession(static_graph(table, unknown_id=3), providers=["CPUExecutionProvider"])
+    (got,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    np.testing.assert_allclose(got, reference_mean(table, ids, mask, unknown=3), atol=1e-6)
+    assert not got[1].any() and not got[2].any()
+
+
+def test_the_export_embeds_like_model2vec(distilled):
+    from hybrid_retrieval.models.embedder import OnnxEmbedder
+
+    static, folder, _ = distilled
+    ours = OnnxEmbedder(folder).encode(TEXTS, batch_size=4)
+    theirs = np.asarray(static.encode(TEXTS), dtype=np.float64)
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        if not b.any():
+            assert not a.any(), TEXTS[i]
+            continue
+        assert a @ b / np.linalg.norm(b) >= 0.999, TEXTS[i]
+    assert ours.shape == (len(TEXTS), static.dim) and ours.dtype == np.float32
+
+
+def test_a_fast_index_records_its_profile_and_ranks_by_its_vectors(distilled, tmp_path):
+    from hybrid_retrieval.indexer.build import BuildOptions, build_index
+    from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.models.registry import resolve_model
+
+    static, _, cache = distilled
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
+    manifest = build_index(corpus, tmp_path / "index", BuildOptions(profile="fast", onnx_cache=cache, progress=False))
+    embedder = manifest.embedder
+    assert (embedder.profile, embedder.dimension, embedder.pooling) == ("fast", static.dim, "static-mean")
+    assert embedder.recipe["base_model_checksum"] == resolve_model().checksum
+    assert embedder.recipe["method"] == "model2vec distillation" and embedder.recipe["vocabulary"] == len(static.embedding)
+
+    texts = [f"{d['title']} {d['text']}" if d["title"] else d["text"] for d in TINY_CORPUS]  # corpus.indexed_text
+    vectors = np.asarray(static.encode(texts), dtype=np.float64)
+    query = "a pet that barks"
+    scores = vectors @ np.asarray(static.encode([query]), dtype=np.float64)[0]
+    expected = [TINY_CORPUS[i]["_id"] for i in np.argsort(-scores)]
+    index = open_index(tmp_path / "index", verify="full")
+    try:
+        assert index.query_precision == "fp32"  # no int8 weights to choose
+        ranking = index.pipeline().search(query, len(TINY_CORPUS), {"mode": "dense"}).ranking
+        assert [index.docs.get(int(i))["id"] for i in ranking.doc_idx] == expected
+    finally:
+        index.close()
+
+
+def test_reembed_moves_an_index_between_profiles_and_back(distilled, tiny_index, tmp_path):
+    from hybrid_retrieval.indexer.manifest import read_manifest
+    from hybrid_retrieval.indexer.reembed import reembed
+
+    _, _, cache = distilled
+    index = tmp_path / "index"
+    shutil.copytree(tiny_index, index)
+    before = np.load(index / "embeddings.npy")
+    fast = reembed(index, profile="fast", onnx_cache=cache, progress=False)
+    assert (fast.embedder.profile, fast.embedder.dimension) == ("fast", 256)
+    assert fast.build["reembedded_from"]["profile"] == "full"
+    back = reembed(index, profile="full", progress=False)
+    assert (back.embedder.profile, back.embedder.dimension, read_manifest(index).embedder.recipe) == ("full", 384, None)
+    np.testing.assert_allclose(np.load(index / "embeddings.npy"), before, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("embedder", "field"),
+    [
+        ({"profile": "turbo"}, "settings.embedder.profile"),
+        ({"profile": "fast", "precision": "int8"}, "settings.embedder.precision"),
+    ],
+)
+def test_collection_settings_refuse_what_a_profile_cannot_do(embedder, field):
+    from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+    from hybrid_retrieval.search.errors import SpecError
+
+    with pytest.raises(SpecError) as refused:
+        CollectionSettings.parse({"embedder": embedder})
+    assert refused.value.field == field
+    assert CollectionSettings.parse({"embedder": {"profile": "fast"}}).build_options().profile == "fast"
+
+
+def test_build_options_refuse_an_unknown_profile_and_int8_static_weights():
+    from hybrid_retrieval.indexer.build import BuildOptions
+    from hybrid_retrieval.search.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown encoder profile 'turbo'; valid: full, fast"):
+        BuildOptions(profile="turbo")
+    with pytest.raises(ConfigError, match="fast profile embeds with its ONNX graph at fp32"):
+        BuildOptions(profile="fast", precision="int8")
