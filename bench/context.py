@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from functools import cached_property
@@ -165,10 +166,18 @@ class Context:
         for recipe in ADAPT_RECIPES:
             self.adapted(recipe)
 
+    def tuned_copy(self, index: Path, dataset: Path | None = None) -> Path:
+        """A copy of `index` beside it, tuned on the dataset's train split (fusion; a chunked index's passage scoring
+        too), as served; made once."""
+        dataset = dataset or self.data
+        folder = index.with_name(index.name + "-tuned")
+        if not (folder / "manifest.json").is_file():
+            shutil.copytree(index, folder)
+            self.hybrid("tune", folder, "--queries", dataset / "queries.jsonl", "--qrels", dataset / "qrels" / "train.tsv", "--quiet")
+        return folder
+
     def copy_of(self, source: Path, name: str) -> Path:
         """A fresh copy of an index folder to change (re-embed, re-tune) without touching the source."""
-        import shutil
-
         target = self.work / "indexes" / name
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(source, target)

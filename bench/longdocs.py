@@ -67,15 +67,6 @@ def _index(ctx, dataset: Path, folder: Path, *flags: str) -> Path:
     return folder
 
 
-def _tuned(ctx, dataset: Path, index: Path) -> Path:
-    """A copy of `index` tuned on the dataset's train split (fusion; a chunked index's passage scoring too), as served."""
-    folder = index.with_name(index.name + "-tuned")
-    if not (folder / "manifest.json").is_file():
-        shutil.copytree(index, folder)
-        ctx.hybrid("tune", folder, "--queries", dataset / "queries.jsonl", "--qrels", dataset / "qrels" / "train.tsv", "--quiet")
-    return folder
-
-
 def _compare(ctx, dataset: Path, chunked: Path, truncated: Path, out: Path) -> dict:
     ctx.hybrid(
         "eval", "--data", dataset, "--index", chunked, "--baseline-index", truncated, "--no-tune", "--quiet",
@@ -122,7 +113,7 @@ def _long_documents(ctx) -> list[Table]:
         chunked = _index(ctx, dataset, root / f"{dataset.name}-chunked", "--chunking", CHUNKING)
         pairs = {
             "untuned (RRF 60)": (chunked, truncated),
-            "both tuned on train": (_tuned(ctx, dataset, chunked), _tuned(ctx, dataset, truncated)),
+            "both tuned on train": (ctx.tuned_copy(chunked, dataset), ctx.tuned_copy(truncated, dataset)),
         }
         for defaults, (mine, theirs) in pairs.items():
             report = _compare(ctx, dataset, mine, theirs, root / "eval" / dataset.name / defaults.split()[0])
