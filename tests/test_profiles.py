@@ -30,7 +30,7 @@ def distilled(tmp_path_factory):
     from hybrid_retrieval.models.registry import resolve_model
     from hybrid_retrieval.models.static import StaticRecipe, distill_static, write_static_export
 
-    cache = tmp_path_factory.mktemp("export-cache")
+    cache = tmp_path_factory.mktemp("cache") / "onnx"  # laid out as $HYBRID_CACHE/onnx
     base, recipe = resolve_model(), StaticRecipe()
     static = distill_static(base, recipe)
     folder = export_dir_for(base, cache, f"static{recipe.key()}")
@@ -122,6 +122,29 @@ def test_reembed_moves_an_index_between_profiles_and_back(distilled, tiny_index,
     back = reembed(index, profile="full", progress=False)
     assert (back.embedder.profile, back.embedder.dimension, read_manifest(index).embedder.recipe) == ("full", 384, None)
     np.testing.assert_allclose(np.load(index / "embeddings.npy"), before, atol=1e-6)
+
+
+def test_a_fast_collection_over_http_embeds_documents_and_queries_with_its_static_model(distilled, tmp_path):
+    import httpx
+
+    from hybrid_retrieval.evaluation.server import running_server
+
+    static, _, cache = distilled
+    env = {"HYBRID_DATA": str(tmp_path / "data"), "HYBRID_CACHE": str(cache.parent), "HYBRID_WRITE_KEYS": "w", "HYBRID_VERIFY": "size"}
+    with running_server(None, env) as (url, _), httpx.Client(base_url=url, headers={"X-API-Key": "w"}, timeout=60) as client:
+        created = client.post("/collections", json={"name": "drafts", "settings": {"embedder": {"profile": "fast"}}})
+        assert created.status_code == 201, created.text
+        assert created.json()["settings"]["embedder"]["profile"] == "fast"
+        refused = client.post("/collections", json={"name": "x", "settings": {"embedder": {"profile": "fast", "precision": "int8"}}})
+        assert refused.status_code == 422 and "settings.embedder.precision" in refused.text
+        documents = [{"id": d["_id"], "title": d["title"], "text": d["text"]} for d in TINY_CORPUS]
+        assert client.put("/collections/drafts/documents?wait=true", json={"documents": documents}).status_code == 200
+        query = "a pet that barks"
+        hits = client.post("/collections/drafts/search", json={"query": query, "mode": "dense", "k": 3}).json()["hits"]
+    texts = [f"{d['title']} {d['text']}" if d["title"] else d["text"] for d in TINY_CORPUS]
+    scores = np.asarray(static.encode(texts), dtype=np.float64) @ np.asarray(static.encode([query]), dtype=np.float64)[0]
+    assert [h["id"] for h in hits] == [TINY_CORPUS[i]["_id"] for i in np.argsort(-scores)[:3]]
+    np.testing.assert_allclose([h["score"] for h in hits], np.sort(scores)[::-1][:3], atol=2e-3)
 
 
 @pytest.mark.parametrize(

@@ -156,11 +156,16 @@ class DataDir:
                 raise SpecError("settings.embedder.profile", f"the export folder {model} is of the {made_as} profile, not {profile}")
             return given
         try:
-            return export_profile(resolve_model(model), profile)
-        except ImportError as exc:
-            raise SpecError("settings.embedder.model", f"exporting {model!r} to ONNX needs torch, which is not installed ({exc})") from None
+            resolved = resolve_model(model)
         except Exception as exc:  # not found offline, not a model: the user's to fix
             raise SpecError("settings.embedder.model", str(exc)) from None
+        field = "settings.embedder.model" if profile == "full" else "settings.embedder.profile"  # what failed to make
+        try:
+            return export_profile(resolved, profile)
+        except ImportError as exc:
+            raise SpecError(field, f"making the {profile} model of {model!r} needs torch, which is not installed ({exc})") from None
+        except Exception as exc:  # not a model ONNX or model2vec can read, or the profiles extra missing
+            raise SpecError(field, str(exc)) from None
 
     def drop(self, name: str) -> None:
         """Remove collection `name`; Conflict when an alias points to it (drop or repoint the alias first)."""
