@@ -132,6 +132,11 @@ class Context:
         """A cross-encoder fine-tuned on the train split with hard negatives from the hybrid retriever."""
         return self._model("reranker", "train-reranker", self.index, *self.train)
 
+    def made_reranker(self) -> Path | None:
+        """`reranker` if it was made before (`python -m bench prepare`), without training it now."""
+        folder = self.work / "models" / "reranker"
+        return folder if (folder / "training.json").is_file() else None
+
     def small_reranker(self, from_base: bool) -> Path:
         """A 3-layer reranker distilled from `reranker`, cut from the teacher's layers or started from the base model."""
         flags = ["--base-model", "all-MiniLM-L6-v2"] if from_base else []

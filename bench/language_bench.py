@@ -15,7 +15,7 @@ import random
 import statistics
 import time
 
-from bench.harness import Case, Table
+from bench.harness import Case, Table, percentiles
 from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 from hybrid_retrieval.indexer.datadir.settings import parse_analyzer
 from hybrid_retrieval.search.analyzer import Analyzer
@@ -159,8 +159,8 @@ def _languages(ctx) -> list[Table]:
                 "analysis documents/s": round(len(docs) / seconds),
                 "time vs english": round(seconds / english, 2),
                 "BM25 build s": round(statistics.median(builds[key]), 3),
-                "query p50 ms": round(statistics.median(latencies[key]), 3),
-                "query p99 ms": round(sorted(latencies[key])[int(0.99 * (len(latencies[key]) - 1))], 3),
+                "query p50 ms": percentiles(latencies[key])["p50_ms"],
+                "query p99 ms": percentiles(latencies[key])["p99_ms"],
             }
         )
     note = (

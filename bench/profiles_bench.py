@@ -21,21 +21,18 @@ from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
-from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.models.static import export_profile
 
 PIPELINES = ("dense", "hybrid")
 METRICS = ("ndcg@10", "recall@100")
 CLIENTS = 16
 
 
-def _embedding_rates(ctx, texts: list[str]) -> dict[str, list[float]]:
-    """Documents per second of each profile, one sample per round of `texts`."""
-    full = ctx.untuned_index / MODEL_DIR
+def _embedding_rates(ctx, full: Path, fast: Path, texts: list[str]) -> dict[str, list[float]]:
+    """Documents per second of each profile (the models of the indexes `full` and `fast`), one sample per round."""
     embedders = {
-        "full": OnnxEmbedder(full, precision="fp32"),
-        "full int8": OnnxEmbedder(full, precision="int8"),
-        "fast": OnnxEmbedder(export_profile(resolve_model(), "fast")),
+        "full": OnnxEmbedder(full / MODEL_DIR, precision="fp32"),
+        "full int8": OnnxEmbedder(full / MODEL_DIR, precision="int8"),
+        "fast": OnnxEmbedder(fast / MODEL_DIR),
     }
     rounds = ctx.size(5, 2)
     times = interleaved({name: lambda batch, e=e: e.encode(batch) for name, e in embedders.items()}, [texts] * rounds, warmup=1)
@@ -70,7 +67,7 @@ def _quality_rows(defaults: str, report: dict) -> list[dict]:
     return rows
 
 
-def _latencies(indexes: dict[str, Path], queries: list[str]) -> dict[str, dict[str, list[float]]]:
+def _latencies(indexes: dict[str, Path], queries: list[str]) -> dict[str, list[float]]:
     """In-process milliseconds per query of each profile's query embedding, dense and hybrid search (k=10)."""
     opened = {name: open_index(folder, verify="size") for name, folder in indexes.items()}
     try:
@@ -80,7 +77,7 @@ def _latencies(indexes: dict[str, Path], queries: list[str]) -> dict[str, dict[s
             calls[f"{name} embed"] = lambda q, e=index.query_embedder: e.encode([q])
             for mode in ("dense", "hybrid"):
                 calls[f"{name} {mode}"] = lambda q, p=pipeline, mode=mode: p.search(q, 10, {"mode": mode})
-        return {"ms": interleaved(calls, queries)}
+        return interleaved(calls, queries)
     finally:
         for index in opened.values():
             index.close()
@@ -106,11 +103,10 @@ def _profiles(ctx) -> list[Table]:
     if not (fast / "manifest.json").is_file():
         ctx.hybrid("index", ctx.data, "--out", fast, "--profile", "fast", "--quiet")
     full = ctx.untuned_index
-    reranker = ctx.work / "models" / "reranker"
-    reranker = reranker if (reranker / "training.json").is_file() else None
+    reranker = ctx.made_reranker()
 
     texts = [doc.indexed_text for doc, _ in zip(read_corpus(ctx.data), range(ctx.size(128, 16)), strict=False)]
-    rates = _embedding_rates(ctx, texts)
+    rates = _embedding_rates(ctx, full, fast, texts)
     speed = []
     for name, values in rates.items():
         per_s = statistics.median(values)
@@ -132,7 +128,7 @@ def _profiles(ctx) -> list[Table]:
     quality += _quality_rows("both tuned on train", _compare(ctx, tuned["fast"], tuned["full"], root / "eval" / "tuned", reranker))
 
     queries = ctx.queries()[: ctx.size(200, 10)]
-    times = _latencies(tuned, queries)["ms"]
+    times = _latencies(tuned, queries)
     served = _throughput(tuned, ctx.queries(), ctx.size(15, 3), ctx.size(2, 1))
     serving = []
     for name, folder in tuned.items():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -32,8 +31,6 @@ from hybrid_retrieval.models.onnx_export import (
 )
 from hybrid_retrieval.models.registry import ResolvedModel
 from hybrid_retrieval.search.errors import ConfigError
-
-logger = logging.getLogger(__name__)
 
 STATIC_POOLING = "static-mean"
 MAX_PIECES = 512  # model2vec's default truncation
@@ -152,8 +149,8 @@ def write_static_export(static, base: ResolvedModel, recipe: StaticRecipe, out: 
 
 
 def export_static(base: ResolvedModel, cache_dir: Path | None = None, recipe: StaticRecipe = StaticRecipe()) -> Path:
-    """The export folder of the static model distilled from `base` by `recipe`, distilling it on first use (about a
-    minute on a small CPU for a MiniLM-sized vocabulary), cached like the transformer exports."""
+    """The export folder of the static model distilled from `base` by `recipe`, distilling it on first use (seconds to
+    a minute on a small CPU for a MiniLM-sized vocabulary), cached like the transformer exports."""
     folder = export_dir_for(base, cache_dir or default_cache_dir(), f"static{recipe.key()}")
     return cached_export(folder, CONFIG_FILE, lambda out: write_static_export(distill_static(base, recipe), base, recipe, out))
 
