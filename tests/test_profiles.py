@@ -67,6 +67,7 @@ def test_the_static_graph_averages_the_attended_known_pieces_and_normalises():
     assert not got[1].any() and not got[2].any()
 
 
+@pytest.mark.slow  # distils the bundled model first (about 10 s)
 def test_the_export_embeds_like_model2vec(distilled):
     from hybrid_retrieval.models.embedder import OnnxEmbedder
 
@@ -81,6 +82,7 @@ def test_the_export_embeds_like_model2vec(distilled):
     assert ours.shape == (len(TEXTS), static.dim) and ours.dtype == np.float32
 
 
+@pytest.mark.slow  # distils the bundled model first (about 10 s)
 def test_a_fast_index_records_its_profile_and_ranks_by_its_vectors(distilled, tmp_path):
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
     from hybrid_retrieval.indexer.store import open_index
@@ -108,6 +110,7 @@ def test_a_fast_index_records_its_profile_and_ranks_by_its_vectors(distilled, tm
         index.close()
 
 
+@pytest.mark.slow  # distils the bundled model first (about 10 s)
 def test_reembed_moves_an_index_between_profiles_and_back(distilled, tiny_index, tmp_path):
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.reembed import reembed
@@ -124,6 +127,7 @@ def test_reembed_moves_an_index_between_profiles_and_back(distilled, tiny_index,
     np.testing.assert_allclose(np.load(index / "embeddings.npy"), before, atol=1e-6)
 
 
+@pytest.mark.slow  # distils the bundled model first (about 10 s)
 def test_a_fast_collection_over_http_embeds_documents_and_queries_with_its_static_model(distilled, tmp_path):
     import httpx
 
