@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -16,11 +18,12 @@ from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.open import open_any
 from hybrid_retrieval.indexer.shards.writes import ShardedCollection
-from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
+from hybrid_retrieval.indexer.store import MODEL_DIR, RERANKER_DIR, OpenIndex
 from hybrid_retrieval.indexer.wal import CorruptLog
 from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
-from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight, reranking_gained, weight_evidence
+from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight, reranking_gained, tuned_weight, weight_evidence
 from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
 from hybrid_retrieval.search.errors import HybridError, SpecError
@@ -60,14 +63,25 @@ def open_folder(folder: Path, settings, embedder=None):
     return open_any(folder, verify=settings.verify, device=settings.device, query_precision=settings.query_precision, embedder=embedder)
 
 
-def load_reranker(settings, batch: bool = False):
-    """The cross-encoder the settings name, loaded once for the life of the service (reloads keep it)."""
-    if not settings.reranker:
+def load_reranker(settings, batch: bool = False, folder: str | Path | None = None):
+    """The cross-encoder in `folder`, default the one the settings name, loaded once for the life of the service
+    (reloads keep it)."""
+    folder = folder or settings.reranker
+    if not folder:
         return None
-    model = load_cross_encoder(
-        settings.reranker, device=settings.device, precision=settings.reranker_precision, workers=settings.reranker_workers
-    )
+    model = load_cross_encoder(folder, device=settings.device, precision=settings.reranker_precision, workers=settings.reranker_workers)
     return BatchingCrossEncoder(model) if batch else model
+
+
+@dataclass(frozen=True)
+class Reranking:
+    """How a collection reranks: the cross-encoder (None: it does not), its name, the partial spec it puts over the
+    index's defaults, and the evidence of its weight."""
+
+    cross_encoder: object | None
+    name: str
+    spec: dict
+    evidence: dict | None
 
 
 class ReloadInProgress(RuntimeError):
@@ -87,22 +101,49 @@ class Resources:
         self.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
         self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, device, threads) -> session
         self._sessions_lock = threading.Lock()
-        self.cross_encoder = cross_encoder
-        self.reranker_name = settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else "")
+        self._own_rerankers: dict[str, object] = {}  # an index's own reranker, by its files' checksums
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
-        self.rerank_evidence = weight_evidence(settings.reranker) if settings.reranker and settings.rerank_weight is None else None
         gained = reranking_gained(settings.reranker) if settings.reranker else None
-        self.spec = settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned, gained=gained)
+        self.reranking = Reranking(
+            cross_encoder,
+            settings.reranker or (type(cross_encoder).__name__ if cross_encoder is not None else ""),
+            settings.spec_overrides(reranking=cross_encoder is not None, tuned_weight=tuned, gained=gained),
+            weight_evidence(settings.reranker) if settings.reranker and settings.rerank_weight is None else None,
+        )
         if cross_encoder is not None:
-            rerank = self.spec["rerank"]
-            logger.info(
-                "reranking with %s (%s) on the top %d, weight %g, by default=%s",
-                self.reranker_name,
-                settings.reranker_precision,
-                rerank["depth"],
-                rerank["weight"],
-                rerank["enabled"],
-            )
+            self._log(self.reranking)
+
+    def _log(self, reranking: Reranking) -> None:
+        rerank = reranking.spec["rerank"]
+        logger.info(
+            "reranking with %s (%s) on the top %d, weight %g, by default=%s",
+            reranking.name,
+            self.settings.reranker_precision,
+            rerank["depth"],
+            rerank["weight"],
+            rerank["enabled"],
+        )
+
+    def reranking_of(self, index) -> Reranking:
+        """The service's reranker (HYBRID_RERANKER) when it has one, else the index's own (`hybrid optimize` puts one in
+        the index when reranking beat the first stage on held-out queries), loaded once per model and shared."""
+        folder = index.path / RERANKER_DIR if isinstance(index, OpenIndex) else None
+        if self.reranking.cross_encoder is not None or folder is None or not (folder / ONNX_SUBDIR).is_dir():
+            return self.reranking
+        files = {k: v for k, v in index.manifest.files.items() if k.startswith(RERANKER_DIR + "/")}
+        key = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else str(folder)
+        with self._sessions_lock:
+            if key not in self._own_rerankers:
+                self._own_rerankers[key] = load_reranker(self.settings, self.batch, folder / ONNX_SUBDIR)
+        weight = tuned_weight(folder)
+        reranking = Reranking(
+            self._own_rerankers[key],
+            f"{index.path.name}/{RERANKER_DIR}",
+            self.settings.spec_overrides(reranking=True, tuned_weight=weight, gained=True),
+            weight_evidence(folder) if self.settings.rerank_weight is None else None,
+        )
+        self._log(reranking)
+        return reranking
 
     def session(self, folder: Path, checksum: str, precision: str, device: str = "cpu", threads: int | None = None) -> OnnxEmbedder:
         """The session of the model in `folder` (whose weights have `checksum`), opened once."""
@@ -186,15 +227,16 @@ class Reloader:
             queries = CachedEmbedder(queries, resources.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
         view = snapshot if snapshot is not None else index
         overrides = index.manifest.overrides
-        spec = index.manifest.defaults.merge(resources.spec).merge(overrides).to_dict() if overrides else resources.spec
+        reranking = resources.reranking_of(index)
+        spec = index.manifest.defaults.merge(reranking.spec).merge(overrides).to_dict() if overrides else reranking.spec
         pipeline = view.pipeline(
             spec,
             executor=resources.executor,
-            cross_encoder=resources.cross_encoder,
-            cross_encoder_name=resources.reranker_name,
+            cross_encoder=reranking.cross_encoder,
+            cross_encoder_name=reranking.name,
             embedder=queries,
         )
-        serving = Serving(index, pipeline, view.presenter(embedder), resources.rerank_evidence, collection, refusal, snapshot)
+        serving = Serving(index, pipeline, view.presenter(embedder), reranking.evidence, collection, refusal, snapshot)
         previous, self.serving = self.serving, serving  # a single reference assignment: atomic
         if previous is None or previous.index is not index:
             resources.metrics.describe_index(self.name, index.manifest, serving.documents)

@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from hybrid_retrieval.cli import evaluate, hubness, index, serve, snapshot, train
+from hybrid_retrieval.cli import evaluate, hubness, index, optimize, serve, snapshot, train
 from hybrid_retrieval.search.errors import HybridError
 
 logger = logging.getLogger("hybrid")
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hybrid", description="Hybrid BM25 + dense retrieval")
     parser.add_argument("--log-level", default="INFO")
     commands = parser.add_subparsers(dest="command", required=True)
-    for group in (index, serve, train, hubness, snapshot, evaluate):
+    for group in (index, serve, train, optimize, hubness, snapshot, evaluate):
         group.register(commands)
     return parser
 

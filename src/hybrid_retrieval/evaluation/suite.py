@@ -25,8 +25,9 @@ from hybrid_retrieval.evaluation.runner import Pipeline, hubness_pipelines, pars
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
-from hybrid_retrieval.indexer.store import OpenIndex, open_index
+from hybrid_retrieval.indexer.store import RERANKER_DIR, OpenIndex, open_index
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, load_cross_encoder, rerank_weight, training_record
+from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.hubness import hubness_stats, k_occurrence
 from hybrid_retrieval.search.pipeline import SearchPipeline
@@ -104,21 +105,25 @@ class _Pipelines:
     def __init__(self, config: EvalConfig, index: OpenIndex):
         self.config, self.index, self.plain = config, index, index.pipeline()
         self._reranking: dict[str, SearchPipeline] = {}
-        record = training_record(config.reranker) if config.reranker else None
+        own = index.path / RERANKER_DIR  # the index's own (`hybrid optimize`), served when the service names none
+        self.reranker = config.reranker or (str(own) if (own / ONNX_SUBDIR).is_dir() else None)
+        record = training_record(self.reranker) if self.reranker else None
         self.trained_on = (record or {}).get("data", {}).get("split")  # what the model was trained and tuned on
 
     def get(self, pipeline: Pipeline) -> SearchPipeline:
         if not pipeline.reranks:
             return self.plain
-        if not self.config.reranker:
-            raise ConfigError("`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder)")
+        if not self.reranker:
+            raise ConfigError(
+                "`+rerank` pipelines need a reranker: pass --reranker (e.g. a `hybrid train-reranker` folder), or optimize the index"
+            )
         if self.trained_on == self.config.split:
             raise ConfigError(
-                f"the reranker {self.config.reranker} was trained and tuned on the {self.trained_on!r} split: evaluate it on another split"
+                f"the reranker {self.reranker} was trained and tuned on the {self.trained_on!r} split: evaluate it on another split"
             )
         if pipeline.precision not in self._reranking:
-            model = CachingCrossEncoder(load_cross_encoder(self.config.reranker, precision=pipeline.precision))
-            defaults = {"rerank": {"depth": self.config.rerank_depth, "weight": rerank_weight(self.config.reranker)}}
+            model = CachingCrossEncoder(load_cross_encoder(self.reranker, precision=pipeline.precision))
+            defaults = {"rerank": {"depth": self.config.rerank_depth, "weight": rerank_weight(self.reranker)}}
             self._reranking[pipeline.precision] = self.index.pipeline(defaults, cross_encoder=model)
         return self._reranking[pipeline.precision]
 

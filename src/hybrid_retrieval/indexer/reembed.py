@@ -20,7 +20,7 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.compaction import build_options_of, current_corpus
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
-from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.store import carry_reranker, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.registry import resolve_model
@@ -68,6 +68,7 @@ def reembed(
                 manifest.defaults = old.defaults.merge({"hubness": {"method": "none"}})
                 manifest.evidence = {name: value for name, value in old.evidence.items() if name != "hubness"}
                 manifest.fusion_tuning = old.fusion_tuning
+                carry_reranker(index_dir, tmp, manifest.files)  # its weight was tuned over the old first stage
                 manifest.build["reembedded_from"] = {
                     "model": old.embedder.model,
                     "profile": old.embedder.profile,

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -55,6 +56,7 @@ BM25_DIR = "bm25"
 EMBEDDINGS = "embeddings.npy"
 FAISS_FILE = "dense.faiss"
 MODEL_DIR = "model"
+RERANKER_DIR = "reranker"  # the index's own cross-encoder (ONNX export and training record), written by `hybrid optimize`
 VERIFY_MODES = ("full", "size", "none")
 # A fitted hubness correction (indexer.hubness writes it): <bias column>.npy, activation_<bank>.npy, and
 # dense.faiss over the augmented vectors [d, -bias columns].
@@ -80,6 +82,16 @@ def file_inventory(root: Path, prefix: str = "") -> dict[str, dict]:
         for path in sorted(root.rglob("*"))
         if path.is_file() and path.name != MANIFEST
     }
+
+
+def carry_reranker(old: Path, new: Path, files: dict[str, dict]) -> None:
+    """Hard-link the index's own reranker (RERANKER_DIR of index folder `old`) into the index being built at `new`,
+    adding its files to the new inventory `files`: compaction and re-embedding keep it."""
+    source = Path(old) / RERANKER_DIR
+    if not source.is_dir():
+        return
+    shutil.copytree(source, Path(new) / RERANKER_DIR, copy_function=os.link)
+    files.update(file_inventory(Path(new) / RERANKER_DIR, prefix=f"{RERANKER_DIR}/"))
 
 
 class DocStore:

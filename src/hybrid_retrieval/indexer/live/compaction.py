@@ -18,7 +18,7 @@ from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import filterable_fields
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
-from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, file_inventory, open_index
+from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.segments import LiveDocument
@@ -124,12 +124,14 @@ def build_options_of(index: OpenIndex) -> BuildOptions:
 
 
 def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarray) -> None:
-    """What the compacted base (in `folder`, of `vectors`) keeps of the old: its tuned defaults and their evidence, and a
+    """What the compacted base (in `folder`, of `vectors`) keeps of the old: its tuned defaults and their evidence, its own
+    reranker, and a
     fitted hubness correction, extended to the written documents (what a fresh fit with the same banks gives). A
     correction fitted before fits kept their banks cannot be extended: it is dropped (refit it)."""
     old = state.index.manifest
     new.defaults, new.evidence, new.overrides, new.synonyms = old.defaults, dict(old.evidence), dict(old.overrides), list(old.synonyms)
     new.fusion_tuning, new.corpus, new.applied_sequence = old.fusion_tuning, old.corpus, state.seq
+    carry_reranker(state.index.path, folder, new.files)
     if old.hubness is None:
         return
     if state.hubness is None:
