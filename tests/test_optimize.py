@@ -205,3 +205,49 @@ def test_every_step_on_the_synthetic_corpus_then_the_service_reranks_with_the_in
         assert (hit.get("reranker") is not None) == (steps["reranker"]["decision"] == "kept")
         info = client.get("/collections/index").json()
         assert info["evidence"]["optimize"]["held_out"]["final"] == report["held_out"]["final"]
+
+
+def test_compaction_and_reembedding_carry_the_index_reranker(tmp_path):
+    from hybrid_retrieval.indexer.store import RERANKER_DIR, carry_reranker, sha256_file
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    (old / RERANKER_DIR / "onnx").mkdir(parents=True)
+    (old / RERANKER_DIR / "onnx" / "model.onnx").write_bytes(b"weights")
+    (old / RERANKER_DIR / "training.json").write_text("{}")
+    new.mkdir()
+    files: dict = {"docs.jsonl": {"bytes": 1, "sha256": "x"}}
+    carry_reranker(old, new, files)
+    copied = new / RERANKER_DIR / "onnx" / "model.onnx"
+    assert copied.stat().st_ino == (old / RERANKER_DIR / "onnx" / "model.onnx").stat().st_ino  # hard-linked, not copied
+    assert files[f"{RERANKER_DIR}/onnx/model.onnx"] == {"bytes": 7, "sha256": sha256_file(copied)}
+    assert f"{RERANKER_DIR}/training.json" in files and "docs.jsonl" in files
+    carry_reranker(new, tmp_path / "none", files)  # an index without one: nothing to carry
+
+
+@pytest.mark.slow
+def test_the_service_reranks_with_the_index_reranker_unless_it_names_one(judged, tmp_path):
+    from hybrid_retrieval.evaluation.server import running_server
+    from hybrid_retrieval.indexer.store import RERANKER_DIR, open_index
+    from hybrid_retrieval.training.optimize import install_reranker
+    from hybrid_retrieval.training.reembed import reembed_index
+    from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
+    from hybrid_retrieval.training.splits import training_split
+
+    index = fresh_copy(judged, tmp_path)
+    queries, qrels = training_split(judged / "queries.jsonl", judged / "qrels" / "train.tsv")
+    opened = open_index(index, verify="size")
+    train_reranker(opened, queries, qrels, tmp_path / "reranker", TrainOptions(epochs=1, device="cpu"), progress=False)
+    opened.close()
+    install_reranker(tmp_path / "reranker", index)
+    open_index(index, verify="full").close()  # inventoried: the checksums hold
+
+    with running_server(index) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        body = client.post("/search", json={"query": "lava and magma volcano", "k": 3}).json()
+        assert body["reranker"] == f"index/{RERANKER_DIR}" and body["spec"]["rerank"]["enabled"]
+        assert "rerank" in client.get("/ready").json()["evidence"]
+    with running_server(index, {"HYBRID_RERANK_BY_DEFAULT": "false"}) as (url, _), httpx.Client(base_url=url, timeout=60) as client:
+        assert client.post("/search", json={"query": "lava", "k": 3}).json()["reranker"] is None
+
+    reembed_index(index, progress=False)  # re-embedding keeps it, inventoried
+    assert (index / RERANKER_DIR / "onnx").is_dir()
+    open_index(index, verify="full").close()

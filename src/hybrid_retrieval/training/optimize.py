@@ -195,8 +195,8 @@ def measure_costs(index_dir: Path, device: str, pair_length: int, texts: int = 3
         base = index_model(index_dir)
     finally:
         index.close()
-    torch_device = training_device(device)
-    model = SentenceTransformer(str(base.path), device=torch_device)
+    torch_device = torch.device(training_device(device))
+    model = SentenceTransformer(str(base.path), device=str(torch_device))
 
     def train_step() -> float:
         batch = batch_to_device(model.preprocess(sample), torch_device)
@@ -213,9 +213,9 @@ def measure_costs(index_dir: Path, device: str, pair_length: int, texts: int = 3
         started = time.perf_counter()
         model(batch)
         forward = (time.perf_counter() - started) / len(sample)
-    model.max_seq_length = min(model.max_seq_length, pair_length)
+    model.max_seq_length = min(model.max_seq_length or pair_length, pair_length)
     per_pair = train_step()
-    return Costs(per_text, forward, per_pair, torch_device)
+    return Costs(per_text, forward, per_pair, str(torch_device))
 
 
 @dataclass
@@ -292,10 +292,27 @@ def copy_index(source: Path, target: Path) -> None:
     shutil.copytree(source, target, copy_function=link_or_copy, ignore=lambda folder, names: [WORK] if Path(folder) == source else [])
 
 
-def held_out_scores(index_dir: Path, split: Split, reranker: Path | None = None, device: str = "auto") -> dict[str, float]:
-    """Per held-out query nDCG@10 of the index's served pipeline (queries embedded as served; `reranker` at its tuned
-    weight, as the service reranks with an index's own reranker)."""
-    queries, qrels = split.part(split.held_out)
+def install_reranker(model: Path, index_dir: Path) -> None:
+    """Put a `hybrid train-reranker` folder's ONNX export and record into the index folder (RERANKER_DIR), inventoried in
+    its manifest: the index then carries the reranker it is served with."""
+    target = index_dir / RERANKER_DIR
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(model / ONNX_SUBDIR, target / ONNX_SUBDIR)
+    shutil.copy2(model / TRAINING_RECORD, target / TRAINING_RECORD)
+
+    def inventory(manifest) -> None:
+        manifest.files = {k: v for k, v in manifest.files.items() if not k.startswith(RERANKER_DIR + "/")}
+        manifest.files.update(file_inventory(target, prefix=f"{RERANKER_DIR}/"))
+
+    update_manifest(index_dir, inventory)
+
+
+def served_scores(
+    index_dir: Path, queries: dict[str, str], qrels: dict[str, dict[str, int]], reranker: Path | None = None, device: str = "auto"
+) -> dict[str, float]:
+    """Per-query nDCG@10 of the index's served pipeline (queries embedded as served; `reranker` at its tuned weight, as
+    the service reranks with an index's own reranker)."""
     index = open_index(index_dir, verify="size", device=device)
     try:
         spec: dict = {}
@@ -373,7 +390,7 @@ class Optimizer:
         wal_bytes = _size(self.source / LIVE_DIR / WAL_FILE)
         manifest_sha = _sha256(self.source / "manifest.json")
         copy_index(self.source, self.work / "state-0")
-        scores = held_out_scores(self.work / "state-0", split, device=self.options.device)
+        scores = served_scores(self.work / "state-0", *split.part(split.held_out), device=self.options.device)
         state = State(
             current="state-0",
             start_scores=scores,
@@ -396,7 +413,7 @@ class Optimizer:
 
     def _judge(self, state: State, name: str, candidate: Path, reranker: Path | None = None, **extra) -> StepResult:
         """Score the candidate on the held-out part; keep it (it becomes the current state) when it wins at ALPHA."""
-        scores = held_out_scores(candidate, self.split, reranker, self.options.device)
+        scores = served_scores(candidate, *self.split.part(self.split.held_out), reranker, self.options.device)
         before, after, p, counts = compare(state.scores, scores)
         kept = after > before and p < ALPHA
         if kept:
@@ -589,22 +606,10 @@ class Optimizer:
 
     def _publish(self, state: State, report: dict) -> None:
         final = self.work / state.current
-        if state.reranker is not None:  # the index carries the reranker it is served with (its ONNX export and record)
-            source = self.work / state.reranker
-            target = final / RERANKER_DIR
-            if target.exists():
-                shutil.rmtree(target)
-            shutil.copytree(source / ONNX_SUBDIR, target / ONNX_SUBDIR)
-            shutil.copy2(source / TRAINING_RECORD, target / TRAINING_RECORD)
+        if state.reranker is not None:
+            install_reranker(self.work / state.reranker, final)
         summary_record = {k: report[k] for k in ("held_out", "steps", "served", "finished_at")}
-
-        def record(manifest) -> None:
-            manifest.evidence["optimize"] = summary_record
-            if state.reranker is not None:
-                manifest.files = {k: v for k, v in manifest.files.items() if not k.startswith(RERANKER_DIR + "/")}
-                manifest.files.update(file_inventory(final / RERANKER_DIR, prefix=f"{RERANKER_DIR}/"))
-
-        update_manifest(final, record)
+        update_manifest(final, lambda manifest: manifest.evidence.__setitem__("optimize", summary_record))
         with publish_dir(self.source) as tmp:
             if (
                 _size(self.source / LIVE_DIR / WAL_FILE) != state.wal_bytes
