@@ -180,6 +180,20 @@ def test_too_few_judged_queries_skip_training(judged, tmp_path):
     assert "90 judged queries to fit on, fewer than 100" in report["steps"][0]["why"]
 
 
+def test_fifty_judged_queries_scale_the_recipe_down_and_say_the_evidence_is_thin(judged, tmp_path):
+    from hybrid_retrieval.training.optimize import OptimizeOptions, Optimizer
+
+    lines = (judged / "qrels" / "train.tsv").read_text().splitlines()
+    few = tmp_path / "few.tsv"
+    few.write_text("\n".join(lines[:1] + lines[1:151:3]) + "\n")  # 50 judged queries, across the topics
+    index = fresh_copy(judged, tmp_path)
+    report = Optimizer(index, judged / "queries.jsonl", few, OptimizeOptions(steps=("fusion", "encoder", "reranker")), progress=False).run()
+    assert (report["split"]["judged_queries"], report["split"]["held_out_queries"], report["split"]["fit_queries"]) == (50, 25, 25)
+    assert [s["decision"] for s in report["steps"][1:]] == ["skipped", "skipped"]
+    assert "25 held-out queries" in report["evidence_note"] and "too thin" in report["evidence_note"]
+    assert "too thin" in (index / "optimize" / "report.md").read_text()
+
+
 @pytest.mark.slow
 def test_every_step_on_the_synthetic_corpus_then_the_service_reranks_with_the_index_reranker(judged, tmp_path):
     """The whole recipe (encoder and reranker trained), the published index served by a real process: it embeds queries
