@@ -265,3 +265,15 @@ def test_the_service_reranks_with_the_index_reranker_unless_it_names_one(judged,
     reembed_index(index, progress=False)  # re-embedding keeps it, inventoried
     assert (index / RERANKER_DIR / "onnx").is_dir()
     open_index(index, verify="full").close()
+
+
+def test_the_target_is_an_index_folder_or_a_collection_of_the_data_directory(judged, tmp_path):
+    from hybrid_retrieval.cli.optimize import index_folder
+    from hybrid_retrieval.indexer.datadir.layout import NotFound
+
+    assert index_folder(str(judged / "index"), None) == judged / "index"
+    data = tmp_path / "data"
+    shutil.copytree(judged / "index", data / "collections" / "notes")
+    assert index_folder("notes", data) == data / "collections" / "notes"
+    with pytest.raises(NotFound, match="neither an index folder nor a collection"):
+        index_folder("missing", data)

@@ -46,7 +46,7 @@ from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD
 from hybrid_retrieval.search.errors import ConfigError, HybridError
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import HubnessSpec
-from hybrid_retrieval.training.embedder import SUPERVISED, EmbedderOptions, fine_tune
+from hybrid_retrieval.training.embedder import EmbedderOptions, fine_tune
 from hybrid_retrieval.training.fusion import tune_index
 from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank
 from hybrid_retrieval.training.metrics import per_query_scores
@@ -66,6 +66,9 @@ REPORT_FILES = ("report.md", "report.json", "report.png")
 # set) so the test can see a win, at most MAX_HELD_OUT: past a few hundred queries the test is already powered and
 # more queries help fitting more than judging.
 HELD_OUT_SHARE, MIN_HELD_OUT, MAX_HELD_OUT = 0.2, 50, 300
+# The encoder's learning rate is chosen on its own held-out slice, one epoch each, when the budget allows the full
+# epochs after that probe: sentence-transformers' default (2e-5), its half and its double. Otherwise the default.
+LEARNING_RATES = (1e-5, 2e-5, 4e-5)
 # Training a model needs enough judged queries to beat its base: below this many in the fit part the encoder and
 # reranker steps are skipped (their own held-out slices would hold a handful of queries).
 MIN_TRAINING_QUERIES = 100
@@ -463,10 +466,11 @@ class Optimizer:
         return len(self.split.fit)
 
     def encoder_plan(self, state: State, share: float) -> tuple[EmbedderOptions | None, dict]:
-        """Epochs (at most the supervised default's) and examples that fit `share` of what is left of the budget."""
+        """Epochs (at most `EmbedderOptions().epochs`) that fit `share` of what is left of the budget, and whether the
+        learning-rate probe fits beside them."""
         costs = self._costs(state)
         queries, qrels = self.split.part(self.split.fit)
-        base = replace(SUPERVISED, device=self.options.device, seed=self.options.seed)
+        base = EmbedderOptions(device=self.options.device, seed=self.options.seed)
         train_ids, dev_ids = split_dev(queries, qrels, base.dev_fraction, base.seed)
         examples = sum(1 for q in train_ids for r in qrels[q].values() if r > 0)
         documents = read_manifest(self.work / state.current).counts["documents"]
@@ -479,17 +483,33 @@ class Optimizer:
         per_epoch = costs.encoder_epoch(examples, base.hard_negatives) + costs.forward(pool)  # an epoch, then its held-out score
         allowed = share * self._left(state) - fixed - costs.forward(pool)  # the base model is scored first
         epochs = min(base.epochs, int(allowed // per_epoch)) if allowed > 0 else 0
+        probe = len(LEARNING_RATES) * (per_epoch + costs.forward(pool))  # one epoch per rate, the base scored each time
         plan = {
             "examples_per_epoch": examples,
             "eval_depth": depth,
             "epoch_seconds_estimate": round(per_epoch),
             "reembed_seconds_estimate": round(fixed),
             "epochs": epochs,
+            "learning_rate_probe": epochs == base.epochs and allowed - probe >= epochs * per_epoch,
             "budget_share_seconds": round(share * self._left(state)),
         }
         if epochs < 1:
             return None, plan
         return replace(base, epochs=epochs), plan
+
+    def _learning_rate(self, index, queries, qrels, train_ids, dev_ids, options: EmbedderOptions) -> tuple[float, dict]:
+        """The rate of LEARNING_RATES whose first epoch scores best on the encoder's held-out slice."""
+        scores = {}
+        for rate in LEARNING_RATES:
+            folder = self.work / "models" / f"probe-{rate:g}"
+            record = fine_tune(
+                index, queries, qrels, train_ids, dev_ids, folder, replace(options, epochs=1, learning_rate=rate),
+                {"recipe": "supervised", "split": "fit", "probe": True}, self.progress,
+            )  # fmt: skip
+            scores[f"{rate:g}"] = round(record["held_out"]["per_epoch"][-1][METRIC], 4)
+            shutil.rmtree(folder)
+        best = max(LEARNING_RATES, key=lambda rate: scores[f"{rate:g}"])  # the first of equals: the smallest
+        return best, scores
 
     def reranker_plan(self, state: State, share: float) -> tuple[TrainOptions | None, dict]:
         costs = self._costs(state)
@@ -528,6 +548,10 @@ class Optimizer:
         queries, qrels = self.split.part(self.split.fit)
         try:
             train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
+            if plan["learning_rate_probe"]:
+                rate, plan["learning_rate_probe"] = self._learning_rate(index, queries, qrels, train_ids, dev_ids, options)
+                options = replace(options, learning_rate=rate)
+            plan["learning_rate"] = options.learning_rate
             record = fine_tune(
                 index, queries, qrels, train_ids, dev_ids, model, options, {"recipe": "supervised", "split": "fit"}, self.progress
             )
