@@ -343,6 +343,10 @@ def compare(before: dict[str, float], after: dict[str, float]) -> tuple[float, f
     return float(b.mean()), float(a.mean()), float(randomization_test(a, b)), counts
 
 
+def _unaffordable(step: str, plan: dict) -> StepResult:
+    return StepResult(step, "skipped", f"one epoch does not fit the budget left ({plan})", plan=plan)
+
+
 class Optimizer:
     """One run of the recipe on an index folder (see the module docstring)."""
 
@@ -542,7 +546,7 @@ class Optimizer:
         share = 1.0 - (self._reranker_share(state) if reranking else 0.0)
         options, plan = self.encoder_plan(state, share)
         if options is None:
-            return StepResult("encoder", "skipped", f"one epoch does not fit the budget left ({plan})", plan=plan)
+            return _unaffordable("encoder", plan)
         index = open_index(self.work / state.current, verify="size", device=self.options.device)
         model = self.work / "models" / "encoder"
         queries, qrels = self.split.part(self.split.fit)
@@ -594,7 +598,7 @@ class Optimizer:
             return StepResult("reranker", "skipped", why)
         options, plan = self.reranker_plan(state, 1.0)
         if options is None:
-            return StepResult("reranker", "skipped", f"one epoch does not fit the budget left ({plan})", plan=plan)
+            return _unaffordable("reranker", plan)
         index = open_index(self.work / state.current, verify="size", device=self.options.device)
         model = self.work / "models" / "reranker"
         queries, qrels = self.split.part(self.split.fit)
