@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,7 @@ class Resources:
         self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, device, threads) -> session
         self._sessions_lock = threading.Lock()
         self._own_rerankers: dict[str, object] = {}  # an index's own reranker, by its files' checksums
+        self._own_reranking: dict[int, Reranking] = {}  # by id of the opened index, dropped when it is released
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
         gained = reranking_gained(settings.reranker) if settings.reranker else None
         self.reranking = Reranking(
@@ -126,24 +128,26 @@ class Resources:
 
     def reranking_of(self, index) -> Reranking:
         """The service's reranker (HYBRID_RERANKER) when it has one, else the index's own (`hybrid optimize` puts one in
-        the index when reranking beat the first stage on held-out queries), loaded once per model and shared."""
+        the index when reranking beat the first stage on held-out queries): made once per opened index (refreshes
+        reuse it), its model loaded once per set of files and shared."""
         folder = index.path / RERANKER_DIR if isinstance(index, OpenIndex) else None
         if self.reranking.cross_encoder is not None or folder is None or not (folder / ONNX_SUBDIR).is_dir():
             return self.reranking
-        files = {k: v for k, v in index.manifest.files.items() if k.startswith(RERANKER_DIR + "/")}
-        key = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else str(folder)
         with self._sessions_lock:
-            if key not in self._own_rerankers:
-                self._own_rerankers[key] = load_reranker(self.settings, self.batch, folder / ONNX_SUBDIR)
-        weight = tuned_weight(folder)
-        reranking = Reranking(
-            self._own_rerankers[key],
-            f"{index.path.name}/{RERANKER_DIR}",
-            self.settings.spec_overrides(reranking=True, tuned_weight=weight, gained=True),
-            weight_evidence(folder) if self.settings.rerank_weight is None else None,
-        )
-        self._log(reranking)
-        return reranking
+            if id(index) not in self._own_reranking:
+                files = {k: v for k, v in index.manifest.files.items() if k.startswith(RERANKER_DIR + "/")}
+                key = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest() if files else str(folder)
+                if key not in self._own_rerankers:
+                    self._own_rerankers[key] = load_reranker(self.settings, self.batch, folder / ONNX_SUBDIR)
+                weakref.finalize(index, self._own_reranking.pop, id(index), None)
+                self._own_reranking[id(index)] = Reranking(
+                    self._own_rerankers[key],
+                    f"{index.path.name}/{RERANKER_DIR}",
+                    self.settings.spec_overrides(reranking=True, tuned_weight=tuned_weight(folder), gained=True),
+                    weight_evidence(folder) if self.settings.rerank_weight is None else None,
+                )
+                self._log(self._own_reranking[id(index)])
+            return self._own_reranking[id(index)]
 
     def session(self, folder: Path, checksum: str, precision: str, device: str = "cpu", threads: int | None = None) -> OnnxEmbedder:
         """The session of the model in `folder` (whose weights have `checksum`), opened once."""

@@ -203,7 +203,8 @@ def build_index(
     remove_leftovers(out)
     model = resolve_model(options.model)
     onnx_folder = export_profile(model, options.profile, options.onnx_cache)
-    embedder_spec = json.loads((onnx_folder / "embedder.json").read_text())
+    # the export cache is keyed by weights: an export made from the same weights at another path names that path
+    embedder_spec = {**json.loads((onnx_folder / "embedder.json").read_text()), "model": model.name}
     embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None
 
     with publish_dir(out) as tmp:

@@ -55,13 +55,20 @@ def reembed(
         profile = profile or old.embedder.profile
         precision = precision or (old.embedder.document_precision if profile == "full" else "fp32")
         options = replace(build_options_of(index), model=model, profile=profile, precision=precision, device=device, progress=progress)
-        onnx_folder = export_profile(resolve_model(model), profile, onnx_cache)
+        resolved = resolve_model(model)
+        onnx_folder = export_profile(resolved, profile, onnx_cache)
         embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
         with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
             corpus, _ = current_corpus(index, state.base_alive, state.live.docs, Path(work))
             with publish_dir(index_dir) as tmp:
                 manifest = build_into(
-                    tmp, corpus, options, onnx_folder, json.loads((onnx_folder / CONFIG_FILE).read_text()), embedder=embedder
+                    tmp,
+                    corpus,
+                    options,
+                    onnx_folder,
+                    # the export cache is keyed by weights: one made from the same weights elsewhere names that path
+                    {**json.loads((onnx_folder / CONFIG_FILE).read_text()), "model": resolved.name},
+                    embedder=embedder,
                 )
                 # every logged write is in the new base, embedded by the new model: the log starts afresh after them
                 manifest.corpus, manifest.applied_sequence = old.corpus, state.seq

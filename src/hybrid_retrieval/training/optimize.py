@@ -21,11 +21,9 @@ writes that arrived meanwhile.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import random
 import resource
 import shutil
 import time
@@ -40,7 +38,7 @@ from hybrid_retrieval.common.publish import publish_dir, write_atomic
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
 from hybrid_retrieval.indexer.reembed import reembed
-from hybrid_retrieval.indexer.store import RERANKER_DIR, file_inventory, open_index
+from hybrid_retrieval.indexer.store import RERANKER_DIR, file_inventory, open_index, sha256_file
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD
 from hybrid_retrieval.search.errors import ConfigError, HybridError
@@ -61,7 +59,6 @@ METRIC = "ndcg@10"
 ALPHA = 0.05  # a step is kept when it wins at this significance on the held-out part
 STEPS = ("fusion", "hubness", "encoder", "reranker")
 WORK = "optimize"  # the work folder inside the index folder; the published index keeps only its report
-REPORT_FILES = ("report.md", "report.json", "report.png")
 # The held-out part: a fifth of the judged queries (the usual dev share), at least MIN_HELD_OUT (or half of a small
 # set) so the test can see a win, at most MAX_HELD_OUT: past a few hundred queries the test is already powered and
 # more queries help fitting more than judging.
@@ -125,26 +122,29 @@ class Split:
 
 def make_split(queries_path: Path, qrels_path: Path, options: OptimizeOptions) -> Split:
     queries, qrels = training_split(queries_path, qrels_path)
-    judged = sorted(q for q, rels in qrels.items() if any(r > 0 for r in rels.values()))
-    size = held_out_size(len(judged), options.held_out_fraction)
-    shuffled = judged[:]
-    random.Random(options.seed).shuffle(shuffled)
+    judged = sum(1 for rels in qrels.values() if any(r > 0 for r in rels.values()))
+    fit, held_out = split_dev(queries, qrels, held_out_size(judged, options.held_out_fraction) / judged, options.seed)
     source = {
         "qrels": str(Path(qrels_path).resolve()),
-        "sha256": hashlib.sha256(Path(qrels_path).read_bytes()).hexdigest(),
-        "judged_queries": len(judged),
+        "sha256": sha256_file(Path(qrels_path)),
+        "judged_queries": judged,
         "held_out_fraction": options.held_out_fraction,
         "seed": options.seed,
     }
-    return Split(queries, qrels, sorted(shuffled[size:]), sorted(shuffled[:size]), source)
+    return Split(queries, qrels, fit, held_out, source)
+
+
+def write_qrels(path: Path, ids: list[str], qrels: dict[str, dict[str, int]]) -> None:
+    """The qrels of queries `ids` as a TSV the training tools read (their split is named after the file)."""
+    rows = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q in ids for d, r in qrels[q].items()]
+    write_atomic(path, "\n".join(rows) + "\n")
 
 
 def write_split(split: Split, work: Path) -> None:
     """The split as the training tools read it: queries.jsonl and fit.tsv (the fit part), and split.json (both parts)."""
     lines = [json.dumps({"_id": q, "text": t}) for q, t in split.queries.items()]
     write_atomic(work / "queries.jsonl", "\n".join(lines) + "\n")
-    rows = ["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q in split.fit for d, r in split.qrels[q].items()]
-    write_atomic(work / "fit.tsv", "\n".join(rows) + "\n")
+    write_qrels(work / "fit.tsv", split.fit, split.qrels)
     write_atomic(work / "split.json", json.dumps({"source": split.source, "fit": split.fit, "held_out": split.held_out}, indent=2))
 
 
@@ -154,7 +154,7 @@ def read_split(work: Path, queries_path: Path, qrels_path: Path) -> Split | None
     if not recorded.is_file():
         return None
     saved = json.loads(recorded.read_text())
-    if saved["source"]["sha256"] != hashlib.sha256(Path(qrels_path).read_bytes()).hexdigest():
+    if saved["source"]["sha256"] != sha256_file(Path(qrels_path)):
         return None
     queries, qrels = training_split(queries_path, qrels_path)
     return Split(queries, qrels, saved["fit"], saved["held_out"], saved["source"])
@@ -275,10 +275,6 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def copy_index(source: Path, target: Path) -> None:
     """A working copy of an index folder: immutable files hard-linked (every writer replaces files whole), the live
     log copied (it is appended in place), this module's work folder left out."""
@@ -395,7 +391,7 @@ class Optimizer:
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
         write_split(split, self.work)
         wal_bytes = _size(self.source / LIVE_DIR / WAL_FILE)
-        manifest_sha = _sha256(self.source / "manifest.json")
+        manifest_sha = sha256_file(self.source / "manifest.json")
         copy_index(self.source, self.work / "state-0")
         scores = served_scores(self.work / "state-0", *split.part(split.held_out), device=self.options.device)
         state = State(
@@ -570,9 +566,7 @@ class Optimizer:
         # what was fitted to the old model's scores, fitted again: on the queries the encoder did not train on
         dev_queries, dev_qrels = self.split.part(dev_ids)
         dev_path = self.work / "encoder-dev.tsv"
-        write_atomic(
-            dev_path, "\n".join(["query-id\tcorpus-id\tscore"] + [f"{q}\t{d}\t{r}" for q in dev_ids for d, r in qrels[q].items()]) + "\n"
-        )
+        write_qrels(dev_path, dev_ids, qrels)
         # the fusion is tuned for the new model whatever the old one had: a fine-tuned dense leg deserves another weight,
         # and tune_index keeps RRF unless tuning wins out of sample
         _, detail["fusion"] = tune_index(candidate, dev_queries, dev_qrels, dev_path, METRIC, progress=self.progress)
@@ -641,7 +635,7 @@ class Optimizer:
         with publish_dir(self.source) as tmp:
             if (
                 _size(self.source / LIVE_DIR / WAL_FILE) != state.wal_bytes
-                or _sha256(self.source / "manifest.json") != state.manifest_sha256
+                or sha256_file(self.source / "manifest.json") != state.manifest_sha256
             ):
                 raise OptimizeError(
                     f"{self.source} changed while optimizing (documents written, or its defaults changed): nothing published. "
