@@ -174,7 +174,7 @@ def test_passage_search_equals_brute_force_aggregation(scoring, kind):
 
 def test_passage_scoring_round_trips_through_the_string_form():
     spec = SearchSpec().merge({"mode": "dense", "passage_scoring": {"aggregation": "soft", "temperature": 0.1, "top": 4}})
-    assert spec.to_string() == "dense+rrf:60+depth:100+nohub+rerank:off:d=50:w=1+passages:soft:t=0.1:top=4:bm25=document"
+    assert spec.to_string() == "dense+cc:zscore:0.5+depth:100+nohub+rerank:off:d=50:w=1+passages:soft:t=0.1:top=4:bm25=document"
     assert SearchSpec().merge(parse_spec_string(spec.to_string())) == spec
     assert "passages" not in SearchSpec().to_string()  # the default is not named
 

@@ -19,7 +19,7 @@ from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.errors import ConfigError, SpecError
-from hybrid_retrieval.search.fusion import Candidates, ConvexCombination, fuse
+from hybrid_retrieval.search.fusion import RRF, Candidates, ConvexCombination, fuse
 from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.pipeline import Query
 from hybrid_retrieval.search.ranking import Ranking, top_k
@@ -134,7 +134,7 @@ def test_every_mode_returns_the_brute_force_filtered_ranking(meta, queries, sele
                         "dense": lambda i: np.asarray(index.embeddings)[i] @ vector,
                     },
                 )
-                expected = fuse(candidates, ConvexCombination(0.6, "minmax") if fusion["method"] == "cc" else pipeline.defaults.fusion)
+                expected = fuse(candidates, ConvexCombination(0.6, "minmax") if fusion["method"] == "cc" else RRF())
                 assert_same(result.ranking, expected.ranking().head(10))
                 assert len(result.ranking) == min(10, int(mask.sum()))  # k hits whenever k documents match
                 assert mask[result.ranking.doc_idx].all()

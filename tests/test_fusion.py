@@ -137,9 +137,14 @@ def test_partial_fusion_merges_onto_the_same_method_only():
     assert fusion_from_dict({"alpha": 0.3}, base) == ConvexCombination(alpha=0.3, norm="zscore")
     assert fusion_from_dict({"method": "cc"}, base) == base
     assert fusion_from_dict({"method": "rrf"}, base) == RRF()
+    # no method: the one method whose fields were given, from its own defaults
+    assert fusion_from_dict({"rrf_k": 30}, base) == RRF(rrf_k=30)
+    assert fusion_from_dict({"alpha": 0.3}, RRF(rrf_k=5)) == ConvexCombination(alpha=0.3, norm="zscore")
     with pytest.raises(SpecError, match="alpha: not a field of rrf fusion; valid: rrf_k, weights") as err:
-        fusion_from_dict({"alpha": 0.3}, RRF())
+        fusion_from_dict({"method": "rrf", "alpha": 0.3}, base)
     assert err.value.field == "alpha"
+    with pytest.raises(SpecError, match="not a field of cc fusion"):
+        fusion_from_dict({"alpha": 0.3, "rrf_k": 5}, base)
 
 
 @pytest.mark.parametrize("fusion", [RRF(), RRF(rrf_k=2.5, weights=(0.25, 1.0)), ConvexCombination(alpha=0.05, norm="dbsf")])

@@ -115,9 +115,9 @@ def test_version_1_manifest_is_read_by_migration(index_copy):
 
 def test_malformed_manifest_is_refused_with_its_path(index_copy):
     manifest = json.loads((index_copy / "manifest.json").read_text())
-    manifest["defaults"]["fusion"]["alpha"] = 0.5  # a field rrf does not have
+    manifest["defaults"]["fusion"]["rrf_k"] = 60  # a field cc does not have
     (index_copy / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(IndexOpenError, match=r"manifest.json: malformed manifest .*fusion.alpha: not a field of rrf fusion"):
+    with pytest.raises(IndexOpenError, match=r"manifest.json: malformed manifest .*fusion.rrf_k: not a field of cc fusion"):
         open_index(index_copy)
 
 

@@ -80,7 +80,7 @@ def test_string_form_examples():
         rerank=RerankSpec(True, 20, 0.35),
         min_score=-0.5,
     )
-    assert SearchSpec().to_string() == "hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1"
+    assert SearchSpec().to_string() == "hybrid+cc:zscore:0.5+depth:100+nohub+rerank:off:d=50:w=1"
     assert parse_spec_string("rrf:60:w=1,0.5") == {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 0.5]}}
     assert parse_spec_string("bm25+rerank") == {"mode": "bm25", "rerank": {"enabled": True}}
 
@@ -183,7 +183,7 @@ def test_response_echoes_the_applied_spec(client):
     assert body["spec"] == {
         "mode": "hybrid",
         "depth": 100,
-        "fusion": {"method": "cc", "alpha": 0.3, "norm": "minmax"},
+        "fusion": {"method": "cc", "alpha": 0.3, "norm": "zscore"},
         "hubness": {"method": "none", "dynamic": False},
         "rerank": {"enabled": True, "depth": 4, "weight": 1.0},
         "min_score": None,

@@ -11,7 +11,7 @@ from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import SpecError
-from hybrid_retrieval.search.fusion import RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
+from hybrid_retrieval.search.fusion import DEFAULT_FUSION, RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.training.fusion import ALPHAS, RRF_KS, TuningResult, evidence, tune
@@ -58,9 +58,9 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
     assert manifest.fusion_tuning.value == round(best["ndcg@10"], 4)
     evidence = manifest.evidence["fusion"]
     assert evidence["queries"] == len(queries) and evidence["folds"] == 5 and evidence["split"].endswith("train.tsv")
-    before, after = evidence["values"]["untuned rrf:60"], evidence["values"]["tuned, cross-validated"]
+    before, after = evidence["values"]["untuned cc:zscore:0.5"], evidence["values"]["tuned, cross-validated"]
     tuned = fusion_from_dict({k: v for k, v in best.items() if k != "ndcg@10"})
-    assert manifest.defaults.fusion == (tuned if after > before else RRF())
+    assert manifest.defaults.fusion == (tuned if after > before else DEFAULT_FUSION)
     assert evidence["decision"] == ("tuned" if after > before else "kept untuned")
     assert "before/after on held-out queries" in done.stdout and f"decision: {evidence['decision']}" in done.stdout
     assert (index_dir / "tuning" / "fusion.png").read_bytes()[:4] == b"\x89PNG"
@@ -69,7 +69,7 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
 
 
 def _result(per_query: list[dict[str, float]]) -> TuningResult:
-    fusions = [RRF(), ConvexCombination(alpha=0.3), ConvexCombination(alpha=0.7)][: len(per_query)]
+    fusions = [DEFAULT_FUSION, ConvexCombination(alpha=0.3), RRF()][: len(per_query)]
     table = [{**fusion_to_dict(f), "ndcg@10": sum(v.values()) / len(v)} for f, v in zip(fusions, per_query)]
     return TuningResult("ndcg@10", len(per_query[0]), table, {}, per_query)
 
@@ -96,9 +96,9 @@ def test_tuning_keeps_the_untuned_default_unless_it_wins_out_of_sample(tmp_path)
     # cc alpha 0.3 is better on every query: tuned wins out of sample too
     wins = _result([{q: 0.5 for q in qids}, {q: 0.6 for q in qids}])
     proof = evidence(wins, tmp_path / "train.tsv")
-    assert proof["decision"] == "tuned" and proof["values"]["untuned rrf:60"] == 0.5
+    assert proof["decision"] == "tuned" and proof["values"]["untuned cc:zscore:0.5"] == 0.5
     assert proof["values"]["tuned, cross-validated"] == pytest.approx(0.6)
-    # a configuration lucky on half the queries: best in-sample, but choosing by it does not beat RRF held out
+    # a configuration lucky on half the queries: best in-sample, but choosing by it does not beat the default held out
     lucky = _result([{q: 0.5 for q in qids}, {q: (0.9 if i % 2 else 0.15) for i, q in enumerate(qids)}])
     assert lucky.best_fusion() == ConvexCombination(alpha=0.3)
     proof = evidence(lucky, tmp_path / "train.tsv")

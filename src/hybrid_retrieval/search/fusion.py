@@ -7,6 +7,10 @@ Convex combination (Bruch, Gai, Ingber, ACM TOIS 2023):
     cc(d) = alpha * phi(s_dense(d)) + (1 - alpha) * phi(s_bm25(d)),
     phi a per-query normalisation over the candidates (see search.normalize).
 
+The default, for an index nobody tuned, is the convex combination with equal weights of z-scores: each leg's
+scores in units of their own spread over the query's candidates, so neither scale nor a corpus constant decides
+the balance (it ranks like Qdrant's distribution-based fusion). Its evidence: docs/relevance.md "The default fusion".
+
 Every candidate carries both raw scores (the BM25 score of a dense-only document is read from the
 BM25 index, the cosine of a BM25-only document from its stored vector): nothing is imputed.
 """
@@ -46,7 +50,7 @@ class RRF:
 @dataclass(frozen=True)
 class ConvexCombination:
     alpha: float = 0.5  # weight of the dense retriever
-    norm: str = "minmax"
+    norm: str = "zscore"
     method: str = "cc"
 
     def __post_init__(self) -> None:
@@ -56,6 +60,7 @@ class ConvexCombination:
 
 Fusion = RRF | ConvexCombination
 FUSIONS: dict[str, type[RRF] | type[ConvexCombination]] = {"rrf": RRF, "cc": ConvexCombination}
+DEFAULT_FUSION: Fusion = ConvexCombination()
 
 
 # The one place where fusions turn into and out of their dict form (manifest, API, reports) and their
@@ -71,20 +76,29 @@ def fusion_to_dict(fusion: Fusion) -> dict[str, Any]:
 
 def fusion_from_dict(spec: dict[str, Any], base: Fusion | None = None) -> Fusion:
     """A fusion from its (possibly partial) dict form. Fields not given come from `base` when it is the
-    same method (a missing `method` means base's), else from that method's defaults. Errors name the field."""
+    same method, else from that method's defaults. A missing `method` means base's, or the one method whose
+    fields were given when base has none of them (`{"rrf_k": 30}` is RRF whatever the default). Errors name
+    the field."""
     if not isinstance(spec, dict):
         raise SpecError("method", f"a fusion is an object with a method ({', '.join(FUSIONS)}), got {spec!r}")
     values = dict(spec)
-    method = values.pop("method", base.method if base is not None else None)
+    method = values.pop("method", None)
+    if method is None and base is not None:
+        owners = [name for name, cls in FUSIONS.items() if values and set(values) <= _field_names(cls)]
+        method = base.method if base.method in owners or len(owners) != 1 else owners[0]
     cls = FUSIONS.get(method) if isinstance(method, str) else None
     if cls is None:
         raise SpecError("method", f"unknown fusion method {method!r}; valid: {', '.join(FUSIONS)}")
-    known = [f.name for f in fields(cls) if f.name != "method"]
+    known = sorted(_field_names(cls))
     for name in values:
         if name not in known:
             raise SpecError(name, f"not a field of {method} fusion; valid: {', '.join(known)}")
     inherited = {k: v for k, v in asdict(base).items() if k != "method"} if base is not None and isinstance(base, cls) else {}
     return cls(**{**inherited, **values})
+
+
+def _field_names(cls: type[RRF] | type[ConvexCombination]) -> set[str]:
+    return {f.name for f in fields(cls) if f.name != "method"}
 
 
 def fusion_to_string(fusion: Fusion) -> str:

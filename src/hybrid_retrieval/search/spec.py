@@ -10,12 +10,12 @@ Two forms, both round-tripping (`SearchSpec.from_dict(spec.to_dict()) == spec` a
 `SearchSpec.from_dict(parse_spec_string(spec.to_string())) == spec`; the string leaves out what equals
 the library default where it can, e.g. RRF weights [1, 1] and an unset min_score):
 
-    dict    {"mode": "hybrid", "depth": 100, "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 1.0]},
+    dict    {"mode": "hybrid", "depth": 100, "fusion": {"method": "cc", "alpha": 0.5, "norm": "zscore"},
              "hubness": {"method": "none", "dynamic": false},
              "rerank": {"enabled": false, "depth": 50, "weight": 1.0}, "min_score": null,
              "filter": {"year": {"gte": 2015}},
              "highlight": {"enabled": true, "semantic": false, "snippet_chars": 160, "snippets": 1}}
-    string  hybrid+rrf:60+depth:100+nohub+rerank:off:d=50:w=1+highlight:chars=160:snippets=1+filter:{"year": {"gte": 2015}}
+    string  hybrid+cc:zscore:0.5+depth:100+nohub+rerank:off:d=50:w=1+highlight:chars=160:snippets=1+filter:{"year": {"gte": 2015}}
 
 The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25, dense, hybrid) or a
 fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
@@ -34,8 +34,8 @@ from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.language import check_filter
 from hybrid_retrieval.search.fusion import (
+    DEFAULT_FUSION,
     FUSIONS,
-    RRF,
     Fusion,
     fusion_from_dict,
     fusion_from_string,
@@ -137,7 +137,7 @@ class SearchSpec:
 
     mode: str = "hybrid"
     depth: int = DEFAULT_DEPTH  # hybrid: candidates per retriever, fused; independent of k
-    fusion: Fusion = field(default_factory=RRF)  # hybrid only
+    fusion: Fusion = DEFAULT_FUSION  # hybrid only
     hubness: HubnessSpec = field(default_factory=HubnessSpec)  # dense and hybrid only
     rerank: RerankSpec = field(default_factory=RerankSpec)
     min_score: float | None = None  # drop hits whose final score is below it
