@@ -14,6 +14,7 @@ from bench import (
     longdocs,
     measure,
     optimize_bench,
+    peers_bench,
     profiles_bench,
     quality,
     query_bench,
@@ -27,6 +28,7 @@ from bench.harness import Case
 
 CASES: list[Case] = [  # a section renders where its first case is
     *quality.CASES,
+    *peers_bench.CASES,
     *longdocs.CASES,
     *language_bench.CASES,
     *measure.CASES,

@@ -46,13 +46,18 @@ class Context:
             return importlib.util.find_spec("ray") is not None
         if need == "baseline":
             return self.baseline_ref is not None
-        raise ValueError(f"unknown need {need!r}: gpu, ray or baseline")
+        if need == "peers":
+            from bench.peers_bench import peers_python
+
+            return peers_python(self.work).is_file()
+        raise ValueError(f"unknown need {need!r}: gpu, ray, baseline or peers")
 
     def why_not(self, need: str) -> str:
         return {
             "gpu": "no GPU visible to FAISS or ONNX Runtime",
             "ray": "Ray is not installed (the ray extra)",
             "baseline": "no --baseline REF given",
+            "peers": "no peers' environment: run `bash bench/peers/setup.sh` (or set HYBRID_PEERS_PYTHON)",
         }[need]
 
     def size(self, full: int, quick: int) -> int:

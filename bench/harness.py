@@ -59,7 +59,7 @@ class Case:
     name: str
     measures: str  # one line: what it runs, on what
     run: Callable[[Any], list[Table]]  # Context -> tables
-    needs: tuple[str, ...] = ()  # resources the Context must have: "gpu", "ray", "baseline"
+    needs: tuple[str, ...] = ()  # resources the Context must have: "gpu", "ray", "baseline", "peers"
     headline: bool = False  # its first table's rows also go to the README
 
 

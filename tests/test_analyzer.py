@@ -7,8 +7,15 @@ def test_default_analyzer_lowercases_drops_stopwords_and_stems():
     assert Analyzer().analyze("The Running of the Studies, in 2024!") == ["run", "studi", "2024"]
 
 
-def test_single_characters_are_not_tokens():
-    assert Analyzer().analyze("a b c vitamin d") == ["vitamin"]
+def test_single_characters_are_terms_and_english_stems_with_porter():
+    assert Analyzer().analyze("a b c vitamin d, IL-6") == ["b", "c", "vitamin", "d", "il", "6"]  # "a" is a stop word
+    assert Analyzer().analyze("dying generously") == ["dy", "gener"]  # Porter's; Snowball english says die, generous
+    assert Analyzer.for_language("en") == Analyzer()
+
+
+def test_an_index_built_with_the_earlier_defaults_keeps_its_terms():
+    earlier = Analyzer.from_dict({**Analyzer().to_dict(), "stemmer": "english", "token_pattern": r"(?u)\b\w\w+\b"})
+    assert earlier.analyze("a b c vitamin d, dying generously") == ["vitamin", "die", "generous"]
 
 
 def test_plain_analyzer_keeps_everything_but_case():

@@ -125,8 +125,8 @@ def test_every_mode_returns_the_brute_force_filtered_ranking(meta, queries, sele
             for mode in ("bm25", "dense"):
                 result = pipeline.search(query, k=10, spec={"mode": mode, "filter": filter_})
                 assert_same(result.ranking, legs[mode].head(10))
-            for fusion in ({"method": "rrf"}, {"method": "cc", "norm": "minmax", "alpha": 0.6}):
-                result = pipeline.search(query, k=10, spec={"filter": filter_, "fusion": fusion})
+            for fusion in ({"method": "rrf"}, {"method": "cc", "norm": "minmax", "alpha": 0.6}, None):  # None: the default
+                result = pipeline.search(query, k=10, spec={"filter": filter_} | ({"fusion": fusion} if fusion else {}))
                 candidates = Candidates.from_rankings(
                     legs,
                     {
@@ -134,6 +134,14 @@ def test_every_mode_returns_the_brute_force_filtered_ranking(meta, queries, sele
                         "dense": lambda i: np.asarray(index.embeddings)[i] @ vector,
                     },
                 )
+                if fusion is None:  # equal-weight z-scores over the union of both filtered top-100 lists, in numpy
+                    # (one candidate, or equal scores: std 0 maps to 0, as documented)
+                    z = {name: (s - s.mean()) / s.std() if s.std() > 0 else 0 * s for name, s in candidates.scores.items()}
+                    fused = 0.5 * z["bm25"] + 0.5 * z["dense"]
+                    order = np.lexsort((candidates.doc_idx, -fused))[:10]
+                    assert result.ranking.doc_idx.tolist() == candidates.doc_idx[order].tolist()
+                    np.testing.assert_allclose(result.ranking.scores, fused[order], rtol=1e-5)
+                    continue
                 expected = fuse(candidates, ConvexCombination(0.6, "minmax") if fusion["method"] == "cc" else RRF())
                 assert_same(result.ranking, expected.ranking().head(10))
                 assert len(result.ranking) == min(10, int(mask.sum()))  # k hits whenever k documents match

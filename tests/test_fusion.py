@@ -3,6 +3,7 @@ import pytest
 
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.fusion import (
+    DEFAULT_FUSION,
     RRF,
     Candidates,
     ConvexCombination,
@@ -113,6 +114,20 @@ def test_convex_combination_minmax_by_hand():
     np.testing.assert_allclose(fused.scores, 0.3 * dense_n + 0.7 * bm25_n)
     np.testing.assert_allclose(fused.normalized["bm25"], bm25_n)
     np.testing.assert_allclose(fused.contributions["dense"] + fused.contributions["bm25"], fused.scores)
+
+
+def test_the_default_fusion_is_equal_weight_z_scores_by_hand():
+    c = candidates(bm25=[1.0, 9.0, 5.0], dense=[0.8, 0.3, 0.1], bm25_list=[1, 2], dense_list=[0, 1])
+    assert DEFAULT_FUSION == ConvexCombination(alpha=0.5, norm="zscore") == fusion_from_dict({"method": "cc"})
+    # bm25: mean 5, population std sqrt(32/3); dense: mean 0.4, std sqrt(0.26/3)
+    bm25_z = np.array([-4.0, 4.0, 0.0]) / np.sqrt(32 / 3)
+    dense_z = np.array([0.4, -0.1, -0.3]) / np.sqrt(0.26 / 3)
+    fused = fuse(c, DEFAULT_FUSION)
+    np.testing.assert_allclose(fused.scores, 0.5 * bm25_z + 0.5 * dense_z)
+    assert fused.ranking().doc_idx.tolist() == [1, 0, 2]
+    # the scale of either leg does not move the ranking: BM25 scores 100x larger rank the same
+    scaled = candidates(bm25=[100.0, 900.0, 500.0], dense=[0.8, 0.3, 0.1], bm25_list=[1, 2], dense_list=[0, 1])
+    np.testing.assert_allclose(fuse(scaled, DEFAULT_FUSION).scores, fused.scores)
 
 
 def test_alpha_extremes_reproduce_single_retrievers():

@@ -22,7 +22,7 @@ def test_manifest_describes_the_build(tiny_index):
     assert manifest["counts"]["documents"] == len(TINY_CORPUS)
     assert manifest["embedder"]["model"] == "sentence-transformers/all-MiniLM-L6-v2"
     assert manifest["embedder"]["dimension"] == 384 and len(manifest["embedder"]["model_checksum"]) == 64
-    assert manifest["analyzer"]["stemmer"] == "english"
+    assert manifest["analyzer"]["stemmer"] == "porter"
     assert manifest["bm25"] == {"engine": "bm25s", "method": "lucene", "k1": 1.5, "b": 0.75, "delta": 0.5}
     assert manifest["faiss"]["factory"] == "Flat"
     assert {"docs.jsonl", "embeddings.npy", "dense.faiss", "model/model.onnx"} <= set(manifest["files"])

@@ -60,8 +60,9 @@ def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scif
     assert evidence["queries"] == len(queries) and evidence["folds"] == 5 and evidence["split"].endswith("train.tsv")
     before, after = evidence["values"]["untuned cc:zscore:0.5"], evidence["values"]["tuned, cross-validated"]
     tuned = fusion_from_dict({k: v for k, v in best.items() if k != "ndcg@10"})
-    assert manifest.defaults.fusion == (tuned if after > before else DEFAULT_FUSION)
-    assert evidence["decision"] == ("tuned" if after > before else "kept untuned")
+    won = after > before and evidence["p"] < 0.05
+    assert manifest.defaults.fusion == (tuned if won else DEFAULT_FUSION)
+    assert evidence["decision"] == ("tuned" if won else "kept untuned")
     assert "before/after on held-out queries" in done.stdout and f"decision: {evidence['decision']}" in done.stdout
     assert (index_dir / "tuning" / "fusion.png").read_bytes()[:4] == b"\x89PNG"
     # The service and CLI now fuse with the tuned default.
@@ -105,6 +106,12 @@ def test_tuning_keeps_the_untuned_default_unless_it_wins_out_of_sample(tmp_path)
     assert proof["values"]["tuned, cross-validated"] <= 0.5 and proof["decision"] == "kept untuned"
     # a tie keeps the untuned default
     assert evidence(_result([{q: 0.5 for q in qids}] * 2), tmp_path / "train.tsv")["decision"] == "kept untuned"
+    # a gain out of sample that is not significant keeps it too: better on 2 queries of 10, equal on the rest
+    small = _result([{q: 0.5 for q in qids}, {q: (0.6 if i < 2 else 0.5) for i, q in enumerate(qids)}])
+    proof = evidence(small, tmp_path / "train.tsv")
+    assert proof["values"]["tuned, cross-validated"] > 0.5 and proof["p"] >= 0.05 and proof["decision"] == "kept untuned"
+    # the test, by hand: 2 non-zero differences of +0.1; of their 4 sign patterns, 2 (both alike) are as extreme
+    assert proof["p"] == pytest.approx(0.5, abs=0.02)
 
 
 def test_pipeline_specs():

@@ -523,7 +523,7 @@ class AnalyzerSettings(_Strict):
         f"{', '.join(LANGUAGES)}, or an ISO 639-1 code",
         examples=["german", "ja"],
     )
-    stemmer: Literal[STEMMERS] | None = Field(None, description="a Snowball stemmer; default: the language's, or english")  # type: ignore[valid-type]
+    stemmer: Literal[STEMMERS] | None = Field(None, description="a Snowball stemmer; default: the language's (porter for English)")  # type: ignore[valid-type]
     stopwords: Literal[STOPWORD_LISTS] | list[Annotated[str, Field(min_length=1)]] | None = Field(  # type: ignore[valid-type]
         None, description="a named list (en: Lucene's short English one), none, or a list of words; default: the language's, or en"
     )

@@ -114,8 +114,10 @@ def _fold(text: str) -> str:
 class Analyzer:
     lowercase: bool = True
     stopwords: str = "en"
-    stemmer: str = "english"
-    token_pattern: str = r"(?u)\b\w\w+\b"
+    # English: Porter's stemmer (Lucene's EnglishAnalyzer), and one-character terms kept (the 6 of "IL-6", the D of
+    # "vitamin D"): both found more of the relevant documents (docs/experiments.md, "A stronger lexical leg")
+    stemmer: str = "porter"
+    token_pattern: str = r"(?u)\b\w+\b"
     stopword_list: tuple[str, ...] = field(default=(), compare=True)
     normalization: str = "none"  # nfkc: compatibility forms folded (full-width 'Ａ' -> 'A', 'ﬁ' -> 'fi', '①' -> '1')
     fold_accents: bool = False
@@ -149,7 +151,11 @@ class Analyzer:
         if name in CJK_LANGUAGES:
             base: dict[str, Any] = {"stemmer": "none", "stopwords": "none"}
         else:
-            base = {"stemmer": name, "stopwords": "en" if name == "english" else (name if name in STOPWORD_LISTS else "none")}
+            english = name == "english"
+            base = {
+                "stemmer": "porter" if english else name,
+                "stopwords": "en" if english else (name if name in STOPWORD_LISTS else "none"),
+            }
         return cls(**{**base, **overrides})
 
     @property

@@ -3,8 +3,10 @@
 Candidates (both raw scores for the union of both top-depth lists) are retrieved once per query;
 every configuration is then a cheap re-fusion. Convex combination is swept over alpha for every
 normalisation, RRF over rrf_k. The best configuration becomes the index's default only if choosing
-it beats the untuned default (RRF, rrf_k = 60) on held-out queries: 5-fold cross-validation picks the
-configuration on four folds and scores it on the fifth, so the comparison is not in-sample. The
+it beats the untuned default (equal-weight z-scores) on held-out queries, significantly: 5-fold
+cross-validation picks the configuration on four folds and scores it on the fifth, so the comparison is
+not in-sample, and the paired randomisation test of those scores against the default's must give
+p < SIGNIFICANCE_LEVEL (a small gain of one configuration among hundreds is as likely to be luck). The
 queries passed in are the only ones looked at: keep test queries out.
 """
 
@@ -25,9 +27,10 @@ from hybrid_retrieval.search.fusion import RRF, ConvexCombination, Fusion, fuse,
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.spec import PassageSpec, SearchSpec
-from hybrid_retrieval.training.metrics import chosen_out_of_sample, evaluate, per_query_scores
+from hybrid_retrieval.training.metrics import chosen_out_of_sample, evaluate, out_of_sample_scores, per_query_scores
 from hybrid_retrieval.training.passages import tune_passage_scoring
 from hybrid_retrieval.training.pseudo import generate, source_name
+from hybrid_retrieval.training.significance import SIGNIFICANCE_LEVEL, randomization_test
 from hybrid_retrieval.training.splits import refuse_test_split
 
 logger = logging.getLogger(__name__)
@@ -53,13 +56,22 @@ class TuningResult:
         return fusion_from_dict({k: v for k, v in self.best().items() if k != self.metric})
 
     def value_of(self, fusion: Fusion) -> float:
-        return next(
-            row[self.metric] for row in self.table if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion
-        )
+        return float(self.table[self._row_of(fusion)][self.metric])
+
+    def scores_of(self, fusion: Fusion) -> np.ndarray:
+        """Each query's metric under `fusion`, in sorted query id order (as `out_of_sample_scores`)."""
+        row = self.per_query[self._row_of(fusion)]
+        return np.array([row[q] for q in sorted(row)])
+
+    def _row_of(self, fusion: Fusion) -> int:
+        return next(i for i, row in enumerate(self.table) if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion)
 
     def cross_validated(self, folds: int = FOLDS) -> float:
         """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
         return chosen_out_of_sample(self.per_query, folds)
+
+    def cross_validated_scores(self, folds: int = FOLDS) -> np.ndarray:
+        return out_of_sample_scores(self.per_query, folds)
 
 
 def grid() -> list[Fusion]:
@@ -133,10 +145,15 @@ def format_table(result: TuningResult) -> str:
     return "\n".join([f"{'configuration (in-sample)':<36}{m:>10}"] + [f"{name:<36}{value:>10.4f}" for name, value in rows])
 
 
-def evidence(result: TuningResult, qrels_path: Path | str, untuned: Fusion = SearchSpec().fusion) -> dict:
-    """Before/after on held-out queries: the untuned default vs tuning cross-validated, and the decision
-    (a tie keeps the untuned default)."""
+def evidence(
+    result: TuningResult, qrels_path: Path | str, untuned: Fusion = SearchSpec().fusion, level: float | None = SIGNIFICANCE_LEVEL
+) -> dict:
+    """Before/after on held-out queries: the untuned default vs tuning cross-validated, the paired test between them,
+    and the decision: tuned when it wins at p < `level`; with `level` None, when it wins at all (for a caller that
+    tests the result on queries of its own: hybrid optimize)."""
     before, after = result.value_of(untuned), result.cross_validated()
+    gains = result.cross_validated_scores() - result.scores_of(untuned)
+    p = randomization_test(gains, np.zeros_like(gains))
     return {
         "metric": result.metric,
         "queries": result.queries,
@@ -147,7 +164,9 @@ def evidence(result: TuningResult, qrels_path: Path | str, untuned: Fusion = Sea
             "tuned, cross-validated": after,
             f"tuned {fusion_to_string(result.best_fusion())}, in-sample": result.best()[result.metric],
         },
-        "decision": "tuned" if after > before else "kept untuned",
+        "p": round(p, 4),
+        # a gain is a mean of per-query differences above rounding (two orders of summation differ in the last bits)
+        "decision": "tuned" if gains.mean() > 1e-12 and (level is None or p < level) else "kept untuned",
     }
 
 
@@ -173,11 +192,12 @@ def tune_index(
     write: bool = True,
     progress: bool = True,
     query_precision: str = "auto",
+    level: float | None = SIGNIFICANCE_LEVEL,
 ) -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
     index's default only when tuning beats the untuned default out of sample. A chunked index's passage scoring is
     chosen first, the same way (training.passages). Returns the result and the fusion's evidence (recorded in the
-    manifest with the passage scoring's when `write`)."""
+    manifest with the passage scoring's when `write`); `level` as in `evidence`."""
     refuse_test_split(qrels_path)
     index = open_index(index_dir, verify="size", query_precision=query_precision)  # queries embedded as served
     scoring: PassageSpec | None = None
@@ -195,7 +215,7 @@ def tune_index(
     (out / "fusion.json").write_text(
         json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2)
     )
-    proof = evidence(result, qrels_path)
+    proof = evidence(result, qrels_path, level=level)
     if write:
 
         def record(manifest: Manifest) -> None:

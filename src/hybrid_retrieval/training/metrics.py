@@ -24,17 +24,23 @@ def evaluate(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]],
 
 
 def chosen_out_of_sample(per_query: list[dict[str, float]], folds: int = 5, seed: int = 0) -> float:
-    """The metric of choosing among candidates, out of sample: `per_query[c][qid]` is candidate c's metric on
-    query qid; for each fold, the candidate best on the other folds (the first of equals) scores the fold's
-    queries; the mean over all queries. Compare it with a fixed default, not the in-sample maximum."""
+    """The metric of choosing among candidates, out of sample (the mean of `out_of_sample_scores`). Compare it with a
+    fixed default, not the in-sample maximum."""
+    return float(out_of_sample_scores(per_query, folds, seed).mean())
+
+
+def out_of_sample_scores(per_query: list[dict[str, float]], folds: int = 5, seed: int = 0) -> np.ndarray:
+    """Each query's metric when choosing among candidates out of sample, in sorted query id order: `per_query[c][qid]`
+    is candidate c's metric on query qid; for each fold, the candidate best on the other folds (the first of equals)
+    scores the fold's queries."""
     qids = sorted(per_query[0])
     values = np.array([[row[q] for q in qids] for row in per_query])  # candidates x queries
     fold = np.random.default_rng(seed).permutation(len(qids)) % folds
-    total = 0.0
+    scores = np.empty(len(qids))
     for f in range(folds):
         chosen = int(np.argmax(values[:, fold != f].mean(axis=1)))
-        total += values[chosen, fold == f].sum()
-    return float(total / len(qids))
+        scores[fold == f] = values[chosen, fold == f]
+    return scores
 
 
 def format_evidence(evidence: dict) -> str:
@@ -43,7 +49,8 @@ def format_evidence(evidence: dict) -> str:
     how = f", {evidence['folds']}-fold cross-validation" if "folds" in evidence else ""
     lines = [f"before/after on held-out queries ({evidence['queries']} queries, {evidence['split']}{how}):"]
     lines += [f"  {name:<40}{evidence['metric']} {value:.4f}" for name, value in evidence["values"].items()]
-    return "\n".join(lines + [f"decision: {evidence['decision']}"])
+    test = f" (paired randomisation test p = {evidence['p']:.4f})" if "p" in evidence else ""
+    return "\n".join(lines + [f"decision: {evidence['decision']}{test}"])
 
 
 def per_query_scores(run, qrels, metrics=tuple(MEASURES)) -> dict[str, dict[str, float]]:

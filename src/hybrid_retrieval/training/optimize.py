@@ -5,7 +5,7 @@ The judged queries are split once, by query, into a fit part and a held-out part
 folder). Everything is fitted on the fit part: the fusion, the hubness correction's betas, the encoder (whose own
 epoch choice and fusion re-tuning use a slice of the fit part), the reranker and its weight (another slice). The
 held-out part only judges: each step starts from the state the kept steps left, and its result is kept when its
-held-out nDCG@10 beats that state's with the paired randomisation test at p < `ALPHA`.
+held-out nDCG@10 beats that state's with the paired randomisation test at p < `SIGNIFICANCE_LEVEL` (0.05).
 
 Steps, in order (`STEPS`): the fusion, QB-Norm hubness correction, encoder fine-tuning + re-embedding (the fusion
 and a kept correction re-fitted for the new model), reranker training. Chunk sizes are not searched: they need a
@@ -50,13 +50,12 @@ from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank
 from hybrid_retrieval.training.metrics import per_query_scores
 from hybrid_retrieval.training.optimize_report import summary, write_report
 from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
-from hybrid_retrieval.training.significance import randomization_test
+from hybrid_retrieval.training.significance import SIGNIFICANCE_LEVEL, randomization_test
 from hybrid_retrieval.training.splits import refuse_test_split, split_dev, training_split
 
 logger = logging.getLogger(__name__)
 
 METRIC = "ndcg@10"
-ALPHA = 0.05  # a step is kept when it wins at this significance on the held-out part
 STEPS = ("fusion", "hubness", "encoder", "reranker")
 WORK = "optimize"  # the work folder inside the index folder; the published index keeps only its report
 # The held-out part: a fifth of the judged queries (the usual dev share), at least MIN_HELD_OUT (or half of a small
@@ -415,10 +414,10 @@ class Optimizer:
         return folder
 
     def _judge(self, state: State, name: str, candidate: Path, reranker: Path | None = None, **extra) -> StepResult:
-        """Score the candidate on the held-out part; keep it (it becomes the current state) when it wins at ALPHA."""
+        """Score the candidate on the held-out part; keep it (it becomes the current state) when it wins at SIGNIFICANCE_LEVEL."""
         scores = served_scores(candidate, *self.split.part(self.split.held_out), reranker, self.options.device)
         before, after, p, counts = compare(state.scores, scores)
-        kept = after > before and p < ALPHA
+        kept = after > before and p < SIGNIFICANCE_LEVEL
         if kept:
             state.current, state.scores = candidate.name, scores
             if reranker is not None:
@@ -437,7 +436,8 @@ class Optimizer:
     def _step_fusion(self, state: State) -> StepResult:
         candidate = self._candidate(state, "fusion")
         queries, qrels = self.split.part(self.split.fit)
-        _, proof = tune_index(candidate, queries, qrels, self.work / "fit.tsv", METRIC, progress=self.progress)
+        # any out-of-sample win is a candidate: the held-out test below decides at the significance level
+        _, proof = tune_index(candidate, queries, qrels, self.work / "fit.tsv", METRIC, progress=self.progress, level=None)
         return self._judge(state, "fusion", candidate, detail={"tuning": proof})
 
     def _step_hubness(self, state: State) -> StepResult:
@@ -568,8 +568,8 @@ class Optimizer:
         dev_path = self.work / "encoder-dev.tsv"
         write_qrels(dev_path, dev_ids, qrels)
         # the fusion is tuned for the new model whatever the old one had: a fine-tuned dense leg deserves another weight,
-        # and tune_index keeps RRF unless tuning wins out of sample
-        _, detail["fusion"] = tune_index(candidate, dev_queries, dev_qrels, dev_path, METRIC, progress=self.progress)
+        # and tune_index keeps the default unless tuning wins out of sample (the step's held-out test judges the whole)
+        _, detail["fusion"] = tune_index(candidate, dev_queries, dev_qrels, dev_path, METRIC, progress=self.progress, level=None)
         if old.defaults.hubness.method != "none":
             try:
                 fit_from_bank(
@@ -607,7 +607,9 @@ class Optimizer:
     # -- the end -------------------------------------------------------------------------------------------------
     def _finish(self, state: State, split: Split) -> dict:
         final = self.work / state.current
-        report = summary(state, split, compare(state.start_scores, state.scores), METRIC, ALPHA, self.work, read_manifest(final))
+        report = summary(
+            state, split, compare(state.start_scores, state.scores), METRIC, SIGNIFICANCE_LEVEL, self.work, read_manifest(final)
+        )
         improved = report["held_out"]["improved"]
         thin = len(split.held_out) < MIN_HELD_OUT
         if thin:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+SIGNIFICANCE_LEVEL = 0.05  # a fitted default replaces the simpler one only when it wins at this level
+
 
 def randomization_test(a: np.ndarray, b: np.ndarray, trials: int = 10_000, seed: int = 0) -> float:
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
