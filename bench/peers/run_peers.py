@@ -100,7 +100,9 @@ def pyserini_runs(folder: Path, docs, queries, dense: dict, depth: int) -> tuple
         hybrid[q] = {h.docid: float(h.score) for h in fused}
     runs = {
         "Pyserini BM25 (Lucene, k1 0.9, b 0.4)": {q: dict(pairs) for q, pairs in bm25.items()},
-        "Pyserini RRF (fusion.reciprocal_rank_fusion, rrf_k 60)": plain(reciprocal_rank_fusion([trec(bm25), trec(dense)], rrf_k=60, depth=depth, k=depth)),
+        "Pyserini RRF (fusion.reciprocal_rank_fusion, rrf_k 60)": plain(
+            reciprocal_rank_fusion([trec(bm25), trec(dense)], rrf_k=60, depth=depth, k=depth)
+        ),
         "Pyserini min-max sum (fusion.normalize)": plain(normalize([trec(bm25), trec(dense)], depth=depth, k=depth)),
         "Pyserini HybridSearcher defaults (alpha 0.1, raw scores)": hybrid,
     }  # fmt: skip
@@ -123,21 +125,29 @@ def lancedb_runs(folder: Path, docs, queries, doc_vectors, query_vectors, depth:
     runs: dict = {name: {} for name in ("fts", "vector", "rrf", "linear")}
     failed: dict = {name: 0 for name in runs}
 
-    def collect(name: str, qid: str, make, score: str, sign: float = 1.0) -> None:
+    def collect(name: str, qid: str, search, text: str, vector, score: str, sign: float) -> None:
         try:
-            frame = make().select(["id"]).limit(depth).to_pandas()
+            frame = search(text, vector).select(["id"]).limit(depth).to_pandas()
         except Exception:  # a query its parser refuses: no result, counted
             failed[name] += 1
             runs[name][qid] = {}
             return
         runs[name][qid] = {str(i): sign * float(s) for i, s in zip(frame["id"], frame[score])}
 
+    searches = {
+        "fts": (lambda text, vector: table.search(text, query_type="fts"), "_score", 1.0),
+        "vector": (lambda text, vector: table.search(vector, query_type="vector").distance_type("cosine"), "_distance", -1.0),
+        # the default reranker: RRFReranker(K=60)
+        "rrf": (lambda text, vector: table.search(query_type="hybrid").vector(vector).text(text), "_relevance_score", 1.0),
+        "linear": (  # weight 0.7 on the vector leg
+            lambda text, vector: table.search(query_type="hybrid").vector(vector).text(text).rerank(LinearCombinationReranker()),
+            "_relevance_score",
+            1.0,
+        ),
+    }
     for (qid, text), vector in zip(queries.items(), query_vectors):
-        hybrid = lambda: table.search(query_type="hybrid").vector(vector).text(text)  # noqa: E731
-        collect("fts", qid, lambda: table.search(text, query_type="fts"), "_score")
-        collect("vector", qid, lambda: table.search(vector, query_type="vector").distance_type("cosine"), "_distance", -1.0)
-        collect("rrf", qid, hybrid, "_relevance_score")  # the default reranker: RRFReranker(K=60)
-        collect("linear", qid, lambda: hybrid().rerank(LinearCombinationReranker()), "_relevance_score")  # weight 0.7 on vectors
+        for name, (search, score, sign) in searches.items():
+            collect(name, qid, search, text, vector, score, sign)
     names = {
         "fts": "LanceDB full-text search",
         "vector": "LanceDB vector search",
