@@ -174,7 +174,7 @@ class DefaultsBody(_Strict):
         **_documented("hybrid candidates per retriever (default from the index, 100); independent of k", minimum=1, maximum=MAX_DEPTH)
     )
     fusion: FusionBody | None = Field(
-        None, description="hybrid fusion; default: what the index was tuned with (RRF, rrf_k = 60, if untuned)"
+        None, description="hybrid fusion; default: what the index was tuned with (equal-weight z-scores if untuned)"
     )
     hubness: HubnessBody | None = Field(None, description="hubness correction of dense scores; default: what the index was fitted with")
     rerank: RerankBody | None = Field(None, description="cross-encoder reranking of the first stage's top hits")
@@ -495,7 +495,7 @@ SETTINGS_EXAMPLE = {
     "bm25": {"k1": 1.2, "b": 0.75},
     "vectors": {"kind": "flat"},
     "filterable": ["year", "tags"],
-    "defaults": {"mode": "hybrid", "fusion": {"method": "rrf", "k": 60}},
+    "defaults": {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 60}},
 }
 
 

@@ -5,7 +5,7 @@
 
 const KEY_STORAGE = "hybrid.apiKey";
 const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight"];
-const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "minmax", rrf_k: "60", hubness: "", rerank: "", weight: "1"};
+const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "zscore", rrf_k: "60", hubness: "", rerank: "", weight: "1"};
 const CHOICES = {
   mode: [["", "index default"], ["hybrid", "hybrid"], ["bm25", "BM25"], ["dense", "dense"]],
   fusion: [["", "index default"], ["rrf", "RRF"], ["cc", "convex combination"]],
