@@ -256,3 +256,16 @@ def test_the_cli_imports_without_the_dev_dependencies():
     code = "import sys\nfor name in ('httpx', 'ranx', 'pytest', 'hypothesis'): sys.modules[name] = None\nimport hybrid_retrieval.cli"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_every_long_step_of_a_build_shows_its_progress_with_a_total(tmp_path):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
+    result = hybrid("index", corpus, "--out", tmp_path / "index")
+    assert result.returncode == 0, result.stderr
+    bars = result.stderr.replace("\r", "\n")
+    n = len(TINY_CORPUS)
+    # each bar ends at its total, so it could tell the time left all along: documents, embeddings, the vector index
+    for step, unit in (("documents", "docs"), ("embeddings", "docs"), ("vector index", "vectors")):
+        assert f"{step}: 100%" in bars and f"{n}/{n}" in bars and f" {unit}/s]" in bars, step
+    assert "BM25S Count Tokens" in bars  # bm25s's own bars for the lexical index
+    assert "documents:" not in hybrid("index", corpus, "--out", tmp_path / "quiet", "--quiet").stderr  # --quiet: no bars

@@ -414,7 +414,7 @@ def progress_bar(progress: bool | Callable[[int, int | None], None], total: int 
         from tqdm.auto import tqdm
     except ImportError:
         raise ClientError("progress=True draws a tqdm bar: pip install tqdm (or pass progress=callable)") from None
-    bar = tqdm(total=total, unit="doc", desc="loading", dynamic_ncols=True)
+    bar = tqdm(total=total, unit=" docs", desc="loading", dynamic_ncols=True)
 
     def update(done: int, new_total: int | None) -> None:
         if new_total is not None and bar.total != new_total:

@@ -23,8 +23,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 import onnxruntime
-from tqdm import tqdm
 
+from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.chunking import (
@@ -38,7 +38,7 @@ from hybrid_retrieval.indexer.chunking import (
     save_passages,
     write_passages,
 )
-from hybrid_retrieval.indexer.corpus import corpus_file, indexed_text, read_corpus
+from hybrid_retrieval.indexer.corpus import corpus_file, count_records, indexed_text, read_corpus
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.manifest import (
     MANIFEST,
@@ -141,10 +141,13 @@ def _write_documents(
     writer = store.DocStoreWriter(folder)
     tokens = []
     try:
-        for doc in tqdm(read_corpus(source), desc="documents", unit=" docs", disable=not progress):
-            writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
-            metadata.add(doc.metadata)
-            tokens.append(analyzer.analyze(doc.indexed_text))
+        # counted first (a read of the file, cheap next to analysing it) so that the bar can tell the time left
+        with progress_bar(count_records(source) if progress else None, "documents", "docs", progress) as bar:
+            for doc in read_corpus(source):
+                writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
+                metadata.add(doc.metadata)
+                tokens.append(analyzer.analyze(doc.indexed_text))
+                bar.update()
     finally:
         writer.close()
     if not tokens and not allow_empty:
@@ -158,7 +161,7 @@ def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) ->
     try:
         vectors = np.lib.format.open_memmap(folder / store.EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(docs), embedder.dimension))
         chunk = 1024
-        with tqdm(total=len(docs), desc="embeddings", unit=" docs", disable=not progress) as bar:
+        with progress_bar(len(docs), "embeddings", "docs", progress) as bar:
             for start in range(0, len(docs), chunk):
                 stop = min(start + chunk, len(docs))
                 texts = [indexed_text(doc["title"], doc["text"]) for doc in map(docs.get, range(start, stop))]
@@ -183,7 +186,7 @@ def _index_passage_terms(folder: Path, options: BuildOptions) -> None:
             tokens.append(options.analyzer.analyze(indexed_text(doc["title"], doc["text"][start:end])))
     finally:
         docs.close()
-    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
+    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25, options.progress)
     bm25.save(where / store.BM25_DIR)
     Postings.from_tokens(tokens, bm25.vocabulary).save(where)
 
@@ -245,7 +248,7 @@ def build_into(
     timings["documents_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25)
+    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25, options.progress)
     bm25.save(tmp / store.BM25_DIR)
     Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
     timings["bm25_s"] = time.perf_counter() - t
@@ -273,7 +276,7 @@ def build_into(
         _index_passage_terms(tmp, options)
         passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
         passage_count = len(passage_vectors)
-        index = build_faiss_index(passage_vectors, options.faiss, options.device)
+        index = build_faiss_index(passage_vectors, options.faiss, options.device, options.progress)
         faiss.write_index(index, str(tmp / PASSAGES_DIR / PASSAGE_FAISS))
         np.save(tmp / store.EMBEDDINGS, vectors)
     if vectors is None and not bm25.num_docs:
@@ -287,7 +290,7 @@ def build_into(
     timings["embeddings_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    faiss.write_index(build_faiss_index(vectors, options.faiss, options.device), str(tmp / store.FAISS_FILE))
+    faiss.write_index(build_faiss_index(vectors, options.faiss, options.device, options.progress), str(tmp / store.FAISS_FILE))
     timings["faiss_s"] = time.perf_counter() - t
 
     if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)

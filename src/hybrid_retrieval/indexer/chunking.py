@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE
 from hybrid_retrieval.search.errors import ConfigError
 
@@ -178,8 +179,6 @@ def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: 
     """Cut `documents` (stored dicts with title and text, in index order) into passages and write their spans, rows and
     vectors (`embed(texts)`: unit vectors) into folder/passages/; returns each document's first passage vector, the
     vector the document index keeps for it (what an unchunked index would embed: the document's head)."""
-    from tqdm import tqdm
-
     from hybrid_retrieval.indexer.corpus import indexed_text
 
     spans, rows, titles, texts = [], [], [], []
@@ -192,7 +191,7 @@ def write_passages(folder: Path, documents, chunker: Chunker, embed, dimension: 
     rows_array = np.asarray(rows, dtype=np.int64)
     where = _passage_layout(folder, np.asarray(spans, dtype=np.int64), rows_array)
     vectors = np.lib.format.open_memmap(where / PASSAGE_EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(spans), dimension))
-    with tqdm(total=len(spans), desc="passages", unit=" passages", disable=not progress) as bar:
+    with progress_bar(len(spans), "passages", "passages", progress) as bar:
         for first in range(0, len(spans), EMBED_PASSAGES):
             batch = range(first, min(first + EMBED_PASSAGES, len(spans)))
             passage_texts = [indexed_text(titles[rows[i]], texts[rows[i]][spans[i][0] : spans[i][1]]) for i in batch]

@@ -54,6 +54,12 @@ def corpus_file(path: Path | str) -> Path:
     return path
 
 
+def count_records(path: Path | str) -> int:
+    """How many records (non-blank lines) the corpus has, without parsing them: the total of a build's progress."""
+    with corpus_file(path).open("rb") as fh:
+        return sum(1 for raw in fh if raw.strip())
+
+
 def _records(path: Path) -> Iterator[tuple[int, dict]]:
     with path.open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):

@@ -57,7 +57,7 @@ class BM25Index:
         self.num_docs = int(engine.scores["num_docs"])
 
     @classmethod
-    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
+    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params, progress: bool = False) -> BM25Index:
         import bm25s
 
         corpus_tokens = list(corpus_tokens)
@@ -70,7 +70,7 @@ class BM25Index:
             warnings.simplefilter("ignore", RuntimeWarning)
             engine.index(
                 bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab or {"": 0}),
-                show_progress=False,
+                show_progress=progress,  # bm25s's own bars: counting terms, then scoring them
             )
         return cls(engine, analyzer)
 

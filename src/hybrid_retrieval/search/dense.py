@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.search.devices import check_device
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import Allowed
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
 IVF_KINDS = ("ivf", "ivfpq")
 FLAT_GATHER_CUTOFF = 1_000
+ADD_CHUNK = 65_536  # vectors added to a FAISS index at a time on a CPU (a step of the build's progress)
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,9 @@ def use_gpu(device: str, kind: str) -> bool:
     return True
 
 
-def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "auto") -> Any:  # a faiss.Index
-    """Build a CPU-serialisable FAISS index (trained and filled on GPU when available)."""
+def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "auto", progress: bool = False) -> Any:  # a faiss.Index
+    """Build a CPU-serialisable FAISS index (trained and filled on GPU when available; on a CPU filled in chunks, with a
+    progress bar when `progress`: an HNSW graph of millions of vectors takes minutes)."""
     import faiss
 
     n, dim = vectors.shape
@@ -122,7 +125,10 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
         index = faiss.index_gpu_to_cpu(gpu_index)
     else:
         index.train(vectors)
-        index.add(vectors)
+        with progress_bar(n, "vector index", "vectors", progress) as bar:
+            for start in range(0, n, ADD_CHUNK):
+                index.add(vectors[start : start + ADD_CHUNK])
+                bar.update(min(ADD_CHUNK, n - start))
     return index
 
 
