@@ -7,7 +7,7 @@ over all passages), on train queries (to choose) and test queries (to report), o
 
 Legs: dense by one truncated vector per document (what an unchunked index does) or by passages (each chunking below,
 aggregated by max or soft); BM25 on the whole document or on passages (max); hybrid of a BM25 and a dense leg with
-the library's default fusion (RRF over the top 100 of each). Passage vectors are cached in --out.
+the library's default fusion (over the top 100 of each). Passage vectors are cached in --out.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hybrid_retrieval.indexer.corpus import indexed_text, read_corpus, split_que
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
-from hybrid_retrieval.search.fusion import RRF, Candidates, fuse
+from hybrid_retrieval.search.fusion import DEFAULT_FUSION, Candidates, fuse
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import DEFAULT_DEPTH, PassageSpec
@@ -142,9 +142,8 @@ def _hybrid(bm25: np.ndarray, dense: np.ndarray, ids: list[str]) -> dict[str, fl
         "bm25": BM25Index.ranking_from_scores(bm25, DEFAULT_DEPTH),
         "dense": top_k(np.nan_to_num(dense, neginf=-1e9), DEFAULT_DEPTH),
     }
-    fused = (
-        fuse(Candidates.from_rankings(rankings, {"bm25": lambda i: bm25[i], "dense": lambda i: dense[i]}), RRF()).ranking().head(RUN_DEPTH)
-    )
+    candidates = Candidates.from_rankings(rankings, {"bm25": lambda i: bm25[i], "dense": lambda i: dense[i]})
+    fused = fuse(candidates, DEFAULT_FUSION).ranking().head(RUN_DEPTH)
     return {ids[i]: float(s) for i, s in zip(fused.doc_idx, fused.scores)}
 
 

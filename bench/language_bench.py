@@ -62,7 +62,7 @@ SEEDS = {
 }
 # (language, label, analyzer settings, the module a segmenter needs)
 CONFIGS = [
-    ("english", "scifact, Snowball english", {}, None),
+    ("english", "scifact, Porter (the English default)", {}, None),
     ("german", "Snowball german, its stop list", {"language": "german"}, None),
     ("french", "Snowball french, accents folded", {"language": "french", "fold_accents": True}, None),
     ("russian", "Snowball russian", {"language": "russian"}, None),

@@ -112,7 +112,7 @@ def _long_documents(ctx) -> list[Table]:
         truncated = truncated or _index(ctx, dataset, root / f"{dataset.name}-truncated")
         chunked = _index(ctx, dataset, root / f"{dataset.name}-chunked", "--chunking", CHUNKING)
         pairs = {
-            "untuned (RRF 60)": (chunked, truncated),
+            "untuned (the default fusion)": (chunked, truncated),
             "both tuned on train": (ctx.tuned_copy(chunked, dataset), ctx.tuned_copy(truncated, dataset)),
         }
         for defaults, (mine, theirs) in pairs.items():

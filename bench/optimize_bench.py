@@ -1,7 +1,7 @@
 """`hybrid optimize` with its default budget: what each step did on the held-out part of the train queries, the time and
 peak memory it took on this machine, and what the published index serves on the test split, which the command never saw.
 
-A copy of the untuned index (RRF, no correction) is optimized with the train qrels only (`hybrid optimize`, default
+A copy of the untuned index (the default fusion, no correction) is optimized with the train qrels only (`hybrid optimize`, default
 budget, in a child process so its peak memory is its own). Test: the start and the published index, each as served
 (its own reranker when one was kept), per-query nDCG@10 compared with the paired randomisation test.
 """
@@ -56,7 +56,7 @@ def _optimize(ctx) -> list[Table]:
     manifest = read_manifest(folder)
     test = [
         {
-            "pipeline": "start: untuned hybrid (RRF 60)",
+            "pipeline": "start: untuned hybrid (the default fusion)",
             "nDCG@10": round(float(b.mean()), 4),
             "change": "",
             "p": "",

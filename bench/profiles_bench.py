@@ -123,7 +123,7 @@ def _profiles(ctx) -> list[Table]:
 
     quality = []
     untuned = _compare(ctx, fast, full, root / "eval" / "untuned", None)
-    quality += _quality_rows("untuned (RRF 60)", untuned)
+    quality += _quality_rows("untuned (the default fusion)", untuned)
     tuned = {"full": ctx.tuned_copy(full), "fast": ctx.tuned_copy(fast)}
     quality += _quality_rows("both tuned on train", _compare(ctx, tuned["fast"], tuned["full"], root / "eval" / "tuned", reranker))
 

@@ -114,7 +114,8 @@ def test_openapi_schema_documents_search(client):
     schema = client.get("/openapi.json").json()
     search = schema["paths"]["/search"]["post"]
     assert "SearchResponse" in json.dumps(search["responses"]["200"])
-    assert "rrf_k" in json.dumps(schema["components"]["schemas"]["SearchRequest"])
+    assert "rrf_k" in json.dumps(schema["components"]["schemas"]["RRFBody"])
+    assert "SearchRequest" in schema["components"]["schemas"]
 
 
 def test_every_request_body_in_the_schema_has_an_example(client):

@@ -286,7 +286,7 @@ def test_a_bulk_load_draws_a_progress_bar(server, capsys):
         report = client.load("progress", corpus(12), batch_documents=5, progress=True)
     assert report.loaded == 12
     bar = capsys.readouterr().err
-    assert "12/12" in bar and "doc/s" in bar
+    assert "12/12" in bar and "docs/s" in bar
 
 
 def test_framework_retrievers_return_what_search_returns(server):

@@ -160,6 +160,9 @@ def test_partial_fusion_merges_onto_the_same_method_only():
     assert err.value.field == "alpha"
     with pytest.raises(SpecError, match="not a field of cc fusion"):
         fusion_from_dict({"alpha": 0.3, "rrf_k": 5}, base)
+    assert fusion_from_dict({"rrf_k": 30}) == RRF(rrf_k=30)  # no base: the fields name the method
+    with pytest.raises(SpecError, match="unknown fusion method None"):
+        fusion_from_dict({})
 
 
 @pytest.mark.parametrize("fusion", [RRF(), RRF(rrf_k=2.5, weights=(0.25, 1.0)), ConvexCombination(alpha=0.05, norm="dbsf")])

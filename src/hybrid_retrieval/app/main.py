@@ -146,7 +146,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     app = FastAPI(
         title="Hybrid retrieval",
         version="0.1.0",
-        summary="BM25 + dense retrieval with rank fusion",
+        summary="BM25 + dense retrieval with score fusion",
         lifespan=lifespan,
     )
     app.state.collections = None

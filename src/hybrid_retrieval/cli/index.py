@@ -154,7 +154,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--b", type=float, default=default(BM25Params, "b"))
     g.add_argument("--language", help="BM25's language (name or ISO code): sets --stemmer and --stopwords (default english)")
     g.add_argument("--stopwords", choices=STOPWORD_LISTS, help="stop-word list (default: the language's; en: Lucene's English list)")
-    g.add_argument("--stemmer", choices=STEMMERS, help="Snowball stemmer (default: the language's)")
+    g.add_argument("--stemmer", choices=STEMMERS, help="stemmer (default: the language's; porter for English)")
     g.add_argument("--normalization", choices=NORMALIZATIONS, help="nfkc: fold full-width and compatibility forms (default none)")
     g.add_argument("--fold-accents", action="store_true", help="strip accents: café matches cafe")
     g.add_argument("--cjk", choices=CJK_MODES, help="Chinese/Japanese/Korean runs: bigram (default) or a segmenter (extras zh, ja, ko)")

@@ -312,7 +312,8 @@ def build_into(
             built_on_gpu=use_gpu(options.device, options.faiss.built_for(num_docs).kind),
             params=options.faiss,
         ),
-        # Untuned: the library's default spec (RRF). `hybrid tune` replaces the fusion with what won on labelled queries.
+        # Untuned: the library's default spec (equal-weight z-score fusion); `hybrid tune` replaces the fusion with
+        # what won on labelled queries.
         defaults=SearchSpec(),
         files=store.file_inventory(tmp),
         metadata=metadata.fields,

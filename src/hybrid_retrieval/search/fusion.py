@@ -77,15 +77,15 @@ def fusion_to_dict(fusion: Fusion) -> dict[str, Any]:
 def fusion_from_dict(spec: dict[str, Any], base: Fusion | None = None) -> Fusion:
     """A fusion from its (possibly partial) dict form. Fields not given come from `base` when it is the
     same method, else from that method's defaults. A missing `method` means base's, or the one method whose
-    fields were given when base has none of them (`{"rrf_k": 30}` is RRF whatever the default). Errors name
-    the field."""
+    fields were given when base has none of them or there is no base (`{"rrf_k": 30}` is RRF whatever the
+    default). Errors name the field."""
     if not isinstance(spec, dict):
         raise SpecError("method", f"a fusion is an object with a method ({', '.join(FUSIONS)}), got {spec!r}")
     values = dict(spec)
     method = values.pop("method", None)
-    if method is None and base is not None:
+    if method is None:
         owners = [name for name, cls in FUSIONS.items() if values and set(values) <= _field_names(cls)]
-        method = base.method if base.method in owners or len(owners) != 1 else owners[0]
+        method = owners[0] if len(owners) == 1 and (base is None or base.method not in owners) else getattr(base, "method", None)
     cls = FUSIONS.get(method) if isinstance(method, str) else None
     if cls is None:
         raise SpecError("method", f"unknown fusion method {method!r}; valid: {', '.join(FUSIONS)}")
