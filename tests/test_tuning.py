@@ -215,3 +215,11 @@ def test_eval_rows_are_what_the_service_serves(scifact, scifact_slice, scifact_s
     assert served["queries"] == report["queries"] and served["defaults"] == report["specs"]["hybrid"]
     for metric in ("ndcg@10", "recall@100", "mrr@10", "map@100"):
         assert served[metric] == pytest.approx(report["pipelines"]["hybrid"][metric], abs=1e-4)
+
+
+def test_the_fusion_an_index_served_before_is_shown_beside_the_default(tmp_path):
+    qids = [f"q{i}" for i in range(10)]
+    result = _result([{q: 0.5 for q in qids}, {q: 0.6 for q in qids}, {q: 0.4 for q in qids}])  # default, cc 0.3, RRF
+    proof = evidence(result, tmp_path / "train.tsv", served=RRF())
+    assert proof["values"]["served before: rrf:60"] == pytest.approx(0.4) and proof["values"]["untuned cc:zscore:0.5"] == 0.5
+    assert "served before: cc:zscore:0.5" not in evidence(result, tmp_path / "train.tsv", served=DEFAULT_FUSION)["values"]

@@ -64,7 +64,7 @@ class TuningResult:
         return np.array([row[q] for q in sorted(row)])
 
     def _row_of(self, fusion: Fusion) -> int:
-        return next(i for i, row in enumerate(self.table) if fusion_from_dict({k: v for k, v in row.items() if k != self.metric}) == fusion)
+        return next(i for i, row in enumerate(self.table) if fusion_from_dict(_fusion_fields(row, self.metric)) == fusion)
 
     def cross_validated(self, folds: int = FOLDS) -> float:
         """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
@@ -72,6 +72,10 @@ class TuningResult:
 
     def cross_validated_scores(self, folds: int = FOLDS) -> np.ndarray:
         return out_of_sample_scores(self.per_query, folds)
+
+
+def _fusion_fields(row: dict, metric: str) -> dict:
+    return {k: v for k, v in row.items() if k != metric}
 
 
 def grid() -> list[Fusion]:
@@ -146,20 +150,29 @@ def format_table(result: TuningResult) -> str:
 
 
 def evidence(
-    result: TuningResult, qrels_path: Path | str, untuned: Fusion = SearchSpec().fusion, level: float | None = SIGNIFICANCE_LEVEL
+    result: TuningResult,
+    qrels_path: Path | str,
+    untuned: Fusion = SearchSpec().fusion,
+    level: float | None = SIGNIFICANCE_LEVEL,
+    served: Fusion | None = None,
 ) -> dict:
     """Before/after on held-out queries: the untuned default vs tuning cross-validated, the paired test between them,
     and the decision: tuned when it wins at p < `level`; with `level` None, when it wins at all (for a caller that
-    tests the result on queries of its own: hybrid optimize)."""
+    tests the result on queries of its own: hybrid optimize). `served`: the fusion the index served before, shown
+    beside them when it is another (an index built before the default changed, or tuned before)."""
     before, after = result.value_of(untuned), result.cross_validated()
     gains = result.cross_validated_scores() - result.scores_of(untuned)
     p = randomization_test(gains, np.zeros_like(gains))
+    earlier = {}
+    if served is not None and served != untuned and any(fusion_from_dict(_fusion_fields(r, result.metric)) == served for r in result.table):
+        earlier = {f"served before: {fusion_to_string(served)}": result.value_of(served)}
     return {
         "metric": result.metric,
         "queries": result.queries,
         "split": str(qrels_path),
         "folds": FOLDS,
         "values": {
+            **earlier,
             f"untuned {fusion_to_string(untuned)}": before,
             "tuned, cross-validated": after,
             f"tuned {fusion_to_string(result.best_fusion())}, in-sample": result.best()[result.metric],
@@ -207,6 +220,7 @@ def tune_index(
             index.pipeline(), index.doc_ids, queries, qrels, str(qrels_path), metric, progress=progress
         )
     pipeline = index.pipeline({"passage_scoring": asdict(scoring)} if scoring is not None else None)
+    served = index.manifest.defaults.fusion
     result = tune(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
     index.close()
     out = out or Path(index_dir) / "tuning"
@@ -215,7 +229,7 @@ def tune_index(
     (out / "fusion.json").write_text(
         json.dumps({"metric": metric, "queries": result.queries, "singles": result.singles, "table": result.table}, indent=2)
     )
-    proof = evidence(result, qrels_path, level=level)
+    proof = evidence(result, qrels_path, level=level, served=served)
     if write:
 
         def record(manifest: Manifest) -> None:
