@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from bench.harness import Case, Table
 from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
-from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.store import EMBEDDINGS, open_index
 from hybrid_retrieval.training.metrics import per_query_scores
 from hybrid_retrieval.training.significance import randomization_test
 
@@ -30,13 +31,16 @@ def peers_python(work: Path) -> Path:
     return Path(os.environ.get("HYBRID_PEERS_PYTHON") or work / "peers-venv" / "bin" / "python")
 
 
-def _ours(index_dir: Path, queries: dict[str, str], requests: dict[str, dict]) -> tuple[dict[str, dict], np.ndarray]:
+def _ours(
+    index_dir: Path, queries: dict[str, str], requests: dict[str, dict], vectors: np.ndarray | None = None
+) -> tuple[dict[str, dict], np.ndarray]:
     """Each named request's run over the queries (as served: the index's defaults under the request), and the
-    query vectors the index embedded them with."""
+    query vectors the index embedded them with (`vectors` when given: another index of the same model's)."""
     index = open_index(index_dir, verify="size")
     try:
         pipeline = index.pipeline()
-        vectors = np.vstack([pipeline.embedder.encode([text])[0] for text in queries.values()]).astype(np.float32)
+        if vectors is None:
+            vectors = np.vstack([pipeline.embedder.encode([text])[0] for text in queries.values()]).astype(np.float32)
         runs: dict[str, dict] = {}
         for name, request in requests.items():
             spec = pipeline.resolve(request)
@@ -56,7 +60,7 @@ def _export(folder: Path, data: Path, queries: dict[str, str], index_dir: Path, 
         for doc in read_corpus(data):
             out.write(json.dumps({"id": doc.doc_id, "title": doc.title, "text": doc.text}) + "\n")
     (folder / "queries.json").write_text(json.dumps(queries))
-    np.save(folder / "doc_vectors.npy", np.load(index_dir / "embeddings.npy"))  # the product's document vectors
+    shutil.copyfile(index_dir / EMBEDDINGS, folder / "doc_vectors.npy")  # the product's document vectors
     np.save(folder / "query_vectors.npy", query_vectors)
 
 
@@ -95,7 +99,7 @@ def _peers(ctx) -> list[Table]:
             "this project, dense": {"mode": "dense"},
         },
     )
-    tuned_runs, _ = _ours(tuned, queries, {"this project, fusion tuned on train (`hybrid tune`)": {}})
+    tuned_runs, _ = _ours(tuned, queries, {"this project, fusion tuned on train (`hybrid tune`)": {}}, vectors)
     folder = ctx.work / "peers"
     _export(folder, ctx.data, queries, untuned, vectors)
     done = subprocess.run([str(peers_python(ctx.work)), str(RUNNER), str(folder), str(DEPTH)], capture_output=True, text=True)

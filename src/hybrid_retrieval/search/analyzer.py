@@ -115,7 +115,7 @@ class Analyzer:
     lowercase: bool = True
     stopwords: str = "en"
     # English: Porter's stemmer (Lucene's EnglishAnalyzer), and one-character terms kept (the 6 of "IL-6", the D of
-    # "vitamin D"): both found more of the relevant documents (docs/experiments.md, "A stronger lexical leg")
+    # "vitamin D"): both found more of the relevant documents (docs/experiments.md, "Winning without labels")
     stemmer: str = "porter"
     token_pattern: str = r"(?u)\b\w+\b"
     stopword_list: tuple[str, ...] = field(default=(), compare=True)

@@ -63,8 +63,17 @@ class TuningResult:
         row = self.per_query[self._row_of(fusion)]
         return np.array([row[q] for q in sorted(row)])
 
+    def swept(self, fusion: Fusion) -> bool:
+        return self._find(fusion) is not None
+
     def _row_of(self, fusion: Fusion) -> int:
-        return next(i for i, row in enumerate(self.table) if fusion_from_dict(_fusion_fields(row, self.metric)) == fusion)
+        row = self._find(fusion)
+        if row is None:
+            raise KeyError(f"{fusion_to_string(fusion)} is not in the tuning table")
+        return row
+
+    def _find(self, fusion: Fusion) -> int | None:
+        return next((i for i, row in enumerate(self.table) if fusion_from_dict(_fusion_fields(row, self.metric)) == fusion), None)
 
     def cross_validated(self, folds: int = FOLDS) -> float:
         """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
@@ -164,7 +173,7 @@ def evidence(
     gains = result.cross_validated_scores() - result.scores_of(untuned)
     p = randomization_test(gains, np.zeros_like(gains))
     earlier = {}
-    if served is not None and served != untuned and any(fusion_from_dict(_fusion_fields(r, result.metric)) == served for r in result.table):
+    if served is not None and served != untuned and result.swept(served):
         earlier = {f"served before: {fusion_to_string(served)}": result.value_of(served)}
     return {
         "metric": result.metric,
