@@ -35,7 +35,7 @@ def test_acknowledged_documents_of_a_bulk_load_survive_sigkill(tmp_path):
             done = 0
             while done < 300:  # a few batches in, well before the end
                 state = client.get(f"/tasks/{task['id']}").json()
-                assert state["state"] == "running", state
+                assert state["state"] in ("queued", "running"), state  # the worker may not have picked it up yet
                 done = state["documents_done"]
                 time.sleep(0.05)
             process.kill()  # SIGKILL: no shutdown hooks, no flush
