@@ -2,9 +2,10 @@
 each costs in ranking quality on the test split, with the fusion tuned for each on train, and what each does to
 query latency, serving throughput and the index's size.
 
-Profiles: `full` (the transformer at fp32, the default), `full int8` (its int8 weights: `--precision int8`) and `fast`
-(a static model distilled from it: `--profile fast`). The embedding rates alternate profile by profile, round after
-round, over the same documents, so machine noise hits all alike.
+Profiles: `full` (the transformer, the default), `small` (a 3-layer student distilled from it on the dataset's own text:
+`hybrid distil`, made once by `python -m bench prepare`, then `--model STUDENT`) and `fast` (a static model distilled
+from it: `--profile fast`), the transformers at fp32 and int8 (`--precision int8`). The embedding rates alternate
+profile by profile, round after round, over the same documents, so machine noise hits all alike.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ METRICS = ("ndcg@10", "recall@100")
 CLIENTS = 16
 
 
-def _embedding_rates(ctx, full: Path, fast: Path, texts: list[str]) -> dict[str, list[float]]:
-    """Documents per second of each profile (the models of the indexes `full` and `fast`), one sample per round."""
-    embedders = {
-        "full": OnnxEmbedder(full / MODEL_DIR, precision="fp32"),
-        "full int8": OnnxEmbedder(full / MODEL_DIR, precision="int8"),
-        "fast": OnnxEmbedder(fast / MODEL_DIR),
-    }
+def _embedding_rates(ctx, indexes: dict[str, Path], texts: list[str]) -> dict[str, list[float]]:
+    """Documents per second of each profile (the models of `indexes`, by profile), one sample per round."""
+    embedders = {}
+    for name, folder in indexes.items():
+        precisions = ("fp32", "int8") if (folder / MODEL_DIR / "model.int8.onnx").is_file() else ("fp32",)
+        for precision in precisions:
+            embedders[name + (" int8" if precision == "int8" else "")] = OnnxEmbedder(folder / MODEL_DIR, precision=precision)
     rounds = ctx.size(5, 2)
     times = interleaved({name: lambda batch, e=e: e.encode(batch) for name, e in embedders.items()}, [texts] * rounds, warmup=1)
     return {name: [len(texts) * 1000 / ms for ms in values] for name, values in times.items()}
@@ -49,16 +50,17 @@ def _compare(ctx, index: Path, baseline: Path, out: Path, reranker: Path | None)
     return json.loads((out / ctx.data.name / "report.json").read_text())
 
 
-def _quality_rows(defaults: str, report: dict) -> list[dict]:
+def _quality_rows(profile: str, defaults: str, report: dict) -> list[dict]:
     rows = []
     for pipeline, row in report["pipelines"].items():
         versus = report["baseline_index"]["pipelines"][pipeline]
         rows.append(
             {
+                "profile": profile,
                 "defaults": defaults,
                 "pipeline": pipeline,
                 **{f"{m} full": versus["baseline"][m] for m in METRICS},
-                **{f"{m} fast": row[m] for m in METRICS},
+                **{f"{m} profile": row[m] for m in METRICS},
                 "nDCG@10 change": versus["ndcg@10_delta"],
                 "p": versus["p_value"],
                 "wins/ties/losses": f"{versus['wins']}/{versus['ties']}/{versus['losses']}",
@@ -99,14 +101,19 @@ def _throughput(indexes: dict[str, Path], queries: list[str], seconds: float, ro
 
 def _profiles(ctx) -> list[Table]:
     root = ctx.work / "profiles"
-    fast = root / f"{ctx.data.name}-fast"
-    if not (fast / "manifest.json").is_file():
-        ctx.hybrid("index", ctx.data, "--out", fast, "--profile", "fast", "--quiet")
+    built = {
+        "small": (root / f"{ctx.data.name}-small", ["--model", ctx.student, "--profile", "small"]),
+        "fast": (root / f"{ctx.data.name}-fast", ["--profile", "fast"]),
+    }
+    for folder, flags in built.values():
+        if not (folder / "manifest.json").is_file():
+            ctx.hybrid("index", ctx.data, "--out", folder, *flags, "--quiet")
     full = ctx.untuned_index
+    indexes = {"full": full, **{name: folder for name, (folder, _) in built.items()}}
     reranker = ctx.made_reranker()
 
     texts = [doc.indexed_text for doc, _ in zip(read_corpus(ctx.data), range(ctx.size(128, 16)), strict=False)]
-    rates = _embedding_rates(ctx, full, fast, texts)
+    rates = _embedding_rates(ctx, indexes, texts)
     speed = []
     for name, values in rates.items():
         per_s = statistics.median(values)
@@ -122,10 +129,14 @@ def _profiles(ctx) -> list[Table]:
         )
 
     quality = []
-    untuned = _compare(ctx, fast, full, root / "eval" / "untuned", None)
-    quality += _quality_rows("untuned (the default fusion)", untuned)
-    tuned = {"full": ctx.tuned_copy(full), "fast": ctx.tuned_copy(fast)}
-    quality += _quality_rows("both tuned on train", _compare(ctx, tuned["fast"], tuned["full"], root / "eval" / "tuned", reranker))
+    tuned = {name: ctx.tuned_copy(folder) for name, folder in indexes.items()}
+    for name in built:
+        quality += _quality_rows(
+            name, "untuned (the default fusion)", _compare(ctx, indexes[name], full, root / "eval" / f"{name}-untuned", None)
+        )
+        quality += _quality_rows(
+            name, "both tuned on train", _compare(ctx, tuned[name], tuned["full"], root / "eval" / f"{name}-tuned", reranker)
+        )
 
     queries = ctx.queries()[: ctx.size(200, 10)]
     times = _latencies(tuned, queries)
@@ -146,7 +157,9 @@ def _profiles(ctx) -> list[Table]:
                 f"hybrid req/s at {CLIENTS} clients": round(statistics.median(served[name]), 1),
             }
         )
-    ratio = compare(served["fast"], served["full"], higher_is_better=True)
+    ratios = {name: compare(served[name], served["full"], higher_is_better=True) for name in built}
+    student = read_manifest(indexes["small"]).embedder.recipe or {}
+    made = f"{student.get('texts', {}).get('training')} texts, {student.get('recipe', {}).get('epochs')} epochs"
     rerank_note = (
         "hybrid+rerank: the trained reranker over each profile's tuned hybrid."
         if reranker
@@ -160,17 +173,19 @@ def _profiles(ctx) -> list[Table]:
             "p: Mann-Whitney over the rounds' rates.",
         ),
         Table(
-            "quality of the fast profile against full, test split",
+            "quality of the small and fast profiles against full, test split",
             quality,
             "p: paired two-sided randomisation test of per-query nDCG@10. Tuned: `hybrid tune` on the train split, for each "
-            f"profile's own scores. {rerank_note}",
+            f"profile's own scores. {rerank_note} The small profile's student was distilled on {student.get('device')} in "
+            f"{student.get('seconds')} s ({made}).",
         ),
         Table(
             "query latency, serving throughput and size per profile (tuned indexes)",
             serving,
             f"In process: {len(queries)} test queries, k=10, the profiles alternating query by query. Throughput: "
-            f"{CLIENTS} closed-loop HTTP clients on loopback, hybrid k=10, the services taking turns; fast / full "
-            f"{ratio['ratio']} (p {ratio['p']}). build s: each index's whole build (not side by side).",
+            f"{CLIENTS} closed-loop HTTP clients on loopback, hybrid k=10, the services taking turns; "
+            + "; ".join(f"{name} / full {r['ratio']} (p {r['p']})" for name, r in ratios.items())
+            + ". build s: each index's whole build (not side by side; a small index's excludes the distillation).",
         ),
     ]
 
@@ -179,8 +194,9 @@ CASES = [
     Case(
         "Models",
         "Encoder profiles",
-        "full (fp32, int8) and fast (a static model distilled from it): embedding rate side by side, test quality with "
-        "the fusion tuned for each, query latency, 16-client throughput, size",
+        "full, small (a 3-layer student distilled on the corpus) and fast (a static model distilled from it), at fp32 and "
+        "int8: embedding rate side by side, test quality with the fusion tuned for each, query latency, 16-client "
+        "throughput, size",
         _profiles,
     )
 ]

@@ -172,7 +172,10 @@ def test_build_options_refuse_an_unknown_profile_and_int8_static_weights():
     from hybrid_retrieval.indexer.build import BuildOptions
     from hybrid_retrieval.search.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown encoder profile 'turbo'; valid: full, fast"):
+    with pytest.raises(ConfigError, match="unknown encoder profile 'turbo'; valid: full, small, fast"):
         BuildOptions(profile="turbo")
-    with pytest.raises(ConfigError, match="fast profile embeds with its ONNX graph at fp32"):
+    with pytest.raises(ConfigError, match="fast profile embeds at fp32 only"):
         BuildOptions(profile="fast", precision="int8")
+    with pytest.raises(ConfigError, match="small profile embeds with its ONNX graph"):
+        BuildOptions(profile="small", backend="torch")
+    assert BuildOptions(profile="small", precision="int8").precision == "int8"  # a student has int8 weights

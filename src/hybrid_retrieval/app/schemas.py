@@ -11,8 +11,8 @@ from hybrid_retrieval.indexer.chunking import CHUNKING_METHODS
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW
 from hybrid_retrieval.models.onnx_export import PRECISIONS
+from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
-from hybrid_retrieval.models.static import PROFILES
 from hybrid_retrieval.search.analyzer import LANGUAGES, NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.cjk import CJK_MODES
 from hybrid_retrieval.search.dense import FAISS_KINDS
@@ -511,7 +511,9 @@ class EmbedderSettings(_Strict):
         "all-MiniLM-L6-v2 needs nothing), or an ONNX export folder",
     )
     profile: Literal[tuple(PROFILES)] = Field(  # type: ignore[valid-type]
-        "full", description="full: the model itself; fast: a static model distilled from it (fp32 only)"
+        "full",
+        description="full: the model itself; small: a student `hybrid distil` made from it, given as the model; "
+        "fast: a static model distilled from it (fp32 only)",
     )
     precision: Literal[tuple(PRECISIONS)] = Field("fp32", description="the ONNX weights that embed the documents")  # type: ignore[valid-type]
 

@@ -24,8 +24,8 @@ from hybrid_retrieval.indexer.shards.layout import check_shard_count
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import PRECISIONS
+from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.providers import BACKENDS
-from hybrid_retrieval.models.static import PROFILES
 from hybrid_retrieval.search.analyzer import NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.bm25 import BM25_METHODS, BM25Params
 from hybrid_retrieval.search.cjk import CJK_MODES
@@ -105,7 +105,11 @@ def register(commands) -> None:
     )
     p.add_argument("index", type=Path)
     p.add_argument("--model", help="sentence-transformers model name or local path (default: the index's)")
-    p.add_argument("--profile", choices=PROFILES, help="encoder profile (default: the index's): full, or fast (a static model of it)")
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        help="encoder profile (default: the index's): full, small (a student distilled on the documents), or fast (a static model)",
+    )
     p.add_argument("--precision", choices=PRECISIONS, help="ONNX weights that embed the documents (default: the index's)")
     p.add_argument("--queries", type=Path, help="queries of the split the fusion was tuned on (default: queries.jsonl beside its qrels)")
     p.add_argument("--keep-fusion", action="store_true", help="keep the fusion tuned for the previous model instead of re-tuning it")
@@ -126,7 +130,8 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         "--profile",
         choices=PROFILES,
         default=default(BuildOptions, "profile"),
-        help="encoder profile: full (the model), or fast (a static model distilled from it: docs/relevance.md#encoder-profiles)",
+        help="encoder profile: full (the model), small (a 3-layer student distilled from it on the corpus), or fast (a static "
+        "model distilled from it): docs/relevance.md#encoder-profiles",
     )
     g.add_argument("--backend", choices=BACKENDS, default=default(BuildOptions, "backend"), help="how documents are embedded")
     g.add_argument(

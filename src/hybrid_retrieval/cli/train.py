@@ -1,4 +1,5 @@
-"""`hybrid tune` (fusion), `hybrid train-reranker` and `hybrid train-embedder`: fitting on a labelled train/dev split, never test."""
+"""`hybrid tune` (fusion), `hybrid train-reranker` and `hybrid train-embedder`: fitting on a labelled train/dev split, never
+test; `hybrid adapt` and `hybrid distil`: fitting an encoder to a corpus without labels."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import json
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_query_precision, add_quiet, default
+from hybrid_retrieval.indexer.build import corpus_documents
+from hybrid_retrieval.indexer.corpus import corpus_file
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.cross_encoder import weight_evidence
+from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
+from hybrid_retrieval.models.student import StudentRecipe, distil_student, training_texts
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.fusion import fusion_to_string
 from hybrid_retrieval.training.embedder import SUPERVISED, EmbedderOptions, adapt_embedder, train_embedder
@@ -114,6 +119,27 @@ def register(commands) -> None:
     _add_pseudo(p)
     add_embedder_training_flags(p)
     p.set_defaults(run=run_adapt)
+
+    recipe = StudentRecipe()
+    p = commands.add_parser(
+        "distil",
+        help="distil a shallower student of an embedding model on a corpus's own text, no labels (the small encoder profile)",
+    )
+    p.add_argument("corpus", type=Path, help="corpus.jsonl or a BEIR dataset folder: the text the student learns from")
+    p.add_argument("--out", type=Path, required=True, help="model folder to write (sentence-transformers + training.json)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the teacher: a sentence-transformers model name or folder")
+    g = p.add_argument_group("distillation")
+    g.add_argument("--layers", type=int, nargs="+", default=list(recipe.layers), help="the teacher's layers kept (0-based)")
+    g.add_argument("--epochs", type=int, default=recipe.epochs, help="at most; the epoch closest to the teacher on held-out texts is kept")
+    g.add_argument("--documents", type=int, default=recipe.documents, help="documents sampled from the corpus")
+    g.add_argument("--sentences", type=int, default=recipe.sentences, help="sentences of those documents trained on besides")
+    g.add_argument("--max-length", type=int, default=recipe.max_length, help="word pieces per training text")
+    g.add_argument("--batch-size", type=int, default=recipe.batch_size)
+    g.add_argument("--lr", type=float, default=recipe.learning_rate)
+    g.add_argument("--seed", type=int, default=recipe.seed)
+    add_device(g, help="training device")
+    add_quiet(g)
+    p.set_defaults(run=run_distil)
 
 
 def add_embedder_training_flags(p, defaults: EmbedderOptions = EmbedderOptions()) -> None:
@@ -227,3 +253,25 @@ def run_adapt(args) -> None:
     index = open_index(args.index, verify="size", device=args.device)
     record = adapt_embedder(index, args.out, options, args.recipe, args.max_queries, args.filter_depth, progress=not args.quiet)
     _report_embedder(record, args.out)
+
+
+def run_distil(args) -> None:
+    recipe = StudentRecipe(
+        layers=tuple(args.layers),
+        epochs=args.epochs,
+        documents=args.documents,
+        sentences=args.sentences,
+        max_length=args.max_length,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+        seed=args.seed,
+    )
+    texts = training_texts(corpus_documents(corpus_file(args.corpus))(), recipe)
+    record = distil_student(resolve_model(args.model), texts, args.out, recipe, args.device, progress=not args.quiet)
+    held_out = record["held_out"]
+    print(json.dumps(record, indent=2))
+    print(
+        f"held-out {held_out['metric']} ({record['texts']['held_out']} texts): {held_out['by_epoch'][0]:.4f} before training -> "
+        f"{held_out['by_epoch'][held_out['best_epoch']]:.4f} (epoch {held_out['best_epoch']}); model saved to {args.out}; "
+        f"build with it: hybrid index CORPUS --model {args.out} (the small profile)"
+    )

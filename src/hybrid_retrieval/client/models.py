@@ -269,7 +269,7 @@ class EmbedderSettings(_Request):
     kind: Literal["model", "none"] | None = None
     dimension: int | None = None
     model: str | None = None
-    profile: Literal["full", "fast"] | None = None
+    profile: Literal["full", "small", "fast"] | None = None
     precision: str | None = None
 
 

@@ -14,7 +14,7 @@ import platform
 import resource
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -52,9 +52,9 @@ from hybrid_retrieval.indexer.manifest import (
 )
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import PRECISIONS
+from hybrid_retrieval.models.profiles import PRECISION_PROFILES, PROFILES, export_profile
 from hybrid_retrieval.models.providers import BACKENDS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
-from hybrid_retrieval.models.static import PROFILES, export_profile
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
@@ -98,8 +98,10 @@ class BuildOptions:
             raise ConfigError(f"unknown document precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
         if self.profile not in PROFILES:
             raise ConfigError(f"unknown encoder profile {self.profile!r}; valid: {', '.join(PROFILES)}")
-        if self.profile != "full" and (self.precision != "fp32" or self.backend != "onnx"):
-            raise ConfigError(f"the {self.profile} profile embeds with its ONNX graph at fp32 (it has no int8 weights and no torch model)")
+        if self.profile != "full" and self.backend != "onnx":
+            raise ConfigError(f"the {self.profile} profile embeds with its ONNX graph (the torch backend embeds the full model)")
+        if self.profile not in PRECISION_PROFILES and self.precision != "fp32":
+            raise ConfigError(f"the {self.profile} profile embeds at fp32 only (it has no int8 weights)")
         if self.precision != "fp32" and self.backend != "onnx":
             raise ConfigError(f"{self.precision} document embedding needs the onnx backend, not {self.backend!r}")
         check_device(self.device)
@@ -191,6 +193,11 @@ def _index_passage_terms(folder: Path, options: BuildOptions) -> None:
     Postings.from_tokens(tokens, bm25.vocabulary).save(where)
 
 
+def corpus_documents(source: Path) -> Callable[[], Iterator[tuple[str, str]]]:
+    """The (title, text) pairs of the corpus at `source`, read when called (what the small profile distils on)."""
+    return lambda: ((doc.title, doc.text) for doc in read_corpus(source))
+
+
 def build_index(
     corpus: Path | str, out: Path | str, options: BuildOptions = BuildOptions(), embed: Callable[[Path, Path], np.ndarray] | None = None
 ) -> Manifest:
@@ -205,7 +212,7 @@ def build_index(
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(out)
     model = resolve_model(options.model)
-    onnx_folder = export_profile(model, options.profile, options.onnx_cache)
+    onnx_folder = export_profile(model, options.profile, options.onnx_cache, corpus_documents(source), options.device, options.progress)
     # the export cache is keyed by weights: an export made from the same weights at another path names that path
     embedder_spec = {**json.loads((onnx_folder / "embedder.json").read_text()), "model": model.name}
     embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hybrid_retrieval.common.publish import publish_dir
-from hybrid_retrieval.indexer.build import build_into
+from hybrid_retrieval.indexer.build import build_into, corpus_documents
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.compaction import build_options_of, current_corpus
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
@@ -23,8 +23,8 @@ from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import carry_reranker, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
+from hybrid_retrieval.models.profiles import PRECISION_PROFILES, export_profile
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.models.static import export_profile
 from hybrid_retrieval.search.errors import ConfigError, HybridError
 
 logger = logging.getLogger(__name__)
@@ -53,13 +53,13 @@ def reembed(
         old = index.manifest
         model = model or old.embedder.model
         profile = profile or old.embedder.profile
-        precision = precision or (old.embedder.document_precision if profile == "full" else "fp32")
+        precision = precision or (old.embedder.document_precision if profile in PRECISION_PROFILES else "fp32")
         options = replace(build_options_of(index), model=model, profile=profile, precision=precision, device=device, progress=progress)
         resolved = resolve_model(model)
-        onnx_folder = export_profile(resolved, profile, onnx_cache)
-        embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
         with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
             corpus, _ = current_corpus(index, state.base_alive, state.live.docs, Path(work))
+            onnx_folder = export_profile(resolved, profile, onnx_cache, corpus_documents(corpus), device, progress)
+            embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
             with publish_dir(index_dir) as tmp:
                 manifest = build_into(
                     tmp,

@@ -35,7 +35,8 @@ POOLING_MODES = ("mean", "cls")
 OPSET = 17
 EXPORT_FORMAT = 2  # bump when the folder layout changes, so cached exports are redone
 ONNX_SUBDIR = "onnx"  # where `hybrid train-reranker` puts the export beside the torch weights
-TRAINING_RECORD = "training.json"  # written by `hybrid train-reranker`, `train-embedder` and `adapt`: recipe, losses, held-out results
+TRAINING_RECORD = "training.json"  # written by `hybrid train-reranker`, `train-embedder`, `adapt` and `distil`: recipe, held-out results
+STUDENT_KIND = "student"  # the training.json kind of a student distilled for the small profile (models.student)
 
 
 def default_cache_dir() -> Path:
@@ -192,6 +193,7 @@ def _export_embedder(model: ResolvedModel, out: Path) -> None:
         "pad_token": tokenizer.pad_token,
         "pad_token_id": tokenizer.pad_token_id,
         "training": embedder_recipe(model.path),
+        **student_profile(model.path),
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))
 
@@ -253,6 +255,21 @@ def embedder_recipe(path: Path | str) -> dict | None:
         "base_model": record["base_model"],
         "held_out": {k: held_out[k] for k in ("metric", "before", "after", "best_epoch")},
     }
+
+
+def student_profile(path: Path | str) -> dict:
+    """The export config's profile and recipe for a student distilled by models.student (the small profile); empty
+    for any other model, whose export is of the full profile."""
+    record = training_record(path)
+    if not record or record.get("kind") != STUDENT_KIND:
+        return {}
+    recipe = {
+        "method": "layer-drop distillation on the corpus",
+        "base_model": record["base_model"],
+        "base_model_checksum": record["base_model_checksum"],
+        **{k: record[k] for k in ("recipe", "texts", "held_out", "device", "seconds")},
+    }
+    return {"profile": "small", "recipe": recipe}
 
 
 def _positions_max_length(tokenizer, hf_config) -> int:

@@ -27,7 +27,6 @@ from hybrid_retrieval.models.onnx_export import (
     cached_export,
     default_cache_dir,
     export_dir_for,
-    export_onnx,
 )
 from hybrid_retrieval.models.registry import ResolvedModel
 from hybrid_retrieval.search.errors import ConfigError
@@ -153,16 +152,3 @@ def export_static(base: ResolvedModel, cache_dir: Path | None = None, recipe: St
     a minute on a small CPU for a MiniLM-sized vocabulary), cached like the transformer exports."""
     folder = export_dir_for(base, cache_dir or default_cache_dir(), f"static{recipe.key()}")
     return cached_export(folder, CONFIG_FILE, lambda out: write_static_export(distill_static(base, recipe), base, recipe, out))
-
-
-PROFILES = ("full", "fast")
-
-
-def export_profile(model: ResolvedModel, profile: str = "full", cache_dir: Path | None = None) -> Path:
-    """The export folder that embeds with `profile` of `model`: `full`, the model itself (its transformer exported to
-    ONNX); `fast`, a static model distilled from it."""
-    if profile == "full":
-        return export_onnx(model, cache_dir)
-    if profile == "fast":
-        return export_static(model, cache_dir)
-    raise ConfigError(f"unknown encoder profile {profile!r}; valid: {', '.join(PROFILES)}")

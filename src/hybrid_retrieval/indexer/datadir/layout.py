@@ -30,8 +30,8 @@ from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR
 from hybrid_retrieval.models.embedder import no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
+from hybrid_retrieval.models.profiles import export_profile
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.models.static import export_profile
 from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
 
 logger = logging.getLogger(__name__)

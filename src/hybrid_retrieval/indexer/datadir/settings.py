@@ -24,8 +24,8 @@ from hybrid_retrieval.indexer.build import BuildOptions
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.models.onnx_export import PRECISIONS
+from hybrid_retrieval.models.profiles import PRECISION_PROFILES, PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
-from hybrid_retrieval.models.static import PROFILES
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
@@ -85,7 +85,7 @@ class CollectionSettings:
         precision = embedder.get("precision", "fp32")
         if precision not in PRECISIONS:
             raise SpecError("settings.embedder.precision", f"must be one of {', '.join(PRECISIONS)}, not {precision!r}")
-        if profile != "full" and precision != "fp32":
+        if profile not in PRECISION_PROFILES and precision != "fp32":
             raise SpecError("settings.embedder.precision", f"the {profile} profile embeds at fp32 only (it has no int8 weights)")
         analyzer = parse_analyzer(section.get("analyzer", {}), "settings.analyzer")
         synonyms = tuple(Synonyms(section.get("synonyms", []), analyzer.analyze, "settings.synonyms").rules)

@@ -1,0 +1,57 @@
+"""Encoder profiles: which model of a named embedding model embeds an index's documents and queries.
+
+- `full`: the model itself, its transformer exported to ONNX (models.onnx_export);
+- `small`: a shallower transformer distilled from it on the corpus's own text (models.student), exported the same
+  way (int8 too); it needs the corpus, so it is made by a build or a reembed, or given as a folder `hybrid distil`
+  wrote;
+- `fast`: a static model distilled from it by model2vec, served as an ONNX graph that averages word-piece rows
+  (models.static).
+
+Each is made offline from the model's own files and cached; the export's config names the profile and how its model
+was made, and a build copies that into the manifest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from hybrid_retrieval.models.onnx_export import TRAINING_RECORD, default_cache_dir, export_dir_for, export_onnx
+from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
+from hybrid_retrieval.models.static import export_static
+from hybrid_retrieval.models.student import StudentRecipe, distil_student, is_student, texts_digest, training_texts
+from hybrid_retrieval.search.errors import ConfigError
+
+PROFILES = ("full", "small", "fast")
+PRECISION_PROFILES = ("full", "small")  # the transformer profiles, which have int8 weights and a torch model
+
+Documents = Callable[[], Iterable[tuple[str, str]]]  # the corpus's (title, text) pairs, read when called
+
+
+def export_profile(
+    model: ResolvedModel,
+    profile: str = "full",
+    cache_dir: Path | None = None,
+    documents: Documents | None = None,
+    device: str = "auto",
+    progress: bool = False,
+) -> Path:
+    """The export folder that embeds with `profile` of `model`. The small profile of a model that is not a student
+    already distils one on `documents` (on `device`), cached by the model, the recipe and the sampled texts."""
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown encoder profile {profile!r}; valid: {', '.join(PROFILES)}")
+    if profile == "fast":
+        return export_static(model, cache_dir)
+    if profile == "full" or is_student(model):
+        return export_onnx(model, cache_dir)
+    if documents is None:
+        raise ConfigError(
+            "the small profile is a student distilled on a corpus's own text: build an index with it (hybrid index "
+            "--profile small, hybrid reembed --profile small), or make one with `hybrid distil` and give its folder as the model"
+        )
+    recipe = StudentRecipe()
+    texts = training_texts(documents(), recipe)
+    folder = export_dir_for(model, cache_dir or default_cache_dir(), f"student{recipe.key()}-{texts_digest(texts)}")
+    if not (folder / TRAINING_RECORD).is_file():
+        distil_student(model, texts, folder, recipe, device, progress)
+    return export_onnx(resolve_model(str(folder)), cache_dir)

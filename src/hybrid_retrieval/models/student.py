@@ -1,0 +1,284 @@
+"""The `small` encoder profile: a shallower transformer distilled from an embedding model on a corpus's own text.
+
+The student keeps some of the teacher's layers (`StudentRecipe.layers`, spread over its depth), its embeddings
+(frozen) and its pooling, and is trained, without labels, so that its normalised pooled vectors reproduce the
+teacher's (loss 1 - cosine) on a sample of the corpus: documents (title and text), their sentences and titles. A
+held-out part of the sample measures the student's cosine to the teacher before training and after each epoch; the
+best epoch is kept. The folder written is a sentence-transformers model plus `training.json` (kind `student`), so
+`hybrid index --model` takes it like any model, and its ONNX export (int8 too) names the profile and the recipe.
+
+Training needs torch and transformers (the training extra); what it writes is served without them.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import random
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hybrid_retrieval.common.progress import progress_bar
+from hybrid_retrieval.common.publish import publish_dir
+from hybrid_retrieval.models.onnx_export import STUDENT_KIND, TRAINING_RECORD, training_record
+from hybrid_retrieval.models.registry import ResolvedModel
+from hybrid_retrieval.search.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+MIN_TEXTS = 20  # a tenth of them (at least one) is held out to choose the epoch
+SENTENCE_WORDS = (5, 60)  # a sentence shorter or longer than this (in words) is not a training text
+_NOT_COPIED = ("*.safetensors", "*.bin", "*.pt", "*.h5", "*.msgpack", "*.onnx", "onnx", "openvino", "README.md")
+
+
+@dataclass(frozen=True)
+class StudentRecipe:
+    """How the student is made. The defaults led on scifact's train queries (dense nDCG@10; docs/experiments.md, "A
+    3-layer student on a GPU" and "The small profile"): layers 2, 4 and 6 of six, six epochs over 5,000 documents, 30,000
+    of their sentences and their titles."""
+
+    layers: tuple[int, ...] = (1, 3, 5)  # the teacher's layers kept, 0-based
+    epochs: int = 6
+    documents: int = 5_000  # documents sampled from the corpus (their sentences and titles come with them)
+    sentences: int = 30_000  # sentences kept of those documents
+    max_length: int = 256  # word pieces per training text
+    batch_size: int = 128
+    learning_rate: float = 1e-4
+    held_out: int = 500  # sampled texts kept out of training: the cosine to the teacher on them picks the epoch
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.layers or list(self.layers) != sorted(set(self.layers)) or self.layers[0] < 0:
+            raise ConfigError(f"student layers must be distinct teacher layer numbers in increasing order, got {list(self.layers)}")
+        for name in ("epochs", "documents", "max_length", "batch_size", "held_out"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"student {name} must be >= 1, got {getattr(self, name)}")
+        if self.sentences < 0 or not 0 < self.learning_rate < 1:
+            raise ConfigError("student sentences must be >= 0 and the learning rate in (0, 1)")
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
+
+
+def training_texts(documents: Iterable[tuple[str, str]], recipe: StudentRecipe = StudentRecipe()) -> list[str]:
+    """The texts a student is trained on, from (title, text) pairs: a uniform sample of `recipe.documents` documents
+    (reservoir sampling, so a corpus of any size is read once in bounded memory), each as title and text, then
+    `recipe.sentences` of their sentences and their titles. Deterministic for a corpus and a recipe."""
+    rng = random.Random(recipe.seed)
+    sample: list[tuple[str, str]] = []
+    for seen, (title, text) in enumerate(documents):
+        if len(sample) < recipe.documents:
+            sample.append((title, text))
+        elif (slot := rng.randrange(seen + 1)) < recipe.documents:
+            sample[slot] = (title, text)
+    shortest, longest = SENTENCE_WORDS
+    sentences = [s for _, text in sample for s in re.split(r"(?<=[.!?])\s+", text) if shortest <= len(s.split()) <= longest]
+    rng.shuffle(sentences)
+    whole = [f"{title} {text}".strip() for title, text in sample]
+    return [t for t in whole + sentences[: recipe.sentences] + [title for title, _ in sample if title.strip()] if t]
+
+
+def texts_digest(texts: list[str]) -> str:
+    """Identifies a training sample (it keys the cached student of a corpus)."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def is_student(model: ResolvedModel) -> bool:
+    return (training_record(model.path) or {}).get("kind") == STUDENT_KIND
+
+
+def _pooling(folder: Path) -> str:
+    """The teacher's pooling (sentence-transformers' 1_Pooling config; mean where the folder has none)."""
+    configs = sorted(folder.glob("*Pooling*/config.json"))
+    if not configs:
+        return "mean"
+    config = json.loads(configs[0].read_text())
+    if config.get("pooling_mode_cls_token"):
+        return "cls"
+    if config.get("pooling_mode_mean_tokens", True):
+        return "mean"
+    raise ConfigError(f"the small profile distils models with mean or CLS pooling; {folder} pools otherwise")
+
+
+def _resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no GPU")
+    return device
+
+
+class _Encoder:
+    """Pooled, normalised vectors of a transformer, in batches of similar length (less padding)."""
+
+    def __init__(self, tokenizer, pooling: str, max_length: int, device: str):
+        self.tokenizer, self.pooling, self.max_length, self.device = tokenizer, pooling, max_length, device
+
+    def batch(self, texts: list[str]):
+        return self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=True, return_tensors="pt").to(self.device)
+
+    def forward(self, model, batch):
+        import torch
+
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.startswith("cuda")):
+            hidden = model(**batch).last_hidden_state.float()
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1)
+
+    def encode(self, model, texts: list[str], batch_size: int, bar=None):
+        import torch
+
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = torch.empty(len(texts), model.config.hidden_size, device=self.device)
+        model.eval()
+        with torch.no_grad():
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                out[rows] = self.forward(model, self.batch([texts[i] for i in rows]))
+                if bar is not None:
+                    bar.update(len(rows))
+        return out
+
+
+def _layer_list(model) -> Any:
+    layers = getattr(getattr(model, "encoder", None), "layer", None)
+    if layers is None:
+        raise ConfigError(f"the small profile drops layers of BERT-style encoders (encoder.layer); {type(model).__name__} has none")
+    return layers
+
+
+def make_student(teacher, layers: tuple[int, ...]):
+    """A copy of `teacher` keeping `layers` (its embeddings frozen)."""
+    import torch
+
+    available = len(_layer_list(teacher))
+    if layers[-1] >= available:
+        raise ConfigError(f"student layers {list(layers)} do not exist in a teacher of {available} layers (0 to {available - 1})")
+    student = copy.deepcopy(teacher)
+    student.encoder.layer = torch.nn.ModuleList([student.encoder.layer[i] for i in layers])
+    student.config.num_hidden_layers = len(layers)
+    for parameter in student.embeddings.parameters():
+        parameter.requires_grad_(False)
+    return student
+
+
+def _length_batches(texts: list[str], rows: list[int], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """`rows` shuffled into batches of texts of similar length (sorted within windows of 50 batches), in random order."""
+    rows = rows[:]
+    rng.shuffle(rows)
+    window = batch_size * 50
+    batches = []
+    for start in range(0, len(rows), window):
+        chunk = sorted(rows[start : start + window], key=lambda i: len(texts[i]))
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches
+
+
+def distil_student(
+    base: ResolvedModel,
+    texts: list[str],
+    out: Path | str,
+    recipe: StudentRecipe = StudentRecipe(),
+    device: str = "auto",
+    progress: bool = True,
+) -> dict:
+    """Distil a student of `base` on `texts` (training_texts) and publish it at `out` (a sentence-transformers folder
+    with training.json); returns the training record."""
+    try:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError as exc:
+        raise ConfigError(f"distilling the small profile needs torch and transformers ({exc.name} is missing)") from None
+    if len(texts) < MIN_TEXTS:
+        raise ConfigError(
+            f"distilling a student needs at least {MIN_TEXTS} training texts, got {len(texts)}: "
+            "embed a corpus this small with the full profile"
+        )
+    started = time.perf_counter()
+    device = _resolve_device(device)
+    torch.manual_seed(recipe.seed)
+    rng = random.Random(recipe.seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(base.path))
+    teacher = AutoModel.from_pretrained(str(base.path), dtype=torch.float32).to(device)  # trained in fp32 (bf16 autocast on a GPU)
+    encoder = _Encoder(tokenizer, _pooling(base.path), recipe.max_length, device)
+    with progress_bar(len(texts), "teacher vectors", "texts", progress) as bar:
+        targets = encoder.encode(teacher, texts, recipe.batch_size, bar)
+    student = make_student(teacher, recipe.layers).to(device)
+    del teacher
+
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    held = order[: min(recipe.held_out, len(texts) // 10 or 1)]
+    train = order[len(held) :]
+
+    def held_out_cosine() -> float:
+        vectors = encoder.encode(student, [texts[i] for i in held], recipe.batch_size)
+        return round(float((vectors * targets[held]).sum(-1).mean()), 4)
+
+    parameters = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate, weight_decay=0.01)
+    steps = recipe.epochs * math.ceil(len(train) / recipe.batch_size)
+    warmup = max(1, int(0.05 * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) * max(0.0, (steps - k) / steps))
+    curve = [held_out_cosine()]  # epoch 0: the teacher's layers as they are
+    best_state, best_epoch = copy.deepcopy(student.state_dict()), 0
+    with progress_bar(recipe.epochs * len(train), "distilling", "texts", progress) as bar:
+        for _ in range(recipe.epochs):
+            student.train()
+            for rows in _length_batches(texts, train, recipe.batch_size, rng):
+                vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
+                loss = (1 - (vectors * targets[rows]).sum(-1)).mean()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+                bar.update(len(rows))
+            curve.append(held_out_cosine())
+            if curve[-1] > curve[best_epoch]:
+                best_state, best_epoch = copy.deepcopy(student.state_dict()), len(curve) - 1
+    student.load_state_dict(best_state)
+    record = {
+        "kind": STUDENT_KIND,
+        "base_model": base.name,
+        "base_model_checksum": base.checksum,
+        "recipe": {**asdict(recipe), "layers": list(recipe.layers)},
+        "texts": {"training": len(train), "held_out": len(held), "digest": texts_digest(texts)},
+        "held_out": {"metric": "cosine to the teacher", "by_epoch": curve, "best_epoch": best_epoch},
+        "device": device,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    write_student(base, student.cpu(), record, Path(out))
+    logger.info(
+        "distilled a %d-layer student of %s: held-out cosine %.4f -> %.4f", len(recipe.layers), base.name, curve[0], curve[best_epoch]
+    )
+    return record
+
+
+def write_student(base: ResolvedModel, student, record: dict, out: Path) -> None:
+    """Publish `student` (a transformers model) at `out` as a sentence-transformers folder: the teacher's tokenizer,
+    pooling and module files, the student's config and weights, and `record` as training.json."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with publish_dir(out) as tmp:
+        shutil.copytree(base.path, tmp, ignore=shutil.ignore_patterns(*_NOT_COPIED), dirs_exist_ok=True)
+        student.save_pretrained(str(tmp))
+        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
