@@ -4,6 +4,7 @@ it recording how it was made, and the profile refused where no corpus can make i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from tests.conftest import TINY_CORPUS, write_jsonl
 
-pytest.importorskip("torch", reason="distilling a student needs torch (the training extra)")
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="distilling needs torch (the index extra)")
 
 DOCUMENTS = [
     ("Vitamin D", "Vitamin D deficiency is common in older adults. It lowers bone density over many years. Short one."),
@@ -41,6 +42,9 @@ def test_the_training_sample_is_the_documents_their_sentences_and_titles():
     assert texts[10:] == ["Vitamin D", "Sleep", "Coffee"]
     assert texts == training_texts(DOCUMENTS, StudentRecipe(documents=10, sentences=100))  # deterministic
 
+    once = training_texts([("", "One single sentence about cells here."), ("Title", "Title")], StudentRecipe())
+    assert once == ["One single sentence about cells here.", "Title Title", "Title"]  # each text once
+
     two = training_texts(DOCUMENTS, StudentRecipe(documents=2, sentences=1))
     sampled = [text for text in two if text in whole]
     assert len(sampled) == 2 and len(two) == 2 + 1 + sum(1 for t, x in DOCUMENTS if f"{t} {x}".strip() in sampled and t)
@@ -54,11 +58,15 @@ def test_a_student_recipe_refuses_layers_out_of_order():
         StudentRecipe(layers=(3, 1))
     with pytest.raises(ConfigError, match="epochs must be >= 1"):
         StudentRecipe(epochs=0)
+    with pytest.raises(ConfigError, match=r"learning rate \(--lr\) must be in \(0, 1\), got 2"):
+        StudentRecipe(learning_rate=2.0)
+    assert StudentRecipe().key() != StudentRecipe(epochs=5).key()
 
 
 @pytest.fixture(scope="module")
 def student(tmp_path_factory, scifact):
     """A 2-layer student of the bundled model, distilled for two epochs on 60 scifact documents (seconds)."""
+    pytest.importorskip("torch", reason="distilling needs torch (the index extra)")
     from hybrid_retrieval.indexer.corpus import read_corpus
     from hybrid_retrieval.models.registry import resolve_model
     from hybrid_retrieval.models.student import StudentRecipe, distil_student, training_texts
@@ -175,11 +183,44 @@ def test_a_small_build_distils_on_its_corpus_once_and_reembed_moves_to_it(tmp_pa
     np.testing.assert_allclose(np.load(tmp_path / "c" / "embeddings.npy"), np.load(tmp_path / "a" / "embeddings.npy"), atol=1e-5)
 
 
-def test_a_corpus_too_small_for_a_student_is_refused(tiny_index):
+@needs_torch
+def test_a_corpus_too_small_or_an_out_folder_not_a_students_is_refused_before_any_work(tmp_path):
     from hybrid_retrieval.models.registry import resolve_model
     from hybrid_retrieval.models.student import distil_student, training_texts
     from hybrid_retrieval.search.errors import ConfigError
 
     texts = training_texts((d["title"], d["text"]) for d in TINY_CORPUS)
     with pytest.raises(ConfigError, match=f"at least 20 training texts, got {len(texts)}"):
-        distil_student(resolve_model(), texts, tiny_index.parent / "never", progress=False)
+        distil_student(resolve_model(), texts, tmp_path / "never", progress=False)
+    assert not (tmp_path / "never").exists()
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not a student's folder: refusing to replace it"):
+        distil_student(resolve_model(), texts * 10, tmp_path / "notes", progress=False)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+
+
+def test_a_students_folder_is_of_the_small_profile_only(student):
+    from hybrid_retrieval.models.profiles import export_profile
+    from hybrid_retrieval.models.registry import resolve_model
+    from hybrid_retrieval.search.errors import ConfigError
+
+    folder, _, cache = student
+    with pytest.raises(ConfigError, match="is a student distilled for the small profile: give it with profile small"):
+        export_profile(resolve_model(str(folder)), "full", cache)
+
+
+@needs_torch
+def test_hybrid_distil_writes_a_student_and_says_how_to_build_with_it(scifact, tmp_path, capsys):
+    from hybrid_retrieval.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(line for line, _ in zip((scifact / "corpus.jsonl").open(), range(30))))
+    out = tmp_path / "student"
+    flags = ["--layers", "0", "--epochs", "1", "--documents", "30", "--sentences", "40", "--max-length", "64", "--batch-size", "16"]
+    main(["distil", str(corpus), "--out", str(out), *flags, "--device", "cpu", "--quiet"])
+    record = json.loads((out / "training.json").read_text())
+    assert record["recipe"]["layers"] == [0] and record["texts"]["training"] + record["texts"]["held_out"] > 30
+    printed = capsys.readouterr().out
+    assert f"(epoch {record['held_out']['best_epoch']}); model saved to {out}" in printed
+    assert f"hybrid index CORPUS --model {out} --profile small" in printed

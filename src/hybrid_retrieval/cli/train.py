@@ -273,5 +273,5 @@ def run_distil(args) -> None:
     print(
         f"held-out {held_out['metric']} ({record['texts']['held_out']} texts): {held_out['by_epoch'][0]:.4f} before training -> "
         f"{held_out['by_epoch'][held_out['best_epoch']]:.4f} (epoch {held_out['best_epoch']}); model saved to {args.out}; "
-        f"build with it: hybrid index CORPUS --model {args.out} (the small profile)"
+        f"build with it: hybrid index CORPUS --model {args.out} --profile small"
     )

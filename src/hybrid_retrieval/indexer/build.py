@@ -76,7 +76,7 @@ EMBED_BATCH = 16  # documents per model run: the build's default, and the write 
 @dataclass(frozen=True)
 class BuildOptions:
     model: str = DEFAULT_MODEL
-    profile: str = "full"  # the encoder profile (models.static.PROFILES): the model itself, or a static model distilled from it
+    profile: str = "full"  # the encoder profile (models.profiles): the model itself, a student or a static model made from it
     backend: str = "onnx"  # how documents are embedded; queries always use the exported ONNX model
     precision: str = "fp32"  # the ONNX weights that embed documents (and later writes): fp32 or int8
     analyzer: Analyzer = field(default_factory=Analyzer)

@@ -55,8 +55,8 @@ class EmbedderInfo:
     document_backend: str
     document_precision: str = "fp32"  # the ONNX weights that embedded the documents (and embed written ones)
     training: dict | None = None  # a fine-tuned model's recipe and held-out result (models.onnx_export.embedder_recipe)
-    profile: str = "full"  # full: the model's transformer; fast: a static model distilled from it (models.static)
-    recipe: dict | None = None  # how a profile's model was made from the named model (models.static)
+    profile: str = "full"  # full: the model's transformer; small: a student distilled from it; fast: a static model (models.profiles)
+    recipe: dict | None = None  # how a profile's model was made from the named model (models.student, models.static)
 
 
 @dataclass(frozen=True)

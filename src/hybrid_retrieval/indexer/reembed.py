@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.compaction import build_options_of, current_corpus
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
-from hybrid_retrieval.indexer.store import carry_reranker, open_index
+from hybrid_retrieval.indexer.store import OpenIndex, carry_reranker, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.profiles import PRECISION_PROFILES, export_profile
@@ -39,17 +40,15 @@ def reembed(
     progress: bool = True,
     profile: str | None = None,
 ) -> Manifest:
-    """Re-embed the index at `index_dir` with `model` (a name or path) in encoder `profile` (models.static), each
+    """Re-embed the index at `index_dir` with `model` (a name or path) in encoder `profile` (models.profiles), each
     default the index's; documents at `precision`, default the index's where the profile has it."""
     index_dir = Path(index_dir).resolve()
     index = open_index(index_dir, verify="size", device=device)
     if index.manifest.chunking.enabled:
+        index.close()
         raise ConfigError(f"{index_dir} is chunked into passages, which re-embedding does not redo: rebuild it with the new model")
-    collection = Collection(index)  # the documents as they are now: the log's writes replayed onto the base
+    wal = index_dir / LIVE_DIR / WAL_FILE
     try:
-        wal = index_dir / LIVE_DIR / WAL_FILE
-        logged = _size(wal)
-        state = collection.snapshot
         old = index.manifest
         model = model or old.embedder.model
         profile = profile or old.embedder.profile
@@ -57,9 +56,15 @@ def reembed(
         options = replace(build_options_of(index), model=model, profile=profile, precision=precision, device=device, progress=progress)
         resolved = resolve_model(model)
         with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
-            corpus, _ = current_corpus(index, state.base_alive, state.live.docs, Path(work))
-            onnx_folder = export_profile(resolved, profile, onnx_cache, corpus_documents(corpus), device, progress)
+
+            def documents() -> Iterator[tuple[str, str]]:  # the small profile's sample, before the watch on writes starts
+                return corpus_documents(_current(index, Path(work) / "sample")[0])()
+
+            # the model first: distilling a student can take long, and writes meanwhile change only its sample
+            onnx_folder = export_profile(resolved, profile, onnx_cache, documents, device, progress)
             embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
+            logged = _size(wal)  # before the documents are read: any write after it aborts the swap
+            corpus, seq = _current(index, Path(work))
             with publish_dir(index_dir) as tmp:
                 manifest = build_into(
                     tmp,
@@ -71,7 +76,7 @@ def reembed(
                     embedder=embedder,
                 )
                 # every logged write is in the new base, embedded by the new model: the log starts afresh after them
-                manifest.corpus, manifest.applied_sequence = old.corpus, state.seq
+                manifest.corpus, manifest.applied_sequence = old.corpus, seq
                 manifest.defaults = old.defaults.merge({"hubness": {"method": "none"}})
                 manifest.evidence = {name: value for name, value in old.evidence.items() if name != "hubness"}
                 manifest.fusion_tuning = old.fusion_tuning
@@ -88,10 +93,22 @@ def reembed(
                         "Pause writes (or stop the service) and run it again"
                     )
     finally:
-        collection.close()
         index.close()
     logger.info("re-embedded %d documents of %s with %s (%s profile)", manifest.documents, index_dir, model, profile)
     return manifest
+
+
+def _current(index: OpenIndex, work: Path) -> tuple[Path, int]:
+    """The index's documents as they are now (its log's writes replayed onto the base) as a JSONL corpus in `work`,
+    and the sequence number of the last write in it."""
+    collection = Collection(index)
+    try:
+        state = collection.snapshot
+        work.mkdir(exist_ok=True)
+        corpus, _ = current_corpus(index, state.base_alive, state.live.docs, work)
+        return corpus, state.seq
+    finally:
+        collection.close()
 
 
 def _size(path: Path) -> int:

@@ -36,13 +36,18 @@ def export_profile(
     device: str = "auto",
     progress: bool = False,
 ) -> Path:
-    """The export folder that embeds with `profile` of `model`. The small profile of a model that is not a student
-    already distils one on `documents` (on `device`), cached by the model, the recipe and the sampled texts."""
+    """The export folder that embeds with `profile` of `model`. A student (models.student) is of the small profile
+    only; the small profile of any other model distils one on `documents` (on `device`), cached by the model, the
+    recipe and the sampled texts."""
     if profile not in PROFILES:
         raise ConfigError(f"unknown encoder profile {profile!r}; valid: {', '.join(PROFILES)}")
     if profile == "fast":
         return export_static(model, cache_dir)
-    if profile == "full" or is_student(model):
+    if is_student(model):
+        if profile == "full":
+            raise ConfigError(f"{model.name} is a student distilled for the small profile: give it with profile small")
+        return export_onnx(model, cache_dir)
+    if profile == "full":
         return export_onnx(model, cache_dir)
     if documents is None:
         raise ConfigError(
@@ -52,6 +57,6 @@ def export_profile(
     recipe = StudentRecipe()
     texts = training_texts(documents(), recipe)
     folder = export_dir_for(model, cache_dir or default_cache_dir(), f"student{recipe.key()}-{texts_digest(texts)}")
-    if not (folder / TRAINING_RECORD).is_file():
-        distil_student(model, texts, folder, recipe, device, progress)
+    if not (folder / TRAINING_RECORD).is_file():  # a concurrent build's student, published first, is kept
+        distil_student(model, texts, folder, recipe, device, progress, keep_existing=True)
     return export_onnx(resolve_model(str(folder)), cache_dir)

@@ -27,6 +27,19 @@ def onnx_providers(device: str = "auto") -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def training_device(device: str = "auto") -> str:
+    """The torch device to train on: CUDA when asked for (or auto) and torch sees it, else the CPU (with a warning
+    when a GPU was asked for)."""
+    check_device(device)
+    import torch
+
+    if device != "cpu" and torch.cuda.is_available():
+        return "cuda"
+    if device == "gpu":
+        logger.warning("GPU requested but torch sees no CUDA device: training on CPU")
+    return "cpu"
+
+
 def on_gpu(model) -> bool:
     """Whether an embedder or cross-encoder runs on CUDA."""
     return "CUDAExecutionProvider" in getattr(model, "providers", ())

@@ -7,7 +7,7 @@ held-out part of the sample measures the student's cosine to the teacher before 
 best epoch is kept. The folder written is a sentence-transformers model plus `training.json` (kind `student`), so
 `hybrid index --model` takes it like any model, and its ONNX export (int8 too) names the profile and the recipe.
 
-Training needs torch and transformers (the training extra); what it writes is served without them.
+Training needs torch and transformers (the `index` extra); what it writes is served without them.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from typing import Any
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.models.onnx_export import STUDENT_KIND, TRAINING_RECORD, training_record
+from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel
 from hybrid_retrieval.search.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+STUDENT_FORMAT = 1  # bump when the method changes (loss, pooling, sampling), so cached students are made again
 MIN_TEXTS = 20  # a tenth of them (at least one) is held out to choose the epoch
 SENTENCE_WORDS = (5, 60)  # a sentence shorter or longer than this (in words) is not a training text
 _NOT_COPIED = ("*.safetensors", "*.bin", "*.pt", "*.h5", "*.msgpack", "*.onnx", "onnx", "openvino", "README.md")
@@ -61,17 +63,21 @@ class StudentRecipe:
         for name in ("epochs", "documents", "max_length", "batch_size", "held_out"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"student {name} must be >= 1, got {getattr(self, name)}")
-        if self.sentences < 0 or not 0 < self.learning_rate < 1:
-            raise ConfigError("student sentences must be >= 0 and the learning rate in (0, 1)")
+        if self.sentences < 0:
+            raise ConfigError(f"student sentences must be >= 0, got {self.sentences}")
+        if not 0 < self.learning_rate < 1:
+            raise ConfigError(f"student learning rate (--lr) must be in (0, 1), got {self.learning_rate}")
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
+        """Keys a cached student: the recipe and the method's format."""
+        spec = {**asdict(self), "format": STUDENT_FORMAT}
+        return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def training_texts(documents: Iterable[tuple[str, str]], recipe: StudentRecipe = StudentRecipe()) -> list[str]:
     """The texts a student is trained on, from (title, text) pairs: a uniform sample of `recipe.documents` documents
     (reservoir sampling, so a corpus of any size is read once in bounded memory), each as title and text, then
-    `recipe.sentences` of their sentences and their titles. Deterministic for a corpus and a recipe."""
+    `recipe.sentences` of their sentences and their titles, each text once. Deterministic for a corpus and a recipe."""
     rng = random.Random(recipe.seed)
     sample: list[tuple[str, str]] = []
     for seen, (title, text) in enumerate(documents):
@@ -83,7 +89,8 @@ def training_texts(documents: Iterable[tuple[str, str]], recipe: StudentRecipe =
     sentences = [s for _, text in sample for s in re.split(r"(?<=[.!?])\s+", text) if shortest <= len(s.split()) <= longest]
     rng.shuffle(sentences)
     whole = [f"{title} {text}".strip() for title, text in sample]
-    return [t for t in whole + sentences[: recipe.sentences] + [title for title, _ in sample if title.strip()] if t]
+    texts = whole + sentences[: recipe.sentences] + [title.strip() for title, _ in sample]
+    return [t for t in dict.fromkeys(texts) if t]  # once each: a one-sentence document is also its sentence
 
 
 def texts_digest(texts: list[str]) -> str:
@@ -110,16 +117,6 @@ def _pooling(folder: Path) -> str:
     if config.get("pooling_mode_mean_tokens", True):
         return "mean"
     raise ConfigError(f"the small profile distils models with mean or CLS pooling; {folder} pools otherwise")
-
-
-def _resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but torch sees no GPU")
-    return device
 
 
 class _Encoder:
@@ -165,13 +162,17 @@ def _layer_list(model) -> Any:
     return layers
 
 
+def check_layers(teacher, layers: tuple[int, ...]) -> None:
+    available = len(_layer_list(teacher))
+    if layers[-1] >= available:
+        raise ConfigError(f"student layers {list(layers)} do not exist in a teacher of {available} layers (0 to {available - 1})")
+
+
 def make_student(teacher, layers: tuple[int, ...]):
     """A copy of `teacher` keeping `layers` (its embeddings frozen)."""
     import torch
 
-    available = len(_layer_list(teacher))
-    if layers[-1] >= available:
-        raise ConfigError(f"student layers {list(layers)} do not exist in a teacher of {available} layers (0 to {available - 1})")
+    check_layers(teacher, layers)
     student = copy.deepcopy(teacher)
     student.encoder.layer = torch.nn.ModuleList([student.encoder.layer[i] for i in layers])
     student.config.num_hidden_layers = len(layers)
@@ -200,25 +201,31 @@ def distil_student(
     recipe: StudentRecipe = StudentRecipe(),
     device: str = "auto",
     progress: bool = True,
+    keep_existing: bool = False,
 ) -> dict:
     """Distil a student of `base` on `texts` (training_texts) and publish it at `out` (a sentence-transformers folder
-    with training.json); returns the training record."""
+    with training.json), replacing a student there (or keeping it: `keep_existing`, for a cache); returns the training
+    record. A folder at `out` that is not a student is refused before any work."""
     try:
         import torch
         from transformers import AutoModel, AutoTokenizer
     except ImportError as exc:
         raise ConfigError(f"distilling the small profile needs torch and transformers ({exc.name} is missing)") from None
+    out = Path(out)
+    if out.exists() and (training_record(out) or {}).get("kind") != STUDENT_KIND:
+        raise ConfigError(f"{out} exists and is not a student's folder: refusing to replace it")
     if len(texts) < MIN_TEXTS:
         raise ConfigError(
             f"distilling a student needs at least {MIN_TEXTS} training texts, got {len(texts)}: "
             "embed a corpus this small with the full profile"
         )
     started = time.perf_counter()
-    device = _resolve_device(device)
+    device = training_device(device)
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(base.path))
     teacher = AutoModel.from_pretrained(str(base.path), dtype=torch.float32).to(device)  # trained in fp32 (bf16 autocast on a GPU)
+    check_layers(teacher, recipe.layers)  # before the teacher's pass, which can take long
     encoder = _Encoder(tokenizer, _pooling(base.path), recipe.max_length, device)
     with progress_bar(len(texts), "teacher vectors", "texts", progress) as bar:
         targets = encoder.encode(teacher, texts, recipe.batch_size, bar)
@@ -267,18 +274,18 @@ def distil_student(
         "device": device,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    write_student(base, student.cpu(), record, Path(out))
+    write_student(base, student.cpu(), record, out, keep_existing)
     logger.info(
         "distilled a %d-layer student of %s: held-out cosine %.4f -> %.4f", len(recipe.layers), base.name, curve[0], curve[best_epoch]
     )
     return record
 
 
-def write_student(base: ResolvedModel, student, record: dict, out: Path) -> None:
+def write_student(base: ResolvedModel, student, record: dict, out: Path, keep_existing: bool = False) -> None:
     """Publish `student` (a transformers model) at `out` as a sentence-transformers folder: the teacher's tokenizer,
     pooling and module files, the student's config and weights, and `record` as training.json."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with publish_dir(out) as tmp:
+    with publish_dir(out, keep_existing=keep_existing) as tmp:
         shutil.copytree(base.path, tmp, ignore=shutil.ignore_patterns(*_NOT_COPIED), dirs_exist_ok=True)
         student.save_pretrained(str(tmp))
         (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))

@@ -189,7 +189,7 @@ def measure_costs(index_dir: Path, device: str, pair_length: int, texts: int = 3
     from sentence_transformers.util import batch_to_device
 
     from hybrid_retrieval.indexer.store import index_model
-    from hybrid_retrieval.training.reranker import training_device
+    from hybrid_retrieval.models.providers import training_device
 
     index = open_index(index_dir, verify="size", device="cpu")
     try:

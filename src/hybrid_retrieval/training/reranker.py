@@ -37,6 +37,7 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, load_cross_encoder
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD, export_cross_encoder
+from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model, weights_checksum
 from hybrid_retrieval.search.devices import check_device
 from hybrid_retrieval.search.errors import ConfigError
@@ -195,18 +196,6 @@ def distillation_loss(student, teacher):
     return torch.nn.functional.kl_div(
         torch.log_softmax(student, -1), torch.log_softmax(teacher, -1), log_target=True, reduction="batchmean"
     )
-
-
-def training_device(device: str) -> str:
-    """The torch device to train on: CUDA when asked for (or auto) and torch sees it, else the CPU (with a warning
-    when a GPU was asked for)."""
-    import torch
-
-    if check_device(device) != "cpu" and torch.cuda.is_available():
-        return "cuda"
-    if device == "gpu":
-        logger.warning("GPU requested but torch sees no CUDA device: training on CPU")
-    return "cpu"
 
 
 def _check_layers(base_path: Path, layers: int | None) -> None:

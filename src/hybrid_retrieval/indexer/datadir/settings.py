@@ -47,7 +47,7 @@ EXACT_BELOW = 10_000
 @dataclass(frozen=True)
 class CollectionSettings:
     model: str = DEFAULT_MODEL
-    profile: str = "full"  # models.static.PROFILES
+    profile: str = "full"  # models.profiles.PROFILES
     precision: str = "fp32"
     dimension: int | None = None  # set: the embedder is `none`, and every vector has this many numbers
     analyzer: Analyzer = field(default_factory=Analyzer)
