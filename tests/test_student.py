@@ -165,7 +165,7 @@ def test_a_small_build_distils_on_its_corpus_once_and_reembed_moves_to_it(tmp_pa
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
     from hybrid_retrieval.indexer.reembed import reembed
 
-    documents = [{**d, "_id": f"{d['_id']}-{i}"} for i in range(20) for d in TINY_CORPUS]
+    documents = [{**d, "_id": f"{d['_id']}-{i}", "text": f"{d['text']} Note {i}."} for i in range(20) for d in TINY_CORPUS]
     corpus = write_jsonl(tmp_path / "corpus.jsonl", documents)
     cache = tmp_path / "onnx"
     first = build_index(corpus, tmp_path / "a", BuildOptions(profile="small", onnx_cache=cache, device="cpu", progress=False))
