@@ -365,12 +365,12 @@ def index_model(folder: Path | str) -> ResolvedModel:
     """The torch model the index was built with, after checking its checksum against the manifest."""
     spec = read_manifest(Path(folder)).embedder
     model = resolve_model(spec.model)
-    if model.checksum != spec.model_checksum and spec.profile != "full":
-        raise IndexOpenError(
-            f"the index embeds with the {spec.profile} profile's model, made from {spec.model!r} and not saved as a torch "
-            "model: re-embed it with --profile full first (or build with a student's folder as --model)"
-        )
     if model.checksum != spec.model_checksum:
+        if spec.profile != "full":
+            raise IndexOpenError(
+                f"the index embeds with the {spec.profile} profile's model, made from {spec.model!r} and not saved as a "
+                "torch model: re-embed it with --profile full first (or build with a student's folder as --model)"
+            )
         raise IndexOpenError(
             f"model {spec.model!r} resolves to weights with checksum {model.checksum[:12]}, "
             f"but the index was built with {spec.model_checksum[:12]}: queries would not match documents"

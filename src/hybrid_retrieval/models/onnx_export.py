@@ -159,8 +159,20 @@ def _optimize_and_quantize(out: Path, hf_config) -> None:
     )
 
 
-def _export_embedder(model: ResolvedModel, out: Path) -> None:
+def pool(hidden, attention_mask, pooling: str):
+    """The sentence embedding of a transformer's last hidden states (torch): the CLS token's or the mean of the
+    attended tokens', L2-normalised, as sentence-transformers pools (the export's graph and the student's training)."""
     import torch
+
+    if pooling == "cls":
+        pooled = hidden[:, 0]
+    else:
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
+def _export_embedder(model: ResolvedModel, out: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     st_model = SentenceTransformer(str(model.path), device="cpu")
@@ -169,17 +181,13 @@ def _export_embedder(model: ResolvedModel, out: Path) -> None:
     input_names = _input_names(tokenizer)
     pooling = _pooling_mode(st_model)
 
-    def pool(outputs, attention_mask):
-        hidden = outputs[0]
-        if pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, p=2, dim=1)
-
     _export_graph(
-        _with_head(transformer.auto_model, pool), tokenizer, (["an example sentence", "another one"],), out, "embedding", input_names
+        _with_head(transformer.auto_model, lambda outputs, attention_mask: pool(outputs[0], attention_mask, pooling)),
+        tokenizer,
+        (["an example sentence", "another one"],),
+        out,
+        "embedding",
+        input_names,
     )
     _optimize_and_quantize(out, transformer.auto_model.config)
     config = {

@@ -21,14 +21,14 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import publish_dir
-from hybrid_retrieval.models.onnx_export import STUDENT_KIND, TRAINING_RECORD, training_record
+from hybrid_retrieval.models.onnx_export import STUDENT_KIND, TRAINING_RECORD, pool, training_record
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel
 from hybrid_retrieval.search.errors import ConfigError
@@ -133,12 +133,7 @@ class _Encoder:
 
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.startswith("cuda")):
             hidden = model(**batch).last_hidden_state.float()
-        if self.pooling == "cls":
-            pooled = hidden[:, 0]
-        else:
-            mask = batch["attention_mask"].unsqueeze(-1).float()
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return torch.nn.functional.normalize(pooled, dim=-1)
+        return pool(hidden, batch["attention_mask"], self.pooling)
 
     def encode(self, model, texts: list[str], batch_size: int, bar=None):
         import torch
@@ -155,27 +150,33 @@ class _Encoder:
         return out
 
 
-def _layer_list(model) -> Any:
-    layers = getattr(getattr(model, "encoder", None), "layer", None)
+def _layer_list(encoder) -> Any:
+    layers = getattr(getattr(encoder, "encoder", None), "layer", None)
     if layers is None:
-        raise ConfigError(f"the small profile drops layers of BERT-style encoders (encoder.layer); {type(model).__name__} has none")
+        raise ConfigError(f"dropping layers needs a BERT-style encoder (encoder.layer); {type(encoder).__name__} has none")
     return layers
 
 
-def check_layers(teacher, layers: tuple[int, ...]) -> None:
-    available = len(_layer_list(teacher))
+def check_layers(encoder, layers: Sequence[int]) -> None:
+    available = len(_layer_list(encoder))
     if layers[-1] >= available:
-        raise ConfigError(f"student layers {list(layers)} do not exist in a teacher of {available} layers (0 to {available - 1})")
+        raise ConfigError(f"layers {list(layers)} do not exist in a model of {available} layers (0 to {available - 1})")
+
+
+def keep_layers(encoder, layers: Sequence[int]) -> None:
+    """Keep only `layers` (0-based, increasing) of a BERT-style encoder's transformer layers, in place (the student
+    here; the smaller rerankers of training.reranker)."""
+    import torch
+
+    check_layers(encoder, layers)
+    encoder.encoder.layer = torch.nn.ModuleList([encoder.encoder.layer[i] for i in layers])
+    encoder.config.num_hidden_layers = len(layers)
 
 
 def make_student(teacher, layers: tuple[int, ...]):
     """A copy of `teacher` keeping `layers` (its embeddings frozen)."""
-    import torch
-
-    check_layers(teacher, layers)
     student = copy.deepcopy(teacher)
-    student.encoder.layer = torch.nn.ModuleList([student.encoder.layer[i] for i in layers])
-    student.config.num_hidden_layers = len(layers)
+    keep_layers(student, layers)
     for parameter in student.embeddings.parameters():
         parameter.requires_grad_(False)
     return student

@@ -39,6 +39,7 @@ from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, load_cros
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD, export_cross_encoder
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model, weights_checksum
+from hybrid_retrieval.models.student import keep_layers
 from hybrid_retrieval.search.devices import check_device
 from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
@@ -212,15 +213,9 @@ def _keep_layers(model, layers: int | None) -> None:
     sentence into [CLS], which the classification head reads: in all-MiniLM-L6-v2 (trained with mean pooling) [CLS]
     barely varies across inputs below it (std 0.001 after the first two layers, 0.22 after layers 1 and 6, 0.25 after
     all six), and a head over the first layers alone did not learn (listwise loss stayed at chance)."""
-    if layers is None:
-        return
-    import torch
-
-    stack = getattr(getattr(model.base_model, "encoder", None), "layer", None)
-    if stack is None:
-        raise ConfigError(f"--layers needs a BERT-style encoder (encoder.layer); {type(model.base_model).__name__} has none")
-    model.base_model.encoder.layer = torch.nn.ModuleList([*stack[: layers - 1], stack[-1]])
-    model.config.num_hidden_layers = layers
+    if layers is not None:
+        last = model.config.num_hidden_layers - 1
+        keep_layers(model.base_model, [*range(layers - 1), last])
 
 
 def train_reranker(
