@@ -258,6 +258,46 @@ def test_busy_answers_are_retried_after_what_retry_after_says(server):
     assert min(waits) >= 0.95, waits  # Retry-After: 1
 
 
+class LosesAnAnswer(httpx.HTTPTransport):
+    """The network between client and server: while `armed`, a request reaches the server, which acts on it, and its
+    answer is lost on the way back."""
+
+    armed = False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if self.armed:
+            self.armed = False
+            response.read()
+            response.close()
+            raise httpx.ReadTimeout("the answer was lost", request=request)
+        return response
+
+
+def test_a_retried_drop_whose_first_answer_was_lost_succeeds(server):
+    """A drop answered 404 on its retry, after a try that reached the server, was done by that try: the caller is
+    told it succeeded. A 404 on a first try is still NotFound."""
+    network = LosesAnAnswer()
+    http = httpx.Client(base_url=server, headers={"X-API-Key": WRITE}, transport=network, timeout=60)
+    with Client(server, http=http, retry=Retry(attempts=3, backoff=0.01)) as client:
+        client.create_collection("lost")
+        client.create_collection("kept")
+        client.set_alias("lost-live", "lost")
+        client.set_alias("kept-live", "kept")
+        network.armed = True
+        left = client.drop_alias("lost-live")
+        assert "lost-live" not in left and left["kept-live"] == "kept" and left == client.aliases()
+        network.armed = True
+        assert client.drop_collection("lost") is None
+        assert "lost" not in [c.name for c in client.list_collections()]
+        with pytest.raises(NotFound):
+            client.drop_collection("lost")
+        with pytest.raises(NotFound):
+            client.drop_alias("lost-live")
+        client.drop_alias("kept-live")
+        client.drop_collection("kept")
+
+
 def test_no_server_answers_unavailable_after_the_retries():
     port = free_port()
     tries = []

@@ -28,6 +28,28 @@ def test_flat_index_equals_brute_force_numpy():
         np.testing.assert_allclose(ranking.scores, scores, atol=1e-5)
 
 
+def test_tied_documents_rank_by_index_at_every_depth_and_pages_never_repeat_a_hit():
+    """Duplicate documents score the same: FAISS orders them as it likes and picks which make a cut; the dense leg
+    orders them by index, as every other ranking does, so a deeper search extends a shallower one."""
+    from hybrid_retrieval.search.filters.language import Allowed
+    from hybrid_retrieval.search.pipeline import SearchPipeline
+
+    docs = unit_vectors(50, 16, seed=2)[np.random.default_rng(3).integers(0, 50, 300)]  # 300 documents, 50 texts
+    query = unit_vectors(1, 16, seed=4)
+    params = FaissParams()
+    dense = DenseIndex(build_faiss_index(docs, params, device="cpu"), params, device="cpu")
+    expected, _ = brute_force_top_k(query, docs, 300)
+    for depth in range(1, 300, 7):
+        assert dense.search(query[0], depth).doc_idx.tolist() == expected[0][:depth].tolist(), depth
+    allowed = Allowed(np.arange(300) % 3 != 0)
+    admitted = [d for d in expected[0].tolist() if d % 3 != 0]
+    for depth in (5, 40, 150):
+        assert dense.search(query[0], depth, allowed).doc_idx.tolist() == admitted[:depth], depth
+    pipeline = SearchPipeline(None, dense, None, docs)
+    pages = [pipeline.search(None, 10, {"mode": "dense", "depth": 20}, offset=offset, vector=query[0]) for offset in range(0, 300, 10)]
+    assert [d for page in pages for d in page.ranking.doc_idx[page.page.start :].tolist()] == expected[0].tolist()
+
+
 def test_ivf_probing_every_list_is_exact():
     params = FaissParams(kind="ivf", nlist=16, nprobe=16)
     dense = DenseIndex(build_faiss_index(DOCS, params, device="cpu"), params, device="cpu")

@@ -10,7 +10,7 @@ from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.grouping import GroupBy
-from tests.conftest import write_jsonl
+from tests.conftest import LengthScorer, write_jsonl
 
 
 def source_of(i: int):
@@ -72,6 +72,22 @@ def test_groups_equal_grouping_the_ranking_by_hand(grouped, mode):
         assert hit["group"]["value"] == value and len(hit["group"]["hits"]) <= 3
         assert [m["id"] for m in hit["group"]["hits"]] == [grouped.docs.get(d)["id"] for d, _ in members]
         assert hit["group"]["hits"][0]["id"] == hit["id"]
+
+
+def test_explain_of_a_grouped_reranked_hit_describes_that_document(grouped):
+    """Groups leave reranked documents out: each hit's explanation is still its own reranking and first stage."""
+    pipeline = grouped.pipeline({"rerank": {"enabled": True, "depth": 40}}, cross_encoder=LengthScorer(), cross_encoder_name="length")
+    query = "cell growth and DNA damage in cancer"
+    first = pipeline.search(query, 40, {"mode": "bm25", "depth": 80, "rerank": {"enabled": False}}).ranking
+    result = pipeline.search(query, 5, {"mode": "bm25", "depth": 80}, group_by=GroupBy("source", 1))
+    reranked = pipeline.search(query, 40, {"mode": "bm25", "depth": 80}).ranking.doc_idx.tolist()
+    assert result.ranking.doc_idx.tolist() != reranked[:5]  # the groups did leave some out
+    for position, doc in enumerate(result.ranking.doc_idx.tolist()):
+        explained = result.explain(position)["rerank"]
+        stage = first.doc_idx.tolist().index(doc)
+        assert explained["score"] == pytest.approx(len(grouped.doc_text(doc)) / 100.0)
+        assert explained["first_stage_rank"] == stage + 1
+        assert explained["first_stage_score"] == pytest.approx(float(first.scores[stage]))
 
 
 def test_bad_group_by_names_the_part(grouped, tiny_index):

@@ -30,6 +30,8 @@ def test_dbsf():
 def test_degenerate_lists_map_to_a_constant(fn, constant):
     np.testing.assert_array_equal(fn(np.array([3.0])), [constant])
     np.testing.assert_array_equal(fn(np.array([5.0, 5.0, 5.0])), [constant] * 3)
+    assert np.full(3, 0.1).std() > 0  # rounding noise, not a spread
+    np.testing.assert_array_equal(fn(np.full(3, 0.1)), [constant] * 3)
     assert len(fn(np.array([]))) == 0
 
 

@@ -53,6 +53,9 @@ class Call(Generic[T]):
     content: bytes | None = None
     headers: dict[str, str] | None = None
     idempotent: bool = True  # sending it twice does what sending it once does: it may be retried
+    # a DELETE's result when it is answered 404 on a try after one that may have been carried out (see may_have_acted):
+    # that earlier try deleted it
+    gone: Callable[[], T] | None = None
 
     def request(self, http: httpx.Client | httpx.AsyncClient, headers: dict[str, str]) -> httpx.Request:
         """The request `http` sends: the client's `headers` under the call's own."""
@@ -121,10 +124,23 @@ class Retry:
 NO_RETRY = Retry(attempts=1)
 
 
-def settle(call: Call[T], retry: Retry, attempt: int, outcome: httpx.Response | httpx.TransportError) -> tuple[bool, Any]:
+def may_have_acted(outcome: httpx.Response | httpx.TransportError) -> bool:
+    """Whether a try that is sent again may have been carried out all the same: the request went out and no answer
+    came back, or a proxy in between answered 502."""
+    if isinstance(outcome, httpx.TransportError):
+        return not isinstance(outcome, (httpx.ConnectError, httpx.ConnectTimeout))
+    return outcome.status_code == 502
+
+
+def settle(
+    call: Call[T], retry: Retry, attempt: int, outcome: httpx.Response | httpx.TransportError, unsure: bool = False
+) -> tuple[bool, Any]:
     """What try number `attempt` of `call` came to: (True, its result), or (False, seconds to wait before the next
-    try). Raises the answer's typed error, or Unavailable when the server could not be reached and no try is left."""
+    try). `unsure`: an earlier try may have been carried out. Raises the answer's typed error, or Unavailable when
+    the server could not be reached and no try is left."""
     response = outcome if isinstance(outcome, httpx.Response) else None
+    if unsure and call.gone is not None and response is not None and response.status_code == 404:
+        return True, call.gone()
     wait = retry.wait(call, attempt, response)
     if wait is not None:
         return False, wait
@@ -234,7 +250,7 @@ def update_settings(name: str, defaults: Defaults | dict | None, synonyms: list[
 
 
 def drop_collection(name: str) -> Call[None]:
-    return Call("DELETE", scope(name), nothing)
+    return Call("DELETE", scope(name), nothing, gone=lambda: None)
 
 
 def aliases() -> Call[dict[str, str]]:
@@ -245,8 +261,12 @@ def set_alias(alias: str, collection: str) -> Call[dict[str, str]]:
     return Call("PUT", f"/aliases/{quote(alias, safe='')}", lambda response: response.json()["aliases"], json={"collection": collection})
 
 
-def drop_alias(alias: str) -> Call[dict[str, str]]:
-    return Call("DELETE", f"/aliases/{quote(alias, safe='')}", lambda response: response.json()["aliases"])
+def drop_alias(alias: str) -> Plan[dict[str, str]]:
+    """Drop `alias`: the aliases left (read again when a retry found that an earlier try had dropped it)."""
+    left = yield Call("DELETE", f"/aliases/{quote(alias, safe='')}", lambda response: response.json()["aliases"], gone=lambda: None)
+    if left is None:
+        left = yield aliases()
+    return left
 
 
 def search(collection: str | None, request: SearchRequest | dict | None, spec: dict[str, Any]) -> Call[SearchResponse]:
@@ -315,7 +335,7 @@ def snapshots(collection: str | None) -> Call[list[Snapshot]]:
 
 
 def delete_snapshot(collection: str, snapshot_id: str) -> Call[None]:
-    return Call("DELETE", f"{scope(collection)}/snapshots/{quote(snapshot_id, safe='')}", nothing)
+    return Call("DELETE", f"{scope(collection)}/snapshots/{quote(snapshot_id, safe='')}", nothing, gone=lambda: None)
 
 
 def snapshot_path(collection: str, snapshot_id: str) -> str:

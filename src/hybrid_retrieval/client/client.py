@@ -78,14 +78,16 @@ class Client:
 
     def send(self, call: Call[T]) -> T:
         """Send `call`, again while the retry policy says so; its result, or the typed error of its answer."""
+        unsure = False
         for attempt in itertools.count():
             try:
                 outcome: httpx.Response | httpx.TransportError = self._http.send(call.request(self._http, self._headers))
             except httpx.TransportError as exc:
                 outcome = exc
-            done, value = calls.settle(call, self.retry, attempt, outcome)
+            done, value = calls.settle(call, self.retry, attempt, outcome, unsure)
             if done:
                 return value
+            unsure = unsure or calls.may_have_acted(outcome)
             time.sleep(value)
         raise AssertionError("unreachable")
 
@@ -143,7 +145,7 @@ class Client:
         return self.send(calls.set_alias(alias, collection))
 
     def drop_alias(self, alias: str) -> dict[str, str]:
-        return self.send(calls.drop_alias(alias))
+        return self._run(calls.drop_alias(alias))
 
     # --- search ----------------------------------------------------------------------------------------------------
 
@@ -275,14 +277,16 @@ class AsyncClient:
         await self._http.aclose()
 
     async def send(self, call: Call[T]) -> T:
+        unsure = False
         for attempt in itertools.count():
             try:
                 outcome: httpx.Response | httpx.TransportError = await self._http.send(call.request(self._http, self._headers))
             except httpx.TransportError as exc:
                 outcome = exc
-            done, value = calls.settle(call, self.retry, attempt, outcome)
+            done, value = calls.settle(call, self.retry, attempt, outcome, unsure)
             if done:
                 return value
+            unsure = unsure or calls.may_have_acted(outcome)
             await asyncio.sleep(value)
         raise AssertionError("unreachable")
 
@@ -335,7 +339,7 @@ class AsyncClient:
         return await self.send(calls.set_alias(alias, collection))
 
     async def drop_alias(self, alias: str) -> dict[str, str]:
-        return await self.send(calls.drop_alias(alias))
+        return await self._run(calls.drop_alias(alias))
 
     async def search(self, collection: str | None = None, request: SearchRequest | dict | None = None, **spec: Any) -> SearchResponse:
         return await self.send(calls.search(collection, request, spec))

@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
 IVF_KINDS = ("ivf", "ivfpq")
 FLAT_GATHER_CUTOFF = 1_000
+TIE_MARGIN = 8  # results a dense search asks FAISS for beyond its cut, to see whether a tie crosses it (_past_ties)
 ADD_CHUNK = 65_536  # vectors added to a FAISS index at a time on a CPU (a step of the build's progress)
 
 
@@ -160,20 +161,19 @@ class DenseIndex:
         if queries.ndim != 2 or queries.shape[1] != self.dimension:
             raise ValueError(f"query vectors must have shape (n, {self.dimension}), got {queries.shape}")
         fetch = depth * self.refine
-        if min(fetch, self.num_docs if allowed is None else allowed.count) == 0:  # FAISS asks for k > 0
+        limit = self.num_docs if allowed is None else allowed.count
+        if min(fetch, limit) == 0:  # FAISS asks for k > 0
             return [Ranking.empty() for _ in queries]
-        if allowed is None:
-            scores, ids = self._index.search(queries, min(fetch, self.num_docs))
-        else:
+        params = None
+        if allowed is not None:
             if self.on_gpu:
                 raise ValueError("GPU FAISS indexes take no selector: filtered searches on GPU are brute force")
-            selector = faiss_selector(allowed)
-            scores, ids = self._index.search(queries, min(fetch, allowed.count), params=self._filtered_params(selector, allowed, fetch))
+            params = self._filtered_params(faiss_selector(allowed), allowed, fetch)
+        scores, ids = self._index.search(queries, min(fetch + TIE_MARGIN, limit), params=params)
         rankings = []
         vectors = self.vectors
         for query, row_scores, row_ids in zip(queries, scores, ids):
-            keep = row_ids >= 0  # FAISS pads with -1 when fewer results exist
-            found = row_ids[keep].astype(np.int64)
+            found, found_scores = self._past_ties(query, row_ids, row_scores, fetch, limit, params)
             if self.refine > 1:
                 assert vectors is not None  # refine > 1 only with the stored vectors
 
@@ -183,8 +183,25 @@ class DenseIndex:
 
                 rankings.append(exact_top_k(exact, np.sort(found), depth))
             else:
-                rankings.append(Ranking(found, row_scores[keep]))
+                rankings.append(Ranking(found, found_scores))
         return rankings
+
+    def _past_ties(
+        self, query: np.ndarray, row_ids: np.ndarray, row_scores: np.ndarray, fetch: int, limit: int, params: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The first `fetch` results of one query, ties ordered by document index as everywhere else. FAISS orders
+        equal scores (duplicate documents) as it likes and picks which of them make a cut, so a page could repeat a
+        hit of the page before: the search asks for TIE_MARGIN more, and again for twice as many while the last
+        result it got still ties with the one at the cut."""
+        while True:
+            keep = row_ids >= 0  # FAISS pads with -1 when fewer results exist
+            found, found_scores = row_ids[keep].astype(np.int64), row_scores[keep]
+            asked = len(row_ids)
+            if asked >= limit or len(found) <= fetch or found_scores[-1] < found_scores[fetch - 1]:
+                break
+            row_scores, row_ids = (row[0] for row in self._index.search(query.reshape(1, -1), min(2 * asked, limit), params=params))
+        order = np.lexsort((found, -found_scores))[:fetch]
+        return found[order], found_scores[order]
 
     def search(self, query: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
         return self.search_batch(query.reshape(1, -1), depth, allowed)[0]

@@ -21,10 +21,17 @@ def minmax(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
     return np.ones_like(scores) if span <= 0 else (scores - low) / span
 
 
+def _all_equal(scores: np.ndarray) -> bool:
+    """No spread to scale by. Tested on the values, not on std: the std of equal floats is rounding noise (1e-17),
+    which would turn them into +-1."""
+    return not len(scores) or bool(scores.max() == scores.min())
+
+
 def zscore(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
-    """(s - mean_q) / std_q; std 0 -> 0 (every candidate is exactly average)."""
-    std = scores.std() if len(scores) else 0.0
-    return np.zeros_like(scores) if std <= 0 else (scores - scores.mean()) / std
+    """(s - mean_q) / std_q; equal scores -> 0 (every candidate is exactly average)."""
+    if _all_equal(scores):
+        return np.zeros_like(scores)
+    return (scores - scores.mean()) / scores.std()
 
 
 def tmm(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
@@ -36,9 +43,11 @@ def tmm(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
 
 
 def dbsf(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
-    """Distribution-based score fusion (Qdrant): (s - (mean - 3 std)) / (6 std); std 0 -> 0.5."""
-    std = scores.std() if len(scores) else 0.0
-    return np.full_like(scores, 0.5) if std <= 0 else (scores - (scores.mean() - 3 * std)) / (6 * std)
+    """Distribution-based score fusion (Qdrant): (s - (mean - 3 std)) / (6 std); equal scores -> 0.5."""
+    if _all_equal(scores):
+        return np.full_like(scores, 0.5)
+    std = scores.std()
+    return (scores - (scores.mean() - 3 * std)) / (6 * std)
 
 
 def identity(scores: np.ndarray, floor: float | None = None) -> np.ndarray:

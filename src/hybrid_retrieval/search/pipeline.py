@@ -72,12 +72,13 @@ class SearchResult:
         """Every component of the score of the hit at `position` (hybrid or reranked)."""
         parts: dict = {"final": float(self.ranking.scores[position])}
         reranked = self.reranked
-        if reranked is not None:  # the final ranking is a prefix of the reranked one
+        if reranked is not None:  # looked up by document: min_score and groups leave out some of the reranked
+            at = int(np.flatnonzero(reranked.ranking.doc_idx == self.ranking.doc_idx[position])[0])
             parts["rerank"] = {
-                "score": float(reranked.rerank_score[position]) if position < reranked.depth else None,
+                "score": float(reranked.rerank_score[at]) if at < reranked.depth else None,
                 "weight": reranked.weight,
-                "first_stage_rank": int(reranked.first_stage_rank[position]),
-                "first_stage_score": float(reranked.first_stage_score[position]),
+                "first_stage_rank": int(reranked.first_stage_rank[at]),
+                "first_stage_score": float(reranked.first_stage_score[at]),
             }
         if self.fused is not None:
             parts.update(self._fused_parts(position))
