@@ -31,7 +31,8 @@ def zscore(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
     """(s - mean_q) / std_q; equal scores -> 0 (every candidate is exactly average)."""
     if _all_equal(scores):
         return np.zeros_like(scores)
-    return (scores - scores.mean()) / float(scores.std())
+    mean, std = float(scores.mean()), float(scores.std())
+    return (scores - mean) / std
 
 
 def tmm(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
@@ -46,8 +47,8 @@ def dbsf(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
     """Distribution-based score fusion (Qdrant): (s - (mean - 3 std)) / (6 std); equal scores -> 0.5."""
     if _all_equal(scores):
         return np.full_like(scores, 0.5)
-    std = float(scores.std())
-    return (scores - (scores.mean() - 3 * std)) / (6 * std)
+    mean, std = float(scores.mean()), float(scores.std())
+    return (scores - (mean - 3 * std)) / (6 * std)
 
 
 def identity(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
