@@ -223,7 +223,7 @@ def check_scoped_keys(client: httpx.Client, query: str) -> None:
 
 
 def test_collection_lifecycle(scifact, tmp_path):
-    lifecycle(scifact, tmp_path, 200)
+    lifecycle(scifact, tmp_path, 80)
 
 
 @pytest.mark.slow

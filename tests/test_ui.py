@@ -31,7 +31,7 @@ def server(scifact_slice, tmp_path_factory):
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     root = tmp_path_factory.mktemp("ui")
-    docs = [json.loads(line) for line in scifact_slice.read_text().splitlines()[:300]]
+    docs = [json.loads(line) for line in scifact_slice.read_text().splitlines()[:100]]
     docs.append({"_id": "xss", "title": XSS_TITLE, "text": "zyxwv quokka marsupial <script>alert(2)</script> & friends"})
     build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
     env = {"HYBRID_API_KEYS": KEY, "HYBRID_WRITE_KEYS": WRITER, "HYBRID_DATA": str(root / "data"), "HYBRID_VERIFY": "size"}
@@ -99,7 +99,7 @@ def test_the_page_paints_fast_and_is_served_with_a_strict_policy(page, server):
     print(f"first contentful paint: {first_paint:.0f} ms")
     assert first_paint < FIRST_PAINT_BUDGET_MS
     wait_until(page, "!document.getElementById('summary').textContent.startsWith('Loading')")
-    assert "301 documents" in page.text_content("#summary")
+    assert "101 documents" in page.text_content("#summary")
 
 
 def test_search_shows_hits_with_scores_and_the_explain_bars_match_the_json(page, server):
