@@ -3,10 +3,12 @@ same documents; the write-ahead log survives a reopen and a torn tail."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,13 +16,14 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from hybrid_retrieval.indexer import wal
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
-from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.search.errors import HybridError, SpecError
 from hybrid_retrieval.search.hubness import HubnessParams
 from tests.conftest import write_jsonl
 
@@ -237,6 +240,63 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     assert reopened.seq == 3 and reopened.get("n2")["text"] == "pet health" and reopened.get("b0") is None
     assert reopened.snapshot.documents == len(BASE) and len(reopened.snapshot.live) == 1
     assert [r["seq"] for r in WriteAheadLog.replay(tmp_path / "index" / LIVE_DIR / WAL_FILE)] == [3]
+    reopened.close()
+
+
+def test_a_compaction_overtaken_by_close_publishes_nothing(base_index, tmp_path):
+    """A drop or a restore closes the collection while its compaction builds: the compaction ends without swapping
+    its folder in (the folder is about to be removed or replaced), and close returns only once it has ended."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
+    manifest = (tmp_path / "index" / "manifest.json").read_bytes()
+    building, go_on = threading.Event(), threading.Event()
+    collection.on_compact = lambda *_: (building.set(), go_on.wait(30))
+    outcome: list = []
+
+    def compact():
+        try:
+            outcome.append(collection.compact())
+        except HybridError as exc:
+            outcome.append(exc)
+
+    compaction = threading.Thread(target=compact)
+    compaction.start()
+    assert building.wait(30)
+    closing = threading.Thread(target=collection.close, args=("collection 'x' was dropped",))
+    closing.start()
+    closing.join(0.5)
+    assert closing.is_alive()  # close waits for the compaction
+    go_on.set()
+    compaction.join(30)
+    closing.join(30)
+    assert not closing.is_alive() and isinstance(outcome[0], HybridError) and "dropped" in str(outcome[0])
+    assert (tmp_path / "index" / "manifest.json").read_bytes() == manifest  # the old base stays, with its log
+    assert [r["seq"] for r in WriteAheadLog.replay(tmp_path / "index" / LIVE_DIR / WAL_FILE)] == [1]
+    with pytest.raises(HybridError, match="dropped"):
+        collection.compact()
+
+
+def test_a_log_that_cannot_be_shortened_after_a_compaction_keeps_every_write(base_index, tmp_path, monkeypatch):
+    """The disk fills as a compaction shortens the log: the new base serves, the next write opens the log as it is,
+    and a reopen replays only what the base does not hold."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
+    write_records = wal._write_records
+
+    def full_disk_once(path, records):
+        monkeypatch.setattr(wal, "_write_records", write_records)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(wal, "_write_records", full_disk_once)
+    compacted = collection.compact()
+    assert compacted.index.manifest.applied_sequence == 1 and "shortened" in collection.storage_problem()
+    assert collection.upsert([{"id": "n2", "text": "pet health"}]) == 2 and collection.storage_problem() is None
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))
+    assert reopened.seq == 2 and reopened.get("n1") is not None and reopened.get("n2")["text"] == "pet health"
+    assert reopened.snapshot.documents == len(BASE) + 2
     reopened.close()
 
 

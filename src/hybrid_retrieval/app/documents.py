@@ -188,6 +188,8 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
             collection.compact()
         except OSError as exc:
             raise StorageError.of(exc, "the compaction failed and the previous base stays in service") from None
+        except HybridError as exc:  # dropped or restored over meanwhile
+            raise HTTPException(status_code=409, detail=str(exc)) from None
         return stats_of(serving)
 
     return router

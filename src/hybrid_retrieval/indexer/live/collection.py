@@ -308,11 +308,12 @@ class Collection:
         """Merge the live segment and the deletions into a new base segment, published atomically in place of the
         index folder; writes continue while it builds. Rankings do not change (the same documents, the same
         statistics). The log moves into the new folder (hard link) before the swap, and the new manifest records
-        the last sequence it holds, so a crash at any point leaves the old or the new base with every write."""
+        the last sequence it holds, so a crash at any point leaves the old or the new base with every write. A
+        collection closed before the swap (dropped, restored over) publishes nothing: HybridError with the reason."""
         with self._compact_lock:
             with self._write_lock:
-                if self._closed is not None:
-                    return self.snapshot  # its folder may be another collection's by now (a restore over it)
+                if self._closed is not None:  # its folder may be another collection's by now (a restore over it)
+                    raise HybridError(self._closed)
                 state = self._state.freeze()
             if not state.live.docs and state.base_alive.all():
                 return self.refresh()  # nothing to merge
@@ -325,6 +326,8 @@ class Collection:
                         build_compacted(state, corpus, vectors, tmp, self.on_compact)
                         self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
                         held = True
+                        if self._closed is not None:  # dropped or restored over while it built: the folder is not ours
+                            raise HybridError(self._closed)
                         link_log(path, tmp)
                     self._reopen(reopen(state.index), state.seq)
                 finally:
@@ -350,7 +353,12 @@ class Collection:
         replay_records(self._state, newer)
         if self._wal is not None:  # keep only what the base does not hold yet
             self._wal.close()
-            self._wal = WriteAheadLog.rewrite(log_path(index.path), newer)
+            self._wal = None  # the new base is in service even if the log cannot be shortened now
+            try:
+                self._wal = WriteAheadLog.rewrite(log_path(index.path), newer)
+            except (OSError, StorageError) as exc:  # the next write opens the log as it is (the base's records skipped)
+                self.write_problem = f"{log_path(index.path)} could not be shortened after a compaction: {exc}"
+                logger.warning("%s", self.write_problem)
         self._state.dirty = True
 
     def stats(self) -> dict:
@@ -377,9 +385,12 @@ class Collection:
             yield point
 
     def close(self, reason: str = "this collection is closed") -> None:
-        """Close the log; later writes are refused with `reason` (a drop, a restore over it, shutdown)."""
+        """Close the log; later writes are refused with `reason` (a drop, a restore over it, shutdown). Returns once
+        a compaction in progress has ended: it publishes nothing after this (its folder may be dropped or replaced)."""
         with self._write_lock:
             self._closed = reason
             if self._wal is not None:
                 self._wal.close()
                 self._wal = None
+        with self._compact_lock:
+            pass
