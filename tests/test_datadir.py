@@ -130,6 +130,11 @@ def test_limits_and_bad_loads(client):
     bad = [*DOCS, {"id": "x", "text": ""}]
     refused = client.put("/collections/a/documents?wait=false", json={"documents": bad}, headers=WRITER)
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "documents", len(DOCS), "text"]
+    for not_a_list in (None, 3, {"id": "x"}):
+        refused = client.put("/collections/a/documents?wait=false", json={"documents": not_a_list}, headers=WRITER)
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["body", "documents"]
+    missing = client.put("/collections/nowhere/documents", json={"documents": DOCS}, headers=WRITER)
+    assert missing.status_code == 404 and "a, b" not in missing.json()["detail"]  # names no other collection
     assert client.get("/tasks", headers=WRITER).json() == {"tasks": []}  # nothing was queued
     task = client.put("/collections/a/documents?wait=false", json={"documents": DOCS}, headers=WRITER).json()
     deadline = time.monotonic() + 60

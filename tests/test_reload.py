@@ -5,7 +5,10 @@ import time
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
+from hybrid_retrieval.app.main import create_app
+from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from tests.conftest import TINY_CORPUS, write_jsonl
@@ -62,6 +65,40 @@ def test_reload_needs_the_key_and_survives_a_broken_index(server):
     response = httpx.post(f"{url}/admin/reload", headers={"X-API-Key": KEY}, timeout=60)
     assert response.status_code == 409 and "still serving the previous index" in response.json()["detail"]
     assert httpx.post(f"{url}/search", json={"query": "cat"}, headers={"X-API-Key": KEY}).status_code == 200
+    written = httpx.put(f"{url}/documents?wait=true", json={"documents": [{"id": "w1", "text": "zebra"}]}, headers={"X-API-Key": KEY})
+    assert written.status_code == 200 and written.json()["visible"]  # the previous index takes writes again
+    assert httpx.get(f"{url}/documents/w1", headers={"X-API-Key": KEY}).json()["text"] == "zebra"
+
+
+def test_a_write_during_a_reload_is_refused_and_none_acknowledged_is_hidden(tiny_index, tmp_path):
+    """While a reload opens the folder again, writes answer 409 (write again); none is acknowledged by the collection
+    being replaced, where the new one would not hold it."""
+    index_dir = tmp_path / "index"
+    shutil.copytree(tiny_index, index_dir)
+    headers = {"X-API-Key": KEY}
+    with TestClient(create_app(Settings(index=index_dir, write_keys=KEY))) as client:
+        assert client.put("/documents?wait=true", json={"documents": [{"id": "a", "text": "aardvark"}]}, headers=headers).status_code == 200
+        (reloader,) = client.app.state.collections.served.values()
+        opening, go_on, opener = threading.Event(), threading.Event(), reloader.opener
+
+        def slow_opener():
+            opening.set()
+            go_on.wait(30)
+            return opener()
+
+        reloader.opener = slow_opener
+        reloading = threading.Thread(target=lambda: client.post("/admin/reload", headers=headers))
+        reloading.start()
+        assert opening.wait(30)
+        during = client.put("/documents", json={"documents": [{"id": "b", "text": "badger"}]}, headers=headers)
+        go_on.set()
+        reloading.join(30)
+        assert during.status_code == 409 and "reloading" in during.json()["detail"]
+        after = client.put("/documents?wait=true", json={"documents": [{"id": "b", "text": "badger"}]}, headers=headers)
+        assert after.status_code == 200 and after.json()["sequence"] == 2
+        assert client.get("/documents/a", headers=headers).status_code == 200
+        assert client.get("/documents/b", headers=headers).json()["text"] == "badger"
+        assert client.get("/stats", headers=headers).json()["last_sequence"] == 2
 
 
 def test_sighup_reloads(server, tmp_path):

@@ -75,13 +75,11 @@ class Collections:
     # --- lookups ------------------------------------------------------------------------------------------------
 
     def resolve(self, name: str) -> Reloader:
-        """The collection `name` names, directly or through an alias; NotFound listing what exists."""
-        served = self.served
-        target = self.aliases.get(name, name)
-        reloader = served.get(target)
+        """The collection `name` names, directly or through an alias; NotFound (naming no other collection: the
+        caller's key may not be allowed to know of them)."""
+        reloader = self.served.get(self.aliases.get(name, name))
         if reloader is None:
-            known = ", ".join(sorted(served)) or "none"
-            raise NotFound(f"no collection or alias named {name!r} (collections: {known})")
+            raise NotFound(f"no collection or alias named {name!r} (GET /collections lists those your key may use)")
         return reloader
 
     def default(self) -> Reloader:
@@ -250,8 +248,9 @@ class Collections:
 
     def reload(self) -> None:
         """Open every collection's folder again (rebuilt offline) and serve the new ones."""
-        for reloader in list(self.served.values()):
-            reloader.reload()
+        with self._change:  # not while a collection is created, dropped or restored
+            for reloader in list(self.served.values()):
+                reloader.reload()
         self.scan()
         self.resources.keep_sessions({r.model_checksum for r in self.served.values() if r.model_checksum})
 

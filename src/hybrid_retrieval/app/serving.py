@@ -321,7 +321,16 @@ class Reloader:
         if not self._lock.acquire(blocking=False):
             raise ReloadInProgress(f"a reload of {self.name!r} is already in progress")
         try:
-            return self.open(self.opener())
+            previous = self.serving
+            # writes wait for the reloaded collection: one acknowledged by the old one now would be logged but
+            # missing from the new one's memory
+            self.stop_writes(f"collection {self.name!r} is reloading: write again once it is done")
+            try:
+                return self.open(self.opener())
+            except Exception:
+                if previous is not None:  # the folder that served before serves again, and takes writes again
+                    self.open(previous.index)
+                raise
         finally:
             self._lock.release()
 

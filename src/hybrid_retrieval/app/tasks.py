@@ -25,6 +25,7 @@ from hybrid_retrieval.app.serving import Reloader
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.indexer.live.validate import check_batch, decide_types
+from hybrid_retrieval.search.errors import SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class Tasks:
 
     def submit(self, reloader: Reloader, documents: list) -> Task:
         """Check every document against the collection (SpecError naming the first bad one), then queue the load."""
+        if not isinstance(documents, list):
+            raise SpecError("documents", "must be a non-empty list of documents")
         serving = reloader.serving
         collection = serving.collection if serving is not None else None
         if collection is not None:

@@ -153,10 +153,10 @@ class ShardedCollection:
         }
         return {**totals, "last_sequence": self.seq, "visible_sequence": self.snapshot.seq}
 
-    def close(self) -> None:
+    def close(self, reason: str = "this collection is closed") -> None:
         """Release the shards' logs this process writes (a reload's new collection takes them over); on Ray the
         writer deployments keep theirs."""
         for writer in self.index.writers.clients:
             collection = getattr(writer, "collection", None)
             if collection is not None:
-                collection.close()
+                collection.close(reason)
