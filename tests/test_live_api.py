@@ -58,8 +58,12 @@ def test_written_documents_are_searchable_readable_and_deletable(index_dir):
             "write_refusal": None,
             "temporary_bytes": 0,
         }
+        client.put("/documents?wait=true", json={"documents": [{"id": 42, "text": "an integer id"}]}, headers=WRITE)
+        assert client.get("/documents/42", headers=READ).status_code == 200
+        assert client.post("/documents/delete?wait=true", json={"ids": [42]}, headers=WRITE).status_code == 200  # as written
+        assert client.get("/documents/42", headers=READ).status_code == 404
     with client_for(index_dir) as client:  # a restart replays the log
-        assert client.get("/stats").json()["last_sequence"] == 4
+        assert client.get("/stats").json()["last_sequence"] == 6
         assert client.get("/documents/d1", headers=READ).json()["text"] == "Replaced: nothing about felines."
         assert "d2" not in ids(client, "dogs chase cats", mode="bm25")
 
@@ -86,6 +90,10 @@ def test_ndjson_batches_and_visibility_within_the_refresh_interval(index_dir):
         ([{"id": "ok", "text": "fine"}, {"id": "ok", "text": "again"}], ["documents", 1, "id"]),
         ([{"id": "ok", "text": "fine", "metadata": {"lang": 3}}], ["documents", 0, "metadata", "lang"]),
         ([{"id": "ok", "text": "fine", "metadata": {"nested": {"a": 1}}}], ["documents", 0, "metadata", "nested"]),
+        ([{"id": "ok", "text": "fine", "title": 0}], ["documents", 0, "title"]),
+        ([{"id": "ok", "text": "fine", "title": False}], ["documents", 0, "title"]),
+        ([{"id": "ok", "text": "fine", "metadata": False}], ["documents", 0, "metadata"]),
+        ([{"id": "ok", "text": "fine", "metadata": []}], ["documents", 0, "metadata"]),
     ],
 )
 def test_a_bad_item_rejects_the_batch_naming_it(index_dir, documents, loc):

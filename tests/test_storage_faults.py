@@ -57,12 +57,17 @@ def test_a_full_disk_answers_507_and_loses_no_acknowledged_write(tiny_index, sma
     index = small_disk / "index"
     shutil.copytree(tiny_index, index)
     acknowledged = []
-    with running_server(index, ENV) as (url, _), httpx.Client(base_url=url, headers=KEY, timeout=60) as client:
+    env = {**ENV, "HYBRID_SNAPSHOTS": str(small_disk / "snapshots")}
+    with running_server(index, env) as (url, _), httpx.Client(base_url=url, headers=KEY, timeout=60) as client:
         assert put(client, "before").status_code == 200
         acknowledged.append("before")
         filler = fill(small_disk)
         failed = [put(client, f"full{n}") for n in range(3)]
         assert [r.status_code for r in failed] == [507] * 3 and "disk is full" in failed[0].json()["detail"]
+        (served,) = client.get("/collections").json()["collections"]
+        snapshot = client.post(f"/collections/{served['name']}/snapshots")
+        assert snapshot.status_code == 507 and "snapshot was not taken" in snapshot.json()["detail"], snapshot.text
+        assert not [p for p in (small_disk / "snapshots").iterdir() if p.is_file()]  # nothing of it is kept
         stats = client.get("/stats").json()
         assert stats["writable"] is False and "disk is full" in stats["write_refusal"]
         assert client.get("/ready").json()["writable"] is False

@@ -25,7 +25,7 @@ from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
 from hybrid_retrieval.indexer.store import MODEL_DIR
 from hybrid_retrieval.models.embedder import NO_MODEL
-from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.errors import HybridError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,14 @@ class Collections:
         if collection is not None and not isinstance(collection, Collection):
             raise Conflict(f"collection {reloader.name!r} is sharded: snapshot each shard's folder offline (`hybrid snapshot create`)")
         frozen = collection.frozen if collection is not None else None  # read-only: nothing changes under the copy
-        info = store.take(serving.index.path, reloader.name, frozen)
+        try:
+            info = store.take(serving.index.path, reloader.name, frozen)
+        except OSError as exc:  # a snapshot is a whole copy: a full disk is its likeliest failure
+            raise StorageError.of(exc, "the snapshot was not taken (nothing of it is kept)") from None
+        except (StorageError, Conflict):
+            raise
+        except HybridError as exc:  # a damaged file, or a folder that kept changing: nothing was kept
+            raise Conflict(f"the snapshot of {reloader.name!r} was not taken: {exc}") from None
         self.resources.metrics.describe_snapshots(store.infos())
         return info
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from hybrid_retrieval.indexer.chunking import CHUNKING_METHODS
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
@@ -451,7 +451,7 @@ DocumentId = Annotated[str, Field(min_length=1, max_length=512, pattern=r"\S", d
 
 
 class DeleteRequest(_Strict):
-    ids: list[DocumentId] = Field(
+    ids: list[DocumentId | StrictInt] = Field(  # an integer id too, as a document may have been written with
         ..., min_length=1, description="documents to delete (an id that does not exist is no error)", examples=[["n1", "n2"]]
     )
 

@@ -69,7 +69,7 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], ve
         doc = {**doc, "text": joined_paragraphs(doc["text"])} if "text" in doc else doc
         if "text" not in doc or not isinstance(doc["text"], str):
             raise SpecError((*where, "text"), "required: a string, or a list of strings (paragraphs, joined by a blank line)")
-        title = doc.get("title") or ""
+        title = "" if doc.get("title") is None else doc["title"]  # 0 or false is a mistake, not "no title"
         if not isinstance(title, str):
             raise SpecError((*where, "title"), "must be a string")
         for name, value in (("title", title), ("text", doc["text"])):
@@ -77,7 +77,7 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], ve
                 raise SpecError((*where, name), "not valid Unicode (a lone surrogate such as \\ud800)")
         if not (doc["text"].strip() or title.strip()):
             raise SpecError((*where, "text"), "the document has neither text nor title")
-        metadata = doc.get("metadata") or {}
+        metadata = {} if doc.get("metadata") is None else doc["metadata"]
         if not isinstance(metadata, dict):
             raise SpecError((*where, "metadata"), "must be an object")
         converted = {}
