@@ -213,6 +213,11 @@ def check_scoped_keys(client: httpx.Client, query: str) -> None:
     assert client.post("/admin/reload", headers=app).status_code == 403  # acts on every collection
     written = client.put("/collections/scifact/documents?wait=true", json={"documents": [{"id": "n1", "text": "new"}]}, headers=app)
     assert written.status_code == 200
+    queued = client.put("/collections/scifact/documents?wait=false", json={"documents": [{"id": "n2", "text": "newer"}]}, headers=app)
+    assert queued.status_code == 202  # its task is the collection's, which the alias lets the key see
+    task_id = queued.json()["id"]
+    wait_for(lambda: client.get(f"/tasks/{task_id}", headers=app).json().get("state") == "succeeded", 30, "the key's task")
+    assert task_id in [t["id"] for t in client.get("/tasks", headers=app).json()["tasks"]]
     assert [c["name"] for c in client.get("/collections", headers=app).json()["collections"]] == ["scifact-offline"]
     assert client.get("/aliases", headers=app).json() == {"aliases": {"scifact": "scifact-offline"}}
     # a read key: searches in its scope (the default alias points there too), no writes

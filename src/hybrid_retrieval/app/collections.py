@@ -82,6 +82,10 @@ class Collections:
             raise NotFound(f"no collection or alias named {name!r} (GET /collections lists those your key may use)")
         return reloader
 
+    def aliases_of(self, name: str) -> list[str]:
+        """The aliases that point to collection `name` (a key scoped to one of them may use the collection)."""
+        return sorted(alias for alias, target in self.aliases.items() if target == name)
+
     def default(self) -> Reloader:
         try:
             return self.resolve(self.default_name)

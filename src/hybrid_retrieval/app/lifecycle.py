@@ -52,10 +52,6 @@ _READ: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _aliases_of(collections: Collections, name: str) -> list[str]:
-    return sorted(alias for alias, target in collections.aliases.items() if target == name)
-
-
 def settings_of(manifest: Manifest) -> dict:
     """A collection's settings in the shape `POST /collections` takes them, read back from its manifest."""
     return {
@@ -90,7 +86,7 @@ def collection_info(collections: Collections, reloader: Reloader) -> CollectionI
     manifest = serving.index.manifest
     return CollectionInfo(
         name=reloader.name,
-        aliases=_aliases_of(collections, reloader.name),
+        aliases=collections.aliases_of(reloader.name),
         documents=serving.documents,
         settings=settings_of(manifest),
         defaults=serving.pipeline.defaults.to_dict(),
@@ -126,7 +122,7 @@ def listcollections_of(collections: CollectionsDep, request: Request) -> Collect
     """The collections the key may use."""
     summaries = []
     for name, reloader in sorted(collections.served.items()):
-        if not allowed(request, name, *_aliases_of(collections, name)):
+        if not allowed(request, name, *collections.aliases_of(name)):
             continue
         serving = reloader.serving
         writable = serving is not None and serving.collection is not None
@@ -135,7 +131,7 @@ def listcollections_of(collections: CollectionsDep, request: Request) -> Collect
                 name=name,
                 documents=serving.documents if serving is not None else 0,
                 state="ready" if writable else "read-only",
-                aliases=_aliases_of(collections, name),
+                aliases=collections.aliases_of(name),
             )
         )
     return CollectionList(collections=summaries)
@@ -198,15 +194,19 @@ def drop_alias(alias: AliasName, collections: CollectionsDep, request: Request) 
 
 
 @router.get("/tasks/{task_id}", response_model=TaskInfo, dependencies=[Depends(require_api_key)], responses=_READ, tags=["tasks"])
-def get_task(task_id: str, request: Request) -> JSONResponse:
+def get_task(task_id: str, collections: CollectionsDep, request: Request) -> JSONResponse:
     """A bulk load's state, documents done (durable) of the total, rate and error."""
     task = request.app.state.tasks.get(task_id)
-    check_scope(request, task.collection)
+    check_scope(request, task.collection, *collections.aliases_of(task.collection))
     return JSONResponse(task.to_dict())
 
 
 @router.get("/tasks", response_model=TaskList, dependencies=[Depends(require_api_key)], tags=["tasks"])
-def list_tasks(request: Request, collection: str | None = None) -> JSONResponse:
+def list_tasks(collections: CollectionsDep, request: Request, collection: str | None = None) -> JSONResponse:
     """Recent bulk loads, oldest first (of one collection with ?collection=)."""
-    tasks = [task.to_dict() for task in request.app.state.tasks.list(collection) if allowed(request, task.collection)]
+    tasks = [
+        task.to_dict()
+        for task in request.app.state.tasks.list(collection)
+        if allowed(request, task.collection, *collections.aliases_of(task.collection))
+    ]
     return JSONResponse({"tasks": tasks})

@@ -82,7 +82,11 @@ def list_snapshots(name: Name, collections: CollectionsDep, request: Request) ->
 def list_all_snapshots(collections: CollectionsDep, request: Request) -> SnapshotList:
     """Every complete snapshot the key may use, oldest first."""
     infos = collections.snapshots.infos()
-    return SnapshotList(snapshots=[SnapshotOut(**info.to_dict()) for info in infos if allowed(request, info.collection)])
+    return SnapshotList(
+        snapshots=[
+            SnapshotOut(**info.to_dict()) for info in infos if allowed(request, info.collection, *collections.aliases_of(info.collection))
+        ]
+    )
 
 
 @router.get(
@@ -147,7 +151,7 @@ async def restore_snapshot(
         except ValueError:
             raise SpecError("body", "not valid JSON") from None
         info = store.get(body.snapshot)
-        check_scope(request, info.collection)
+        check_scope(request, info.collection, *collections.aliases_of(info.collection))
         reloader = await run_in_threadpool(collections.restore, name, store.path(info.id), replace)
     elif content_type in _UPLOAD_TYPES:
         with store.partial(f"upload-{uuid.uuid4().hex}") as upload:
