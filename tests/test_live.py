@@ -277,6 +277,26 @@ def test_a_compaction_overtaken_by_close_publishes_nothing(base_index, tmp_path)
         collection.compact()
 
 
+def test_writes_logged_during_a_compaction_apply_to_the_new_base_whatever_it_holds(base_index, tmp_path):
+    """A field whose last value was deleted stays decided in the compacted base: a write checked against that type
+    while the compaction built applies on top of it, and a reopen replays it."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "p", "text": "a pangolin", "metadata": {"x": 1.5}}])
+    collection.delete(["p", "b0"])
+    writes = []
+    collection.on_compact = lambda *_: writes or writes.append(
+        collection.upsert([{"id": "q", "text": "a quokka", "metadata": {"x": 1}}, {"id": "r", "text": "a rat", "metadata": {"x": 2.5}}])
+    )
+    compacted = collection.compact()
+    assert writes == [3] and compacted.index.manifest.metadata["x"].type == "float"
+    assert collection.get("q")["metadata"] == {"x": 1} and collection.upsert([{"id": "s", "text": "a seal"}]) == 4
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))
+    assert reopened.seq == 4 and [reopened.get(i) is not None for i in ("p", "b0", "q", "r", "s")] == [False, False, True, True, True]
+    reopened.close()
+
+
 def test_a_log_that_cannot_be_shortened_after_a_compaction_keeps_every_write(base_index, tmp_path, monkeypatch):
     """The disk fills as a compaction shortens the log: the new base serves, the next write opens the log as it is,
     and a reopen replays only what the base does not hold."""

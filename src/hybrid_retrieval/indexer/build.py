@@ -87,7 +87,7 @@ class BuildOptions:
     onnx_cache: Path | None = None
     progress: bool = True
     filterable: tuple[str, ...] | None = None  # metadata fields indexed for filters (None: every one that can be)
-    field_types: dict | None = None  # fields whose type is decided already (a compaction keeps its collection's)
+    field_types: dict | None = None  # every field whose type is decided already, None: not filterable (a compaction keeps its collection's)
     chunking: ChunkingParams = field(default_factory=ChunkingParams)  # none: one vector per document, of its head
     synonyms: tuple[dict, ...] = ()  # query-time synonym rules (search.synonyms), kept in the manifest
 
@@ -246,7 +246,7 @@ def build_into(
     started = time.perf_counter() if started is None else started
     timings = {}
     t = time.perf_counter()
-    collector = MetadataCollector(options.filterable, options.field_types)
+    collector = MetadataCollector(options.filterable, decided=options.field_types)
     tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress, allow_empty=collection)
     metadata = collector.finish()
     if options.filterable is not None and not collection:

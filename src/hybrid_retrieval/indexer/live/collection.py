@@ -348,9 +348,16 @@ class Collection:
 
     def _reopen(self, index: OpenIndex, applied: int) -> None:
         """Continue on the compacted base: writes logged after `applied` are applied on top of it (lock held)."""
-        self._state.start(index, applied)
-        newer = [r for r in WriteAheadLog.replay(log_path(index.path)) if r["seq"] > applied]
-        replay_records(self._state, newer)
+        try:
+            self._state.start(index, applied)
+            newer = [r for r in WriteAheadLog.replay(log_path(index.path)) if r["seq"] > applied]
+            replay_records(self._state, newer)
+        except Exception as exc:  # the state is half rebuilt: no write may be numbered on top of it
+            self._closed = f"the compacted base could not take the writes logged meanwhile ({exc}): reload the collection"
+            if self._wal is not None:
+                self._wal.close()
+                self._wal = None
+            raise
         if self._wal is not None:  # keep only what the base does not hold yet
             self._wal.close()
             self._wal = None  # the new base is in service even if the log cannot be shortened now

@@ -29,7 +29,7 @@ def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: 
     chunked index's passages as they are), with what it keeps of the old base and what `on_compact(state, manifest,
     folder)` adds; the manifest is written last."""
     index = state.index
-    options = replace(build_options_of(index), field_types={name: kind for name, kind in state.field_types.items() if kind is not None})
+    options = replace(build_options_of(index), field_types=dict(state.field_types))
     model = index.path / MODEL_DIR if index.manifest.embedder.document_backend != NO_MODEL else None
     manifest = build_into(
         folder,

@@ -189,6 +189,9 @@ def check_filterable(fields: dict[str, FieldInfo], only: Sequence[str]) -> None:
             raise ConfigError(f"--filterable names {name!r}, which cannot be filtered: {fields[name].reason}")
 
 
+RESERVED = "a name starting with $ is reserved for $and, $or, $not"
+
+
 class MetadataCollector:
     """Collects each document's metadata during a build, then infers field types and builds the columns.
 
@@ -196,9 +199,14 @@ class MetadataCollector:
     not have, or one whose values share no type, is an error.
     """
 
-    def __init__(self, only: Sequence[str] | None = None, types: dict[str, str] | None = None):
+    def __init__(
+        self, only: Sequence[str] | None = None, types: dict[str, str] | None = None, decided: dict[str, str | None] | None = None
+    ):
         self.only = None if only is None else list(dict.fromkeys(only))
         self.types = types or {}  # fields whose type is already decided (a live segment follows its base's)
+        # a compaction's: every field its collection decided (None: not filterable), kept as it is even when no
+        # document holds it any more, so that the writes logged meanwhile, checked against them, still apply
+        self.decided = decided or {}
         self._values: dict[str, list[tuple[int, object]]] = {}
         self._kinds: dict[str, set[str]] = {}
         self.num_docs = 0
@@ -217,13 +225,21 @@ class MetadataCollector:
     def finish(self) -> MetadataColumns:
         fields: dict[str, FieldInfo] = {}
         columns: dict[str, KeywordColumn | ValueColumn] = {}
-        for name in sorted(self._kinds):
-            kinds, values = self._kinds[name], self._values.get(name)
+        for name in sorted(set(self._kinds) | set(self.decided)):
+            kinds, values = self._kinds.get(name, set()), self._values.get(name)
             documents = len({doc for doc, _ in values}) if values else 0
+            if name in self.decided:
+                decided = self.decided[name]
+                if decided is None:
+                    fields[name] = FieldInfo(None, documents, reason=self._unfilterable(name))
+                else:
+                    columns[name] = self._column(decided, values or [])
+                    fields[name] = FieldInfo(decided, len(values or []), len(columns[name].vocab) if decided == "keyword" else None)
+                continue
             given = self.types.get(name)
             field_type = given if given is not None and kinds <= KINDS_OF_TYPE[given] else field_type_of(kinds)
             if name.startswith("$"):
-                fields[name] = FieldInfo(None, documents, reason="a name starting with $ is reserved for $and, $or, $not")
+                fields[name] = FieldInfo(None, documents, reason=RESERVED)
             elif field_type is None:
                 fields[name] = FieldInfo(None, documents, reason=f"values of several types ({', '.join(sorted(kinds))})")
             elif values is None:
@@ -233,6 +249,14 @@ class MetadataCollector:
                 distinct = len(columns[name].vocab) if field_type == "keyword" else None
                 fields[name] = FieldInfo(field_type, len(values), distinct)
         return MetadataColumns(fields, columns, self.num_docs)
+
+    def _unfilterable(self, name: str) -> str:
+        """Why a field its collection decided is not filterable (its values then are long gone)."""
+        if name.startswith("$"):
+            return RESERVED
+        if self.only is not None and name not in self.only:
+            return "not listed in --filterable"
+        return "values of several types in this collection"
 
     def empty_column(self, field_type: str) -> KeywordColumn | ValueColumn:
         """A column of `field_type` in which none of the documents has a value."""
