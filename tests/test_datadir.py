@@ -69,6 +69,18 @@ def test_what_a_crash_leaves_is_removed_at_the_next_start(tmp_path):
     assert not any(folder.exists() for folder in leftovers)
 
 
+def test_a_collection_a_crash_left_between_two_renames_is_put_back(tmp_path):
+    """Without renameat2 a swap renames the old folder aside, then the new one in: a crash between the two leaves
+    the collection missing and its previous folder (every acknowledged write) aside, which the next start puts back."""
+    data = DataDir(tmp_path)
+    data.create("notes", CollectionSettings())
+    data.path("notes").rename(data.collections / ".notes.retired-ab12cd")
+    (data.collections / ".notes.building-ef34gh" / "bm25").mkdir(parents=True)  # the new folder, never published
+    again = DataDir(tmp_path)
+    assert again.names() == ["notes"] and open_index(again.path("notes")).num_docs == 0
+    assert sorted(p.name for p in again.collections.iterdir()) == ["notes"]
+
+
 def test_a_damaged_aliases_file_is_refused_with_its_name(tmp_path):
     (tmp_path / "aliases.json").write_text("{oops")
     with pytest.raises(HybridError, match="aliases.json is not valid JSON"):

@@ -231,3 +231,15 @@ def test_the_service_refuses_a_damaged_log_naming_file_and_offset_and_serves_all
     assert report["kept_records"] == 3 and report["unreadable"][0]["record"] == 3 and report["unreadable"][0]["offset"] == third
     reopened = Collection(open_index(index_dir))
     assert [reopened.get(f"w{n}") is not None for n in range(4)] == [True, True, False, True]
+
+
+def test_the_first_write_makes_the_new_log_and_its_folder_durable(tmp_path, monkeypatch):
+    """The log's name, and the name of the live/ folder the first write makes, are fsynced before a write is
+    acknowledged: a power loss cannot take the folder, and every write in it, away."""
+    synced = []
+    fsync_dir = wal_module._fsync_dir
+    monkeypatch.setattr(wal_module, "_fsync_dir", lambda path: (synced.append(path), fsync_dir(path)))
+    log = WriteAheadLog(tmp_path / "index" / LIVE_DIR / WAL_FILE)
+    log.append({"seq": 1, "op": "delete", "ids": ["a"]})
+    log.close()
+    assert tmp_path / "index" / LIVE_DIR in synced and tmp_path / "index" in synced

@@ -194,6 +194,7 @@ class WriteAheadLog:
         self._fd: int | None = None
         try:
             created = not self.path.exists()
+            new_folder = not self.path.parent.exists()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -212,6 +213,8 @@ class WriteAheadLog:
         try:
             if created:
                 _fsync_dir(self.path.parent)  # the new file's name is durable too
+            if new_folder:
+                _fsync_dir(self.path.parent.parent)  # and so is its folder's (live/, made by the first write)
             found = scan(self.path)
             found.check()
             self._records = [record for _, _, record in found.records]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -66,6 +67,9 @@ def name_of_folder(folder: Path) -> str:
     return name if NAME_RULE.fullmatch(name) else "default"
 
 
+_RETIRED = re.compile(r"\.(?P<name>.+)\.retired-[^.]+")  # where common.publish's swap puts the folder it replaces
+
+
 class DataDir:
     def __init__(self, root: Path | str):
         self.root = Path(root)
@@ -75,9 +79,20 @@ class DataDir:
             folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one create, drop or alias change at a time
         self._aliases = self._read_aliases()
-        for leftover in self.collections.glob(".*"):  # drops, creations and builds a crash interrupted
-            if leftover.is_dir() and not in_use(leftover):
+        for leftover in sorted(self.collections.glob(".*")):  # drops, creations and builds a crash interrupted
+            if leftover.is_dir() and not in_use(leftover) and not self._only_copy(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)
+
+    def _only_copy(self, leftover: Path) -> bool:
+        """Whether `leftover` is the previous folder of a collection whose folder is missing: a crash between the two
+        renames of a swap without renameat2 (common.publish) leaves it there, holding every acknowledged write. It
+        is put back in place."""
+        found = _RETIRED.fullmatch(leftover.name)
+        if found is None or self.path(found["name"]).exists() or not (leftover / MANIFEST).is_file():
+            return False
+        os.rename(leftover, self.path(found["name"]))
+        logger.warning("collection %s was missing after a crash: its previous folder %s serves again", found["name"], leftover)
+        return True
 
     def path(self, name: str) -> Path:
         return self.collections / name
