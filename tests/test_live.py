@@ -285,8 +285,11 @@ def test_writes_logged_during_a_compaction_apply_to_the_new_base_whatever_it_hol
     collection.upsert([{"id": "p", "text": "a pangolin", "metadata": {"x": 1.5}}])
     collection.delete(["p", "b0"])
     writes = []
-    collection.on_compact = lambda *_: writes or writes.append(
-        collection.upsert([{"id": "q", "text": "a quokka", "metadata": {"x": 1}}, {"id": "r", "text": "a rat", "metadata": {"x": 2.5}}])
+    collection.on_compact = lambda *_: (
+        writes
+        or writes.append(
+            collection.upsert([{"id": "q", "text": "a quokka", "metadata": {"x": 1}}, {"id": "r", "text": "a rat", "metadata": {"x": 2.5}}])
+        )
     )
     compacted = collection.compact()
     assert writes == [3] and compacted.index.manifest.metadata["x"].type == "float"
