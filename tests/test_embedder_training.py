@@ -382,6 +382,28 @@ def test_reembed_publishes_nothing_when_writes_arrive_meanwhile(synthetic, train
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]  # no temporary folder left behind
 
 
+def test_reembed_publishes_nothing_while_a_service_holds_the_log(synthetic, trained, tmp_path):
+    """The log is locked from the last check for writes through the swap: a process writing to the index (a running
+    service) holds it, so re-embedding refuses rather than swap a folder from under its writes."""
+    import shutil
+
+    from hybrid_retrieval.indexer import reembed as module
+    from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
+    from hybrid_retrieval.indexer.manifest import read_manifest
+    from hybrid_retrieval.indexer.wal import WriteAheadLog
+    from hybrid_retrieval.search.errors import HybridError
+
+    index_dir = tmp_path / "index"
+    shutil.copytree(synthetic / "index", index_dir)
+    service = WriteAheadLog(index_dir / LIVE_DIR / WAL_FILE, lock=True)
+    try:
+        with pytest.raises(HybridError, match="held by another process.*stop the service"):
+            module.reembed(index_dir, str(trained[0]), device="cpu", progress=False)
+    finally:
+        service.close()
+    assert read_manifest(index_dir).embedder.model_checksum == read_manifest(synthetic / "index").embedder.model_checksum
+
+
 def test_examples_carry_the_cut_passage_of_a_pseudo_query():
     from hybrid_retrieval.training.embedder import sample_examples
     from hybrid_retrieval.training.reranker import MinedQuery

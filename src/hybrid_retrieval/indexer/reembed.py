@@ -8,6 +8,7 @@ and the fusion stays as it was (training.reembed re-tunes it when it was tuned).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
@@ -22,6 +23,7 @@ from hybrid_retrieval.indexer.live.compaction import build_options_of, current_c
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import OpenIndex, carry_reranker, open_index
+from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.profiles import PRECISION_PROFILES, export_profile
@@ -65,7 +67,7 @@ def reembed(
             embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
             logged = _size(wal)  # before the documents are read: any write after it aborts the swap
             corpus, seq = _current(index, Path(work))
-            with publish_dir(index_dir) as tmp:
+            with contextlib.ExitStack() as swap, publish_dir(index_dir) as tmp:
                 manifest = build_into(
                     tmp,
                     corpus,
@@ -87,6 +89,7 @@ def reembed(
                     "model_checksum": old.embedder.model_checksum,
                 }
                 write_manifest(tmp, manifest)
+                swap.enter_context(_log_held(wal))  # until the swap: no write may land after this check
                 if _size(wal) != logged:
                     raise HybridError(
                         f"{index_dir}: documents were written while re-embedding; nothing changed. "
@@ -109,6 +112,19 @@ def _current(index: OpenIndex, work: Path) -> tuple[Path, int]:
         return corpus, state.seq
     finally:
         collection.close()
+
+
+@contextlib.contextmanager
+def _log_held(wal: Path) -> Iterator[None]:
+    """The index's log, locked: no other process writes to it meanwhile (HybridError when one holds it already)."""
+    try:
+        log = WriteAheadLog(wal, lock=True)
+    except HybridError as exc:
+        raise HybridError(f"{exc}; nothing changed: stop the service (or pause its writes) and run it again") from None
+    try:
+        yield
+    finally:
+        log.close()
 
 
 def _size(path: Path) -> int:
