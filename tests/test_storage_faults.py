@@ -106,7 +106,7 @@ def test_a_read_only_folder_answers_503_and_stats_say_so_until_it_is_writable(ti
 def test_leftovers_of_killed_builds_are_reported_then_removed_at_startup(tiny_index, tmp_path):
     index = tmp_path / "index"
     shutil.copytree(tiny_index, index)
-    left = [tmp_path / f".index.{kind}-{uuid.uuid4().hex[:8]}" for kind in ("building", "compact")]
+    left = [tmp_path / f".index.{kind}-{uuid.uuid4().hex[:8]}" for kind in ("building", "compact", "reembed")]
     for folder in left:
         folder.mkdir()
         (folder / "part.npy").write_bytes(b"\0" * 4096)

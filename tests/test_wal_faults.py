@@ -243,3 +243,13 @@ def test_the_first_write_makes_the_new_log_and_its_folder_durable(tmp_path, monk
     log.append({"seq": 1, "op": "delete", "ids": ["a"]})
     log.close()
     assert tmp_path / "index" / LIVE_DIR in synced and tmp_path / "index" in synced
+
+
+def test_what_a_killed_rewrite_left_is_removed_by_the_next_writer(tmp_path):
+    path = tmp_path / LIVE_DIR / WAL_FILE
+    WriteAheadLog(path).close()
+    path.with_name(WAL_FILE + ".new").write_bytes(b"half a rewrite")
+    WriteAheadLog(path, lock=False).close()  # a reader leaves it: the writer may be rewriting now
+    assert path.with_name(WAL_FILE + ".new").exists()
+    WriteAheadLog(path, lock=True).close()
+    assert not path.with_name(WAL_FILE + ".new").exists() and path.exists()

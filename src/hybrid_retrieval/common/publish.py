@@ -157,7 +157,7 @@ def publish_dir(
 # Hidden siblings of a published folder: builds in progress, compactions' and snapshots' scratch space, and the old
 # folder of a swap by renames. A process holds a lock on its own (flock on the folder) while it works in it, so another process
 # can tell a leftover of a killed one from work in progress (`in_use`; indexer.leftovers removes them).
-LEFTOVER_KINDS = ("building", "compact", "snapshot", "retired")
+LEFTOVER_KINDS = ("building", "compact", "snapshot", "retired", "reembed")
 
 
 @contextlib.contextmanager

@@ -11,12 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from hybrid_retrieval.common.publish import publish_dir
+from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.build import build_into, corpus_documents
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.compaction import build_options_of, current_corpus
@@ -57,7 +56,7 @@ def reembed(
         precision = precision or (old.embedder.document_precision if profile in PRECISION_PROFILES else "fp32")
         options = replace(build_options_of(index), model=model, profile=profile, precision=precision, device=device, progress=progress)
         resolved = resolve_model(model)
-        with tempfile.TemporaryDirectory(dir=index_dir.parent, prefix=f".{index_dir.name}.reembed-") as work:
+        with scratch_dir(index_dir, "reembed") as work:  # locked while in use: a killed run's is swept at the next start
 
             def documents() -> Iterator[tuple[str, str]]:  # the small profile's sample, before the watch on writes starts
                 return corpus_documents(_current(index, Path(work) / "sample")[0])()

@@ -207,6 +207,8 @@ class WriteAheadLog:
                 raise HybridError(
                     f"{self.path} is held by another process writing to this index (a running service: write through its API)"
                 ) from None
+        if lock:  # a rewrite the holder before us was killed in (_write_records) left its new file: never used
+            self.path.with_name(self.path.name + ".new").unlink(missing_ok=True)
         self._fd = fd
         self._unrestored: OSError | None = None  # a failed append that could not be rolled back yet
         self._records: list[dict] | None = None
