@@ -77,7 +77,7 @@ def scifact_slice_index(scifact_slice, tmp_path_factory) -> Path:
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
 
     out = tmp_path_factory.mktemp("scifact-index") / "index"
-    build_index(scifact_slice, out, BuildOptions(progress=False))
+    build_index(scifact_slice, out, BuildOptions(precision="int8", progress=False))  # int8: twice as fast to embed
     return out
 
 
@@ -93,7 +93,7 @@ def metadata_index(scifact, tmp_path_factory):
     root = tmp_path_factory.mktemp("metadata")
     with (scifact / "corpus.jsonl").open() as fh:
         docs = [with_metadata(i, json.loads(line)) for i, line in enumerate(itertools.islice(fh, SHARDED_SLICE))]
-    build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
+    build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(precision="int8", progress=False))
     return root / "index"
 
 
