@@ -109,3 +109,37 @@ def test_sighup_reloads(server, tmp_path):
     while time.monotonic() < deadline and httpx.get(f"{url}/ready").json()["documents"] != 2:
         time.sleep(0.2)
     assert httpx.get(f"{url}/ready").json()["documents"] == 2
+
+
+def test_a_bulk_load_runs_on_across_a_reload(tiny_index, tmp_path):
+    """A bulk load's batch that meets the collection closed by a reload waits for the reopened one: the task
+    succeeds, and every document is in the collection once."""
+    index_dir = tmp_path / "index"
+    shutil.copytree(tiny_index, index_dir)
+    headers = {"X-API-Key": KEY}
+    documents = [{"id": f"n{i}", "text": f"numbat {i}"} for i in range(6)]
+    with TestClient(create_app(Settings(index=index_dir, write_keys=KEY, max_batch_docs=2))) as client:
+        (reloader,) = client.app.state.collections.served.values()
+        opening, go_on, opener = threading.Event(), threading.Event(), reloader.opener
+
+        def slow_opener():
+            opening.set()
+            go_on.wait(30)
+            return opener()
+
+        reloader.opener = slow_opener
+        reloading = threading.Thread(target=lambda: client.post("/admin/reload", headers=headers))
+        reloading.start()
+        assert opening.wait(30)
+        task = client.put("/documents?wait=false", json={"documents": documents}, headers=headers).json()
+        time.sleep(0.3)  # its first batch meets the closed collection
+        assert client.get(f"/tasks/{task['id']}", headers=headers).json()["documents_done"] == 0
+        go_on.set()
+        reloading.join(30)
+        deadline = time.monotonic() + 30
+        while (state := client.get(f"/tasks/{task['id']}", headers=headers).json())["state"] not in ("succeeded", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert state["state"] == "succeeded" and state["documents_done"] == 6, state
+        assert [client.get(f"/documents/n{i}", headers=headers).status_code for i in range(6)] == [200] * 6
+        assert client.get("/stats", headers=headers).json()["last_sequence"] == 3

@@ -24,6 +24,7 @@ from pathlib import Path
 from hybrid_retrieval.app.serving import Reloader
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.indexer.datadir.layout import NotFound
+from hybrid_retrieval.indexer.live.collection import Closed
 from hybrid_retrieval.indexer.live.validate import check_batch, decide_types
 from hybrid_retrieval.search.errors import SpecError
 
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 QUEUED, RUNNING, SUCCEEDED, FAILED, INTERRUPTED = "queued", "running", "succeeded", "failed", "interrupted"
 KEPT_IN_MEMORY = 1000  # finished tasks remembered for GET /tasks (the files stay)
+REOPEN_WAIT_S = 600.0  # a load waits this long for a collection a reload or restore reopens (after a compaction)
 
 
 def _now() -> str:
@@ -129,10 +131,7 @@ class Tasks:
             for start in range(0, len(documents), size):
                 if self._closing.is_set():
                     raise RuntimeError("the service stopped before the load finished: the documents done are in the collection")
-                serving = reloader.serving  # read per batch: a reload or compaction may have replaced it
-                if serving is None or serving.collection is None:
-                    raise RuntimeError(f"collection {reloader.name!r} no longer takes writes")
-                task.last_sequence = serving.collection.upsert(documents[start : start + size])
+                task.last_sequence = self._upsert(reloader, documents[start : start + size])
                 task.documents_done = min(len(documents), start + size)
                 task.seconds = time.perf_counter() - started
                 self._save(task)
@@ -143,6 +142,22 @@ class Tasks:
             logger.warning("task %s stopped after %d documents: %s", task.id, task.documents_done, exc)
         task.seconds, task.finished_at = time.perf_counter() - started, _now()
         self._save(task)
+
+    def _upsert(self, reloader: Reloader, batch: list) -> int:
+        """Write one batch to the collection served now (read per batch: a reload, restore or compaction may have
+        replaced it). One closed under the batch is being reopened (a reload, a restore): the batch, not logged, goes
+        to its successor once that serves, within REOPEN_WAIT_S."""
+        deadline = time.monotonic() + REOPEN_WAIT_S
+        while True:
+            serving = reloader.serving
+            if serving is None or serving.collection is None:
+                raise RuntimeError(f"collection {reloader.name!r} no longer takes writes")
+            try:
+                return serving.collection.upsert(batch)
+            except Closed:
+                if self._closing.is_set() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _save(self, task: Task) -> None:
         if self.folder is not None:

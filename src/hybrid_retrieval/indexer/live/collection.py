@@ -42,6 +42,10 @@ DEFAULT_MAX_BATCH_DOCS = 1000
 EMBED_CHUNK = 32  # documents embedded per decision of where (all cores, or half while searches run)
 
 
+class Closed(HybridError):
+    """A write to a collection closed for good (dropped, or replaced by a reload or a restore): nothing was logged."""
+
+
 @dataclass(frozen=True)
 class Point:
     """A point in a collection's write sequence: the last acknowledged write's sequence number, the length of the log
@@ -196,7 +200,7 @@ class Collection:
         state = self._state
         with self._write_lock:
             if self._closed is not None:
-                raise HybridError(self._closed)
+                raise Closed(self._closed)
             try:
                 if self._wal is None:
                     self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
