@@ -300,6 +300,27 @@ def test_writes_logged_during_a_compaction_apply_to_the_new_base_whatever_it_hol
     reopened.close()
 
 
+def test_a_write_logged_but_not_applied_stops_writes_instead_of_reusing_its_number(base_index, tmp_path, monkeypatch):
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    state = collection._state
+    apply = state.apply
+
+    def fails_once(*args):
+        monkeypatch.setattr(state, "apply", apply)
+        raise MemoryError("no room to apply it")
+
+    monkeypatch.setattr(state, "apply", fails_once)
+    with pytest.raises(MemoryError):
+        collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    with pytest.raises(HybridError, match="write 1 was logged but could not be applied"):
+        collection.upsert([{"id": "n2", "text": "pet health"}])
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))  # the logged write applies on the next open
+    assert reopened.seq == 1 and reopened.get("n1")["text"] == "quantum cat" and reopened.get("n2") is None
+    reopened.close()
+
+
 def test_a_log_that_cannot_be_shortened_after_a_compaction_keeps_every_write(base_index, tmp_path, monkeypatch):
     """The disk fills as a compaction shortens the log: the new base serves, the next write opens the log as it is,
     and a reopen replays only what the base does not hold."""

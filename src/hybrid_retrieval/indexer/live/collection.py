@@ -213,7 +213,11 @@ class Collection:
                 self.write_problem = str(exc)
                 raise
             self.write_problem = None
-            state.apply(record, prepared, added)
+            try:
+                state.apply(record, prepared, added)
+            except Exception as exc:  # logged (a restart applies it) but not here: no write may reuse its number
+                self._refuse_writes(f"write {record['seq']} was logged but could not be applied ({exc!r}): reload the collection")
+                raise
             return record["seq"]
 
     def update_manifest(self, change) -> None:
@@ -357,10 +361,7 @@ class Collection:
             newer = [r for r in WriteAheadLog.replay(log_path(index.path)) if r["seq"] > applied]
             replay_records(self._state, newer)
         except Exception as exc:  # the state is half rebuilt: no write may be numbered on top of it
-            self._closed = f"the compacted base could not take the writes logged meanwhile ({exc}): reload the collection"
-            if self._wal is not None:
-                self._wal.close()
-                self._wal = None
+            self._refuse_writes(f"the compacted base could not take the writes logged meanwhile ({exc}): reload the collection")
             raise
         if self._wal is not None:  # keep only what the base does not hold yet
             self._wal.close()
@@ -395,13 +396,17 @@ class Collection:
                 point = Point(state.seq, log.stat().st_size if log.exists() else 0, int(state.base_alive.sum()) + len(state.live))
             yield point
 
+    def _refuse_writes(self, reason: str) -> None:
+        """Close the log for good after the state and the log parted (write lock held): `reason` answers every write."""
+        self._closed = reason
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
+
     def close(self, reason: str = "this collection is closed") -> None:
         """Close the log; later writes are refused with `reason` (a drop, a restore over it, shutdown). Returns once
         a compaction in progress has ended: it publishes nothing after this (its folder may be dropped or replaced)."""
         with self._write_lock:
-            self._closed = reason
-            if self._wal is not None:
-                self._wal.close()
-                self._wal = None
+            self._refuse_writes(reason)
         with self._compact_lock:
             pass
