@@ -1,3 +1,4 @@
+import contextlib
 import shutil
 import signal
 import threading
@@ -70,6 +71,28 @@ def test_reload_needs_the_key_and_survives_a_broken_index(server):
     assert httpx.get(f"{url}/documents/w1", headers={"X-API-Key": KEY}).json()["text"] == "zebra"
 
 
+@contextlib.contextmanager
+def reload_held_open(client: TestClient, headers: dict):
+    """POST /admin/reload in a thread, held while it opens the folder again (the body runs then), finished after."""
+    (reloader,) = client.app.state.collections.served.values()
+    opening, go_on, opener = threading.Event(), threading.Event(), reloader.opener
+
+    def slow_opener():
+        opening.set()
+        go_on.wait(30)
+        return opener()
+
+    reloader.opener = slow_opener
+    reloading = threading.Thread(target=lambda: client.post("/admin/reload", headers=headers))
+    reloading.start()
+    assert opening.wait(30)
+    try:
+        yield
+    finally:
+        go_on.set()
+        reloading.join(30)
+
+
 def test_a_write_during_a_reload_is_refused_and_none_acknowledged_is_hidden(tiny_index, tmp_path):
     """While a reload opens the folder again, writes answer 409 (write again); none is acknowledged by the collection
     being replaced, where the new one would not hold it."""
@@ -78,21 +101,8 @@ def test_a_write_during_a_reload_is_refused_and_none_acknowledged_is_hidden(tiny
     headers = {"X-API-Key": KEY}
     with TestClient(create_app(Settings(index=index_dir, write_keys=KEY))) as client:
         assert client.put("/documents?wait=true", json={"documents": [{"id": "a", "text": "aardvark"}]}, headers=headers).status_code == 200
-        (reloader,) = client.app.state.collections.served.values()
-        opening, go_on, opener = threading.Event(), threading.Event(), reloader.opener
-
-        def slow_opener():
-            opening.set()
-            go_on.wait(30)
-            return opener()
-
-        reloader.opener = slow_opener
-        reloading = threading.Thread(target=lambda: client.post("/admin/reload", headers=headers))
-        reloading.start()
-        assert opening.wait(30)
-        during = client.put("/documents", json={"documents": [{"id": "b", "text": "badger"}]}, headers=headers)
-        go_on.set()
-        reloading.join(30)
+        with reload_held_open(client, headers):
+            during = client.put("/documents", json={"documents": [{"id": "b", "text": "badger"}]}, headers=headers)
         assert during.status_code == 409 and "reloading" in during.json()["detail"]
         after = client.put("/documents?wait=true", json={"documents": [{"id": "b", "text": "badger"}]}, headers=headers)
         assert after.status_code == 200 and after.json()["sequence"] == 2
@@ -119,23 +129,10 @@ def test_a_bulk_load_runs_on_across_a_reload(tiny_index, tmp_path):
     headers = {"X-API-Key": KEY}
     documents = [{"id": f"n{i}", "text": f"numbat {i}"} for i in range(6)]
     with TestClient(create_app(Settings(index=index_dir, write_keys=KEY, max_batch_docs=2))) as client:
-        (reloader,) = client.app.state.collections.served.values()
-        opening, go_on, opener = threading.Event(), threading.Event(), reloader.opener
-
-        def slow_opener():
-            opening.set()
-            go_on.wait(30)
-            return opener()
-
-        reloader.opener = slow_opener
-        reloading = threading.Thread(target=lambda: client.post("/admin/reload", headers=headers))
-        reloading.start()
-        assert opening.wait(30)
-        task = client.put("/documents?wait=false", json={"documents": documents}, headers=headers).json()
-        time.sleep(0.3)  # its first batch meets the closed collection
-        assert client.get(f"/tasks/{task['id']}", headers=headers).json()["documents_done"] == 0
-        go_on.set()
-        reloading.join(30)
+        with reload_held_open(client, headers):
+            task = client.put("/documents?wait=false", json={"documents": documents}, headers=headers).json()
+            time.sleep(0.3)  # its first batch meets the closed collection
+            assert client.get(f"/tasks/{task['id']}", headers=headers).json()["documents_done"] == 0
         deadline = time.monotonic() + 30
         while (state := client.get(f"/tasks/{task['id']}", headers=headers).json())["state"] not in ("succeeded", "failed"):
             assert time.monotonic() < deadline

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hybrid_retrieval.indexer.datadir.layout import Conflict
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
-from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.collection import Closed, Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
@@ -314,6 +314,8 @@ class Reloader:
     def _compact_logged(collection) -> None:
         try:
             collection.compact()
+        except Closed as exc:  # dropped, reloaded or restored over while it built: nothing to publish
+            logger.info("background compaction dropped: %s", exc)
         except Exception:  # the previous base stays in service; the next refresh tries again
             logger.exception("background compaction failed")
 

@@ -59,13 +59,13 @@ def reembed(
         with scratch_dir(index_dir, "reembed") as work:  # locked while in use: a killed run's is swept at the next start
 
             def documents() -> Iterator[tuple[str, str]]:  # the small profile's sample, before the watch on writes starts
-                return corpus_documents(_current(index, Path(work) / "sample")[0])()
+                return corpus_documents(_current(index, work / "sample")[0])()
 
             # the model first: distilling a student can take long, and writes meanwhile change only its sample
             onnx_folder = export_profile(resolved, profile, onnx_cache, documents, device, progress)
             embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
             logged = _size(wal)  # before the documents are read: any write after it aborts the swap
-            corpus, seq = _current(index, Path(work))
+            corpus, seq = _current(index, work)
             with contextlib.ExitStack() as swap, publish_dir(index_dir) as tmp:
                 manifest = build_into(
                     tmp,

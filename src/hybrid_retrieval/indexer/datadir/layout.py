@@ -79,7 +79,7 @@ class DataDir:
             folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one create, drop or alias change at a time
         self._aliases = self._read_aliases()
-        for leftover in sorted(self.collections.glob(".*")):  # drops, creations and builds a crash interrupted
+        for leftover in self.collections.glob(".*"):  # drops, creations and builds a crash interrupted
             if leftover.is_dir() and not in_use(leftover) and not self._only_copy(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)
 

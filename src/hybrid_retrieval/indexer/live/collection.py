@@ -43,7 +43,8 @@ EMBED_CHUNK = 32  # documents embedded per decision of where (all cores, or half
 
 
 class Closed(HybridError):
-    """A write to a collection closed for good (dropped, or replaced by a reload or a restore): nothing was logged."""
+    """A write or compaction of a collection closed for good (dropped, or replaced by a reload or a restore): nothing
+    was logged or published."""
 
 
 @dataclass(frozen=True)
@@ -317,11 +318,11 @@ class Collection:
         index folder; writes continue while it builds. Rankings do not change (the same documents, the same
         statistics). The log moves into the new folder (hard link) before the swap, and the new manifest records
         the last sequence it holds, so a crash at any point leaves the old or the new base with every write. A
-        collection closed before the swap (dropped, restored over) publishes nothing: HybridError with the reason."""
+        collection closed before the swap (dropped, restored over) publishes nothing: Closed, with the reason."""
         with self._compact_lock:
             with self._write_lock:
                 if self._closed is not None:  # its folder may be another collection's by now (a restore over it)
-                    raise HybridError(self._closed)
+                    raise Closed(self._closed)
                 state = self._state.freeze()
             if not state.live.docs and state.base_alive.all():
                 return self.refresh()  # nothing to merge
@@ -335,7 +336,7 @@ class Collection:
                         self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
                         held = True
                         if self._closed is not None:  # dropped or restored over while it built: the folder is not ours
-                            raise HybridError(self._closed)
+                            raise Closed(self._closed)
                         link_log(path, tmp)
                     self._reopen(reopen(state.index), state.seq)
                 finally:
