@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hybrid_retrieval.indexer import wal
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
-from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.collection import Closed, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
@@ -319,6 +319,64 @@ def test_a_write_logged_but_not_applied_stops_writes_instead_of_reusing_its_numb
     reopened = Collection(open_index(tmp_path / "index"))  # the logged write applies on the next open
     assert reopened.seq == 1 and reopened.get("n1")["text"] == "quantum cat" and reopened.get("n2") is None
     reopened.close()
+
+
+def publish_in_place(folder: Path, source: Path) -> None:
+    """What a snapshot restore, a reembed or a rebuild in place does to a served folder: another one takes its path."""
+    staged, retired = folder.with_name(folder.name + ".staged"), folder.with_name(folder.name + ".retired")
+    shutil.copytree(source, staged)
+    folder.rename(retired)
+    staged.rename(folder)
+    shutil.rmtree(retired)
+
+
+@pytest.fixture
+def restored(base_index, tmp_path) -> Path:
+    """A copy of the base with one write of its own in its log (r1, sequence 1)."""
+    shutil.copytree(base_index, tmp_path / "restored")
+    other = Collection(open_index(tmp_path / "restored"))
+    other.upsert([{"id": "r1", "text": "restored cat"}])
+    other.close()
+    return tmp_path / "restored"
+
+
+@pytest.mark.parametrize("written_before", [False, True], ids=["log-not-open-yet", "log-open"])
+def test_writes_stop_once_another_process_publishes_a_folder_in_place(base_index, restored, tmp_path, written_before):
+    """Whether or not the collection opened its log yet, a write after the swap would be numbered against the
+    documents it loaded and land in the new folder's log (or in the gone folder's): refused until a reload instead,
+    and the new folder stays as it was published."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    if written_before:
+        assert collection.upsert([{"id": "n1", "text": "quantum cat"}]) == 1
+    publish_in_place(tmp_path / "index", restored)
+    with pytest.raises(Closed, match="was replaced by another process .* reload the collection"):
+        collection.upsert([{"id": "n2", "text": "pet health"}])
+    with pytest.raises(Closed, match="was replaced"):
+        collection.delete(["b1"])
+    assert collection.get("n2") is None and collection.get("r1") is None
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))
+    assert reopened.seq == 1 and reopened.get("r1") is not None and reopened.get("n1") is None and reopened.get("n2") is None
+    reopened.close()
+
+
+def test_a_write_logged_as_its_folder_is_replaced_is_not_acknowledged(base_index, restored, tmp_path):
+    """The swap falls between the check and the append: the record went into the replaced folder's log, gone with it."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    append = collection._wal.append
+
+    def swapped_first(record):
+        publish_in_place(tmp_path / "index", restored)
+        append(record)
+
+    collection._wal.append = swapped_first
+    with pytest.raises(Closed, match="was replaced"):
+        collection.upsert([{"id": "n2", "text": "pet health"}])
+    assert collection.get("n2") is None and collection.seq == 1
+    collection.close()
 
 
 def test_a_log_that_cannot_be_shortened_after_a_compaction_keeps_every_write(base_index, tmp_path, monkeypatch):

@@ -111,6 +111,22 @@ def test_a_write_during_a_reload_is_refused_and_none_acknowledged_is_hidden(tiny
         assert client.get("/stats", headers=headers).json()["last_sequence"] == 2
 
 
+def test_writes_after_a_rebuild_in_place_are_refused_until_the_reload(server, tmp_path):
+    """The rebuild publishes another folder under the running service: a write then would go into the gone folder's
+    log (lost at the reload) and must not be acknowledged. After the reload, writes go to the new folder."""
+    url, index_dir, _ = server
+    headers = {"X-API-Key": KEY}
+    first = httpx.put(f"{url}/documents", json={"documents": [{"id": "w1", "text": "zebra"}]}, headers=headers)
+    assert first.status_code == 200  # the service holds the folder's log now
+    build_index(write_jsonl(tmp_path / "three.jsonl", TINY_CORPUS[:3]), index_dir, BuildOptions(progress=False))
+    refused = httpx.put(f"{url}/documents", json={"documents": [{"id": "w2", "text": "yak"}]}, headers=headers)
+    assert refused.status_code == 409 and "was replaced by another process" in refused.json()["detail"]
+    assert httpx.post(f"{url}/admin/reload", headers=headers, timeout=60).status_code == 200
+    again = httpx.put(f"{url}/documents?wait=true", json={"documents": [{"id": "w2", "text": "yak"}]}, headers=headers)
+    assert again.status_code == 200 and again.json()["sequence"] == 1
+    assert httpx.get(f"{url}/ready").json()["documents"] == 4
+
+
 def test_sighup_reloads(server, tmp_path):
     url, index_dir, process = server
     build_index(write_jsonl(tmp_path / "two.jsonl", TINY_CORPUS[:2]), index_dir, BuildOptions(progress=False))

@@ -187,6 +187,7 @@ class OpenIndex:
     metadata: MetadataColumns | None = None  # None: no filterable field
     query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_precision)
     passages: PassageIndex | None = None  # a chunked index's passages: its dense leg ranks documents by them
+    folder_id: tuple[int, int] | None = None  # folder_identity(path) when it was opened
 
     @functools.cached_property
     def query_embedder(self):
@@ -274,6 +275,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     checksum must have been checked against the manifest by the caller (see `torch_embedder_for_index`).
     """
     folder = Path(folder)
+    folder_id = folder_identity(folder)  # before reading: a folder swapped in meanwhile then counts as another
     manifest = read_manifest(folder)
     verify_files(folder, manifest, verify)
     _warn_on_analysis_change(manifest)
@@ -318,7 +320,18 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
         metadata,
         precision,
         passages,
+        folder_id,
     )
+
+
+def folder_identity(folder: Path) -> tuple[int, int] | None:
+    """The folder's (device, inode), None when it is gone. A folder published in its place (a restore, a reembed, a
+    rebuild, a compaction) has another, so a process can tell that the folder it opened is no longer there."""
+    try:
+        stat = os.stat(folder)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageIndex:

@@ -28,7 +28,7 @@ from hybrid_retrieval.indexer.live.replay import apply_logged, replay_records
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import VectorRule, check_batch, check_ids, decide_types
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
-from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
+from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, folder_identity
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder
 from hybrid_retrieval.search import budget
@@ -107,6 +107,8 @@ class Collection:
         self._closed: str | None = None  # why writes are refused for good (close)
         if replay:
             replay_records(self._state, WriteAheadLog.replay(self.wal_path))
+            if (replaced := self._replaced()) is not None:  # the log read may be the new folder's
+                raise HybridError(f"{replaced} while it was opened: open it again")
         self._wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
         self.snapshot = self._state.freeze()
 
@@ -205,6 +207,7 @@ class Collection:
             try:
                 if self._wal is None:
                     self._wal = WriteAheadLog(self.wal_path, lock=True)  # cuts a torn tail; refuses a damaged log
+                    self._refuse_if_replaced()  # checked after the open: the log opened is in the folder we loaded
                     replay_records(state, self._wal.take_records())  # records another writer added since we opened
                 # the authoritative decision (the early check ran before embedding, unlocked)
                 added = decide_types(record["documents"], state.field_types, state.filterable) if record["op"] == "upsert" else {}
@@ -214,6 +217,7 @@ class Collection:
                 self.write_problem = str(exc)
                 raise
             self.write_problem = None
+            self._refuse_if_replaced()  # logged in the folder that was replaced: gone with it, never acknowledged
             try:
                 state.apply(record, prepared, added)
             except Exception as exc:  # logged (a restart applies it) but not here: no write may reuse its number
@@ -396,6 +400,21 @@ class Collection:
                 log = self.wal_path
                 point = Point(state.seq, log.stat().st_size if log.exists() else 0, int(state.base_alive.sum()) + len(state.live))
             yield point
+
+    def _replaced(self) -> str | None:
+        """Why the folder at the index's path is not the one this collection loaded (another process published a
+        folder there: a snapshot restore, a reembed, a rebuild in place), or None."""
+        index = self.index
+        if index.folder_id is None or folder_identity(index.path) == index.folder_id:
+            return None
+        return f"{index.path} was replaced by another process (a snapshot restore, a reembed or a rebuild in place)"
+
+    def _refuse_if_replaced(self) -> None:
+        """(write lock held) Writes must go into the log of the folder whose documents this collection holds: one
+        written into a folder published in its place would be numbered and applied against other documents."""
+        if (replaced := self._replaced()) is not None:
+            self._refuse_writes(f"{replaced} since this collection opened it: reload the collection to serve the new folder")
+            raise Closed(self._closed)
 
     def _refuse_writes(self, reason: str) -> None:
         """Close the log for good after the state and the log parted (write lock held): `reason` answers every write."""
