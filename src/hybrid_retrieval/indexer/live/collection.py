@@ -396,6 +396,8 @@ class Collection:
         `log_bytes` bytes hold exactly the writes up to `seq` (a failed append is cut back before the lock is let go)."""
         with self._compact_lock:
             with self._write_lock:
+                if (replaced := self._replaced()) is not None:  # its files are not those of the writes it holds
+                    raise HybridError(f"{replaced} since this collection opened it: reload the collection first")
                 state = self._state
                 log = self.wal_path
                 point = Point(state.seq, log.stat().st_size if log.exists() else 0, int(state.base_alive.sum()) + len(state.live))
