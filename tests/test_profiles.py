@@ -5,6 +5,7 @@ that refuse what a profile cannot do."""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -67,6 +68,53 @@ def test_the_static_graph_averages_the_attended_known_pieces_and_normalises():
     assert not got[1].any() and not got[2].any()
 
 
+class Table:
+    """What align_static reads and writes of model2vec's StaticModel: the table, and each text's piece ids."""
+
+    def __init__(self, embedding: np.ndarray, pieces: dict[str, list[int]]):
+        self.embedding, self.pieces = embedding, pieces
+
+    def tokenize(self, texts):
+        return [self.pieces[t] for t in texts]
+
+
+def test_alignment_maps_the_whole_table_into_the_models_space():
+    """Targets made by a linear map of the table: the closed-form stage recovers it, for every row, including the
+    rows of pieces no fitted text has (the held-out texts are made of them)."""
+    from hybrid_retrieval.models.static import StaticRecipe, align_static
+
+    rng = np.random.default_rng(0)
+    table, mapping = rng.normal(size=(40, 6)), rng.normal(size=(6, 9))
+    pieces = {f"t{i}": list(rng.choice(30, size=int(rng.integers(2, 6)))) for i in range(60)}  # pieces 0-29
+    pieces |= {f"h{i}": [30 + i, 31 + i] for i in range(8)}  # pieces 30-38: in held-out texts only
+    texts = [f"h{i}" for i in range(8)] + [f"t{i}" for i in range(60)]
+    targets = np.stack([table[pieces[t]].mean(0) @ mapping for t in texts])
+    static = Table(table.copy(), pieces)
+    recipe = StaticRecipe(align_held_out=8, align_epochs=0, align_ridge=1e-9)
+    report = align_static(static, texts, targets, recipe)
+    np.testing.assert_allclose(static.embedding, table @ mapping, atol=1e-4)
+    assert report["held_out_texts"] == 8 and report["held_out_cosine_linear"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_alignment_by_gradient_raises_the_cosine_on_texts_it_fits():
+    """A target no linear map reaches (one coordinate flipped for half the texts): the epochs move the rows towards it."""
+    from hybrid_retrieval.models.static import StaticRecipe, align_static
+
+    rng = np.random.default_rng(1)
+    table = rng.normal(size=(30, 4))
+    pieces = {f"t{i}": [i % 30, (i * 7 + 3) % 30] for i in range(40)}
+    texts = list(pieces)
+    targets = np.stack([table[pieces[t]].mean(0) * (1 if i % 2 else -1) for i, t in enumerate(texts)])
+
+    def fitted_cosine(epochs: int) -> float:
+        static = Table(table.copy(), pieces)
+        align_static(static, texts, targets, StaticRecipe(align_held_out=0, align_epochs=epochs, align_learning_rate=0.05))
+        got = np.stack([static.embedding[pieces[t]].mean(0) for t in texts])
+        return float(np.mean((got * targets).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(targets, axis=1)))
+
+    assert fitted_cosine(epochs=30) > fitted_cosine(epochs=0) + 0.2
+
+
 @pytest.mark.slow  # distils the bundled model first (about 10 s)
 def test_the_export_embeds_like_model2vec(distilled):
     from hybrid_retrieval.models.embedder import OnnxEmbedder
@@ -82,7 +130,23 @@ def test_the_export_embeds_like_model2vec(distilled):
     assert ours.shape == (len(TEXTS), static.dim) and ours.dtype == np.float32
 
 
-@pytest.mark.slow  # distils the bundled model first (about 10 s)
+def table_of(export: Path) -> np.ndarray:
+    """The static graph's table, read from the export's ONNX file."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(export / "model.onnx")).graph
+    return numpy_helper.to_array(next(t for t in graph.initializer if t.name == "table"))
+
+
+def model2vec_mean(static, table: np.ndarray, text: str) -> np.ndarray:
+    """model2vec's embedding of `text` (its pieces, unknown ones dropped, averaged, normalised) over `table`."""
+    ids = static.tokenize([text])[0][:512]
+    mean = table[ids].astype(np.float64).mean(0)
+    return mean / np.linalg.norm(mean)
+
+
+@pytest.mark.slow  # distils the bundled model and aligns it on the corpus first (about 20 s)
 def test_a_fast_index_records_its_profile_and_ranks_by_its_vectors(distilled, tmp_path):
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
     from hybrid_retrieval.indexer.store import open_index
@@ -92,14 +156,17 @@ def test_a_fast_index_records_its_profile_and_ranks_by_its_vectors(distilled, tm
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
     manifest = build_index(corpus, tmp_path / "index", BuildOptions(profile="fast", onnx_cache=cache, progress=False))
     embedder = manifest.embedder
-    assert (embedder.profile, embedder.dimension, embedder.pooling) == ("fast", static.dim, "static-mean")
+    assert (embedder.profile, embedder.dimension, embedder.pooling) == ("fast", 384, "static-mean")  # the model's space
     assert embedder.recipe["base_model_checksum"] == resolve_model().checksum
-    assert embedder.recipe["method"] == "model2vec distillation" and embedder.recipe["vocabulary"] == len(static.embedding)
+    assert embedder.recipe["method"] == "model2vec distillation, aligned to the model on the corpus"
+    assert embedder.recipe["vocabulary"] == len(static.embedding) and embedder.recipe["align_documents"] == 2000
+    assert embedder.recipe["alignment"]["held_out_texts"] == 1  # a fifth of a tiny corpus
 
     texts = [f"{d['title']} {d['text']}" if d["title"] else d["text"] for d in TINY_CORPUS]  # corpus.indexed_text
-    vectors = np.asarray(static.encode(texts), dtype=np.float64)
+    table = table_of(tmp_path / "index" / "model")
     query = "a pet that barks"
-    scores = vectors @ np.asarray(static.encode([query]), dtype=np.float64)[0]
+    vectors = np.stack([model2vec_mean(static, table, text) for text in [*texts, query]])
+    scores = vectors[:-1] @ vectors[-1]
     expected = [TINY_CORPUS[i]["_id"] for i in np.argsort(-scores)]
     index = open_index(tmp_path / "index", verify="full")
     try:
@@ -120,7 +187,7 @@ def test_reembed_moves_an_index_between_profiles_and_back(distilled, tiny_index,
     shutil.copytree(tiny_index, index)
     before = np.load(index / "embeddings.npy")
     fast = reembed(index, profile="fast", onnx_cache=cache, progress=False)
-    assert (fast.embedder.profile, fast.embedder.dimension) == ("fast", 256)
+    assert (fast.embedder.profile, fast.embedder.dimension) == ("fast", 384)  # aligned on the index's documents
     assert fast.build["reembedded_from"]["profile"] == "full"
     back = reembed(index, profile="full", progress=False)
     assert (back.embedder.profile, back.embedder.dimension, read_manifest(index).embedder.recipe) == ("full", 384, None)

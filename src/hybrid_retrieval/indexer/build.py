@@ -244,8 +244,8 @@ def build_into(
     index (options.chunking) embeds its documents' passages, or takes `passages` (spans, rows, vectors) as given, with
     `vectors` each document's first passage's."""
     started = time.perf_counter() if started is None else started
-    timings = {}
     t = time.perf_counter()
+    timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
     collector = MetadataCollector(options.filterable, decided=options.field_types)
     tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress, allow_empty=collection)
     metadata = collector.finish()

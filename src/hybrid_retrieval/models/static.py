@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -29,6 +31,7 @@ from hybrid_retrieval.models.onnx_export import (
     export_dir_for,
 )
 from hybrid_retrieval.models.registry import ResolvedModel
+from hybrid_retrieval.models.student import sample_documents
 from hybrid_retrieval.search.errors import ConfigError
 
 STATIC_POOLING = "static-mean"
@@ -37,13 +40,30 @@ MAX_PIECES = 512  # model2vec's default truncation
 
 @dataclass(frozen=True)
 class StaticRecipe:
-    """How the table is distilled (model2vec.distill's parameters)."""
+    """How the table is made: distilled by model2vec (its parameters), then, with `align_documents`, aligned to the
+    model on that many of the corpus's documents (align_static)."""
 
     pca_dims: int | None = 256  # model2vec's default; 384 (none) scored the same on scifact (docs/experiments.md)
     sif_coefficient: float = 1e-4
+    align_documents: int = 0  # 0: the distilled table as it is (a collection made before it has documents)
+    align_held_out: int = 200  # sampled documents kept out of the fit: the cosine to the model on them is recorded
+    align_epochs: int = 5
+    align_ridge: float = 0.1
+    align_learning_rate: float = 3e-3
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("align_documents", "align_held_out", "align_epochs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"static recipe {name} must be >= 0, got {getattr(self, name)}")
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
+
+
+# The fast profile of a build or a reembed, which have the corpus: the table mapped into the model's space, where the
+# distilled rows (each piece embedded alone) are not (docs/experiments.md, "The fast profile aligned to the model").
+ALIGNED = StaticRecipe(pca_dims=None, align_documents=2_000)
 
 
 def static_graph(table: np.ndarray, unknown_id: int | None) -> bytes:
@@ -113,8 +133,71 @@ def distill_static(base: ResolvedModel, recipe: StaticRecipe = StaticRecipe()):
     return distill(model_name=str(base.path), pca_dims=recipe.pca_dims, sif_coefficient=recipe.sif_coefficient)
 
 
-def write_static_export(static, base: ResolvedModel, recipe: StaticRecipe, out: Path) -> None:
-    """Write the export folder of model2vec's StaticModel `static`, distilled from `base` by `recipe`, into `out`."""
+def alignment_texts(documents: Iterable[tuple[str, str]], recipe: StaticRecipe) -> list[str]:
+    """The documents (title and text) the table is aligned on: a uniform sample of the corpus, the held-out ones first."""
+    sample = sample_documents(documents, recipe.align_documents + recipe.align_held_out, random.Random(recipe.seed))
+    return [t for t in dict.fromkeys(f"{title} {text}".strip() for title, text in sample) if t]
+
+
+def align_static(static, texts: list[str], targets: np.ndarray, recipe: StaticRecipe) -> dict[str, float]:
+    """Fit `static`'s table (in place) so that the mean of a text's rows reproduces `targets`, the model's vectors of
+    `texts`: first a linear map of the whole table (ridge regression, closed form), which carries every row, sampled
+    or not, into the model's space; then, for `align_epochs`, the rows the sample uses, by gradient descent on the
+    cosine (torch). The first `align_held_out` texts are not fitted on: the mean cosine to the model on them, before
+    and after, is returned."""
+    import torch
+
+    pieces = [np.asarray(ids[:MAX_PIECES], dtype=np.int64) for ids in static.tokenize(texts)]
+    kept = [i for i, ids in enumerate(pieces) if len(ids)]
+    held = min(recipe.align_held_out, len(kept) // 5)  # a tiny corpus keeps most of its documents to fit on
+    held_out, fitted = kept[:held], kept[held:]
+    if not fitted:
+        raise ConfigError("the corpus has no text the static model's vocabulary covers: nothing to align it on")
+    table = np.asarray(static.embedding, dtype=np.float64)
+    means = np.stack([table[pieces[i]].mean(axis=0) for i in fitted])
+    gram = means.T @ means + recipe.align_ridge * np.eye(table.shape[1])
+    table = table @ np.linalg.solve(gram, means.T @ targets[fitted].astype(np.float64))
+    rows = torch.nn.EmbeddingBag.from_pretrained(torch.tensor(table, dtype=torch.float32), freeze=False, mode="mean")
+    wanted = torch.tensor(np.asarray(targets, dtype=np.float32))
+
+    def embed(batch: list[int]):
+        flat = torch.tensor(np.concatenate([pieces[i] for i in batch]))
+        offsets = torch.tensor(np.cumsum([0] + [len(pieces[i]) for i in batch[:-1]]))
+        return rows(flat, offsets)
+
+    def cosine(batch: list[int]) -> float:
+        if not batch:
+            return float("nan")
+        with torch.no_grad():
+            return float(torch.nn.functional.cosine_similarity(embed(batch), wanted[batch]).mean())
+
+    report = {"held_out_texts": len(held_out), "held_out_cosine_linear": cosine(held_out)}
+    torch.manual_seed(recipe.seed)
+    rng = random.Random(recipe.seed)
+    optimizer = torch.optim.Adam(rows.parameters(), lr=recipe.align_learning_rate)
+    for _ in range(recipe.align_epochs):
+        rng.shuffle(fitted)
+        for start in range(0, len(fitted), 32):
+            batch = fitted[start : start + 32]
+            loss = (1 - torch.nn.functional.cosine_similarity(embed(batch), wanted[batch])).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    report["held_out_cosine"] = cosine(held_out)
+    static.embedding = rows.weight.detach().numpy().astype(np.float32)
+    return report
+
+
+def aligned_static(base: ResolvedModel, texts: list[str], teacher, recipe: StaticRecipe) -> tuple[object, dict[str, float]]:
+    """The static model distilled from `base`, aligned to `teacher` (what embeds with the model) on `texts`."""
+    static = distill_static(base, recipe)
+    report = align_static(static, texts, teacher.encode(texts), recipe)
+    return static, report
+
+
+def write_static_export(static, base: ResolvedModel, recipe: StaticRecipe, out: Path, alignment: dict[str, float] | None = None) -> None:
+    """Write the export folder of model2vec's StaticModel `static`, made from `base` by `recipe` (`alignment`: what
+    align_static reported), into `out`."""
     if static.token_mapping is not None or static.weights is not None:  # the recipe never quantises the vocabulary
         raise ConfigError("model2vec returned a quantised vocabulary, which the static graph does not read")
     table = np.asarray(static.embedding, dtype=np.float32)
@@ -136,12 +219,13 @@ def write_static_export(static, base: ResolvedModel, recipe: StaticRecipe, out: 
         "pad_token_id": int(tokenizer.token_to_id(pad_token)) if pad_token else 0,
         "profile": "fast",
         "recipe": {
-            "method": "model2vec distillation",
+            "method": "model2vec distillation" + (", aligned to the model on the corpus" if alignment is not None else ""),
             "model2vec": version("model2vec"),
             "base_model": base.name,
             "base_model_checksum": base.checksum,
             "vocabulary": int(table.shape[0]),
             **asdict(recipe),
+            **({"alignment": alignment} if alignment is not None else {}),
         },
     }
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2))

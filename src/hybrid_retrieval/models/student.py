@@ -79,18 +79,24 @@ def training_texts(documents: Iterable[tuple[str, str]], recipe: StudentRecipe =
     (reservoir sampling, so a corpus of any size is read once in bounded memory), each as title and text, then
     `recipe.sentences` of their sentences and their titles, each text once. Deterministic for a corpus and a recipe."""
     rng = random.Random(recipe.seed)
-    sample: list[tuple[str, str]] = []
-    for seen, (title, text) in enumerate(documents):
-        if len(sample) < recipe.documents:
-            sample.append((title, text))
-        elif (slot := rng.randrange(seen + 1)) < recipe.documents:
-            sample[slot] = (title, text)
+    sample = sample_documents(documents, recipe.documents, rng)
     shortest, longest = SENTENCE_WORDS
     sentences = [s for _, text in sample for s in re.split(r"(?<=[.!?])\s+", text) if shortest <= len(s.split()) <= longest]
     rng.shuffle(sentences)
     whole = [f"{title} {text}".strip() for title, text in sample]
     texts = whole + sentences[: recipe.sentences] + [title.strip() for title, _ in sample]
     return [t for t in dict.fromkeys(texts) if t]  # once each: a one-sentence document is also its sentence
+
+
+def sample_documents(documents: Iterable[tuple[str, str]], size: int, rng: random.Random) -> list[tuple[str, str]]:
+    """A uniform sample of `size` (title, text) pairs, the corpus read once in bounded memory (reservoir sampling)."""
+    sample: list[tuple[str, str]] = []
+    for seen, document in enumerate(documents):
+        if len(sample) < size:
+            sample.append(document)
+        elif (slot := rng.randrange(seen + 1)) < size:
+            sample[slot] = document
+    return sample
 
 
 def texts_digest(texts: list[str]) -> str:
