@@ -131,7 +131,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         choices=PROFILES,
         default=default(BuildOptions, "profile"),
         help="encoder profile: full (the model), small (a 3-layer student distilled from it on the corpus), or fast (a static "
-        "model distilled from it): docs/relevance.md#encoder-profiles",
+        "model distilled from it and aligned to it on the corpus): docs/relevance.md#encoder-profiles",
     )
     g.add_argument("--backend", choices=BACKENDS, default=default(BuildOptions, "backend"), help="how documents are embedded")
     g.add_argument(
