@@ -381,6 +381,57 @@ def test_a_write_logged_as_its_folder_is_replaced_is_not_acknowledged(base_index
     collection.close()
 
 
+@pytest.mark.parametrize("when", ["before", "while-it-builds"])
+def test_a_compaction_never_publishes_over_a_folder_another_process_published(base_index, restored, tmp_path, monkeypatch, when):
+    from hybrid_retrieval.indexer.live import collection as live
+
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    if when == "before":
+        publish_in_place(tmp_path / "index", restored)
+    else:
+        build = live.build_compacted
+
+        def replaced_meanwhile(*args):
+            publish_in_place(tmp_path / "index", restored)
+            build(*args)
+
+        monkeypatch.setattr(live, "build_compacted", replaced_meanwhile)
+    with pytest.raises(Closed, match="was replaced"):
+        collection.compact()
+    with pytest.raises(HybridError, match="was replaced"):  # nor do settings changes go into its manifest
+        collection.update_manifest(lambda manifest: manifest.overrides.update({"k": 3}))
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))
+    assert reopened.get("r1") is not None and reopened.get("n1") is None and reopened.index.manifest.overrides == {}
+    reopened.close()
+
+
+def test_writes_go_on_after_a_compaction_that_could_not_open_its_own_new_base(base_index, tmp_path, monkeypatch):
+    """The swap published the compacted base; opening it failed. The folder is the collection's own, and its log the
+    one the collection holds (linked into it): writes go on, and a reopen holds them all."""
+    from hybrid_retrieval.indexer.live import collection as live
+
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat"}])
+    reopen = live.reopen
+
+    def fails_once(index):
+        monkeypatch.setattr(live, "reopen", reopen)
+        raise MemoryError("no room for a second base")
+
+    monkeypatch.setattr(live, "reopen", fails_once)
+    with pytest.raises(MemoryError):
+        collection.compact()
+    assert collection.upsert([{"id": "n2", "text": "pet health"}]) == 2
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))
+    assert reopened.seq == 2 and reopened.get("n1") is not None and reopened.get("n2")["text"] == "pet health"
+    reopened.close()
+
+
 def test_a_log_that_cannot_be_shortened_after_a_compaction_keeps_every_write(base_index, tmp_path, monkeypatch):
     """The disk fills as a compaction shortens the log: the new base serves, the next write opens the log as it is,
     and a reopen replays only what the base does not hold."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -62,6 +63,7 @@ def reembed(
                 return corpus_documents(_current(index, work / "sample")[0])()
 
             # the model first: distilling a student can take long, and writes meanwhile change only its sample
+            started = time.perf_counter()
             onnx_folder = export_profile(resolved, profile, onnx_cache, documents, device, progress)
             embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
             logged = _size(wal)  # before the documents are read: any write after it aborts the swap
@@ -75,6 +77,7 @@ def reembed(
                     # the export cache is keyed by weights: one made from the same weights elsewhere names that path
                     {**json.loads((onnx_folder / CONFIG_FILE).read_text()), "model": resolved.name},
                     embedder=embedder,
+                    started=started,
                 )
                 # every logged write is in the new base, embedded by the new model: the log starts afresh after them
                 manifest.corpus, manifest.applied_sequence = old.corpus, seq

@@ -72,6 +72,8 @@ def _aligned_static(model: ResolvedModel, documents: Documents, cache_dir: Path 
     by the model, the recipe and the sampled texts."""
     recipe = ALIGNED
     texts = alignment_texts(documents(), recipe)
+    if not texts:  # nothing to align on: the build refuses an empty corpus itself
+        return export_static(model, cache_dir)
     folder = export_dir_for(model, cache_dir or default_cache_dir(), f"static{recipe.key()}-{texts_digest(texts)}")
 
     def make(out: Path) -> None:
@@ -86,6 +88,6 @@ def _aligned_static(model: ResolvedModel, documents: Documents, cache_dir: Path 
                 bar.update(len(targets[-1]))
         static = distill_static(model, recipe)
         alignment = align_static(static, texts, np.concatenate(targets), recipe)
-        write_static_export(static, model, recipe, out, alignment)
+        write_static_export(static, model, recipe, out, {**alignment, "model_precision": teacher.precision})
 
     return cached_export(folder, CONFIG_FILE, make)

@@ -139,7 +139,7 @@ def alignment_texts(documents: Iterable[tuple[str, str]], recipe: StaticRecipe) 
     return [t for t in dict.fromkeys(f"{title} {text}".strip() for title, text in sample) if t]
 
 
-def align_static(static, texts: list[str], targets: np.ndarray, recipe: StaticRecipe) -> dict[str, float]:
+def align_static(static, texts: list[str], targets: np.ndarray, recipe: StaticRecipe) -> dict[str, float | None]:
     """Fit `static`'s table (in place) so that the mean of a text's rows reproduces `targets`, the model's vectors of
     `texts`: first a linear map of the whole table (ridge regression, closed form), which carries every row, sampled
     or not, into the model's space; then, for `align_epochs`, the rows the sample uses, by gradient descent on the
@@ -165,13 +165,13 @@ def align_static(static, texts: list[str], targets: np.ndarray, recipe: StaticRe
         offsets = torch.tensor(np.cumsum([0] + [len(pieces[i]) for i in batch[:-1]]))
         return rows(flat, offsets)
 
-    def cosine(batch: list[int]) -> float:
-        if not batch:
-            return float("nan")
+    def cosine(batch: list[int]) -> float | None:
+        if not batch:  # a corpus of a handful of documents keeps none out
+            return None
         with torch.no_grad():
-            return float(torch.nn.functional.cosine_similarity(embed(batch), wanted[batch]).mean())
+            return round(float(torch.nn.functional.cosine_similarity(embed(batch), wanted[batch]).mean()), 4)
 
-    report = {"held_out_texts": len(held_out), "held_out_cosine_linear": cosine(held_out)}
+    report: dict[str, float | None] = {"held_out_texts": len(held_out), "held_out_cosine_linear": cosine(held_out)}
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
     optimizer = torch.optim.Adam(rows.parameters(), lr=recipe.align_learning_rate)
@@ -188,14 +188,7 @@ def align_static(static, texts: list[str], targets: np.ndarray, recipe: StaticRe
     return report
 
 
-def aligned_static(base: ResolvedModel, texts: list[str], teacher, recipe: StaticRecipe) -> tuple[object, dict[str, float]]:
-    """The static model distilled from `base`, aligned to `teacher` (what embeds with the model) on `texts`."""
-    static = distill_static(base, recipe)
-    report = align_static(static, texts, teacher.encode(texts), recipe)
-    return static, report
-
-
-def write_static_export(static, base: ResolvedModel, recipe: StaticRecipe, out: Path, alignment: dict[str, float] | None = None) -> None:
+def write_static_export(static, base: ResolvedModel, recipe: StaticRecipe, out: Path, alignment: dict[str, object] | None = None) -> None:
     """Write the export folder of model2vec's StaticModel `static`, made from `base` by `recipe` (`alignment`: what
     align_static reported), into `out`."""
     if static.token_mapping is not None or static.weights is not None:  # the recipe never quantises the vocabulary

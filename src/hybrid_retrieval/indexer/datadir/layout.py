@@ -162,7 +162,8 @@ class DataDir:
                 config = json.loads((folder / CONFIG_FILE).read_text())
             except (OSError, ValueError):
                 continue
-            if (config.get("model"), config.get("profile", "full")) == (model, profile):
+            aligned = "alignment" in (config.get("recipe") or {})  # a fast table fitted on that collection's corpus
+            if (config.get("model"), config.get("profile", "full")) == (model, profile) and not aligned:
                 return folder
         given = Path(model).expanduser()
         if (given / CONFIG_FILE).is_file():

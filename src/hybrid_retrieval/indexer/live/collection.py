@@ -229,6 +229,8 @@ class Collection:
         """Apply `change(manifest)` to the base's manifest on disk and in memory (what changes without a rebuild: the
         API's overrides of the defaults); never while a compaction builds the next base from the current one."""
         with self._compact_lock:
+            with self._write_lock:
+                self._check_own_folder()  # its manifest would be another folder's
             update_manifest(self.index.path, change)
             change(self.index.manifest)
 
@@ -327,6 +329,7 @@ class Collection:
             with self._write_lock:
                 if self._closed is not None:  # its folder may be another collection's by now (a restore over it)
                     raise Closed(self._closed)
+                self._refuse_if_replaced()
                 state = self._state.freeze()
             if not state.live.docs and state.base_alive.all():
                 return self.refresh()  # nothing to merge
@@ -341,8 +344,14 @@ class Collection:
                         held = True
                         if self._closed is not None:  # dropped or restored over while it built: the folder is not ours
                             raise Closed(self._closed)
+                        self._refuse_if_replaced()  # another process published its folder there meanwhile
                         link_log(path, tmp)
-                    self._reopen(reopen(state.index), state.seq)
+                    try:
+                        fresh = reopen(state.index)
+                    except BaseException:  # the folder is this collection's own new base, whose log is the one it holds
+                        state.index.folder_id = folder_identity(path)
+                        raise
+                    self._reopen(fresh, state.seq)
                 finally:
                     if held:
                         self._write_lock.release()
@@ -396,8 +405,7 @@ class Collection:
         `log_bytes` bytes hold exactly the writes up to `seq` (a failed append is cut back before the lock is let go)."""
         with self._compact_lock:
             with self._write_lock:
-                if (replaced := self._replaced()) is not None:  # its files are not those of the writes it holds
-                    raise HybridError(f"{replaced} since this collection opened it: reload the collection first")
+                self._check_own_folder()  # its files would not be those of the writes it holds
                 state = self._state
                 log = self.wal_path
                 point = Point(state.seq, log.stat().st_size if log.exists() else 0, int(state.base_alive.sum()) + len(state.live))
@@ -410,6 +418,11 @@ class Collection:
         if index.folder_id is None or folder_identity(index.path) == index.folder_id:
             return None
         return f"{index.path} was replaced by another process (a snapshot restore, a reembed or a rebuild in place)"
+
+    def _check_own_folder(self) -> None:
+        """(write lock held) Refuse to read or change the folder on disk as this collection's when it was replaced."""
+        if (replaced := self._replaced()) is not None:
+            raise HybridError(f"{replaced} since this collection opened it: reload the collection first")
 
     def _refuse_if_replaced(self) -> None:
         """(write lock held) Writes must go into the log of the folder whose documents this collection holds: one
