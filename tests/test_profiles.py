@@ -250,17 +250,9 @@ def test_build_options_refuse_an_unknown_profile_and_int8_static_weights():
 
 @pytest.mark.slow  # distils the bundled model and aligns it on the corpus first (about 20 s)
 def test_a_fast_index_is_served_without_torch_as_it_ranks_in_process(distilled, tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    import httpx
-
-    from hybrid_retrieval.evaluation.server import free_port
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
     from hybrid_retrieval.indexer.store import open_index
-    from tests.conftest import wait_until_ready
-    from tests.test_torchless import SERVE_WITHOUT_TORCH
+    from tests.test_torchless import served_without_torch
 
     _, _, cache = distilled
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
@@ -272,23 +264,10 @@ def test_a_fast_index_is_served_without_torch_as_it_ranks_in_process(distilled, 
         expected = [index.docs.get(int(i))["id"] for i in ranking.doc_idx]
     finally:
         index.close()
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-c", SERVE_WITHOUT_TORCH, str(tmp_path / "index"), str(port), str(tmp_path / "data")],
-        env={**os.environ, "HYBRID_CACHE": str(tmp_path / "no-exports")},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            wait_until_ready(client, server, 120)
-            response = client.post("/search", json={"query": query, "k": len(TINY_CORPUS), "mode": "dense"})
-            assert response.status_code == 200, response.text
-            assert [hit["id"] for hit in response.json()["hits"]] == expected
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with served_without_torch(tmp_path / "index", tmp_path) as client:
+        response = client.post("/search", json={"query": query, "k": len(TINY_CORPUS), "mode": "dense"})
+        assert response.status_code == 200, response.text
+        assert [hit["id"] for hit in response.json()["hits"]] == expected
 
 
 def test_a_collection_created_empty_never_takes_another_collections_aligned_table(tmp_path):
