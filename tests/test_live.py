@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import wal
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
@@ -323,11 +324,8 @@ def test_a_write_logged_but_not_applied_stops_writes_instead_of_reusing_its_numb
 
 def publish_in_place(folder: Path, source: Path) -> None:
     """What a snapshot restore, a reembed or a rebuild in place does to a served folder: another one takes its path."""
-    staged, retired = folder.with_name(folder.name + ".staged"), folder.with_name(folder.name + ".retired")
-    shutil.copytree(source, staged)
-    folder.rename(retired)
-    staged.rename(folder)
-    shutil.rmtree(retired)
+    with publish_dir(folder) as staged:
+        shutil.copytree(source, staged, dirs_exist_ok=True)
 
 
 @pytest.fixture

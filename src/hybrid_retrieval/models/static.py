@@ -52,11 +52,6 @@ class StaticRecipe:
     align_learning_rate: float = 3e-3
     seed: int = 0
 
-    def __post_init__(self):
-        for name in ("align_documents", "align_held_out", "align_epochs"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"static recipe {name} must be >= 0, got {getattr(self, name)}")
-
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:8]
 
