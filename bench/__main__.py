@@ -1,11 +1,12 @@
 """Run the benchmarks and render docs/BENCHMARKS.md and the README's headline from the record.
 
     python -m bench run [--only SECTION_OR_CASE ...] [--skip ...] [--quick] [--baseline REF] [--out RECORD.json]
-    python -m bench render RECORD.json [--benchmarks docs/BENCHMARKS.md] [--readme README.md]
+    python -m bench render RECORD.json [--update] [--benchmarks docs/BENCHMARKS.md] [--readme README.md]
     python -m bench prepare   (make the indexes and models the cases measure, once: hours on a small CPU)
     python -m bench list
 
-`bash scripts/benchmarks.sh` does both on this machine in one run.
+`bash scripts/benchmarks.sh` does both on this machine in one run. After a change that moves a few cases' figures,
+`run --only CASE ...` and `render RECORD.json --update` re-measure those cases alone and replace them in the document.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from bench.catalog import CASES, select
 from bench.context import Context
 from bench.harness import run_cases, stamp, write_record
-from bench.render import render_benchmarks, write_headline
+from bench.render import has_headline, render_benchmarks, update_benchmarks, write_headline
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,6 +49,11 @@ def main(argv: list[str] | None = None) -> None:
     render.add_argument("record", type=Path)
     render.add_argument("--benchmarks", type=Path, default=Path("docs/BENCHMARKS.md"))
     render.add_argument("--readme", type=Path, default=Path("README.md"), help="where the headline block goes")
+    render.add_argument(
+        "--update",
+        action="store_true",
+        help="replace only the record's cases in the existing document (and the headline if the record has it)",
+    )
     commands.add_parser("list", help="list the cases")
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -64,9 +70,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[bench] record: {args.out}")
     else:
         record = json.loads(args.record.read_text())
-        args.benchmarks.write_text(render_benchmarks(record))
-        write_headline(args.readme, record)
-        print(f"[bench] wrote {args.benchmarks} and the headline of {args.readme}")
+        if args.update:
+            order = [(case.section, case.name) for case in CASES]
+            args.benchmarks.write_text(update_benchmarks(args.benchmarks.read_text(), record, order))
+        else:
+            args.benchmarks.write_text(render_benchmarks(record))
+        headline = has_headline(record)
+        if headline:
+            write_headline(args.readme, record)
+        print(f"[bench] wrote {args.benchmarks}" + (f" and the headline of {args.readme}" if headline else ""))
 
 
 def _resumable(path: Path) -> dict:

@@ -1,4 +1,9 @@
-"""docs/BENCHMARKS.md and the README's headline table, rendered whole from one run's record (`bench.harness`)."""
+"""docs/BENCHMARKS.md and the README's headline table, rendered from run records (`bench.harness`).
+
+`render_benchmarks` writes the document whole from one run. `update_benchmarks` replaces only the cases a later,
+partial run measured (`python -m bench run --only ...`), so a changed default is re-measured in minutes instead of
+the hours of a whole run; each re-run case names its run, and the header lists every run the document holds.
+"""
 
 from __future__ import annotations
 
@@ -80,36 +85,111 @@ def header(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_benchmarks(record: dict[str, Any]) -> str:
-    lines = header(record)
-    sections: dict[str, list[dict[str, Any]]] = {}
-    for case in record["cases"]:
-        sections.setdefault(case["section"], []).append(case)
+def case_block(case: dict[str, Any], run: str = "") -> list[str]:
+    """One case's heading, what it measures, its status and its tables; `run` names the run when the document holds several."""
+    status = case["status"] + (f", {case['seconds']:.0f} s" if case["status"] == "ran" else "") + (f", {run}" if run else "")
+    lines = [f"### {case['name']}", "", f"{case['measures']} ({status})"]
+    for t in case["tables"]:
+        if t["title"] and t["title"] != case["name"]:
+            lines += ["", f"**{t['title']}**"]
+        lines += ["", *table(t["rows"])]
+        if t["note"]:
+            lines += ["", t["note"]]
+    return lines
+
+
+def body(blocks: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Case blocks under their sections; a section renders where its first case is."""
+    sections: dict[str, list[list[str]]] = {}
+    for (section, _), block in blocks.items():
+        sections.setdefault(section, []).append(block)
+    lines: list[str] = []
     for section, cases in sections.items():
         lines += ["", f"## {section}"]
-        for case in cases:
-            lines += [
-                "",
-                f"### {case['name']}",
-                "",
-                f"{case['measures']} ({case['status']}" + (f", {case['seconds']:.0f} s" if case["status"] == "ran" else "") + ")",
-            ]
-            for t in case["tables"]:
-                if t["title"] and t["title"] != case["name"]:
-                    lines += ["", f"**{t['title']}**"]
-                lines += ["", *table(t["rows"])]
-                if t["note"]:
-                    lines += ["", t["note"]]
-    return "\n".join(lines) + "\n"
+        for block in cases:
+            lines += ["", *block]
+    return lines
+
+
+def render_benchmarks(record: dict[str, Any]) -> str:
+    blocks = {(case["section"], case["name"]): case_block(case) for case in record["cases"]}
+    return "\n".join(header(record) + body(blocks)) + "\n"
+
+
+UPDATED = "Cases re-run since by `python -m bench render RECORD --update` name their run."
+
+
+def update_benchmarks(text: str, record: dict[str, Any], order: list[tuple[str, str]]) -> str:
+    """`text` (a rendered BENCHMARKS.md) with the cases `record` holds replaced or added, every other case kept as it
+    was; cases in `order` (the catalog's), then any the catalog no longer has. The header gains a row for this run."""
+    if record["context"].get("quick"):
+        raise ValueError("a quick run's smoke-sized figures do not go into BENCHMARKS.md: run without --quick")
+    lines = text.rstrip("\n").split("\n")
+    first_section = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    head, old = lines[:first_section], _blocks(lines[first_section:])
+    s = record["stamp"]
+    run = f"run of {s['date'][:10]} at `{s['commit']}`{' with uncommitted changes' if s['dirty'] else ''}"
+    new = {(case["section"], case["name"]): case_block(case, run) for case in record["cases"]}
+    merged = {key: new.get(key) or old[key] for key in order if key in new or key in old}
+    merged |= {key: block for key, block in old.items() if key not in merged}
+    return "\n".join(_updated_header(head, record, run) + body(merged)) + "\n"
+
+
+def _blocks(lines: list[str]) -> dict[tuple[str, str], list[str]]:
+    """The case blocks of a rendered body, keyed by (section, case), each without its surrounding blank lines."""
+    blocks: dict[tuple[str, str], list[str]] = {}
+    section = ""
+    current: list[str] | None = None
+    for line in lines:
+        if line.startswith("## "):
+            section, current = line[3:], None
+        elif line.startswith("### "):
+            current = blocks[(section, line[4:])] = [line]
+        elif current is not None:
+            current.append(line)
+    for block in blocks.values():
+        while block and not block[-1]:
+            block.pop()
+    return blocks
+
+
+def _updated_header(head: list[str], record: dict[str, Any], run: str) -> list[str]:
+    """The header with a row for this run, and its cases' former "not run here" lines replaced by this run's."""
+    s = record["stamp"]
+    ran = [c for c in record["cases"] if c["status"] == "ran"]
+    names = {f"{c['section']} / {c['name']}" for c in record["cases"]}
+    not_run = [line for line in head if line.startswith("- ") and line[2:].split(": ", 1)[0] not in names]
+    not_run += [f"- {c['section']} / {c['name']}: {c['status']} ({run})" for c in record["cases"] if c["status"] != "ran"]
+    out = list(head[: head.index("Not run here:")] if "Not run here:" in head else head)
+    generated = next(i for i, line in enumerate(out) if line.startswith("Generated from one run"))
+    if UPDATED not in out[generated]:
+        out[generated] += f" {UPDATED}"
+    last_row = max(i for i, line in enumerate(out) if line.startswith("| "))
+    out.insert(
+        last_row + 1,
+        f"| re-run | {s['date']}, commit `{s['commit']}`, {machine_line(s['machine'])}, Python {s['machine'].get('python')}: "
+        f"{len(ran)} cases ran, {len(record['cases']) - len(ran)} not, {sum(c['seconds'] for c in record['cases']):.0f} s |",
+    )
+    while out and not out[-1]:
+        out.pop()
+    return out + (["", "Not run here:", "", *not_run] if not_run else [])
+
+
+def _headline_cases(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [case for case in record["cases"] if case.get("headline") and case["status"] == "ran" and case["tables"]]
+
+
+def has_headline(record: dict[str, Any]) -> bool:
+    """Whether the record measured a headline case (a partial run may not have)."""
+    return bool(_headline_cases(record))
 
 
 def render_headline(record: dict[str, Any]) -> str:
     """The README's headline block: the headline cases' first tables, the machine, the reproducing command."""
     s = record["stamp"]
     lines = [HEADLINE_START]
-    for case in record["cases"]:
-        if case.get("headline") and case["status"] == "ran" and case["tables"]:
-            lines += ["", *table(case["tables"][0]["rows"])]
+    for case in _headline_cases(record):
+        lines += ["", *table(case["tables"][0]["rows"])]
     lines += [
         "",
         f"{record['context']['dataset']}, measured {s['date'][:10]} at `{s['commit']}` on "

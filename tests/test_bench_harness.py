@@ -1,5 +1,5 @@
 """The benchmark harness (bench/): its one percentile and comparison rule, a run that survives failing and impossible
-cases, and BENCHMARKS.md + the README headline rendered from one record."""
+cases, and BENCHMARKS.md + the README headline rendered from one record, then updated by a partial run."""
 
 import json
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 
 from bench.catalog import CASES, select
 from bench.harness import NOISE, Case, Table, compare, percentiles, run_cases, verdict
-from bench.render import HEADLINE_END, HEADLINE_START, render_benchmarks, write_headline
+from bench.render import HEADLINE_END, HEADLINE_START, UPDATED, render_benchmarks, update_benchmarks, write_headline
 from tests.conftest import REPO
 
 
@@ -114,6 +114,53 @@ def test_the_headline_block_is_replaced_and_nothing_else(tmp_path):
     (tmp_path / "bare.md").write_text("# no block\n")
     with pytest.raises(ValueError, match="headline:start"):
         write_headline(tmp_path / "bare.md", _record())
+
+
+def _partial_record():
+    cases = [
+        Case("Speed", "broken", "raises", lambda ctx: [Table("fixed", [{"name": "fixed", "ms": 2.5}])]),
+        Case("Speed", "new", "added since", lambda ctx: [Table("new", [{"x": 1}])]),
+        Case("Late", "last", "a new section", lambda ctx: 1 / 0),
+    ]
+    record = run_cases(cases, FakeContext(), progress=lambda line: None)
+    record["context"]["quick"] = False
+    return record
+
+
+def test_a_partial_run_replaces_its_cases_and_keeps_the_others():
+    whole = _record()
+    text = render_benchmarks(whole)
+    partial = _partial_record()
+    order = [("Speed", "ok"), ("Speed", "new"), ("Speed", "broken"), ("GPU", "needs a gpu"), ("Late", "last")]
+    updated = update_benchmarks(text, partial, order)
+    stamp = partial["stamp"]
+    run = f"run of {stamp['date'][:10]} at `{stamp['commit']}`" + (" with uncommitted changes" if stamp["dirty"] else "")
+    # the case that failed before now ran: its block and its "not run" line are this run's
+    assert "- Speed / broken: failed" not in updated and "| fixed | 2.5 |" in updated
+    assert f"raises (ran, 0 s, {run})" in updated
+    # the case the partial run did not touch is byte for byte what it was, its "not run" line kept
+    ok_block = text[text.index("### ok") : text.index("### broken")]
+    assert ok_block in updated and "- GPU / needs a gpu: skipped: no gpu here" in updated
+    assert f"- Late / last: failed: ZeroDivisionError: division by zero ({run})" in updated
+    # the catalog's order, a new case in its place and a new section at its end
+    assert updated.index("### ok") < updated.index("### new") < updated.index("### broken") < updated.index("## GPU") < updated.index("## Late")
+    assert f"| re-run | {partial['stamp']['date']}, commit `{partial['stamp']['commit']}`" in updated and UPDATED in updated
+    # a second update adds a row and replaces the first update's block, keeping one note of how it was made
+    again = update_benchmarks(updated, partial, order)
+    assert again.count("| re-run |") == 2 and again.count(UPDATED) == 1 and again.count("### broken") == 1
+    quick = _partial_record()
+    quick["context"]["quick"] = True
+    with pytest.raises(ValueError, match="quick"):
+        update_benchmarks(text, quick, order)
+
+
+def test_a_document_updated_by_an_empty_run_keeps_every_case():
+    text = render_benchmarks(_record())
+    empty = run_cases([], FakeContext(), progress=lambda line: None)
+    empty["context"]["quick"] = False
+    updated = update_benchmarks(text, empty, [])
+    body = text[text.index("## Speed") :]
+    assert updated.endswith(body) and updated.count("| re-run |") == 1
 
 
 def test_the_catalog_names_each_case_once_and_selects_by_section_or_name():
