@@ -9,6 +9,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -278,6 +279,46 @@ def test_a_compaction_overtaken_by_close_publishes_nothing(base_index, tmp_path)
         collection.compact()
 
 
+def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_index, tmp_path, monkeypatch):
+    """A drop during a long compaction should not wait for a base nobody will take: the build stops after the stage
+    it is in (here its BM25 index), before the dense index and the rest are built."""
+    from hybrid_retrieval.indexer import build
+
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
+    manifest = (tmp_path / "index" / "manifest.json").read_bytes()
+    building, later_stages = threading.Event(), []
+    real_bm25 = build.BM25Index.build
+
+    def bm25_until_closed(*args, **kwargs):
+        building.set()
+        deadline = time.monotonic() + 30
+        while collection._closed is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return real_bm25(*args, **kwargs)
+
+    monkeypatch.setattr(build.BM25Index, "build", bm25_until_closed)
+    monkeypatch.setattr(build, "build_faiss_index", lambda *a, **k: later_stages.append("faiss"))
+    collection.on_compact = lambda *_: later_stages.append("on_compact")
+    outcome: list = []
+
+    def compact():
+        try:
+            outcome.append(collection.compact())
+        except HybridError as exc:
+            outcome.append(exc)
+
+    compaction = threading.Thread(target=compact)
+    compaction.start()
+    assert building.wait(30)
+    collection.close("collection 'x' was dropped")  # returns once the compaction has stopped
+    compaction.join(30)
+    assert isinstance(outcome[0], HybridError) and "dropped" in str(outcome[0]) and later_stages == []
+    assert (tmp_path / "index" / "manifest.json").read_bytes() == manifest
+    assert sorted(p.name for p in tmp_path.joinpath("index").parent.iterdir()) == ["index"]  # no build folder left
+
+
 def test_writes_logged_during_a_compaction_apply_to_the_new_base_whatever_it_holds(base_index, tmp_path):
     """A field whose last value was deleted stays decided in the compacted base: a write checked against that type
     while the compaction built applies on top of it, and a reopen replays it."""
@@ -391,9 +432,9 @@ def test_a_compaction_never_publishes_over_a_folder_another_process_published(ba
     else:
         build = live.build_compacted
 
-        def replaced_meanwhile(*args):
+        def replaced_meanwhile(*args, **kwargs):
             publish_in_place(tmp_path / "index", restored)
-            build(*args)
+            build(*args, **kwargs)
 
         monkeypatch.setattr(live, "build_compacted", replaced_meanwhile)
     with pytest.raises(Closed, match="was replaced"):

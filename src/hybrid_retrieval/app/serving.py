@@ -306,7 +306,7 @@ class Reloader:
             self._compaction.start()
 
     def wait_for_compaction(self) -> None:
-        """At shutdown or drop: let a background compaction finish before its collection's log is closed."""
+        """Once the collection is closed: its background compaction's thread has ended (or is ending, publishing nothing)."""
         if self._compaction is not None:
             self._compaction.join()
 
@@ -337,7 +337,7 @@ class Reloader:
             self._lock.release()
 
     def stop_writes(self, reason: str) -> None:
-        """Refuse writes from now on with `reason` (searches go on), once a compaction in progress has finished: the
+        """Refuse writes from now on with `reason` (searches go on), once a compaction in progress has stopped: the
         folder can then be replaced (a restore over it)."""
         serving = self.serving
         if serving is not None and serving.collection is not None:
@@ -345,8 +345,9 @@ class Reloader:
         self.wait_for_compaction()
 
     def close(self) -> None:
-        """Stop serving: wait for a compaction, close the log (a drop or shutdown)."""
-        self.wait_for_compaction()
+        """Stop serving (a drop or shutdown): close the log, which stops a compaction in progress at the end of its
+        current stage (its log keeps every write: the next start compacts again)."""
         serving, self.serving = self.serving, None
         if serving is not None and serving.collection is not None:
             serving.collection.close()
+        self.wait_for_compaction()

@@ -236,13 +236,15 @@ def build_into(
     embed: Callable[[Path, Path], np.ndarray] | None = None,
     collection: bool = False,
     passages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    checkpoint: Callable[[], None] = lambda: None,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
     in corpus order) as given. `collection`: the base of a collection (created empty, or compacted), which may be empty
     and may declare filterable fields no document has yet; else an empty corpus or such a field is an error. A chunked
     index (options.chunking) embeds its documents' passages, or takes `passages` (spans, rows, vectors) as given, with
-    `vectors` each document's first passage's."""
+    `vectors` each document's first passage's. `checkpoint` runs between stages: what it raises ends the build (a
+    compaction whose collection is being closed stops at the next stage instead of finishing a base nobody takes)."""
     started = time.perf_counter() if started is None else started
     t = time.perf_counter()
     timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
@@ -253,6 +255,7 @@ def build_into(
         check_filterable(metadata.fields, options.filterable)
     metadata.save(tmp)
     timings["documents_s"] = time.perf_counter() - t
+    checkpoint()
 
     t = time.perf_counter()
     bm25 = BM25Index.build(tokens, options.analyzer, options.bm25, options.progress)
@@ -260,6 +263,7 @@ def build_into(
     Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
     timings["bm25_s"] = time.perf_counter() - t
     del tokens
+    checkpoint()
 
     t = time.perf_counter()
     passage_count = 0
@@ -295,6 +299,7 @@ def build_into(
     elif not options.chunking.enabled:
         np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
     timings["embeddings_s"] = time.perf_counter() - t
+    checkpoint()
 
     t = time.perf_counter()
     faiss.write_index(build_faiss_index(vectors, options.faiss, options.device, options.progress), str(tmp / store.FAISS_FILE))

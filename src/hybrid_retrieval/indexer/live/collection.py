@@ -339,7 +339,7 @@ class Collection:
                 held = False
                 try:
                     with publish_dir(path) as tmp:
-                        build_compacted(state, corpus, vectors, tmp, self.on_compact)
+                        build_compacted(state, corpus, vectors, tmp, self.on_compact, checkpoint=self._stop_if_closed)
                         self._write_lock.acquire()  # held across the swap: no write may fall between the two folders
                         held = True
                         if self._closed is not None:  # dropped or restored over while it built: the folder is not ours
@@ -358,6 +358,13 @@ class Collection:
         logger.info("compacted %s: %d documents up to sequence %d", path, self.snapshot.documents, state.seq)
         remove_leftovers(path)
         return self.refresh()
+
+    def _stop_if_closed(self) -> None:
+        """Between a compaction's stages: a collection closed meanwhile (dropped, restored over, reloaded) takes no
+        new base, so the build stops here instead of finishing first (close() waits for it). Read without the lock:
+        the swap checks again under it."""
+        if self._closed is not None:
+            raise Closed(self._closed)
 
     def needs_compaction(self, fraction: float, min_docs: int) -> bool:
         """Whether the live segment and the deletions have grown past `fraction` of the base (and `min_docs`)."""
@@ -440,7 +447,8 @@ class Collection:
 
     def close(self, reason: str = "this collection is closed") -> None:
         """Close the log; later writes are refused with `reason` (a drop, a restore over it, shutdown). Returns once
-        a compaction in progress has ended: it publishes nothing after this (its folder may be dropped or replaced)."""
+        a compaction in progress has stopped, at the end of its current stage: it publishes nothing after this (its
+        folder may be dropped or replaced)."""
         with self._write_lock:
             self._refuse_writes(reason)
         with self._compact_lock:

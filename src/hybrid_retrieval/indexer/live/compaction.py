@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,10 +25,13 @@ from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.segments import LiveDocument
 
 
-def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None) -> None:
+def build_compacted(
+    state: Snapshot, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None, checkpoint: Callable[[], None] = lambda: None
+) -> None:
     """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; a
     chunked index's passages as they are), with what it keeps of the old base and what `on_compact(state, manifest,
-    folder)` adds; the manifest is written last."""
+    folder)` adds; the manifest is written last. `checkpoint` runs between stages and may stop the build (build_into)."""
+    checkpoint()  # after current_corpus, as long as a stage for a large collection
     index = state.index
     options = replace(build_options_of(index), field_types=dict(state.field_types))
     model = index.path / MODEL_DIR if index.manifest.embedder.document_backend != NO_MODEL else None
@@ -40,7 +44,9 @@ def build_compacted(state: Snapshot, corpus: Path, vectors: np.ndarray, folder: 
         vectors=vectors,
         collection=True,
         passages=current_passages(state) if index.passages is not None else None,
+        checkpoint=checkpoint,
     )
+    checkpoint()
     _carry_over(state, manifest, folder, vectors)
     if on_compact is not None:
         on_compact(state, manifest, folder)
