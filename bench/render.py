@@ -53,9 +53,19 @@ def machine_line(machine: dict[str, Any]) -> str:
     return f"{machine.get('cpu_count')} cores, {machine.get('cpu_model')}, {gpu}"
 
 
+def software(stamp: dict[str, Any]) -> str:
+    return f"Python {stamp['machine'].get('python')}, " + ", ".join(f"{name} {version}" for name, version in stamp["versions"].items())
+
+
+RATIOS = (
+    "Ratios compare two measurements taken side by side in the same run (a case runs whole in one run); a verdict is "
+    f"*within noise* when the medians differ by {NOISE:.0%} or less, or when a two-sided Mann-Whitney test over the "
+    f"samples gives p >= {ALPHA}."
+)
+
+
 def header(record: dict[str, Any]) -> list[str]:
     s = record["stamp"]
-    versions = ", ".join(f"{name} {version}" for name, version in s["versions"].items())
     not_run = [f"{c['section']} / {c['name']}: {c['status']}" for c in record["cases"] if c["status"] != "ran"]
     ran = [c for c in record["cases"] if c["status"] == "ran"]
     lines = [
@@ -68,18 +78,13 @@ def header(record: dict[str, Any]) -> list[str]:
         f"| date | {s['date']}" + (f", resumed {', '.join(s['resumed'])} (the same commit)" if s.get("resumed") else "") + " |",
         f"| commit | `{s['commit']}`{' with uncommitted changes' if s['dirty'] else ''} |",
         f"| machine | {machine_line(s['machine'])} |",
-        f"| software | Python {s['machine'].get('python')}, {versions} |",
+        f"| software | {software(s)} |",
         f"| dataset | {record['context']['dataset']}{' (quick: smoke-sized cases)' if record['context'].get('quick') else ''} |",
         f"| cases | {len(ran)} ran, {len(record['cases']) - len(ran)} not run here, {sum(c['seconds'] for c in record['cases']):.0f} s |",
     ]
     if record["context"].get("baseline"):
         lines.append(f"| baseline | `{record['context']['baseline']}` (rows named `baseline`) |")
-    lines += [
-        "",
-        f"Ratios compare two measurements taken side by side in this run; a verdict is *within noise* when the "
-        f"medians differ by {NOISE:.0%} or less, or when a two-sided Mann-Whitney test over the samples gives "
-        f"p >= {ALPHA}.",
-    ]
+    lines += ["", RATIOS]
     if not_run:
         lines += ["", "Not run here:", "", *(f"- {line}" for line in not_run)]
     return lines
@@ -161,14 +166,17 @@ def _updated_header(head: list[str], record: dict[str, Any], run: str) -> list[s
     not_run = [line for line in head if line.startswith("- ") and line[2:].split(": ", 1)[0] not in names]
     not_run += [f"- {c['section']} / {c['name']}: {c['status']} ({run})" for c in record["cases"] if c["status"] != "ran"]
     out = list(head[: head.index("Not run here:")] if "Not run here:" in head else head)
+    out = [RATIOS if line.startswith("Ratios compare") else line for line in out]  # as this code words it
     generated = next(i for i, line in enumerate(out) if line.startswith("Generated from one run"))
     if UPDATED not in out[generated]:
         out[generated] += f" {UPDATED}"
     last_row = max(i for i, line in enumerate(out) if line.startswith("| "))
+    same_software = f"| software | {software(s)} |" in out
     out.insert(
         last_row + 1,
-        f"| re-run | {s['date']}, commit `{s['commit']}`, {machine_line(s['machine'])}, Python {s['machine'].get('python')}: "
-        f"{len(ran)} cases ran, {len(record['cases']) - len(ran)} not, {sum(c['seconds'] for c in record['cases']):.0f} s |",
+        f"| re-run | {s['date']}, commit `{s['commit']}`, {machine_line(s['machine'])}"
+        + ("" if same_software else f", {software(s)}")
+        + f": {len(ran)} cases ran, {len(record['cases']) - len(ran)} not, {sum(c['seconds'] for c in record['cases']):.0f} s |",
     )
     while out and not out[-1]:
         out.pop()

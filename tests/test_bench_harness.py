@@ -145,7 +145,11 @@ def test_a_partial_run_replaces_its_cases_and_keeps_the_others():
     # the catalog's order, a new case in its place and a new section at its end
     positions = [updated.index(heading) for heading in ("### ok", "### new", "### broken", "## GPU", "## Late")]
     assert positions == sorted(positions)
-    assert f"| re-run | {partial['stamp']['date']}, commit `{partial['stamp']['commit']}`" in updated and UPDATED in updated
+    row = f"| re-run | {stamp['date']}, commit `{stamp['commit']}`, {stamp['machine']['cpu_count']} cores"
+    assert row in updated and UPDATED in updated and "Python" not in updated.split(row)[1].split("\n")[0]  # same software
+    newer = _partial_record()
+    newer["stamp"]["versions"]["numpy"] = "99.0"
+    assert "numpy 99.0" in update_benchmarks(text, newer, order).split("| re-run |")[1].split("\n")[0]
     # a second update adds a row and replaces the first update's block, keeping one note of how it was made
     again = update_benchmarks(updated, partial, order)
     assert again.count("| re-run |") == 2 and again.count(UPDATED) == 1 and again.count("### broken") == 1
