@@ -43,7 +43,7 @@ def _headline(ctx) -> list[Table]:
             "as served over HTTP",
             rows,
             "POST /search with the query (and the mode) alone, k=100, one client; the "
-            "latency is the round trip on loopback, the model on the CPU cores listed above.",
+            "latency is the round trip on loopback, the model on the CPU cores of the machine its run names.",
         )
     ]
 

@@ -80,7 +80,7 @@ def header(record: dict[str, Any]) -> list[str]:
         f"| machine | {machine_line(s['machine'])} |",
         f"| software | {software(s)} |",
         f"| dataset | {record['context']['dataset']}{' (quick: smoke-sized cases)' if record['context'].get('quick') else ''} |",
-        f"| cases | {len(ran)} ran, {len(record['cases']) - len(ran)} not run here, {sum(c['seconds'] for c in record['cases']):.0f} s |",
+        f"| cases | {len(ran)} ran, {len(record['cases']) - len(ran)} did not, {sum(c['seconds'] for c in record['cases']):.0f} s |",
     ]
     if record["context"].get("baseline"):
         lines.append(f"| baseline | `{record['context']['baseline']}` (rows named `baseline`) |")
@@ -121,23 +121,42 @@ def render_benchmarks(record: dict[str, Any]) -> str:
     return "\n".join(header(record) + body(blocks)) + "\n"
 
 
-UPDATED = "Cases re-run since by `python -m bench render RECORD --update` name their run."
+UPDATED = (
+    "Cases re-run since by `python -m bench render RECORD --update` name their run, and each such run has a `re-run` row; "
+    "the rows above those describe the first run."
+)
 
 
 def update_benchmarks(text: str, record: dict[str, Any], order: list[tuple[str, str]]) -> str:
-    """`text` (a rendered BENCHMARKS.md) with the cases `record` holds replaced or added, every other case kept as it
-    was; cases in `order` (the catalog's), then any the catalog no longer has. The header gains a row for this run."""
+    """`text` (a rendered BENCHMARKS.md) with the cases `record` measured replaced or added, every other case kept as
+    it was; cases in `order` (the catalog's), then any the catalog does not have. A case the record holds but did not
+    run (skipped, failed) keeps the figures an earlier run measured, and its "not run here" line says so. The header
+    gains a row for this run. A record that holds no case changes nothing."""
     if record["context"].get("quick"):
         raise ValueError("a quick run's smoke-sized figures do not go into BENCHMARKS.md: run without --quick")
+    if not record["cases"]:
+        return text
     lines = text.rstrip("\n").split("\n")
+    dataset = next((line.split("|")[2].split(" (")[0].strip() for line in lines if line.startswith("| dataset |")), None)
+    if dataset is not None and dataset != record["context"]["dataset"]:
+        raise ValueError(f"the record measured {record['context']['dataset']!r}, the document {dataset!r}: render it whole instead")
     first_section = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
     head, old = lines[:first_section], _blocks(lines[first_section:])
+    shown_not_run = {line[2:].split(": ", 1)[0] for line in head if line.startswith("- ")}
     s = record["stamp"]
     run = f"run of {s['date'][:10]} at `{s['commit']}`{' with uncommitted changes' if s['dirty'] else ''}"
-    new = {(case["section"], case["name"]): case_block(case, run) for case in record["cases"]}
+    new, kept = {}, set()
+    for case in record["cases"]:
+        key, label = (case["section"], case["name"]), f"{case['section']} / {case['name']}"
+        earlier = next((k for k in old if k[1] == case["name"]), None)  # its section may have been renamed since
+        if case["status"] != "ran" and earlier is not None and f"{earlier[0]} / {earlier[1]}" not in shown_not_run:
+            kept.add(label)
+        else:
+            new[key] = case_block(case, run)
+            old = {k: b for k, b in old.items() if k[1] != case["name"]}
     merged = {key: new.get(key) or old[key] for key in order if key in new or key in old}
-    merged |= {key: block for key, block in old.items() if key not in merged}
-    return "\n".join(_updated_header(head, record, run) + body(merged)) + "\n"
+    merged |= {key: block for key, block in (new | old).items() if key not in merged}
+    return "\n".join(_updated_header(head, record, run, kept) + body(merged)) + "\n"
 
 
 def _blocks(lines: list[str]) -> dict[tuple[str, str], list[str]]:
@@ -158,26 +177,32 @@ def _blocks(lines: list[str]) -> dict[tuple[str, str], list[str]]:
     return blocks
 
 
-def _updated_header(head: list[str], record: dict[str, Any], run: str) -> list[str]:
-    """The header with a row for this run, and its cases' former "not run here" lines replaced by this run's."""
+def _updated_header(head: list[str], record: dict[str, Any], run: str, kept: set[str]) -> list[str]:
+    """The header with a row for this run, and its cases' former "not run here" lines replaced by this run's (`kept`:
+    the cases shown as an earlier run measured them)."""
     s = record["stamp"]
     ran = [c for c in record["cases"] if c["status"] == "ran"]
-    names = {f"{c['section']} / {c['name']}" for c in record["cases"]}
-    not_run = [line for line in head if line.startswith("- ") and line[2:].split(": ", 1)[0] not in names]
-    not_run += [f"- {c['section']} / {c['name']}: {c['status']} ({run})" for c in record["cases"] if c["status"] != "ran"]
+    names = {c["name"] for c in record["cases"]}
+    not_run = [line for line in head if line.startswith("- ") and line[2:].split(": ", 1)[0].split(" / ", 1)[-1] not in names]
+    for case in record["cases"]:
+        label = f"{case['section']} / {case['name']}"
+        if case["status"] != "ran":
+            earlier = "; its figures are from an earlier run" if label in kept else ""
+            not_run.append(f"- {label}: {case['status']} ({run}{earlier})")
     out = list(head[: head.index("Not run here:")] if "Not run here:" in head else head)
     out = [RATIOS if line.startswith("Ratios compare") else line for line in out]  # as this code words it
+    out = [line.replace(" not run here, ", " did not, ") if line.startswith("| cases |") else line for line in out]
     generated = next(i for i, line in enumerate(out) if line.startswith("Generated from one run"))
-    if UPDATED not in out[generated]:
-        out[generated] += f" {UPDATED}"
-    last_row = max(i for i, line in enumerate(out) if line.startswith("| "))
-    same_software = f"| software | {software(s)} |" in out
-    out.insert(
-        last_row + 1,
-        f"| re-run | {s['date']}, commit `{s['commit']}`, {machine_line(s['machine'])}"
-        + ("" if same_software else f", {software(s)}")
-        + f": {len(ran)} cases ran, {len(record['cases']) - len(ran)} not, {sum(c['seconds'] for c in record['cases']):.0f} s |",
+    out[generated] = out[generated].split(" Cases re-run since", 1)[0] + f" {UPDATED}"
+    date = s["date"] + (f", resumed {', '.join(s['resumed'])}" if s.get("resumed") else "")
+    baseline = f", baseline `{record['context']['baseline']}` (rows named `baseline`)" if record["context"].get("baseline") else ""
+    row = (
+        f"| re-run | {date}, commit `{s['commit']}`, {machine_line(s['machine'])}"
+        + ("" if f"| software | {software(s)} |" in out else f", {software(s)}")
+        + f"{baseline}: {len(ran)} cases ran, {len(record['cases']) - len(ran)} not, {sum(c['seconds'] for c in record['cases']):.0f} s |"
     )
+    if row not in out:  # the same record rendered twice
+        out.insert(max(i for i, line in enumerate(out) if line.startswith("| ")) + 1, row)
     while out and not out[-1]:
         out.pop()
     return out + (["", "Not run here:", "", *not_run] if not_run else [])

@@ -150,9 +150,13 @@ def test_a_partial_run_replaces_its_cases_and_keeps_the_others():
     newer = _partial_record()
     newer["stamp"]["versions"]["numpy"] = "99.0"
     assert "numpy 99.0" in update_benchmarks(text, newer, order).split("| re-run |")[1].split("\n")[0]
-    # a second update adds a row and replaces the first update's block, keeping one note of how it was made
-    again = update_benchmarks(updated, partial, order)
+    # the same record twice changes nothing; another run adds its row and replaces the first update's block
+    assert update_benchmarks(updated, partial, order) == updated
+    later = _partial_record()
+    later["stamp"]["date"] = "2099-01-01T00:00:00+00:00"
+    again = update_benchmarks(updated, later, order)
     assert again.count("| re-run |") == 2 and again.count(UPDATED) == 1 and again.count("### broken") == 1
+    assert "run of 2099-01-01" in again[again.index("### broken") :].split("\n")[2]
     quick = _partial_record()
     quick["context"]["quick"] = True
     with pytest.raises(ValueError, match="quick"):
@@ -163,9 +167,47 @@ def test_a_document_updated_by_an_empty_run_keeps_every_case():
     text = render_benchmarks(_record())
     empty = run_cases([], FakeContext(), progress=lambda line: None)
     empty["context"]["quick"] = False
-    updated = update_benchmarks(text, empty, [])
-    body = text[text.index("## Speed") :]
-    assert updated.endswith(body) and updated.count("| re-run |") == 1
+    assert update_benchmarks(text, empty, []) == text
+
+
+def test_a_case_an_update_could_not_run_keeps_its_earlier_figures():
+    """A re-run on a machine without the case's resource (or where it failed) does not wipe what an earlier run
+    measured; the "not run here" line says which run missed it."""
+    whole = run_cases(
+        [Case("Speed", "ok", "what it runs", lambda ctx: [Table("t", [{"p50 ms": 1.5}])])], FakeContext(), progress=lambda line: None
+    )
+    text = render_benchmarks(whole)
+    missed = run_cases([Case("Speed", "ok", "what it runs", lambda ctx: 1 / 0)], FakeContext(), progress=lambda line: None)
+    missed["context"]["quick"] = False
+    updated = update_benchmarks(text, missed, [("Speed", "ok")])
+    assert text[text.index("### ok") :] in updated and "| 1.5 |" in updated
+    assert "- Speed / ok: failed: ZeroDivisionError: division by zero (run of" in updated
+    assert "its figures are from an earlier run)" in updated and "1 cases ran" not in updated
+
+
+def test_an_update_keeps_cases_outside_the_catalog_and_moves_a_renamed_section():
+    text = render_benchmarks(_record())
+    cases = [
+        Case("Fast", "ok", "the same case in a renamed section", lambda ctx: [Table("t", [{"p50 ms": 0.5}])]),
+        Case("Speed", "brand new", "not in the catalog yet", lambda ctx: [Table("t", [{"x": 7}])]),
+    ]
+    record = run_cases(cases, FakeContext(), progress=lambda line: None)
+    record["context"]["quick"] = False
+    updated = update_benchmarks(text, record, [("Fast", "ok"), ("Speed", "broken"), ("GPU", "needs a gpu")])
+    assert updated.count("### ok") == 1 and "## Fast" in updated and "| 0.5 |" in updated
+    assert "### brand new" in updated and "| 7 |" in updated
+    assert "| cases | 1 ran, 2 did not," in updated  # the first run's row, as it ran
+
+
+def test_an_update_names_its_baseline_and_refuses_another_dataset():
+    text = render_benchmarks(_record())
+    record = _partial_record()
+    record["context"]["baseline"] = "v1.0"
+    row = next(line for line in update_benchmarks(text, record, []).split("\n") if line.startswith("| re-run |"))
+    assert "baseline `v1.0` (rows named `baseline`)" in row
+    record["context"]["dataset"] = "nfcorpus"
+    with pytest.raises(ValueError, match="nfcorpus"):
+        update_benchmarks(text, record, [])
 
 
 def test_the_catalog_names_each_case_once_and_selects_by_section_or_name():
