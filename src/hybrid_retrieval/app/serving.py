@@ -347,7 +347,8 @@ class Reloader:
     def close(self) -> None:
         """Stop serving (a drop or shutdown): close the log, which stops a compaction in progress at the end of its
         current stage (its log keeps every write: the next start compacts again)."""
-        serving, self.serving = self.serving, None
+        serving = self.serving
         if serving is not None and serving.collection is not None:
             serving.collection.close()
         self.wait_for_compaction()
+        self.serving = None  # after the join: a compaction that swapped just before the close publishes no more
