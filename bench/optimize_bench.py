@@ -19,7 +19,7 @@ from bench.harness import Case, Table
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import RERANKER_DIR
-from hybrid_retrieval.training.optimize import WORK, served_scores
+from hybrid_retrieval.training.optimize import WORK, own_rerank_spec, served_scores
 from hybrid_retrieval.training.significance import randomization_test
 
 
@@ -54,6 +54,7 @@ def _optimize(ctx) -> list[Table]:
     qids = sorted(start)
     a, b = np.array([final[q] for q in qids]), np.array([start[q] for q in qids])
     manifest = read_manifest(folder)
+    served = manifest.defaults.merge(own_rerank_spec(own)) if own.is_dir() else manifest.defaults
     test = [
         {
             "pipeline": "start: untuned hybrid (the default fusion)",
@@ -62,7 +63,7 @@ def _optimize(ctx) -> list[Table]:
             "p": "",
         },
         {
-            "pipeline": f"optimized, as served: {manifest.defaults.to_string()}" + (" + its reranker" if own.is_dir() else ""),
+            "pipeline": f"optimized, as served: {served.to_string()}" + (" with its own reranker" if own.is_dir() else ""),
             "nDCG@10": round(float(a.mean()), 4),
             "change": round(float(a.mean() - b.mean()), 4),
             "p": round(randomization_test(a, b), 4),

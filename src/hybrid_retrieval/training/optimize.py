@@ -306,6 +306,11 @@ def install_reranker(model: Path, index_dir: Path) -> None:
     update_manifest(index_dir, inventory)
 
 
+def own_rerank_spec(reranker: Path) -> dict:
+    """The reranking an index's own reranker is served with: on, the default depth, its tuned weight."""
+    return {"rerank": {"enabled": True, "depth": DEFAULT_RERANK_DEPTH, "weight": rerank_weight(reranker)}}
+
+
 def served_scores(
     index_dir: Path, queries: dict[str, str], qrels: dict[str, dict[str, int]], reranker: Path | None = None, device: str = "auto"
 ) -> dict[str, float]:
@@ -317,7 +322,7 @@ def served_scores(
         cross_encoder = None
         if reranker is not None:
             cross_encoder = load_cross_encoder(reranker / ONNX_SUBDIR, device=device, precision="auto")
-            spec = {"rerank": {"enabled": True, "depth": DEFAULT_RERANK_DEPTH, "weight": rerank_weight(reranker)}}
+            spec = own_rerank_spec(reranker)
         pipeline = index.pipeline(cross_encoder=cross_encoder)
         resolved = pipeline.resolve(spec)
         run = {}
