@@ -21,6 +21,22 @@ INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings"
 INDEX_FIELD_KEYS |= {"passages", "group_by", "passage_scoring"}
 
 
+def _cpython_ast_race(exc: BaseException) -> bool:
+    """Whether `exc` holds CPython 3.11's "AST constructor recursion depth mismatch": ast.parse keeps its depth in
+    interpreter-wide state, so hypothesis describing a lambda (it parses the lambda's module) while another thread
+    parses too can fail spuriously; nothing the service did."""
+    seen, pending = set(), [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, SystemError) and "AST constructor recursion depth mismatch" in str(current):
+            return True
+        pending += [current.__cause__, current.__context__, *getattr(current, "exceptions", ())]
+    return False
+
+
 def _names_index_fields(body) -> bool:
     if not isinstance(body, dict):
         return False
@@ -66,7 +82,12 @@ def test_every_endpoint_survives_generated_requests(tiny_index, tmp_path, capsys
                 response = case.call_and_validate(excluded_checks=excluded)
                 assert response.status_code < 500
 
-            fuzz()
+            try:
+                fuzz()
+            except Exception as exc:  # derandomized: a second run replays the same cases
+                if not _cpython_ast_race(exc):
+                    raise
+                fuzz()
     with capsys.disabled():
         print(f"\nschemathesis: {sum(counts.values())} generated cases: {counts}")
     assert "POST /search" in counts and counts["POST /search"] >= examples * 2 // 3
