@@ -245,15 +245,8 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     reopened.close()
 
 
-def test_a_compaction_overtaken_by_close_publishes_nothing(base_index, tmp_path):
-    """A drop or a restore closes the collection while its compaction builds: the compaction ends without swapping
-    its folder in (the folder is about to be removed or replaced), and close returns only once it has ended."""
-    shutil.copytree(base_index, tmp_path / "index")
-    collection = Collection(open_index(tmp_path / "index"))
-    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
-    manifest = (tmp_path / "index" / "manifest.json").read_bytes()
-    building, go_on = threading.Event(), threading.Event()
-    collection.on_compact = lambda *_: (building.set(), go_on.wait(30))
+def _compact_in_background(collection: Collection) -> tuple[threading.Thread, list]:
+    """A started thread compacting `collection`, and the list that receives its manifest or its HybridError."""
     outcome: list = []
 
     def compact():
@@ -264,6 +257,19 @@ def test_a_compaction_overtaken_by_close_publishes_nothing(base_index, tmp_path)
 
     compaction = threading.Thread(target=compact)
     compaction.start()
+    return compaction, outcome
+
+
+def test_a_compaction_overtaken_by_close_publishes_nothing(base_index, tmp_path):
+    """A drop or a restore closes the collection while its compaction builds: the compaction ends without swapping
+    its folder in (the folder is about to be removed or replaced), and close returns only once it has ended."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
+    manifest = (tmp_path / "index" / "manifest.json").read_bytes()
+    building, go_on = threading.Event(), threading.Event()
+    collection.on_compact = lambda *_: (building.set(), go_on.wait(30))
+    compaction, outcome = _compact_in_background(collection)
     assert building.wait(30)
     closing = threading.Thread(target=collection.close, args=("collection 'x' was dropped",))
     closing.start()
@@ -301,16 +307,7 @@ def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_in
     monkeypatch.setattr(build.BM25Index, "build", bm25_until_closed)
     monkeypatch.setattr(build, "build_faiss_index", lambda *a, **k: later_stages.append("faiss"))
     collection.on_compact = lambda *_: later_stages.append("on_compact")
-    outcome: list = []
-
-    def compact():
-        try:
-            outcome.append(collection.compact())
-        except HybridError as exc:
-            outcome.append(exc)
-
-    compaction = threading.Thread(target=compact)
-    compaction.start()
+    compaction, outcome = _compact_in_background(collection)
     assert building.wait(30)
     collection.close("collection 'x' was dropped")  # returns once the compaction has stopped
     compaction.join(30)
