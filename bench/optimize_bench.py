@@ -28,7 +28,8 @@ def _optimize(ctx) -> list[Table]:
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(ctx.untuned_index, folder)
     started = time.perf_counter()
-    ctx.hybrid("optimize", folder, *ctx.train, "--quiet")
+    smoke = ["--steps", "fusion,hubness", "--budget", "5"] if ctx.quick else []  # no training: minutes, not an hour
+    ctx.hybrid("optimize", folder, *ctx.train, "--quiet", *smoke)
     seconds = time.perf_counter() - started
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest child: the command
     report = json.loads((folder / WORK / "report.json").read_text())
