@@ -341,6 +341,6 @@ def test_files_that_are_not_snapshots_are_refused(tmp_path):
     }
     body = json.dumps({**trailer, "check": hashlib.sha256(json.dumps(trailer, sort_keys=True, separators=(",", ":")).encode()).hexdigest()})
     crafted = archive_with(tmp_path, {**evil, "snapshot.json": body.encode()})
-    with pytest.raises(BadSnapshot, match="not a file of the collection"):
+    with pytest.raises(BadSnapshot, match="not a plain file of the collection"):
         extract(crafted, tmp_path / "out")
     assert not (tmp_path / "escape").exists()

@@ -19,8 +19,8 @@ class Deadlines:
         self._closed: str | None = None
 
     @contextlib.contextmanager
-    def start(self, seconds: float) -> Iterator[Deadline]:
-        deadline = Deadline(seconds)
+    def start(self, seconds: float, setting: str = "HYBRID_REQUEST_TIMEOUT") -> Iterator[Deadline]:
+        deadline = Deadline(seconds, setting)
         with self._lock:
             if self._closed is not None:
                 deadline.cancel(self._closed)

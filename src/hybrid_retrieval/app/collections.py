@@ -19,11 +19,12 @@ from pathlib import Path
 from hybrid_retrieval.app.serving import Reloader, Resources, open_folder
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
-from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, extract
+from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, restore_into
 from hybrid_retrieval.indexer.live.collection import Collection
-from hybrid_retrieval.indexer.manifest import read_manifest
+from hybrid_retrieval.indexer.live.log import log_path
+from hybrid_retrieval.indexer.manifest import MANIFEST, read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
-from hybrid_retrieval.indexer.store import MODEL_DIR
+from hybrid_retrieval.indexer.store import MODEL_DIR, folder_identity
 from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.search.errors import HybridError, StorageError
 
@@ -35,6 +36,24 @@ NOT_LOADED = ("docs.jsonl", MODEL_DIR, "live")  # read by offset, shared by coll
 
 class TooMany(HybridError):
     """The service serves as many collections as HYBRID_MAX_COLLECTIONS allows (HTTP 409)."""
+
+
+class Unavailable(NotFound):
+    """A collection of the data directory that could not be opened (HTTP 503; to a key that may not use it, like any
+    other unknown name)."""
+
+
+def _stamp(folder: Path) -> tuple:
+    """What changes when a failed collection's folder is repaired or replaced: its manifest's and log's sizes and
+    modification times, and the folder's identity."""
+    stamp: list = [folder_identity(folder)]
+    for path in (folder / MANIFEST, log_path(folder)):
+        try:
+            stat = path.stat()
+            stamp.append((stat.st_size, stat.st_mtime_ns))
+        except OSError:
+            stamp.append(None)
+    return tuple(stamp)
 
 
 def memory_bytes(reloader: Reloader) -> int:
@@ -66,7 +85,11 @@ class Collections:
         self.external = external
         self._external_opener = opener
         self.served: dict[str, Reloader] = {}
+        # collections of the data directory that cannot be opened: name -> (why, _stamp of the folder); the others
+        # serve, and each is tried again once its folder changes (a repair, a restore) or on a reload
+        self.failed: dict[str, tuple[str, tuple]] = {}
         self._change = threading.Lock()  # one create, drop, open or scan at a time
+        resources.metrics.failed_collections.set_function(lambda: len(self.failed))
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -77,7 +100,10 @@ class Collections:
     def resolve(self, name: str) -> Reloader:
         """The collection `name` names, directly or through an alias; NotFound (naming no other collection: the
         caller's key may not be allowed to know of them)."""
-        reloader = self.served.get(self.aliases.get(name, name))
+        target = self.aliases.get(name, name)
+        reloader, failure = self.served.get(target), self.failed.get(target)
+        if reloader is None and failure is not None:
+            raise Unavailable(f"collection {target!r} cannot be served: {failure[0]}")
         if reloader is None:
             raise NotFound(f"no collection or alias named {name!r} (GET /collections lists those your key may use)")
         return reloader
@@ -108,20 +134,41 @@ class Collections:
                 self._serve(name, opener)
             if self.data is not None:
                 for name in self.data.names():
-                    self._serve(name, functools.partial(self._open_folder, self.data.path(name)))
+                    self._serve_or_fail(name)
 
-    def scan(self) -> list[str]:
-        """Serve the collections an offline build published into the data directory since; their names."""
+    def scan(self, retry: bool = False) -> list[str]:
+        """Serve the collections an offline build published into the data directory since, and those that failed to
+        open whose folder changed since (`retry`: all that failed); the names now served."""
         if self.data is None:
             return []
         with self._change:
-            fresh = [name for name in self.data.names() if name not in self.served]
-            for name in fresh:
-                try:
-                    self._serve(name, functools.partial(self._open_folder, self.data.path(name)))
-                except Exception:  # the next scan tries again; the others keep serving
-                    logger.exception("cannot serve the new collection %s", name)
-            return fresh
+            fresh = [
+                name
+                for name in self.data.names()
+                if name not in self.served and (retry or name not in self.failed or self.failed[name][1] != _stamp(self.data.path(name)))
+            ]
+            return [name for name in fresh if self._serve_or_fail(name)]
+
+    def _serve_or_fail(self, name: str) -> bool:
+        """(change lock held) Serve collection `name` of the data directory, or note why it cannot be (logged once):
+        one tenant's damaged folder never stops the others."""
+        assert self.data is not None
+        folder = self.data.path(name)
+        stamp = _stamp(folder)
+        try:
+            self._serve(name, functools.partial(self._open_folder, folder))
+        except TooMany:
+            raise
+        except Exception as exc:  # anything: the folder may have come from anywhere
+            if self.failed.get(name, (None,))[0] != str(exc):
+                logger.error("cannot serve collection %s (the others serve): %s", name, exc)
+            self.failed = {**self.failed, name: (str(exc), stamp)}  # replaced whole, as `served` is
+            return False
+        self._forget_failure(name)
+        return True
+
+    def _forget_failure(self, name: str) -> None:
+        self.failed = {n: failure for n, failure in self.failed.items() if n != name}
 
     def _open_folder(self, folder: Path):
         """An index folder, its documents' model session shared with the other collections of that model."""
@@ -168,6 +215,10 @@ class Collections:
         with self._change:
             data.check_droppable(name)  # before it stops serving: a refused drop changes nothing
             reloader = self.served.get(name)
+            if reloader is None and name in self.failed:  # it never served: only its folder goes
+                data.drop(name)
+                self._forget_failure(name)
+                return
             if reloader is None:
                 raise NotFound(f"collection {name!r} is not served here")
             self.served = {n: r for n, r in self.served.items() if n != name}  # new requests miss it from here on
@@ -221,8 +272,11 @@ class Collections:
 
     def restore(self, name: str, source: Path, replace: bool) -> Reloader:
         """Serve the snapshot file `source` as collection `name`: a new collection, or (`replace`) in place of the
-        one of that name in one atomic swap. The file is checked whole before anything changes (BadSnapshot)."""
+        one of that name in one atomic swap. Everything is checked in a staging folder first, the collection opened
+        there and its log replayed (BadSnapshot: nothing changed); the replaced folder is kept until the restored one
+        serves, and serves again (writable) if it does not."""
         data = self._data()
+        settings = self.settings
         with self._change:
             old = self.served.get(name)
             if old is not None and not data.exists(name):
@@ -230,22 +284,25 @@ class Collections:
             if old is None:
                 self._check_room()
             stopped = False
-
-            def fill(folder: Path) -> SnapshotInfo:
-                nonlocal stopped
-                info = extract(source, folder)
-                if old is not None:  # searches go on; writes wait for the restored collection
-                    old.stop_writes(f"collection {name!r} is being replaced by a restore: write again once it is done")
-                    stopped = True
-                return info
-
             try:
-                info = data.publish(name, fill, replace)
-            finally:
-                if stopped and old is not None:  # the restored folder (or, when the swap failed, the old one) is served from here on
+                with data.replacing(name, replace) as replacement:
+                    info = restore_into(source, replacement.folder, settings.max_snapshot_bytes, settings.snapshot_secret)
+                    if old is not None:  # searches go on; writes wait for the restored collection
+                        old.stop_writes(f"collection {name!r} is being replaced by a restore: write again once it is done")
+                        stopped = True
+                    replacement.publish(replace)
+                    if old is not None:
+                        old.open(old.opener())
+                        restored = old
+                    else:
+                        restored = self._serve(name, functools.partial(self._open_folder, data.path(name)))
+            except BaseException:
+                if stopped and old is not None:  # its folder is back in place: it serves and takes writes again
                     old.open(old.opener())
+                raise
+            self._forget_failure(name)
             logger.info("restored %s from snapshot %s (sequence %d, %d documents)", name, info.id, info.sequence, info.documents)
-            return old if old is not None else self._serve(name, functools.partial(self._open_folder, data.path(name)))
+            return restored
 
     # --- upkeep -------------------------------------------------------------------------------------------------
 
@@ -262,7 +319,7 @@ class Collections:
         with self._change:  # not while a collection is created, dropped or restored
             for reloader in list(self.served.values()):
                 reloader.reload()
-        self.scan()
+        self.scan(retry=True)
         self.resources.keep_sessions({r.model_checksum for r in self.served.values() if r.model_checksum})
 
     def close(self) -> None:

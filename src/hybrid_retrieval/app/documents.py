@@ -18,7 +18,7 @@ from hybrid_retrieval.app.security import require_api_key, require_write_key
 from hybrid_retrieval.app.serving import Reloader, Serving
 from hybrid_retrieval.indexer.leftovers import temporary_bytes
 from hybrid_retrieval.search import budget
-from hybrid_retrieval.search.errors import HybridError, SpecError, StorageError
+from hybrid_retrieval.search.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 
 WAIT_SECONDS = 30.0
 Wait = Annotated[
@@ -51,10 +51,10 @@ def _collection(serving: Serving):
 def _write(deadlines, write, items: list) -> int:
     """A write's sequence number, under the write deadline; 409 when the index cannot take it now (another process
     holds its log). A full disk (507) and a read-only folder (503) answer through app.main's handlers."""
-    with deadlines.start(deadlines.write_seconds) as deadline, budget.within(deadline):
+    with deadlines.start(deadlines.write_seconds, "HYBRID_WRITE_TIMEOUT") as deadline, budget.within(deadline):
         try:
             return write(items)
-        except (SpecError, StorageError):
+        except (SpecError, StorageError, DeadlineExceeded):  # 422, 507/503 and 504 through app.main's handlers
             raise
         except HybridError as exc:
             raise HTTPException(status_code=409, detail=str(exc)) from None
@@ -174,7 +174,7 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
             raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
         return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
 
-    @router.get("/stats", response_model=Stats)
+    @router.get("/stats", response_model=Stats, dependencies=[Depends(require_api_key)], responses={401: {}, 403: {}})
     def stats(serving: Serving = current) -> Stats:
         """Live counts, sequence numbers and segment sizes."""
         return stats_of(serving)

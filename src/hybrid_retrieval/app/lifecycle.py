@@ -27,11 +27,12 @@ from hybrid_retrieval.app.schemas import (
 )
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
 from hybrid_retrieval.app.serving import Reloader
-from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, check_name
+from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, NotFound, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.errors import HybridError
 
 router = APIRouter(route_class=CheckedRoute)
 
@@ -80,9 +81,20 @@ def analyzer_settings(analyzer: Analyzer) -> dict:
 
 
 def collection_info(collections: Collections, reloader: Reloader) -> CollectionInfo:
+    """What GET /collections/{name} answers; NotFound when a concurrent drop (or restore) took the collection away
+    while it was read, as if the request had come after."""
     serving = reloader.serving
     if serving is None:
         raise Conflict(f"collection {reloader.name!r} is not loaded")
+    try:
+        return _describe(collections, reloader, serving)
+    except (OSError, HybridError):
+        if collections.served.get(reloader.name) is not reloader or reloader.serving is not serving:
+            raise NotFound(f"collection {reloader.name!r} was dropped or replaced while this answer was made") from None
+        raise
+
+
+def _describe(collections: Collections, reloader: Reloader, serving) -> CollectionInfo:
     manifest = serving.index.manifest
     return CollectionInfo(
         name=reloader.name,
@@ -118,8 +130,8 @@ def create_collection(body: CollectionCreate, collections: CollectionsDep, reque
 
 
 @router.get("/collections", response_model=CollectionList, dependencies=[Depends(require_api_key)], tags=["collections"])
-def listcollections_of(collections: CollectionsDep, request: Request) -> CollectionList:
-    """The collections the key may use."""
+def list_collections(collections: CollectionsDep, request: Request) -> CollectionList:
+    """The collections the key may use, those that cannot be opened among them (state `failed`, and why)."""
     summaries = []
     for name, reloader in sorted(collections.served.items()):
         if not allowed(request, name, *collections.aliases_of(name)):
@@ -134,7 +146,10 @@ def listcollections_of(collections: CollectionsDep, request: Request) -> Collect
                 aliases=collections.aliases_of(name),
             )
         )
-    return CollectionList(collections=summaries)
+    for name, (why, _) in collections.failed.items():
+        if allowed(request, name, *collections.aliases_of(name)):
+            summaries.append(CollectionSummary(name=name, documents=0, state="failed", aliases=collections.aliases_of(name), error=why))
+    return CollectionList(collections=sorted(summaries, key=lambda summary: summary.name))
 
 
 @router.get(

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from threadpoolctl import threadpool_limits
 
 from hybrid_retrieval.app.budget import Deadlines
-from hybrid_retrieval.app.collections import Collections, TooMany
+from hybrid_retrieval.app.collections import Collections, TooMany, Unavailable
 from hybrid_retrieval.app.documents import document_routes
 from hybrid_retrieval.app.json_body import body_loc
 from hybrid_retrieval.app.lifecycle import router as lifecycle_router
@@ -110,7 +110,11 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         batch = _batch_queries(settings)
         resources = Resources(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
         data = DataDir(settings.data_dir) if settings.data_dir is not None else None
-        snapshots = SnapshotStore(settings.snapshot_dir, settings.snapshot_keep) if settings.snapshot_dir is not None else None
+        snapshots = (
+            SnapshotStore(settings.snapshot_dir, settings.snapshot_keep, settings.snapshot_secret)
+            if settings.snapshot_dir is not None
+            else None
+        )
         if snapshots is not None:
             app.state.metrics.describe_snapshots(snapshots.infos())
         collections = Collections(
@@ -199,6 +203,10 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     @app.exception_handler(BadSnapshot)
     async def _bad_snapshot(request: Request, exc: BadSnapshot):
         return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]})
+
+    @app.exception_handler(Unavailable)
+    async def _unavailable(request: Request, exc: Unavailable):
+        return JSONResponse(status_code=503, content={"detail": str(exc)})
 
     @app.exception_handler(NotFound)
     @app.exception_handler(SnapshotNotFound)

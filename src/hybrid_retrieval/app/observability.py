@@ -36,6 +36,11 @@ class Metrics:
             ["collection"],
             registry=self.registry,
         )
+        self.failed_collections = Gauge(
+            "hybrid_collections_failed",
+            "collections of the data directory that cannot be opened (GET /collections says which and why); the others serve",
+            registry=self.registry,
+        )
         self.query_cache = Counter(
             "hybrid_query_cache_lookups", "query embedding cache lookups by result", ["result"], registry=self.registry
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -19,7 +20,15 @@ from pydantic import BaseModel
 from hybrid_retrieval.app.collections import Collections
 from hybrid_retrieval.app.json_body import CheckedRoute
 from hybrid_retrieval.app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
-from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_unscoped_write_key
+from hybrid_retrieval.app.security import (
+    Keys,
+    allowed,
+    check_scope,
+    presented_grant,
+    presented_key,
+    require_api_key,
+    require_unscoped_write_key,
+)
 from hybrid_retrieval.app.serving import Reloader, ReloadInProgress, Serving
 from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.search import budget
@@ -213,10 +222,26 @@ def _response(serving: Serving, body: SearchRequest, result, shown: Presentation
     )
 
 
+_COLLECTION_LABEL = re.compile(r'[{,]collection="([^"]*)"')
+
+
 @service_router.get("/metrics", response_class=PlainTextResponse, responses={200: {"content": {"text/plain": {}}}})
 def metrics(request: Request) -> PlainTextResponse:
-    """Prometheus metrics: per-stage latency histograms, requests by status, each collection's documents and memory."""
-    return PlainTextResponse(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus metrics: per-stage latency histograms, requests by status, each collection's documents and memory.
+    The series labelled with a collection are shown to keys that may use it (all of them to HYBRID_METRICS_KEY, an
+    unscoped key, or anyone when the service has no keys); without a key, only the service-wide series."""
+    text = generate_latest(request.app.state.metrics.registry).decode()
+    keys: Keys = request.app.state.keys
+    grant = presented_grant(request)
+    if not keys.sees_all_metrics(presented_key(request)) and (grant is None or grant.scope is not None):
+        aliases_of = request.app.state.collections.aliases_of if request.app.state.collections is not None else lambda name: []
+        lines = []
+        for line in text.splitlines():
+            found = _COLLECTION_LABEL.search(line) if not line.startswith("#") else None
+            if found is None or (grant is not None and grant.allows(found[1], *aliases_of(found[1]))):
+                lines.append(line)
+        text = "\n".join(lines) + "\n"
+    return PlainTextResponse(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @service_router.get("/health", response_model=Health)
@@ -230,11 +255,22 @@ def ready(request: Request):
     collections = request.app.state.collections
     if collections is None:
         return JSONResponse(status_code=503, content=Ready(ready=False).model_dump())
+    grant = presented_grant(request)
+    failed = collections.failed
+    failures = {
+        "collections": len(collections.served),
+        "failed_collections": len(failed),
+        "failed": {
+            name: why
+            for name, (why, _) in sorted(failed.items())
+            if grant is not None and grant.allows(name, *collections.aliases_of(name))
+        },
+    }
     try:
         serving = _serving_of(collections.default())
     except (NotFound, HTTPException):
-        return Ready(ready=True, collections=len(collections.served))
-    return describe(serving, collections=len(collections.served))
+        return Ready(ready=True, **failures)
+    return describe(serving, **failures)
 
 
 def describe(serving: Serving, **more) -> Ready:

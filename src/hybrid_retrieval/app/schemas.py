@@ -61,15 +61,18 @@ def _documented(description: str, **schema) -> dict:
     return {"default": None, "description": description, "json_schema_extra": schema}
 
 
-def _not_bool(value):
+def _json_number(value):
     if isinstance(value, bool):
         raise ValueError("must be a number, not true or false")
+    if isinstance(value, str):
+        raise ValueError("must be a number, not a string")
     return value
 
 
-# JSON types as sent (StrictBool for flags): no "yes" -> true, 1 -> true or true -> 1 (an integral 1.0 is an integer in JSON Schema)
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
+# JSON types as sent (StrictBool for flags): no "yes" -> true, "8" -> 8, 1 -> true or true -> 1 (an integral 1.0 is an
+# integer in JSON Schema)
+Int = Annotated[int, BeforeValidator(_json_number)]
+Float = Annotated[float, BeforeValidator(_json_number)]
 
 
 class _Strict(BaseModel):
@@ -413,6 +416,10 @@ class Ready(BaseModel):
     )
     writable: bool | None = Field(None, description="whether writes can be taken now (GET /stats says why not)")
     write_refusal: str | None = None
+    failed_collections: int = Field(0, description="collections of the data directory that cannot be opened (the others serve)")
+    failed: dict[str, str] | None = Field(
+        None, description="those of them the presented key may use (every one when the service has no keys), and why each failed"
+    )
 
 
 class DocumentIn(BaseModel):
@@ -628,8 +635,12 @@ class SettingsPatch(_Strict):
 class CollectionSummary(BaseModel):
     name: str
     documents: int
-    state: Literal["ready", "read-only"] = Field(description="read-only: it takes no writes now (GET /collections/{name} says why)")
+    state: Literal["ready", "read-only", "failed"] = Field(
+        description="read-only: it takes no writes now (GET /collections/{name} says why); failed: its folder cannot be opened "
+        "(`error` says why; the other collections serve)"
+    )
     aliases: list[str] = Field(description="aliases that point to it")
+    error: str | None = Field(None, description="why a failed collection cannot be opened, and how to repair it")
 
 
 class CollectionList(BaseModel):

@@ -37,8 +37,8 @@ class Keys:
     HYBRID_API_KEYS / HYBRID_WRITE_KEYS have their variable's role and every collection. Lines starting with # are
     comments."""
 
-    def __init__(self, entries: list[tuple[bytes, Grant]]):
-        self.entries = entries
+    def __init__(self, entries: list[tuple[bytes, Grant]], metrics_key: bytes | None = None):
+        self.entries, self.metrics_key = entries, metrics_key
 
     @classmethod
     def load(cls, settings: Settings) -> Keys:
@@ -46,7 +46,12 @@ class Keys:
             *_entries(settings.api_keys, settings.api_keys_file, READ),
             *_entries(settings.write_keys, settings.write_keys_file, WRITE),
         ]
-        return cls(entries)
+        metrics_key = settings.metrics_key.get_secret_value().strip().encode() if settings.metrics_key is not None else b""
+        return cls(entries, metrics_key or None)
+
+    def sees_all_metrics(self, presented: str | None) -> bool:
+        """Whether `presented` is HYBRID_METRICS_KEY (a scraper's key: every series of /metrics, nothing else)."""
+        return self.metrics_key is not None and presented is not None and hmac.compare_digest(presented.encode(), self.metrics_key)
 
     @property
     def any(self) -> bool:
@@ -81,7 +86,7 @@ def _entries(listed: str | None, file: Path | None, role: str) -> list[tuple[byt
     return entries
 
 
-def _presented_key(request: Request) -> str | None:
+def presented_key(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
@@ -127,6 +132,16 @@ def check_scope(request: Request, *names: str) -> None:
         raise HTTPException(status_code=403, detail=f"this key may not use collection {names[0]!r}")
 
 
+def presented_grant(request: Request) -> Grant | None:
+    """For routes that need no key but say more to one (/ready, /metrics): the grant of the key presented, OPEN when
+    the service has no keys, None without a valid key."""
+    keys: Keys = request.app.state.keys
+    if not keys.any:
+        return OPEN
+    presented = presented_key(request)
+    return keys.match(presented.encode()) if presented else None
+
+
 def allowed(request: Request, *names: str) -> bool:
     grant: Grant | None = getattr(request.state, "grant", None)
     return grant is None or grant.allows(*names)
@@ -134,7 +149,7 @@ def allowed(request: Request, *names: str) -> bool:
 
 def _check_key(request: Request, keys: Keys) -> Grant:
     """401 without a key, 403 with a wrong one."""
-    presented = _presented_key(request)
+    presented = presented_key(request)
     if not presented:
         raise HTTPException(
             status_code=401,

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hybrid_retrieval.indexer.datadir.layout import name_of_folder
+from hybrid_retrieval.indexer.datadir.snapshots import DEFAULT_MAX_BYTES
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.devices import DEVICES
@@ -40,7 +41,15 @@ class Settings(BaseSettings):
     snapshots: Path | None = Field(None, description="the folder of collection snapshots; default: `snapshots` in the data directory")
     snapshot_keep: int = Field(0, ge=0, description="snapshots kept per collection (the oldest go when one more is taken); 0: all")
     max_snapshot_bytes: int = Field(
-        64 * 1024**3, ge=1024, description="the largest snapshot file POST .../snapshots/restore takes as an upload"
+        DEFAULT_MAX_BYTES,
+        ge=1024,
+        description="the largest snapshot file POST .../snapshots/restore takes as an upload, and the most bytes of files "
+        "any restore writes",
+    )
+    snapshot_key: SecretStr | None = Field(
+        None,
+        description="a secret that signs every snapshot taken (HMAC-SHA256); when set, only snapshots signed with it "
+        "restore (a server restoring another's snapshots needs the same key)",
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -76,6 +85,11 @@ class Settings(BaseSettings):
         None, description="comma-separated read keys (search); unset, with no write keys either: searches need no key"
     )
     api_keys_file: Path | None = Field(None, description="file with one read key per line")
+    metrics_key: SecretStr | None = Field(
+        None,
+        description="a key that reads every series of /metrics and nothing else (for a Prometheus scraper); without it, "
+        "per-collection series are shown only to keys that may use the collection",
+    )
     write_keys: str | None = Field(
         None,
         description="comma-separated write keys: search, write documents, /admin/*; unset "
@@ -182,6 +196,10 @@ class Settings(BaseSettings):
     @property
     def data_dir(self) -> Path | None:
         return self.data if self.data is not None or self.index is not None else Path("data")
+
+    @property
+    def snapshot_secret(self) -> bytes | None:
+        return self.snapshot_key.get_secret_value().encode() or None if self.snapshot_key is not None else None
 
     @property
     def snapshot_dir(self) -> Path | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from hybrid_retrieval.common.publish import in_use
 from hybrid_retrieval.indexer.datadir.layout import DataDir, NotFound
-from hybrid_retrieval.indexer.datadir.snapshots import SUFFIX, SnapshotStore, extract, read_info
+from hybrid_retrieval.indexer.datadir.snapshots import DEFAULT_MAX_BYTES, SUFFIX, SnapshotStore, read_info, restore_into, verify_file
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.search.errors import ConfigError
 
@@ -33,6 +33,7 @@ def register(commands) -> None:
     p.add_argument("--as", dest="name", required=True, help="the collection it becomes")
     p.add_argument("--replace", action="store_true", help="replace the collection of that name (only while no service writes it)")
     with_folders(p)
+    checked(p)
     p.set_defaults(run=run_restore)
 
     p = snapshot.add_parser("list", help="the complete snapshots in the snapshot folder, oldest first (JSON lines)")
@@ -40,9 +41,29 @@ def register(commands) -> None:
     with_folders(p)
     p.set_defaults(run=run_list)
 
-    p = snapshot.add_parser("verify", help="check a snapshot file whole (every byte's checksum) and print what it holds")
+    p = snapshot.add_parser(
+        "verify",
+        help="check a snapshot file as a restore does (every byte's checksum, its members, the collection opened and its log "
+        "replayed in a scratch folder) and print what it holds",
+    )
     p.add_argument("file", type=Path)
+    p.add_argument("--scratch", type=Path, help="where the check extracts it (default: the system's temporary folder)")
+    checked(p)
     p.set_defaults(run=run_verify)
+
+
+def checked(parser) -> None:
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=int(os.environ.get("HYBRID_MAX_SNAPSHOT_BYTES") or DEFAULT_MAX_BYTES),
+        help="the most bytes of files a restore may write (default $HYBRID_MAX_SNAPSHOT_BYTES or 64 GiB)",
+    )
+
+
+def _key() -> bytes | None:
+    """HYBRID_SNAPSHOT_KEY, as the service reads it: when set, only snapshots signed with it restore."""
+    return os.environ.get("HYBRID_SNAPSHOT_KEY", "").encode() or None
 
 
 def _data(args) -> DataDir:
@@ -50,7 +71,7 @@ def _data(args) -> DataDir:
 
 
 def _store(args, data: DataDir, keep: int = 0) -> SnapshotStore:
-    return SnapshotStore(args.snapshots or os.environ.get("HYBRID_SNAPSHOTS") or data.root / "snapshots", keep)
+    return SnapshotStore(args.snapshots or os.environ.get("HYBRID_SNAPSHOTS") or data.root / "snapshots", keep, _key())
 
 
 def run_create(args) -> None:
@@ -67,7 +88,9 @@ def run_restore(args) -> None:
     source = given if given.is_file() else _store(args, data).path(args.snapshot.removesuffix(SUFFIX))
     if args.replace and data.exists(args.name):
         _check_not_written(data.path(args.name))
-    info = data.publish(args.name, lambda folder: extract(source, folder), args.replace)
+    with data.replacing(args.name, args.replace) as replacement:
+        info = restore_into(source, replacement.folder, args.max_bytes, _key())
+        replacement.publish(args.replace)
     print(json.dumps({**info.to_dict(), "restored_as": args.name}))
 
 
@@ -83,5 +106,6 @@ def run_list(args) -> None:
 
 
 def run_verify(args) -> None:
-    trailer, _ = read_info(args.file)
+    verify_file(args.file, args.max_bytes, _key(), args.scratch)
+    trailer, _ = read_info(args.file, whole=False)
     print(json.dumps({key: value for key, value in trailer.items() if key != "files"} | {"files": len(trailer["files"])}))

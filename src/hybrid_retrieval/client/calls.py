@@ -18,7 +18,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 from pydantic import ValidationError as PydanticValidationError
 
-from hybrid_retrieval.client.errors import ClientError, Unavailable, error_for
+from hybrid_retrieval.client.errors import ClientError, Unavailable, ValidationError, error_for
 from hybrid_retrieval.client.models import (
     BatchResponse,
     CollectionInfo,
@@ -168,13 +168,24 @@ def nothing(response: httpx.Response) -> None:
 # --- paths ----------------------------------------------------------------------------------------------------------
 
 
+def segment(value: str | int, what: str) -> str:
+    """`value` as one path segment that reaches the server as exactly that value: percent-encoded ("/", "?", "#",
+    "%" and non-ASCII included), and the dot segments "." and ".." encoded too, which an HTTP client would otherwise
+    resolve away (DELETE .../documents/.. would become DELETE of the collection). An empty one is refused."""
+    text = str(value)
+    if not text:
+        raise ValidationError(f"{what} is empty: it would change the path", 422, [{"loc": ["path", what], "msg": "empty"}])
+    encoded = quote(text, safe="")
+    return encoded.replace(".", "%2E") if text in (".", "..") else encoded
+
+
 def scope(collection: str | None) -> str:
     """The path prefix of a collection's routes; None: the service's default collection (the unprefixed routes)."""
-    return "" if collection is None else f"/collections/{quote(collection, safe='')}"
+    return "" if collection is None else f"/collections/{segment(collection, 'collection')}"
 
 
 def _document_path(collection: str | None, doc_id: str | int) -> str:
-    return f"{scope(collection)}/documents/{quote(str(doc_id), safe='')}"
+    return f"{scope(collection)}/documents/{segment(doc_id, 'id')}"
 
 
 def _wait(wait: bool | None) -> dict[str, str]:
@@ -258,12 +269,12 @@ def aliases() -> Call[dict[str, str]]:
 
 
 def set_alias(alias: str, collection: str) -> Call[dict[str, str]]:
-    return Call("PUT", f"/aliases/{quote(alias, safe='')}", lambda response: response.json()["aliases"], json={"collection": collection})
+    return Call("PUT", f"/aliases/{segment(alias, 'alias')}", lambda response: response.json()["aliases"], json={"collection": collection})
 
 
 def drop_alias(alias: str) -> Plan[dict[str, str]]:
     """Drop `alias`: the aliases left (read again when a retry found that an earlier try had dropped it)."""
-    left = yield Call("DELETE", f"/aliases/{quote(alias, safe='')}", lambda response: response.json()["aliases"], gone=lambda: None)
+    left = yield Call("DELETE", f"/aliases/{segment(alias, 'alias')}", lambda response: response.json()["aliases"], gone=lambda: None)
     if left is None:
         left = yield aliases()
     return left
@@ -318,7 +329,7 @@ def compact(collection: str | None) -> Call[Stats]:
 
 
 def task(task_id: str) -> Call[Task]:
-    return Call("GET", f"/tasks/{quote(task_id, safe='')}", model(Task))
+    return Call("GET", f"/tasks/{segment(task_id, 'task_id')}", model(Task))
 
 
 def tasks(collection: str | None) -> Call[list[Task]]:
@@ -335,11 +346,11 @@ def snapshots(collection: str | None) -> Call[list[Snapshot]]:
 
 
 def delete_snapshot(collection: str, snapshot_id: str) -> Call[None]:
-    return Call("DELETE", f"{scope(collection)}/snapshots/{quote(snapshot_id, safe='')}", nothing, gone=lambda: None)
+    return Call("DELETE", f"{scope(collection)}/snapshots/{segment(snapshot_id, 'snapshot_id')}", nothing, gone=lambda: None)
 
 
 def snapshot_path(collection: str, snapshot_id: str) -> str:
-    return f"{scope(collection)}/snapshots/{quote(snapshot_id, safe='')}"
+    return f"{scope(collection)}/snapshots/{segment(snapshot_id, 'snapshot_id')}"
 
 
 def restore_snapshot(collection: str, snapshot_id: str, replace: bool) -> Call[CollectionInfo]:

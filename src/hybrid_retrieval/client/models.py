@@ -334,8 +334,9 @@ class CollectionSettings(_Request):
 class CollectionSummary(_Response):
     name: str
     documents: int
-    state: Literal["ready", "read-only"]
+    state: Literal["ready", "read-only", "failed"]
     aliases: list[str]
+    error: str | None = None  # why a failed collection cannot be opened
 
 
 class CollectionInfo(_Response):

@@ -154,6 +154,83 @@ def publish_dir(
             raise
 
 
+class Replacement:
+    """A new version of folder `target`, filled in `folder` (a hidden sibling) and published by `publish()`; the
+    previous version is kept (locked, beside it) until the `replacing_dir` block ends, so the caller can check that the
+    new version works (opens, serves) and else put the old one back: the block raising after `publish()` does that."""
+
+    def __init__(self, target: Path, folder: Path):
+        self.target, self.folder = target, folder
+        self.published = False
+        self.discard: Path | None = None  # what the block's end removes: the replaced version, or an undone new one
+        self._held: list[int] = []
+
+    def publish(self, replace: bool) -> None:
+        """Put the filled folder in place: FileExistsError when `target` exists and not `replace`."""
+        _fsync_tree(self.folder)
+        if not os.path.lexists(self.target):
+            os.rename(self.folder, self.target)  # a folder published meanwhile makes this fail: nothing changed
+        else:
+            if not replace:
+                raise FileExistsError(errno.EEXIST, "refusing to replace existing folder", str(self.target))
+            if self.target.is_symlink() or not self.target.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, "can only replace a folder", str(self.target))
+            self.discard = self._swap(self.folder)
+        fsync_path(self.target.parent)
+        self.published = True
+
+    def undo(self) -> None:
+        """Put the previous version back (or, when there was none, take the new one away)."""
+        if self.discard is None:
+            os.rename(self.target, self.folder)
+            self.discard = self.folder
+        else:
+            self.discard = self._swap(self.discard)
+        fsync_path(self.target.parent)
+        self.published = False
+
+    def _swap(self, other: Path) -> Path:
+        """Exchange `other` and `target`; where the version that was at `target` now lies, locked by this process so
+        no sweep of leftovers removes it while it may still go back."""
+        try:
+            _exchange(other, self.target)
+            moved = other
+        except OSError as exc:
+            if exc.errno not in _EXCHANGE_UNSUPPORTED:
+                raise
+            moved = _swap_by_renames(other, self.target)
+        fd = os.open(moved, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._held.append(fd)
+        return moved
+
+    def _finish(self) -> None:
+        for path in (self.folder, self.discard):
+            if path is not None and path != self.target and os.path.lexists(path):
+                shutil.rmtree(path, ignore_errors=True)
+        for fd in self._held:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def replacing_dir(target: Path | str, mode: int = 0o755) -> Iterator[Replacement]:
+    """A Replacement of `target` to fill and publish: if the block raises, nothing of it stays (a published new
+    version is undone, the previous one back in place); when it ends, the replaced version is removed. A crash leaves
+    `target` whole (old or new) and hidden siblings that indexer.leftovers removes."""
+    target = Path(target)
+    with _work_folder(target, "building") as folder:
+        os.chmod(folder, mode)  # mkdtemp creates it 0o700
+        replacement = Replacement(target, folder)
+        try:
+            yield replacement
+        except BaseException:
+            if replacement.published:
+                replacement.undo()
+            raise
+        finally:
+            replacement._finish()
+
+
 # Hidden siblings of a published folder: builds in progress, compactions' and snapshots' scratch space, and the old
 # folder of a swap by renames. A process holds a lock on its own (flock on the folder) while it works in it, so another process
 # can tell a leftover of a killed one from work in progress (`in_use`; indexer.leftovers removes them).
@@ -186,13 +263,15 @@ def scratch_dir(target: Path | str, kind: str = "compact") -> Iterator[Path]:
 def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> None:
     """Replace one file atomically: readers see the old or the new content, never a torn write.
 
-    ``str`` is written as UTF-8. The data goes to a hidden sibling temp file, is fsynced, renamed
-    over ``path`` with os.replace, and the parent folder is fsynced so the rename survives a crash.
+    ``str`` is written as UTF-8. The data goes to a hidden sibling temp file (locked while it is written, so
+    `sweep_temporary` can tell a killed writer's from one in progress), is fsynced, renamed over ``path`` with
+    os.replace, and the parent folder is fsynced so the rename survives a crash.
     """
     path = Path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
+    fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -205,6 +284,20 @@ def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> N
             os.unlink(tmp)
         raise
     fsync_path(path.parent)
+
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
+def sweep_temporary(folder: Path | str) -> list[Path]:
+    """Remove the temporary files of write_atomic that killed writers left in `folder` (those no process holds);
+    the paths removed."""
+    removed = []
+    for path in Path(folder).glob(f".*{TEMPORARY_SUFFIX}"):
+        if path.is_file() and not path.is_symlink() and not in_use(path):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def siblings(target: Path) -> list[Path]:

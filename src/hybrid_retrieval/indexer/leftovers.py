@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hybrid_retrieval.common.publish import in_use, siblings
+from hybrid_retrieval.common.publish import in_use, siblings, sweep_temporary
 
 logger = logging.getLogger(__name__)
 
@@ -29,12 +29,15 @@ def temporary_bytes(index: Path | str) -> int:
 
 
 def remove_leftovers(index: Path | str) -> list[tuple[Path, int]]:
-    """Remove the hidden siblings of `index` that killed builds or compactions left, each logged: only when `index`
-    exists (a crash between a swap's two renames leaves it missing, and the siblings hold the only copies) and only
-    folders no process holds. (folder, bytes) of each removed."""
+    """Remove the hidden siblings of `index` that killed builds or compactions left, and the temporary files of
+    atomic writes (a manifest change) killed inside it, each logged: only when `index` exists (a crash between a
+    swap's two renames leaves it missing, and the siblings hold the only copies) and only what no process holds.
+    (path, bytes) of each removed folder."""
     index = Path(index)
     if not index.is_dir():
         return []
+    for path in sweep_temporary(index):
+        logger.warning("removed %s, left by an atomic write that was killed", path)
     removed = []
     for folder in siblings(index):
         if not in_use(folder):

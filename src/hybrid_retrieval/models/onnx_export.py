@@ -12,11 +12,12 @@ JSON config. Exports are cached, keyed by model name, weights checksum and expor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hybrid_retrieval.common.publish import publish_dir
@@ -135,12 +136,29 @@ def _export_graph(module, tokenizer, sample, out: Path, output_name: str, input_
 
 def _optimize_and_quantize(out: Path, hf_config) -> None:
     """Fuse the transformer subgraphs (portable: no hardware-specific rewrites), then write int8 weights."""
+    with _quiet("onnx_model", "fusion_base", "fusion_utils", "onnx_model_bert"):  # they log every fusion at INFO
+        _fuse_and_quantize(out, hf_config)
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    """Raise these loggers to WARNING for the block, then put their levels back; never the root logger, which the
+    service's own lines go through."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [named.level for named in loggers]
+    for named in loggers:
+        named.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for named, level in zip(loggers, levels):
+            named.setLevel(level)
+
+
+def _fuse_and_quantize(out: Path, hf_config) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers.optimizer import optimize_model
-
-    for name in ("onnx_model", "fusion_base", "fusion_utils", "onnx_model_bert", "root"):
-        logging.getLogger(name).setLevel(logging.WARNING)  # they log every fusion at INFO
 
     heads = getattr(hf_config, "num_attention_heads", 0)
     hidden = getattr(hf_config, "hidden_size", 0)

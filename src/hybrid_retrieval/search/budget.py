@@ -20,10 +20,11 @@ _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("dead
 
 
 class Deadline:
-    """`seconds` from now; `check(stage)` raises DeadlineExceeded once it has passed or the request was cancelled."""
+    """`seconds` from now; `check(stage)` raises DeadlineExceeded once it has passed or the request was cancelled.
+    `setting`: what sets the budget, named in the message."""
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    def __init__(self, seconds: float, setting: str = "HYBRID_REQUEST_TIMEOUT"):
+        self.seconds, self.setting = seconds, setting
         self.expires = time.monotonic() + seconds
         self.cancelled: str | None = None
 
@@ -35,7 +36,7 @@ class Deadline:
             raise DeadlineExceeded(f"stopped{' during ' + stage if stage else ''}: {self.cancelled}")
         if time.monotonic() > self.expires:
             raise DeadlineExceeded(
-                f"ran past its {self.seconds:g} s deadline{' during ' + stage if stage else ''} and was stopped (HYBRID_REQUEST_TIMEOUT)"
+                f"ran past its {self.seconds:g} s deadline{' during ' + stage if stage else ''} and was stopped ({self.setting})"
             )
 
 

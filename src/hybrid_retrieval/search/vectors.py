@@ -23,7 +23,10 @@ def check_vector(value: object, dimension: int, where: str | Loc) -> np.ndarray:
     if not all(math.isfinite(x) for x in value):
         raise SpecError(where, "holds a value that is not a finite number (NaN or infinity)")
     vector = np.asarray(value, dtype=np.float64)
-    norm = float(np.linalg.norm(vector))
-    if not norm or not math.isfinite(norm) or not np.isfinite(vector / norm).all():
+    with np.errstate(over="ignore"):
+        norm = float(np.linalg.norm(vector))
+    if math.isinf(norm):
+        raise SpecError(where, "its length (norm) overflows a 64-bit float: scale it down (only its direction counts)")
+    if not norm or not np.isfinite(vector / norm).all():
         raise SpecError(where, "is the zero vector (or too close to it), which has no direction to compare")
     return (vector / norm).astype(np.float32)

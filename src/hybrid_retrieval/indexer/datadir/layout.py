@@ -11,6 +11,7 @@ share one namespace and one rule (`NAME_RULE`). One process serves a data direct
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,11 +20,10 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
-from hybrid_retrieval.common.publish import in_use, publish_dir, write_atomic
+from hybrid_retrieval.common.publish import Replacement, in_use, publish_dir, replacing_dir, sweep_temporary, write_atomic
 from hybrid_retrieval.indexer.build import build_into
 from hybrid_retrieval.indexer.chunking import SPECIAL_TOKENS
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
@@ -43,7 +43,6 @@ COLLECTIONS = "collections"
 ALIASES = "aliases.json"
 TASKS = "tasks"
 DROPPED = ".dropped-"  # prefix of a collection folder being removed
-T = TypeVar("T")
 
 
 class NotFound(HybridError, LookupError):
@@ -79,6 +78,8 @@ class DataDir:
             folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one create, drop or alias change at a time
         self._aliases = self._read_aliases()
+        for folder in (self.root, self.tasks):  # an aliases or task file's atomic write a crash interrupted
+            sweep_temporary(folder)
         for leftover in self.collections.glob(".*"):  # drops, creations and builds a crash interrupted
             if leftover.is_dir() and not in_use(leftover) and not self._only_copy(leftover):
                 shutil.rmtree(leftover, ignore_errors=True)
@@ -135,17 +136,19 @@ class DataDir:
         logger.info("created collection %s (%s)", name, settings.model)
         return manifest
 
-    def publish(self, name: str, fill: Callable[[Path], T], replace: bool) -> T:
-        """Publish the index folder `fill(folder)` writes as collection `name` (what fill returns): a new collection,
-        or with `replace` in place of the one of that name in one atomic swap. Nothing changes when fill raises."""
+    @contextlib.contextmanager
+    def replacing(self, name: str, replace: bool) -> Iterator[Replacement]:
+        """A new folder for collection `name` (common.publish.Replacement): fill it, check it, publish it (in place of
+        the collection of that name only with `replace`: else Conflict). If the block raises, the data directory is
+        as it was; the replaced folder is kept until the block ends, so a new one that fails to serve can go back."""
         check_name(name)
         with self._lock:
             if name in self._aliases:
                 raise Conflict(f"{name!r} is an alias (of {self._aliases[name]!r}): collections and aliases share names")
             if self.exists(name) and not replace:
                 raise Conflict(f"a collection named {name!r} exists: replace it explicitly, or use a new name")
-            with publish_dir(self.path(name), replace=True) as tmp:
-                return fill(tmp)
+            with replacing_dir(self.path(name)) as replacement:
+                yield replacement
 
     def _check_free(self, name: str) -> None:
         if self.exists(name):

@@ -10,6 +10,14 @@ A snapshot is an uncompressed tar (index files are vectors and compiled structur
 followed by the tar's zero blocks and nothing else. One changed byte anywhere, or a missing tail, fails verification
 before anything is extracted, and each extracted file is checked against its sha256 again.
 
+A snapshot file is untrusted input (a tenant may upload one it crafted): its trailer's checksum only detects damage,
+so anyone can forge a consistent one. A restore therefore writes nothing but plain files of the sizes the trailer lists
+(no links, devices or sparse members), at most `max_bytes` in all and never more than the archive holds, into a
+staging folder outside the served tree, and opens the collection there, replaying its log, before anything is published
+(`restore_into`; `hybrid snapshot verify` runs the same check). With a key (HYBRID_SNAPSHOT_KEY) every snapshot taken
+carries an HMAC-SHA256 `signature` of its trailer, and only snapshots signed with that key restore: a forged or
+foreign file is refused before a byte of it is written.
+
 Why a snapshot is consistent while writes and searches go on: the files of a base index folder never change in place
 (a compaction or a settings change publishes new files by rename) and its log only grows between compactions. So a
 snapshot holds compactions off while it hard-links the folder's files (a few milliseconds), and notes the log's length
@@ -23,6 +31,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import hmac
 import io
 import json
 import logging
@@ -30,6 +39,7 @@ import os
 import re
 import shutil
 import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -42,9 +52,10 @@ from hybrid_retrieval.common.publish import fsync_path, in_use, scratch_dir
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE, log_path
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
-from hybrid_retrieval.indexer.store import open_index, verify_inventory
+from hybrid_retrieval.indexer.shards.layout import is_sharded
+from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import scan
-from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.search.errors import HybridError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +67,7 @@ TRAILER = "snapshot.json"
 LOG = f"{LIVE_DIR}/{WAL_FILE}"
 ID_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}-\d{8}T\d{12}Z")
 _BLOCK = 1 << 20
+DEFAULT_MAX_BYTES = 64 * 1024**3  # the most bytes of files a restore writes unless told otherwise (HYBRID_MAX_SNAPSHOT_BYTES)
 
 
 class BadSnapshot(HybridError):
@@ -138,9 +150,19 @@ def finish_log(staging: Path, length: int | None = None, expected_seq: int | Non
     return seq
 
 
-def write_archive(staging: Path, out: Path, collection: str, seq: int, documents: int, snapshot_id: str, created: datetime) -> SnapshotInfo:
-    """Write the staged folder to `out` as a snapshot archive (fsync'ed); each file of the manifest's inventory is
-    checked against its sha256 on the way, so a damaged index is refused rather than backed up."""
+def write_archive(
+    staging: Path,
+    out: Path,
+    collection: str,
+    seq: int,
+    documents: int,
+    snapshot_id: str,
+    created: datetime,
+    key: bytes | None = None,
+) -> SnapshotInfo:
+    """Write the staged folder to `out` as a snapshot archive (fsync'ed), its trailer signed with `key` when given;
+    each file of the manifest's inventory is checked against its sha256 on the way, so a damaged index is refused
+    rather than backed up."""
     manifest_bytes = (staging / MANIFEST).read_bytes()
     inventory = Manifest.from_dict(json.loads(manifest_bytes)).files
     names = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
@@ -162,6 +184,8 @@ def write_archive(staging: Path, out: Path, collection: str, seq: int, documents
             info = SnapshotInfo(snapshot_id, collection, seq, documents, 0, created.isoformat(), hashlib.sha256(manifest_bytes).hexdigest())
             described = {**info.to_dict(), "files": files, "archive_sha256": hashing.hexdigest()}
             described.pop("bytes")
+            if key is not None:
+                described["signature"] = _signature(key, described)
             trailer = _canonical({**described, "check": hashlib.sha256(_canonical(described)).hexdigest()})
             member = tarfile.TarInfo(TRAILER)
             member.size, member.mtime, member.mode = len(trailer), int(created.timestamp()), 0o644
@@ -173,6 +197,12 @@ def write_archive(staging: Path, out: Path, collection: str, seq: int, documents
 
 def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _signature(key: bytes, trailer: dict) -> str:
+    """HMAC-SHA256 of the trailer (less its signature and check) under the server's snapshot key."""
+    signed = {name: value for name, value in trailer.items() if name not in ("signature", "check")}
+    return hmac.new(key, _canonical(signed), hashlib.sha256).hexdigest()
 
 
 class _HashingWriter:
@@ -209,16 +239,19 @@ class _HashingReader:
 # --- reading one --------------------------------------------------------------------------------------------------
 
 
-def read_info(path: Path, whole: bool = True) -> tuple[dict, int]:
-    """A snapshot's trailer, checked against its own checksum and (`whole`) against every archive byte: BadSnapshot
-    when anything differs. The trailer and the offset of its header. Listing reads the trailer alone (a tar's headers
-    are read by seeking past the files); a restore and `hybrid snapshot verify` check the whole file."""
+def read_info(path: Path, whole: bool = True, key: bytes | None = None) -> tuple[dict, int]:
+    """A snapshot's trailer, checked against its own checksum, against `key` (its signature must be that key's) and
+    (`whole`) against every archive byte: BadSnapshot when anything differs. The trailer and the offset of its header.
+    Listing reads the trailer alone (a tar's headers are read by seeking past the files); a restore and `hybrid
+    snapshot verify` check the whole file."""
     try:
         with tarfile.open(path, mode="r:") as tar:
             members = tar.getmembers()
             if not members or members[-1].name != TRAILER:
                 raise BadSnapshot(f"{path.name}: no {TRAILER} at the end (truncated, or not a snapshot)")
             last = members[-1]
+            if not last.isreg() or last.issparse() or last.size > _MAX_TRAILER:
+                raise BadSnapshot(f"{path.name}: its {TRAILER} is not a plain file of at most {_MAX_TRAILER} bytes")
             fh = tar.extractfile(last)
             assert fh is not None
             trailer_bytes = fh.read()
@@ -233,6 +266,14 @@ def read_info(path: Path, whole: bool = True) -> tuple[dict, int]:
         raise BadSnapshot(f"{path.name}: its {TRAILER} does not match its checksum (damaged)")
     if trailer.get("format") != FORMAT:
         raise BadSnapshot(f"{path.name}: snapshot format {trailer.get('format')!r}; this version reads format {FORMAT}")
+    _check_trailer(path.name, trailer)
+    if key is not None:
+        signature = trailer.get("signature")
+        if not isinstance(signature, str) or not hmac.compare_digest(signature, _signature(key, trailer)):
+            raise BadSnapshot(
+                f"{path.name}: not signed with this server's snapshot key (HYBRID_SNAPSHOT_KEY): only snapshots taken by a "
+                "server with the same key restore here"
+            )
     if not whole:
         return trailer, last.offset
     with path.open("rb") as fh:
@@ -252,11 +293,49 @@ def read_info(path: Path, whole: bool = True) -> tuple[dict, int]:
     return trailer, last.offset
 
 
-def extract(path: Path, into: Path) -> SnapshotInfo:
-    """Check `path` whole (read_info), then write its index folder into `into` (an empty folder), each file checked
-    against its sha256 again; BadSnapshot names what is wrong."""
-    trailer, _ = read_info(path)
+_MAX_TRAILER = 64 << 20  # a trailer lists each file once: far below this for any real index
+_TRAILER_FIELDS = {
+    "id": str,
+    "collection": str,
+    "sequence": int,
+    "documents": int,
+    "created_at": str,
+    "manifest_sha256": str,
+    "archive_sha256": str,
+    "files": dict,
+}
+
+
+def _check_trailer(name: str, trailer: dict) -> None:
+    """BadSnapshot unless the trailer has every field, of its type (counts and sizes never negative)."""
+    for field, kind in _TRAILER_FIELDS.items():
+        value = trailer.get(field)
+        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+            raise BadSnapshot(f"{name}: its {TRAILER} has no valid {field!r}")
+    for rel, entry in trailer["files"].items():
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(entry.get("sha256"), str):
+            raise BadSnapshot(f"{name}: its {TRAILER} lists {rel!r} without a valid size and sha256")
+
+
+def extract(path: Path, into: Path, max_bytes: int | None = None, key: bytes | None = None) -> SnapshotInfo:
+    """Check `path` whole (read_info, with `key`), then write its index folder into `into` (an empty folder): plain
+    files only, each of the size its trailer lists and checked against its sha256, at most `max_bytes` in all (and
+    never more than the archive holds), and the manifest's inventory exactly what was written. BadSnapshot names what
+    is wrong; StorageError when the disk has no room for it (checked before writing)."""
+    trailer, _ = read_info(path, key=key)
     files = trailer["files"]
+    declared = sum(entry["bytes"] for entry in files.values())
+    if declared > path.stat().st_size:  # plain members carry their bytes: a trailer that lists more is forged
+        raise BadSnapshot(f"{path.name}: its {TRAILER} lists {declared} bytes of files, more than the archive holds")
+    if max_bytes is not None and declared > max_bytes:
+        raise BadSnapshot(f"{path.name}: it holds {declared} bytes of files, more than a restore may write ({max_bytes})")
+    into.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(into).free
+    if declared > free:
+        raise StorageError(
+            f"restoring {path.name} needs {declared} bytes, the disk has {free} free: nothing was changed", StorageError.FULL
+        )
     seen: set[str] = set()
     try:
         with tarfile.open(path, mode="r:") as tar:
@@ -267,35 +346,101 @@ def extract(path: Path, into: Path) -> SnapshotInfo:
                 expected = files.get(rel)
                 if expected is None or rel in seen:
                     raise BadSnapshot(f"{path.name}: {member.name} is not listed in its {TRAILER}")
-                target = into / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(member)
-                assert source is not None
-                digest = hashlib.sha256()
-                with target.open("wb") as out:
-                    while block := source.read(_BLOCK):
-                        digest.update(block)
-                        out.write(block)
-                if digest.hexdigest() != expected["sha256"] or member.size != expected["bytes"]:
-                    raise BadSnapshot(f"{path.name}: {rel} does not match its sha256 (damaged)")
+                if member.size != expected["bytes"]:
+                    raise BadSnapshot(f"{path.name}: {rel} holds {member.size} bytes, its {TRAILER} lists {expected['bytes']}")
+                _copy_member(tar, member, into / rel, expected["sha256"], path.name)
                 seen.add(rel)
     except (tarfile.TarError, EOFError) as exc:
         raise BadSnapshot(f"{path.name}: not a readable snapshot archive ({exc})") from None
     if missing := sorted(set(files) - seen):
         raise BadSnapshot(f"{path.name}: {len(missing)} listed file(s) missing, e.g. {missing[0]}")
-    try:
-        verify_inventory(into, read_manifest(into).files, "size")
-    except HybridError as exc:
-        raise BadSnapshot(f"{path.name}: not a complete index folder ({exc})") from None
+    _check_inventory(path.name, into, files, trailer["manifest_sha256"])
     return _info_of(trailer, path.stat().st_size)
 
 
+def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, sha256: str, name: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = tar.extractfile(member)
+    assert source is not None
+    digest, written = hashlib.sha256(), 0
+    with target.open("wb") as out:
+        while block := source.read(min(_BLOCK, member.size - written + 1)):
+            written += len(block)
+            if written > member.size:  # never more than the member's size, whatever the reader yields
+                raise BadSnapshot(f"{name}: {member.name} holds more than its {member.size} bytes")
+            digest.update(block)
+            out.write(block)
+    if digest.hexdigest() != sha256:
+        raise BadSnapshot(f"{name}: {member.name} does not match its sha256 (damaged)")
+
+
+def _check_inventory(name: str, folder: Path, files: dict, manifest_sha256: str) -> None:
+    """The extracted manifest must be the trailer's, and its inventory name exactly files that were written, with
+    the sha256 they were checked against: a manifest cannot point outside the folder or claim other content."""
+    try:
+        manifest_bytes = (folder / MANIFEST).read_bytes()
+        inventory = read_manifest(folder).files
+    except Exception as exc:  # any content: the file is untrusted
+        raise BadSnapshot(f"{name}: not a complete index folder (its {MANIFEST}: {exc})") from None
+    if hashlib.sha256(manifest_bytes).hexdigest() != manifest_sha256:
+        raise BadSnapshot(f"{name}: its {MANIFEST} is not the one its {TRAILER} describes")
+    for rel, entry in inventory.items():
+        listed = files.get(rel)
+        if (
+            listed is None
+            or not isinstance(entry, dict)
+            or entry.get("sha256") != listed["sha256"]
+            or entry.get("bytes") != listed["bytes"]
+        ):
+            raise BadSnapshot(f"{name}: its {MANIFEST} lists {rel!r}, which the snapshot does not hold as listed")
+
+
 def _relative(member: tarfile.TarInfo) -> str:
-    """The path inside the index folder of an archive member; BadSnapshot for anything but a plain file in it."""
+    """The path inside the index folder of an archive member; BadSnapshot for anything but a plain (not sparse) file in
+    it: a link, device or folder member, or a sparse one (which would write more than the archive holds)."""
     parts = PurePosixPath(member.name).parts
-    if not member.isreg() or len(parts) < 2 or parts[0] != ROOT or any(p in ("..", ".", "") for p in parts):
-        raise BadSnapshot(f"{member.name!r} is not a file of the collection's folder")
+    plain = member.type in (tarfile.REGTYPE, tarfile.AREGTYPE) and not member.issparse()
+    if not plain or len(parts) < 2 or parts[0] != ROOT or any(p in ("..", ".", "") for p in parts):
+        raise BadSnapshot(f"{member.name!r} is not a plain file of the collection's folder")
     return "/".join(parts[1:])
+
+
+def check_opens(folder: Path, info: SnapshotInfo) -> None:
+    """Open the extracted folder as the service will, its log replayed: BadSnapshot naming what fails, or when what
+    opens is not what the trailer says (sequence number, documents). Runs in the staging folder, before publishing."""
+    if is_sharded(folder):
+        raise BadSnapshot(f"snapshot {info.id}: it holds a sharded index, which a snapshot cannot")
+    try:
+        index = open_index(folder, verify="size", device="cpu")
+        if log_path(folder).exists():
+            collection = Collection(index, replay=True)
+            try:
+                seq, documents = collection.seq, collection.snapshot.documents
+            finally:
+                collection.close()
+        else:
+            seq, documents = index.manifest.applied_sequence, index.num_docs
+    except Exception as exc:  # anything at all: the folder came from outside
+        raise BadSnapshot(f"snapshot {info.id}: the collection it holds does not open ({exc})") from None
+    if (seq, documents) != (info.sequence, info.documents):
+        raise BadSnapshot(
+            f"snapshot {info.id}: it opens at sequence {seq} with {documents} documents; "
+            f"its {TRAILER} says {info.sequence} and {info.documents}"
+        )
+
+
+def restore_into(path: Path, folder: Path, max_bytes: int | None = None, key: bytes | None = None) -> SnapshotInfo:
+    """Everything a restore checks, in `folder` (a staging folder, published only if this returns): the file whole,
+    its members (extract), the collection opened and its log replayed (check_opens)."""
+    info = extract(path, folder, max_bytes, key)
+    check_opens(folder, info)
+    return info
+
+
+def verify_file(path: Path, max_bytes: int | None = None, key: bytes | None = None, scratch: Path | None = None) -> SnapshotInfo:
+    """What a restore of `path` would check (restore_into), in a temporary folder under `scratch` removed after."""
+    with tempfile.TemporaryDirectory(prefix=".verify-", dir=scratch) as folder:
+        return restore_into(path, Path(folder), max_bytes, key)
 
 
 def _info_of(trailer: dict, size: int) -> SnapshotInfo:
@@ -318,9 +463,10 @@ class SnapshotStore:
     it is written) and renamed when complete: a listed snapshot is always whole. Partials a killed process left are
     removed when the store opens."""
 
-    def __init__(self, folder: Path | str, keep: int = 0):
-        """`keep`: how many snapshots of each collection to keep (the oldest go when a new one is taken); 0 keeps all."""
-        self.folder, self.keep = Path(folder), keep
+    def __init__(self, folder: Path | str, keep: int = 0, key: bytes | None = None):
+        """`keep`: how many snapshots of each collection to keep (the oldest go when a new one is taken); 0 keeps all.
+        `key`: what snapshots taken are signed with (HYBRID_SNAPSHOT_KEY)."""
+        self.folder, self.keep, self.key = Path(folder), keep, key
         self.folder.mkdir(parents=True, exist_ok=True)
         self._infos: dict[str, tuple[tuple[int, int], SnapshotInfo]] = {}  # name -> ((size, mtime), info)
         self._lock = threading.Lock()
@@ -400,7 +546,7 @@ class SnapshotStore:
             else:
                 seq, documents = _stage_offline(folder, staging)
             with self.partial(snapshot_id + SUFFIX) as partial:
-                info = write_archive(staging, partial, collection, seq, documents, snapshot_id, created)
+                info = write_archive(staging, partial, collection, seq, documents, snapshot_id, created, self.key)
                 final = self.folder / f"{snapshot_id}{SUFFIX}"
                 os.rename(partial, final)
                 fsync_path(self.folder)
