@@ -16,6 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hybrid_retrieval.client import Client
 from hybrid_retrieval.client.errors import NotFound as ClientNotFound
@@ -114,7 +116,7 @@ def forge(members: dict[str, bytes], trailer: dict, extra: list[tuple[tarfile.Ta
         member = tarfile.TarInfo(name)
         member.size = len(content)
         tar.addfile(member, io.BytesIO(content))
-        files[name.split("/", 1)[1]] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+        files[name.split("/", 1)[-1]] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
     for member, content in extra:
         tar.addfile(member, io.BytesIO(content) if content else None)
     described = {**trailer, "files": files, "archive_sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
@@ -211,8 +213,10 @@ def test_a_sparse_member_is_refused_before_anything_is_written(shared, tmp_path)
     members, trailer = unpack(archive)
     member, content = sparse_member("collection/embeddings-bomb.npy", 1_800_000_000)
     bomb = forge(members, trailer, extra=[(member, content)])
+    before = listing(data / "collections")
     with httpx.Client(base_url=url, headers=TENANT, timeout=120) as tenant:
         refused = upload(tenant, "tenant-a", bomb, replace=True)
+    assert listing(data / "collections") == before
     assert refused.status_code == 422 and "not a plain file" in refused.json()["detail"][0]["msg"], refused.text
     offline = tmp_path / "bomb.snapshot"
     offline.write_bytes(bomb)
@@ -449,3 +453,119 @@ def test_logging_is_left_alone_by_the_onnx_export(caplog):
     with _quiet("onnx_model", "fusion_base"):
         assert logging.getLogger("onnx_model").level == logging.WARNING
     assert root.level == before and logging.getLogger("onnx_model").level == logging.NOTSET
+
+
+# --- the property: any mutation of a valid snapshot is refused whole, or restores the source ----------------------
+
+MUTATIONS = st.one_of(
+    st.tuples(st.just("truncate"), st.floats(0, 1)),
+    st.tuples(st.just("flip"), st.floats(0, 1), st.integers(0, 7)),
+    st.tuples(st.just("reforge-flip"), st.integers(0, 1000), st.floats(0, 1)),  # a member changed, every checksum redone
+    st.tuples(st.just("reforge-drop"), st.integers(0, 1000)),
+    st.tuples(st.just("reforge-rename"), st.integers(0, 1000), st.sampled_from(["collection/x.npy", "collection/live/wal.log", "x"])),
+    st.tuples(st.just("reforge-extra"), st.sampled_from(["collection/extra.bin", "collection/live/other.log"]), st.integers(0, 4096)),
+    st.tuples(st.just("reforge-oversized"), st.integers(1, 3)),  # a real member past the cap
+    st.tuples(st.just("sparse"), st.integers(10**6, 10**10)),
+    st.tuples(st.just("link"), st.sampled_from([tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE, tarfile.DIRTYPE])),
+    st.tuples(st.just("trailer"), st.sampled_from(["sequence", "documents", "id", "files", "manifest_sha256"])),
+    st.just(("none",)),
+)
+CAP = 1 << 20
+
+
+def mutate(archive: bytes, mutation: tuple, key: bytes | None) -> bytes:
+    """`archive` changed as `mutation` says; the re-forged kinds recompute every checksum (and sign with `key`, which
+    an attacker does not have: None)."""
+    kind = mutation[0]
+    if kind == "none":
+        return archive
+    if kind == "truncate":
+        return archive[: int(len(archive) * mutation[1])]
+    if kind == "flip":
+        changed = bytearray(archive)
+        changed[min(int(len(changed) * mutation[1]), len(changed) - 1)] ^= 1 << mutation[2]
+        return bytes(changed)
+    members, trailer = unpack(archive)
+    names = list(members)
+    extra: list[tuple[tarfile.TarInfo, bytes]] = []
+    if kind == "reforge-flip":
+        name = names[mutation[1] % len(names)]
+        content = bytearray(members[name])
+        if content:
+            content[min(int(len(content) * mutation[2]), len(content) - 1)] ^= 0x10
+        members[name] = bytes(content)
+    elif kind == "reforge-drop":
+        members.pop(names[mutation[1] % len(names)])
+    elif kind == "reforge-rename":
+        name = names[mutation[1] % len(names)]
+        members[mutation[2]] = members.pop(name)
+    elif kind == "reforge-extra":
+        members[mutation[1]] = bytes(mutation[2])
+    elif kind == "reforge-oversized":
+        members["collection/oversized.bin"] = bytes(CAP * mutation[1])
+    elif kind == "sparse":
+        extra.append(sparse_member("collection/sparse.npy", mutation[1]))
+    elif kind == "link":
+        member = tarfile.TarInfo("collection/special")
+        member.type, member.linkname = mutation[1], "/etc/passwd"
+        extra.append((member, b""))
+    elif kind == "trailer":
+        trailer[mutation[1]] = {"files": {"../x": {"bytes": -1}}, "id": 7}.get(mutation[1], 10**6)
+    return forge(members, trailer, extra)
+
+
+def written_bytes() -> int:
+    """What this process has written so far (the service runs in it here): /proc/self/io's wchar."""
+    return int(next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("wchar")).split()[1])
+
+
+@pytest.fixture(scope="module", params=[None, b"server-secret"], ids=["unsigned", "signed"])
+def restoring(request, tmp_path_factory):
+    """An in-process service (its writes are this process's) with a snapshot of a filled collection in its snapshot
+    folder, a restore cap of CAP bytes, and (`signed`) a snapshot key."""
+    from fastapi.testclient import TestClient
+
+    from hybrid_retrieval.app.main import create_app
+    from hybrid_retrieval.app.settings import Settings
+
+    tmp_path = tmp_path_factory.mktemp("restoring")
+    settings = Settings(
+        data=tmp_path / "data",
+        write_keys="admin-key",
+        max_snapshot_bytes=CAP,
+        snapshot_key=request.param.decode() if request.param else None,
+        refresh_interval=0.1,
+        compact_min_docs=100_000,
+        verify="size",
+    )
+    with TestClient(create_app(settings), headers=ADMIN, raise_server_exceptions=False) as client:
+        assert client.post("/collections", json=own_vectors("source")).status_code == 201
+        fill(client, "source")
+        taken = client.post("/collections/source/snapshots").json()
+        archive = client.get(f"/collections/source/snapshots/{taken['id']}").content
+        yield client, tmp_path / "data", archive, taken, request.param
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutation=MUTATIONS)
+def test_a_mutated_snapshot_is_refused_whole_or_restores_the_source(restoring, mutation):
+    client, data, archive, source, key = restoring
+    crafted = mutate(archive, mutation, key)
+    # in the snapshot folder, in place of the source's file (so no upload limit applies: the restore's own cap must)
+    listed = data / "snapshots" / f"{source['id']}.snapshot"
+    listed.write_bytes(crafted)
+    before = listing(data / "collections")
+    started = written_bytes()
+    reply = client.post("/collections/target/snapshots/restore", json={"snapshot": source["id"]})
+    written = written_bytes() - started
+    listed.write_bytes(archive)
+    assert reply.status_code in (201, 422), (mutation, reply.status_code, reply.text)
+    assert written <= CAP + (1 << 20), (mutation, written)  # the cap, and a margin for the service's own logs and files
+    if reply.status_code == 201:
+        if key is not None or mutation == ("none",):  # signed: nobody but the server could have made it
+            assert ranking(client, "target") == ranking(client, "source") and reply.json()["documents"] == source["documents"]
+        else:  # forged consistently: it opened and replayed in staging, so it serves
+            assert client.post("/collections/target/search", json={"query": "note", "mode": "bm25"}).status_code == 200
+        assert client.delete("/collections/target").status_code == 204
+    assert listing(data / "collections") == before, mutation  # nothing changed outside staging
+    assert [p.name for p in (data / "collections").iterdir() if p.name.startswith(".")] == []  # no staging left

@@ -375,8 +375,9 @@ def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, sh
 
 
 def _check_inventory(name: str, folder: Path, files: dict, manifest_sha256: str) -> None:
-    """The extracted manifest must be the trailer's, and its inventory name exactly files that were written, with
-    the sha256 they were checked against: a manifest cannot point outside the folder or claim other content."""
+    """The extracted manifest must be the trailer's, and its inventory name exactly the files that were written
+    (besides itself and the log), with the sha256 they were checked against: a manifest cannot point outside the
+    folder or claim other content, and nothing else rides along."""
     try:
         manifest_bytes = (folder / MANIFEST).read_bytes()
         inventory = read_manifest(folder).files
@@ -384,6 +385,8 @@ def _check_inventory(name: str, folder: Path, files: dict, manifest_sha256: str)
         raise BadSnapshot(f"{name}: not a complete index folder (its {MANIFEST}: {exc})") from None
     if hashlib.sha256(manifest_bytes).hexdigest() != manifest_sha256:
         raise BadSnapshot(f"{name}: its {MANIFEST} is not the one its {TRAILER} describes")
+    if unknown := sorted(set(files) - set(inventory) - {MANIFEST, LOG}):
+        raise BadSnapshot(f"{name}: it holds {unknown[0]!r}, which is no file of the index its {MANIFEST} describes")
     for rel, entry in inventory.items():
         listed = files.get(rel)
         if (
@@ -507,6 +510,8 @@ class SnapshotStore:
             return cached[1]
         try:
             trailer, _ = read_info(path, whole=False)
+            if f"{trailer['id']}{SUFFIX}" != path.name:  # a renamed file would answer for another snapshot
+                raise BadSnapshot(f"{path.name}: its {TRAILER} is of snapshot {trailer['id']!r}")
         except BadSnapshot as exc:
             logger.warning("not listed: %s", exc)
             return None
