@@ -88,6 +88,11 @@ def listing(folder: Path) -> dict[str, tuple[int, str]]:
     }
 
 
+def written_bytes(pid: int | str = "self") -> int:
+    """What process `pid` has written so far: /proc/PID/io's wchar."""
+    return int(next(line for line in Path(f"/proc/{pid}/io").read_text().splitlines() if line.startswith("wchar")).split()[1])
+
+
 # --- crafting snapshots -------------------------------------------------------------------------------------------
 
 
@@ -119,6 +124,8 @@ def forge(members: dict[str, bytes], trailer: dict, extra: list[tuple[tarfile.Ta
         files[name.split("/", 1)[-1]] = {"bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
     for member, content in extra:
         tar.addfile(member, io.BytesIO(content) if content else None)
+        if "GNU.sparse.size" in member.pax_headers:  # listed as the size it declares, as an attacker would
+            files[member.name.split("/", 1)[-1]] = {"bytes": int(member.pax_headers["GNU.sparse.size"]), "sha256": "0" * 64}
     described = {**trailer, "files": files, "archive_sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
     described.pop("signature", None)
     if key is not None:
@@ -159,13 +166,13 @@ def shared(tmp_path_factory):
     """One server for the tests that leave it as they found it: tenant-a (the tenant's) and tenant-b (another's),
     filled, and a snapshot of tenant-a downloaded."""
     tmp_path = tmp_path_factory.mktemp("tenants")
-    with running_server(None, keyed_env(tmp_path)) as (url, _), httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:
+    with running_server(None, keyed_env(tmp_path)) as (url, server), httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:
         for name in ("tenant-a", "tenant-b"):
             assert admin.post("/collections", json=own_vectors(name)).status_code == 201
             fill(admin, name)
         taken = admin.post("/collections/tenant-a/snapshots").json()
         archive = admin.get(f"/collections/tenant-a/snapshots/{taken['id']}").content
-        yield url, tmp_path / "data", archive
+        yield url, tmp_path / "data", archive, server
 
 
 # --- 1, 2, 9: crafted snapshots -------------------------------------------------------------------------------------
@@ -209,25 +216,27 @@ def test_a_forged_snapshot_with_a_damaged_log_changes_nothing_and_the_service_re
 
 
 def test_a_sparse_member_is_refused_before_anything_is_written(shared, tmp_path):
-    url, data, archive = shared
+    url, data, archive, server = shared
     members, trailer = unpack(archive)
-    member, content = sparse_member("collection/embeddings-bomb.npy", 1_800_000_000)
+    member, content = sparse_member("collection/embeddings-bomb.npy", 400_000_000)
     bomb = forge(members, trailer, extra=[(member, content)])
     before = listing(data / "collections")
+    started = written_bytes(server.pid)
     with httpx.Client(base_url=url, headers=TENANT, timeout=120) as tenant:
         refused = upload(tenant, "tenant-a", bomb, replace=True)
+    assert written_bytes(server.pid) - started < 10 * len(bomb)  # the upload itself, and little more
     assert listing(data / "collections") == before
-    assert refused.status_code == 422 and "not a plain file" in refused.json()["detail"][0]["msg"], refused.text
+    assert refused.status_code == 422, refused.text  # its declared size, more than the archive holds
     offline = tmp_path / "bomb.snapshot"
     offline.write_bytes(bomb)
     verified = hybrid("snapshot", "verify", str(offline), "--scratch", str(tmp_path))
-    assert verified.returncode == 2 and "not a plain file" in verified.stderr
+    assert verified.returncode == 2 and "more than the archive holds" in verified.stderr
     assert sum(path.stat().st_size for path in tmp_path.rglob("*") if path.is_file()) < 10 * len(bomb)
 
 
 @pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE])
 def test_link_members_are_refused_by_restore_and_verify(shared, tmp_path, kind):
-    url, _, archive = shared
+    url, _, archive, _ = shared
     members, trailer = unpack(archive)
     link = tarfile.TarInfo("collection/docs-link.jsonl")
     link.type, link.linkname = kind, "/etc/passwd"
@@ -294,7 +303,7 @@ def test_one_damaged_collection_never_stops_the_service(tmp_path):
 
 
 def test_stats_need_a_key_for_that_collection(shared):
-    url, _, _ = shared
+    url, *_ = shared
     assert httpx.get(f"{url}/collections/tenant-a/stats").status_code == 401
     assert httpx.get(f"{url}/collections/tenant-a/stats", headers=READER).status_code == 200
     for name in ("tenant-b", "no-such-collection"):  # the same answer whether it exists or not
@@ -303,7 +312,7 @@ def test_stats_need_a_key_for_that_collection(shared):
 
 
 def test_metrics_show_a_collection_only_to_keys_that_may_use_it(shared):
-    url, _, _ = shared
+    url, *_ = shared
 
     def collections_named(headers: dict) -> set[str]:
         text = httpx.get(f"{url}/metrics", headers=headers).text
@@ -324,7 +333,7 @@ AWKWARD = ["a/b", "%2F", "../tenant-b", "..a", "a/..", "a?b=c", "a#b", "ünïcø
 
 
 def test_every_awkward_id_reaches_the_server_as_itself(shared):
-    url, _, _ = shared
+    url, *_ = shared
     with Client(url, api_key="admin-key") as client, httpx.Client(base_url=url, headers=ADMIN) as admin:
         assert admin.post("/collections", json=own_vectors("awkward")).status_code == 201
         rng = random.Random(5)
@@ -365,7 +374,7 @@ def test_every_awkward_id_reaches_the_server_as_itself(shared):
 
 
 def test_creates_racing_drops_never_answer_500(shared):
-    url, _, _ = shared
+    url, *_ = shared
     statuses: list[int] = []
     lock = threading.Lock()
 
@@ -403,7 +412,7 @@ def test_a_write_past_its_deadline_is_504_naming_the_write_timeout(tmp_path, sci
     ],
 )
 def test_numbers_written_as_strings_are_refused(shared, path, body, loc):
-    url, _, _ = shared
+    url, *_ = shared
     refused = httpx.post(f"{url}{path}", json=body, headers=ADMIN)
     assert refused.status_code == 422, refused.text
     assert "not a string" in json.dumps(refused.json())
@@ -412,7 +421,7 @@ def test_numbers_written_as_strings_are_refused(shared, path, body, loc):
 
 
 def test_a_vector_whose_norm_overflows_is_refused_saying_so(shared):
-    url, _, _ = shared
+    url, *_ = shared
     refused = httpx.post(f"{url}/collections/tenant-a/search", json={"vector": [1e308] * DIMENSION, "mode": "dense"}, headers=ADMIN)
     assert refused.status_code == 422 and "overflows" in refused.json()["detail"][0]["msg"], refused.text
     # the same direction at a sane scale is searched
@@ -512,11 +521,6 @@ def mutate(archive: bytes, mutation: tuple, key: bytes | None) -> bytes:
     elif kind == "trailer":
         trailer[mutation[1]] = {"files": {"../x": {"bytes": -1}}, "id": 7}.get(mutation[1], 10**6)
     return forge(members, trailer, extra)
-
-
-def written_bytes() -> int:
-    """What this process has written so far (the service runs in it here): /proc/self/io's wchar."""
-    return int(next(line for line in Path("/proc/self/io").read_text().splitlines() if line.startswith("wchar")).split()[1])
 
 
 @pytest.fixture(scope="module", params=[None, b"server-secret"], ids=["unsigned", "signed"])
