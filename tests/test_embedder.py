@@ -1,4 +1,5 @@
 import itertools
+import logging
 import json
 
 import numpy as np
@@ -79,3 +80,15 @@ def test_int8_vectors_do_not_depend_on_the_batch(model, scifact):
     int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8")
     texts = scifact_texts(scifact, 6) + ["vitamin D deficiency"]
     np.testing.assert_array_equal(int8.encode(texts, batch_size=32), np.stack([int8.encode([t])[0] for t in texts]))
+
+
+@pytest.mark.slow
+def test_an_export_leaves_the_service_logging_alone(model, tmp_path):
+    """The optimizer logs every fusion at INFO: the export quiets its loggers for the export alone, never the root
+    logger that the service's access and lifecycle lines go through."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    export_onnx(model, cache_dir=tmp_path)  # a new cache: the export and the optimizer run
+    assert root.level == logging.INFO
+    assert logging.getLogger("app.access").isEnabledFor(logging.INFO)
+    assert logging.getLogger("fusion_base").level == logging.NOTSET  # put back as it was
