@@ -573,3 +573,35 @@ def test_a_mutated_snapshot_is_refused_whole_or_restores_the_source(restoring, m
         assert client.delete("/collections/target").status_code == 204
     assert listing(data / "collections") == before, mutation  # nothing changed outside staging
     assert [p.name for p in (data / "collections").iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
+def test_a_forged_model_never_embeds_another_tenants_queries(tmp_path):
+    """Model sessions and cached query embeddings are shared by the model files' content, not by the checksum a
+    manifest claims: a restored collection whose manifest copies another tenant's model checksum over other weights
+    (here the fp32 and int8 files swapped), opened first at the next start, leaves the other tenant's queries alone."""
+    from fastapi.testclient import TestClient
+
+    from hybrid_retrieval.app.main import create_app
+    from hybrid_retrieval.app.settings import Settings
+
+    settings = Settings(data=tmp_path / "data", write_keys="admin-key", refresh_interval=0.1, compact_min_docs=100_000, verify="size")
+    query = {"query": "marsupials of australia", "mode": "dense", "k": 3}
+    with TestClient(create_app(settings), headers=ADMIN) as client:
+        assert client.post("/collections", json={"name": "tenant-b"}).status_code == 201
+        texts = ["a quokka is a small marsupial", "the harbor lantern in the fog", "maple syrup from sap"]
+        documents = [{"id": f"d{i}", "text": text} for i, text in enumerate(texts)]
+        assert client.put("/collections/tenant-b/documents?wait=true", json={"documents": documents}).status_code == 200
+        expected = [(hit["id"], hit["score"]) for hit in client.post("/collections/tenant-b/search", json=query).json()["hits"]]
+        taken = client.post("/collections/tenant-b/snapshots").json()
+        members, trailer = unpack(client.get(f"/collections/tenant-b/snapshots/{taken['id']}").content)
+        fp32, int8 = "collection/model/model.onnx", "collection/model/model.int8.onnx"
+        members[fp32], members[int8] = members[int8], members[fp32]
+        manifest = json.loads(members["collection/manifest.json"])
+        for name in (fp32, int8):
+            manifest["files"][name.split("/", 1)[1]] = {"bytes": len(members[name]), "sha256": hashlib.sha256(members[name]).hexdigest()}
+        members["collection/manifest.json"] = json.dumps(manifest).encode()
+        trailer["manifest_sha256"] = hashlib.sha256(members["collection/manifest.json"]).hexdigest()
+        assert upload(client, "aaa-forged", forge(members, trailer)).status_code == 201  # a model of its own: it opens
+    with TestClient(create_app(settings), headers=ADMIN) as client:  # the forged collection opens first
+        hits = client.post("/collections/tenant-b/search", json=query).json()["hits"]
+        assert [(hit["id"], hit["score"]) for hit in hits] == expected

@@ -24,7 +24,7 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.indexer.manifest import MANIFEST, read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
-from hybrid_retrieval.indexer.store import MODEL_DIR, folder_identity
+from hybrid_retrieval.indexer.store import MODEL_DIR, folder_identity, model_identity
 from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.search.errors import HybridError, StorageError
 
@@ -173,9 +173,10 @@ class Collections:
     def _open_folder(self, folder: Path):
         """An index folder, its documents' model session shared with the other collections of that model."""
         embedder = None
-        spec = read_manifest(folder).embedder if not is_sharded(folder) else None
-        if spec is not None and spec.document_backend != NO_MODEL:
-            embedder = self.resources.session(folder / MODEL_DIR, spec.model_checksum, spec.document_precision, self.settings.device)
+        manifest = read_manifest(folder) if not is_sharded(folder) else None
+        if manifest is not None and manifest.embedder.document_backend != NO_MODEL:
+            spec = manifest.embedder
+            embedder = self.resources.session(folder / MODEL_DIR, model_identity(manifest), spec.document_precision, self.settings.device)
         return open_folder(folder, self.settings, embedder)
 
     def _serve(self, name: str, opener) -> Reloader:
@@ -225,7 +226,7 @@ class Collections:
             reloader.close()
             data.drop(name)
             self.resources.metrics.forget(name)
-            self.resources.keep_sessions({r.model_checksum for r in self.served.values() if r.model_checksum})
+            self.resources.keep_sessions({r.model_identity for r in self.served.values() if r.model_identity})
 
     def set_alias(self, alias: str, collection: str) -> None:
         data = self._data()
@@ -320,7 +321,7 @@ class Collections:
             for reloader in list(self.served.values()):
                 reloader.reload()
         self.scan(retry=True)
-        self.resources.keep_sessions({r.model_checksum for r in self.served.values() if r.model_checksum})
+        self.resources.keep_sessions({r.model_identity for r in self.served.values() if r.model_identity})
 
     def close(self) -> None:
         for reloader in self.served.values():

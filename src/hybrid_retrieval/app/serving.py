@@ -19,7 +19,7 @@ from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.open import open_any
 from hybrid_retrieval.indexer.shards.writes import ShardedCollection
-from hybrid_retrieval.indexer.store import MODEL_DIR, RERANKER_DIR, OpenIndex
+from hybrid_retrieval.indexer.store import MODEL_DIR, RERANKER_DIR, OpenIndex, model_identity
 from hybrid_retrieval.indexer.wal import CorruptLog
 from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight, reranking_gained, tuned_weight, weight_evidence
@@ -100,7 +100,7 @@ class Resources:
         # its keys carry the model's checksum, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=self.metrics.observe_query_cache)
         self.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
-        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model checksum, precision, device, threads) -> session
+        self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model identity, precision, device, threads) -> session
         self._sessions_lock = threading.Lock()
         self._own_rerankers: dict[str, object] = {}  # an index's own reranker, by its files' checksums
         self._own_reranking: dict[int, Reranking] = {}  # by id of the opened index, dropped when it is released
@@ -149,19 +149,19 @@ class Resources:
                 self._log(self._own_reranking[id(index)])
             return self._own_reranking[id(index)]
 
-    def session(self, folder: Path, checksum: str, precision: str, device: str = "cpu", threads: int | None = None) -> OnnxEmbedder:
-        """The session of the model in `folder` (whose weights have `checksum`), opened once."""
-        key = (checksum, precision, device, threads)
+    def session(self, folder: Path, identity: str, precision: str, device: str = "cpu", threads: int | None = None) -> OnnxEmbedder:
+        """The session of the model in `folder` (whose files have `identity`: indexer.store.model_identity), opened once."""
+        key = (identity, precision, device, threads)
         with self._sessions_lock:
             if key not in self._sessions:
                 self._sessions[key] = OnnxEmbedder(folder, device=device, threads=threads, precision=precision)
                 logger.info("%s session of %s on %s, %s thread(s)", precision, folder, device, threads or "all")
             return self._sessions[key]
 
-    def keep_sessions(self, checksums: set[str]) -> None:
+    def keep_sessions(self, identities: set[str]) -> None:
         """Release the sessions of models no served collection uses any more."""
         with self._sessions_lock:
-            self._sessions = {key: session for key, session in self._sessions.items() if key[0] in checksums}
+            self._sessions = {key: session for key, session in self._sessions.items() if key[0] in identities}
 
 
 class Reloader:
@@ -228,7 +228,7 @@ class Reloader:
         query_model = served if precision == documents else self._served_model(index, precision)
         queries = embedder if query_model is served else BatchingEmbedder(query_model) if resources.batch else query_model
         if resources.query_cache.size:
-            queries = CachedEmbedder(queries, resources.query_cache, f"{index.manifest.embedder.model_checksum}:{precision}")
+            queries = CachedEmbedder(queries, resources.query_cache, f"{model_identity(index.manifest)}:{precision}")
         view = snapshot if snapshot is not None else index
         overrides = index.manifest.overrides
         reranking = resources.reranking_of(index)
@@ -262,7 +262,7 @@ class Reloader:
         return LoadAwareEmbedder(alone, self._session(index, precision, 1), busy=lambda: in_flight.active > 1)
 
     def _session(self, index: OpenIndex, precision: str, threads: int | None) -> OnnxEmbedder:
-        return self.resources.session(index.path / MODEL_DIR, index.manifest.embedder.model_checksum, precision, "cpu", threads)
+        return self.resources.session(index.path / MODEL_DIR, model_identity(index.manifest), precision, "cpu", threads)
 
     def change_settings(self, defaults: dict, synonyms: list[dict] | None = None) -> Serving:
         """Change what needs no rebuild and serve it at once: fields of the collection's default spec (each replaces
@@ -290,8 +290,9 @@ class Reloader:
         return self._publish(current.index, current.snapshot, collection, current.write_refusal)
 
     @property
-    def model_checksum(self) -> str | None:
-        return self.serving.index.manifest.embedder.model_checksum if self.serving is not None else None
+    def model_identity(self) -> str | None:
+        """What its model sessions are shared by (indexer.store.model_identity)."""
+        return model_identity(self.serving.index.manifest) if self.serving is not None else None
 
     def refresh(self) -> None:
         """Publish pending writes to searches (the refresher thread calls this every HYBRID_REFRESH_INTERVAL), and

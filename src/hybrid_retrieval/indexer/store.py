@@ -267,6 +267,16 @@ class OpenIndex:
         self.docs.close()
 
 
+def model_identity(manifest: Manifest) -> str:
+    """What model sessions and cached query embeddings are shared by across collections: a digest of the model files
+    the index holds, as its inventory lists them (checked against their bytes by a restore, or a full verify), never
+    the checksum its manifest claims, which a crafted snapshot could copy from another tenant's model."""
+    model_files = sorted((rel, entry["sha256"]) for rel, entry in manifest.files.items() if rel.startswith(f"{MODEL_DIR}/"))
+    if not model_files:
+        return manifest.embedder.model_checksum
+    return hashlib.sha256(json.dumps(model_files).encode()).hexdigest()
+
+
 def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None, query_precision: str = "auto") -> OpenIndex:
     """Open and verify an index; queries will use the analyzer and embedder it was built with, at `query_precision`
     (auto: int8 on CPU, fp32 on a GPU; see resolve_precision).
