@@ -72,7 +72,7 @@ def test_acknowledged_writes_survive_sigkill(tiny_index, tmp_path):
             assert not errors, errors
     with running_server(index_dir, ENV) as (url, _):
         check(url, acknowledged, sent)
-        stats = httpx.get(f"{url}/stats").json()
+        stats = httpx.get(f"{url}/stats", headers=KEY).json()
     assert len(acknowledged) >= ROUNDS  # writes were acknowledged in (nearly) every round
     # background compactions ran along the way (past 1,000 written documents), killed or not: the counts still add up
     assert stats["documents"] >= len(TINY_CORPUS) + 3 * len(acknowledged)

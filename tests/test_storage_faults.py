@@ -114,7 +114,7 @@ def test_leftovers_of_killed_builds_are_reported_then_removed_at_startup(tiny_in
     other.mkdir()
     with running_server(index, ENV) as (url, _):
         assert not any(folder.exists() for folder in left) and other.exists()
-        assert httpx.get(f"{url}/stats").json()["temporary_bytes"] == 0
+        assert httpx.get(f"{url}/stats", headers=KEY).json()["temporary_bytes"] == 0
 
 
 def _cpu_seconds(pid: int) -> float:
