@@ -144,6 +144,7 @@ def list_collections(collections: CollectionsDep, request: Request) -> Collectio
                 documents=serving.documents if serving is not None else 0,
                 state="ready" if writable else "read-only",
                 aliases=collections.aliases_of(name),
+                error=None,
             )
         )
     for name, (why, _) in collections.failed.items():

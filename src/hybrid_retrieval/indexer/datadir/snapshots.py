@@ -294,7 +294,7 @@ def read_info(path: Path, whole: bool = True, key: bytes | None = None) -> tuple
 
 
 _MAX_TRAILER = 64 << 20  # a trailer lists each file once: far below this for any real index
-_TRAILER_FIELDS = {
+_TRAILER_FIELDS: dict[str, type] = {
     "id": str,
     "collection": str,
     "sequence": int,
@@ -310,7 +310,7 @@ def _check_trailer(name: str, trailer: dict) -> None:
     """BadSnapshot unless the trailer has every field, of its type (counts and sizes never negative)."""
     for field, kind in _TRAILER_FIELDS.items():
         value = trailer.get(field)
-        if not isinstance(value, kind) or isinstance(value, bool) or (kind is int and value < 0):
+        if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
             raise BadSnapshot(f"{name}: its {TRAILER} has no valid {field!r}")
     for rel, entry in trailer["files"].items():
         size = entry.get("bytes") if isinstance(entry, dict) else None
