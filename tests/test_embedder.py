@@ -1,6 +1,6 @@
 import itertools
-import logging
 import json
+import logging
 
 import numpy as np
 import pytest
