@@ -379,3 +379,5 @@ class Ready(_Response):
     metadata: dict[str, Any] | None = None
     writable: bool | None = None
     write_refusal: str | None = None
+    failed_collections: int = 0  # collections that cannot be opened (the others serve)
+    failed: dict[str, str] | None = None  # those the key may use, and why each failed
