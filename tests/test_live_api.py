@@ -46,7 +46,7 @@ def test_written_documents_are_searchable_readable_and_deletable(index_dir):
         assert client.delete("/documents/n1?wait=true", headers=WRITE).json()["sequence"] == 3
         assert ids(client, "quokka marsupial", mode="bm25") == [] and client.get("/documents/n1", headers=READ).status_code == 404
         assert client.post("/documents/delete?wait=true", json={"ids": ["d2", "d3"]}, headers=WRITE).json()["sequence"] == 4
-        stats = client.get("/stats").json()
+        stats = client.get("/stats", headers=READ).json()
         assert stats == {
             "documents": len(TINY_CORPUS) - 2,
             "base_documents": len(TINY_CORPUS),
@@ -63,7 +63,7 @@ def test_written_documents_are_searchable_readable_and_deletable(index_dir):
         assert client.post("/documents/delete?wait=true", json={"ids": [42]}, headers=WRITE).status_code == 200  # as written
         assert client.get("/documents/42", headers=READ).status_code == 404
     with client_for(index_dir) as client:  # a restart replays the log
-        assert client.get("/stats").json()["last_sequence"] == 6
+        assert client.get("/stats", headers=READ).json()["last_sequence"] == 6
         assert client.get("/documents/d1", headers=READ).json()["text"] == "Replaced: nothing about felines."
         assert "d2" not in ids(client, "dogs chase cats", mode="bm25")
 
@@ -101,7 +101,7 @@ def test_a_bad_item_rejects_the_batch_naming_it(index_dir, documents, loc):
         response = client.put("/documents?wait=true", json={"documents": documents}, headers=WRITE)
         assert response.status_code == 422, response.text
         assert response.json()["detail"][0]["loc"][-len(loc) :] == loc
-        assert client.get("/documents/ok", headers=READ).status_code == 404 and client.get("/stats").json()["last_sequence"] == 0
+        assert client.get("/documents/ok", headers=READ).status_code == 404 and client.get("/stats", headers=READ).json()["last_sequence"] == 0
 
 
 def test_limits_and_encoding(index_dir):
@@ -136,7 +136,7 @@ def test_an_index_that_cannot_take_writes_is_served_read_only(index_dir):
         assert client.post("/search", json={"query": "cats"}, headers=READ).status_code == 200
         refused = client.put("/documents", json={"documents": [{"id": "n", "text": "t"}]}, headers=WRITE)
         assert refused.status_code == 409 and "rebuild it" in refused.json()["detail"]
-        assert client.get("/stats").json()["writable"] is False
+        assert client.get("/stats", headers=READ).json()["writable"] is False
 
 
 def test_ndjson_keeps_unicode_line_separators_inside_strings(index_dir):
