@@ -35,6 +35,17 @@ def test_degenerate_lists_map_to_a_constant(fn, constant):
     assert len(fn(np.array([]))) == 0
 
 
+@pytest.mark.parametrize("fn, constant", [(minmax, 1.0), (zscore, 0.0), (dbsf, 0.5)])
+def test_float_noise_is_no_spread(fn, constant):
+    # three copies of one document: cosines that differ in the last float32 bits (as the service measured them)
+    copies = np.array([0.61234567, 0.61234561, 0.61234567], dtype=np.float32).astype(np.float64)
+    np.testing.assert_array_equal(fn(copies), [constant] * 3)
+    # a real spread among them still counts, and near-copies stay near each other
+    mixed = np.array([0.61234567, 0.61234561, 0.2, 0.4])
+    scaled = fn(mixed)
+    assert abs(scaled[0] - scaled[1]) < 1e-5 and scaled[0] > scaled[3] > scaled[2]
+
+
 def test_tmm_degenerate_and_unknown_method():
     np.testing.assert_array_equal(tmm(np.array([0.0, 0.0]), floor=0.0), [1.0, 1.0])
     with pytest.raises(ValueError, match="valid: minmax, zscore, tmm, dbsf, none"):

@@ -12,19 +12,27 @@ import numpy as np
 
 # Theoretical minimum of each scorer, for theoretical min-max: BM25 >= 0, cosine >= -1.
 THEORETICAL_MIN = {"bm25": 0.0, "dense": -1.0}
+# Scores closer than this, relative to their magnitude, are one score: a retriever's scores are float32 sums whose
+# last bits depend on the order of the arithmetic (a document and its copy score 0.61234567 and 0.61234561), and
+# scaling that noise by its own tiny spread would turn identical documents into the best and the worst.
+RELATIVE_TOLERANCE = 1e-6
 
 
 def minmax(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
     """(s - min_q) / (max_q - min_q); all equal -> 1 (each candidate is the best of the list)."""
-    low, high = scores.min(initial=np.inf), scores.max(initial=-np.inf)
-    span = high - low
-    return np.ones_like(scores) if span <= 0 else (scores - low) / span
+    if _all_equal(scores):
+        return np.ones_like(scores)
+    low, high = scores.min(), scores.max()
+    return (scores - low) / (high - low)
 
 
 def _all_equal(scores: np.ndarray) -> bool:
-    """No spread to scale by. Tested on the values, not on std: the std of equal floats is rounding noise (1e-17),
-    which would turn them into +-1."""
-    return not len(scores) or bool(scores.max() == scores.min())
+    """No spread to scale by: the scores differ by less than RELATIVE_TOLERANCE of their magnitude. Tested on the
+    values, not on std: the std of equal floats is rounding noise (1e-17), which would turn them into +-1."""
+    if not len(scores):
+        return True
+    low, high = float(scores.min()), float(scores.max())
+    return high - low <= RELATIVE_TOLERANCE * max(abs(low), abs(high))
 
 
 def zscore(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
