@@ -4,10 +4,14 @@ progress, and the LangChain and LlamaIndex retrievers returning what POST /searc
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import inspect
 import itertools
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -374,3 +378,17 @@ def test_framework_retrievers_return_what_search_returns(server):
         assert found[0][0].page_content == "the quokka smiles at dawn" and found[0][0].metadata["n"] == 1
         store.delete([found[0][0].metadata["id"]])
         assert [d.page_content for d in store.similarity_search("quokka", k=2)] == ["a falcon over the harbor"]
+
+
+def test_a_store_gives_a_text_the_same_id_in_every_process():
+    """Ids made from Python's hash() differ between processes (PYTHONHASHSEED): the same document added by two runs
+    of an app was stored twice. Without ids given, a text's id is a hash of its content and metadata."""
+    script = (
+        "from hybrid_retrieval.client.langchain import HybridVectorStore\n"
+        "class Sink:\n"
+        "    def upsert(self, collection, documents, wait=None): pass\n"
+        "print(HybridVectorStore(Sink(), 'c').add_texts(['a quokka', 'a falcon'], [{'n': 1}, {'n': 2}]))\n"
+    )
+    command = [sys.executable, "-c", script]
+    runs = [subprocess.run(command, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True) for seed in "12"]
+    assert runs[0].stdout == runs[1].stdout and len(set(ast.literal_eval(runs[0].stdout))) == 2

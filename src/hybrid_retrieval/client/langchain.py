@@ -7,6 +7,8 @@ service embeds). Install langchain-core (`pip install "hybrid-retrieval-client[l
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,9 +55,17 @@ class HybridRetriever(BaseRetriever):
         return [_document(hit, self.collection) for hit in response.hits]
 
 
+def content_id(text: str, metadata: dict) -> str:
+    """The id a text gets when the caller gives none: a hash of the text and its metadata, the same in every process
+    and run, so adding the same document twice stores it once (an upsert by id)."""
+    canonical = json.dumps({"text": text, "metadata": metadata}, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
 class HybridVectorStore(VectorStore):
     """A LangChain VectorStore over a collection: texts are upserted and embedded by the service (no Embeddings
-    object needed), and searches are the service's hybrid searches. Scores are the service's (fused by default)."""
+    object needed), and searches are the service's hybrid searches. Scores are the service's (fused by default).
+    A text added without an id gets `content_id(text, metadata)`: adding it again replaces it, never duplicates it."""
 
     def __init__(self, client: Client, collection: str, spec: SearchRequest | dict | None = None):
         self.client, self.collection, self.spec = client, collection, spec
@@ -68,8 +78,8 @@ class HybridVectorStore(VectorStore):
         self, texts: Iterable[str], metadatas: list[dict] | None = None, *, ids: list[str] | None = None, **kwargs: Any
     ) -> list[str]:
         texts = list(texts)
-        ids = list(ids) if ids is not None else [str(hash((i, text))) for i, text in enumerate(texts)]
         metadatas = metadatas or [{} for _ in texts]
+        ids = list(ids) if ids is not None else [content_id(text, metadata) for text, metadata in zip(texts, metadatas, strict=True)]
         documents = [{"id": i, "text": text, "metadata": metadata} for i, text, metadata in zip(ids, texts, metadatas, strict=True)]
         self.client.load(self.collection, documents) if len(documents) > 1000 else self.client.upsert(self.collection, documents, wait=True)
         return ids
