@@ -390,5 +390,5 @@ def test_a_store_gives_a_text_the_same_id_in_every_process():
         "print(HybridVectorStore(Sink(), 'c').add_texts(['a quokka', 'a falcon'], [{'n': 1}, {'n': 2}]))\n"
     )
     command = [sys.executable, "-c", script]
-    runs = [subprocess.run(command, env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True) for seed in "12"]
+    runs = [subprocess.run(command, env={**os.environ, "PYTHONHASHSEED": s}, capture_output=True, text=True, check=True) for s in "12"]
     assert runs[0].stdout == runs[1].stdout and len(set(ast.literal_eval(runs[0].stdout))) == 2
