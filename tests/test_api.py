@@ -225,3 +225,15 @@ def test_nan_parameters_are_rejected(client):
     assert response.status_code == 422
     raw = b'{"query": "ok", "min_score": Infinity}'
     assert client.post("/search", content=raw, headers={"content-type": "application/json"}).status_code == 422
+
+
+def test_the_api_docs_load_nothing_from_outside(client):
+    page = client.get("/docs")
+    assert page.status_code == 200
+    sources = re.findall(r'(?:src|href)="([^"]+)"|url: ?[\'"]([^\'"]+)', page.text)
+    urls = [url for pair in sources for url in pair if url]
+    assert urls and all(url.startswith("/") for url in urls), urls  # this service's own paths only
+    for url in urls:
+        assert client.get(url).status_code == 200, url
+    assert b"SwaggerUIBundle" in client.get("/docs/assets/swagger-ui-bundle.js").content
+    assert client.get("/docs/assets/nope.js").status_code == 404

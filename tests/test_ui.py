@@ -229,3 +229,20 @@ def test_an_invalid_request_names_the_field(page):
     page.fill("#filter", "{not json")
     page.click("button[type=submit]")
     assert page.text_content("#message").startswith("The filter is not valid JSON")
+
+
+def test_the_api_docs_render_with_no_request_leaving_the_machine(page, server):
+    """GET /docs: Swagger UI from the package's own assets (it was loaded from a CDN: blank offline)."""
+    outside: list[str] = []
+
+    def only_here(route):
+        if route.request.url.startswith(server):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_here)
+    page.goto("/docs")
+    page.wait_for_selector(".opblock-summary-path", timeout=30_000)
+    assert page.locator(".opblock").count() > 20 and outside == []

@@ -15,6 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from threadpoolctl import threadpool_limits
 
+from hybrid_retrieval.app.api_docs import router as api_docs_router
 from hybrid_retrieval.app.budget import Deadlines
 from hybrid_retrieval.app.collections import Collections, TooMany, Unavailable
 from hybrid_retrieval.app.documents import document_routes
@@ -152,6 +153,8 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         version="0.1.0",
         summary="BM25 + dense retrieval with score fusion",
         lifespan=lifespan,
+        docs_url=None,  # served by app.api_docs from the package, not a CDN
+        redoc_url=None,
     )
     app.state.collections = None
     app.state.metrics = metrics = Metrics()
@@ -182,6 +185,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     for routes in (search_routes(named_collection), document_routes(named_collection, compact_path="/compact")):
         app.include_router(routes, prefix="/collections/{name}", tags=["collections"], responses=missing)
     app.include_router(ui_router)
+    app.include_router(api_docs_router)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError):
