@@ -127,10 +127,13 @@ def search_under_load(url: str, alias: str, queries: list[str], stop: threading.
 def lifecycle(scifact, tmp_path, count: int) -> None:
     data = tmp_path / "data"
     docs = documents(scifact, count)
+    # one file for both ways in: BEIR's `_id`, and metadata as top-level fields on some lines, an object on others
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(
-        "".join(json.dumps({"_id": d["id"], "title": d["title"], "text": d["text"], "metadata": d["metadata"]}) + "\n" for d in docs)
-    )
+    lines = [
+        {"_id": d["id"], "title": d["title"], "text": d["text"], **({"metadata": d["metadata"]} if i % 2 else d["metadata"])}
+        for i, d in enumerate(docs)
+    ]
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
     queries = sample_queries(scifact, 8, 0)
     with running_server(None, env_for(data)) as (url, _), httpx.Client(base_url=url, timeout=120, headers=WRITER) as client:
         assert client.get("/collections").json() == {"collections": []}  # an empty start
@@ -143,7 +146,7 @@ def lifecycle(scifact, tmp_path, count: int) -> None:
         invalid = client.post("/collections", json={"name": "x", "settings": {"vectors": {"kind": "ivfpq", "pq_m": 7}}})
         assert invalid.status_code == 422 and invalid.json()["detail"][0]["loc"] == ["body", "settings", "vectors", "pq_m"]
 
-        (task,) = load(client, "scifact-v1", docs)
+        (task,) = load(client, "scifact-v1", lines)  # the file's own lines
         assert task["state"] == "succeeded" and task["documents_done"] == count and task["documents_per_second"] > 0
         wait_for(lambda: client.get("/collections/scifact-v1").json()["documents"] == count, 30, "the load to be searchable")
 

@@ -423,15 +423,22 @@ class Ready(BaseModel):
 
 
 class DocumentIn(BaseModel):
+    """The format `hybrid index` reads a corpus line in too: any other field is a metadata field (over the `metadata`
+    object's field of that name), and `_id` may stand for `id`."""
+
     model_config = ConfigDict(
+        extra="allow",
         json_schema_extra={
-            "examples": [{"id": "n1", "title": "Quokkas", "text": "The quokka is a small marsupial.", "metadata": {"year": 2024}}]
-        }
+            "examples": [
+                {"id": "n1", "title": "Quokkas", "text": "The quokka is a small marsupial.", "metadata": {"year": 2024}},
+                {"_id": "n2", "title": "Falcons", "text": "Falcons dive fast.", "year": 2023, "tags": ["birds"]},
+            ]
+        },
     )
 
     id: str | int = Field(
-        description="unique id, at most 512 bytes of UTF-8, no control characters, not . or ..; "
-        "an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)"
+        description="unique id (or `_id`, as in a BEIR corpus), at most 512 bytes of UTF-8, no control characters, not . "
+        "or ..; an existing id is replaced. `/documents/{id}` takes it percent-encoded (a/b as a%2Fb)"
     )
     title: str | None = None
     text: str | list[str] = Field(

@@ -207,9 +207,10 @@ class BatchResponse(_Response):
 
 
 class Document(_Request):
-    """A document to upsert; `vector` for collections that bring their own vectors."""
+    """A document to upsert; `vector` for collections that bring their own vectors. Any other field is a metadata
+    field (as in a corpus line for `hybrid index`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     id: str | int
     title: str | None = None

@@ -15,6 +15,29 @@ from hybrid_retrieval.search.vectors import check_vector
 
 MAX_ID_BYTES = 512
 DOCUMENT_FIELDS = ("id", "title", "text", "metadata", "vector")
+ID_FIELDS = ("id", "_id")  # `_id` as in a BEIR corpus
+
+
+def gathered(doc: dict, where: tuple, vectors: bool) -> dict:
+    """A document in the one format the API, the offline build (indexer.corpus) and the client share: the id as `id`
+    or `_id`, and every field beside id, title, text, metadata and vector a metadata field (over the `metadata`
+    object's field of that name, as `hybrid index` reads a corpus line). `vectors`: whether it may bring a vector."""
+    if "vector" in doc and not vectors:
+        raise SpecError((*where, "vector"), "this collection takes no document vectors (it embeds its documents, or their passages, itself)")
+    if "id" in doc and "_id" in doc:
+        raise SpecError((*where, "_id"), "give the id once, as `id` or `_id`")
+    extra = {name: value for name, value in doc.items() if name not in DOCUMENT_FIELDS and name not in ID_FIELDS}
+    if not extra and "_id" not in doc:
+        return doc
+    metadata = doc.get("metadata")
+    if extra and metadata is not None and not isinstance(metadata, dict):
+        raise SpecError((*where, "metadata"), "must be an object")
+    document = {name: value for name, value in doc.items() if name in DOCUMENT_FIELDS}
+    if "_id" in doc:
+        document["id"] = doc["_id"]
+    if extra:
+        document["metadata"] = {**(metadata or {}), **extra}
+    return document
 
 
 def field_types_of(fields: dict) -> dict[str, str | None]:
@@ -58,10 +81,7 @@ def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], ve
         where = ("documents", i)
         if not isinstance(doc, dict):
             raise SpecError(where, "must be an object with id, text and optionally title and metadata")
-        known = DOCUMENT_FIELDS if vectors is not None else DOCUMENT_FIELDS[:-1]
-        unknown = set(doc) - set(known)
-        if unknown:
-            raise SpecError((*where, sorted(unknown)[0]), f"unknown field; valid: {', '.join(known)}")
+        doc = gathered(doc, where, vectors is not None)
         doc_id = check_id(doc.get("id"), (*where, "id"), written=True)
         if doc_id in seen:
             raise SpecError((*where, "id"), f"{doc_id!r} repeats documents[{seen[doc_id]}]: one version per id in a batch")
