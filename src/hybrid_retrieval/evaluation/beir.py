@@ -9,6 +9,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from hybrid_retrieval.search.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 BEIR_URL = "https://public.ukp.informatik.tu-darmstadt.de/thakur/BEIR/datasets/{name}.zip"
@@ -28,9 +30,9 @@ def ensure_dataset(name: str, root: Path | str) -> Path:
             with urllib.request.urlopen(url, timeout=60) as response, archive.open("wb") as fh:
                 shutil.copyfileobj(response, fh)
         except OSError as exc:
-            raise RuntimeError(
+            raise ConfigError(
                 f"{target} is missing and downloading {url} failed ({exc}); set BEIR_DATA to a folder that holds {name}/corpus.jsonl"
-            ) from exc
+            ) from None
         with zipfile.ZipFile(archive) as zf:
             zf.extractall(tmp)
         (Path(tmp) / name).rename(target)
