@@ -110,7 +110,7 @@ def test_run_sh_indexes_and_tunes_scifact_then_every_readme_command_works(tmp_pa
     try:
         log = (tmp_path / "run.log").read_text()
         assert "indexing" in log and "tuning the fusion" in log and "demo corpus" not in log
-        search, created, written, found = run_readme(tmp_path, port)
+        search, *_, found = run_readme(tmp_path, port)
         assert len(search["hits"]) == 5 and all(hit["id"] in ids for hit in search["hits"])
         assert [hit["id"] for hit in found["hits"]] == ["n1"]
     finally:

@@ -23,7 +23,7 @@ def gathered(doc: dict, where: tuple, vectors: bool) -> dict:
     or `_id`, and every field beside id, title, text, metadata and vector a metadata field (over the `metadata`
     object's field of that name, as `hybrid index` reads a corpus line). `vectors`: whether it may bring a vector."""
     if "vector" in doc and not vectors:
-        raise SpecError((*where, "vector"), "this collection takes no document vectors (it embeds its documents, or their passages, itself)")
+        raise SpecError((*where, "vector"), "this collection takes no document vectors: it embeds its documents (or their passages) itself")
     if "id" in doc and "_id" in doc:
         raise SpecError((*where, "_id"), "give the id once, as `id` or `_id`")
     extra = {name: value for name, value in doc.items() if name not in DOCUMENT_FIELDS and name not in ID_FIELDS}
