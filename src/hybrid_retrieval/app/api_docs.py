@@ -1,5 +1,5 @@
-"""The interactive API docs (GET /docs): Swagger UI served from the package `swagger-ui-bundle` (Apache-2.0), not from a
-CDN, so the page works on a machine without internet."""
+"""The interactive API docs (GET /docs): Swagger UI 5 (which reads the OpenAPI 3.1 FastAPI writes) served from the
+package `swagger-ui-bundle-v2` (Apache-2.0), not from a CDN, so the page works on a machine without internet."""
 
 from __future__ import annotations
 

@@ -69,7 +69,10 @@ class FaissInfo:
 
 @dataclass(frozen=True)
 class FusionTuning:
-    """What `hybrid tune` measured when it chose `defaults.fusion`."""
+    """What `hybrid tune` measured when it chose `defaults.fusion`. `value`: the served fusion's own figure on the
+    split: the tuned fusion's cross-validated score when tuning won, else the untuned default's (which fits nothing).
+    `best_in_sample`: the best fusion of the sweep scored on the queries it was picked on (optimistic; when the
+    decision was to keep the default, a candidate that was rejected)."""
 
     metric: str
     value: float
@@ -79,6 +82,8 @@ class FusionTuning:
     best_per_norm: dict[str, float]
     best_rrf_k: float
     tuned_at: str | None = None  # UTC, ISO 8601 (absent from manifests written before it was recorded)
+    decision: str | None = None  # "tuned" or "kept untuned" (None: a manifest from before, whose value is best_in_sample)
+    best_in_sample: float | None = None
 
 
 @dataclass(frozen=True)

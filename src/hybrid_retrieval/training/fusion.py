@@ -248,15 +248,18 @@ def tune_index(
             if scoring is not None:
                 manifest.defaults = replace(manifest.defaults, passage_scoring=scoring)
                 manifest.evidence["passage_scoring"] = scoring_proof
+            tuned = proof["decision"] == "tuned"
             manifest.fusion_tuning = FusionTuning(
                 metric=metric,
-                value=round(result.best()[metric], 4),
+                value=round(result.cross_validated() if tuned else result.value_of(SearchSpec().fusion), 4),
                 queries=len(queries),
                 qrels=str(qrels_path),
                 depth=pipeline.defaults.depth,
                 best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
                 best_rrf_k=result.best("rrf")["rrf_k"],
                 tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                decision=proof["decision"],
+                best_in_sample=round(result.best()[metric], 4),
             )
 
         update_manifest(index_dir, record)

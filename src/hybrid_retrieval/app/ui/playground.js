@@ -446,13 +446,25 @@ async function loadSummary() {
     const tuned = ready.fusion_tuning;
     const parts = [`${ready.documents.toLocaleString()} documents`, `model ${ready.model ?? "?"}`,
                    `default ${ready.defaults?.mode ?? "hybrid"} ${fusion.method === "cc" ? `cc ${fusion.norm} alpha ${fusion.alpha}` : `rrf k=${fusion.rrf_k}`}`];
-    parts.push(tuned ? `fusion tuned on ${tuned.queries} queries of ${tuned.qrels.split("/").slice(-3).join("/")} ` +
-                       `(${tuned.metric} ${tuned.value})${tuned.tuned_at ? ` at ${tuned.tuned_at}` : ""}` : "fusion not tuned");
+    parts.push(tuningSummary(tuned));
     if (ready.created_at) parts.push(`built ${ready.created_at}`);
     $("summary").textContent = parts.join(" · ");
   } catch (error) {
     $("summary").textContent = `Index summary unavailable: ${error.message}`;
   }
+}
+
+// The served default's own figure (hybrid tune records it as `value`); a sweep's in-sample best only labelled as such.
+function tuningSummary(tuned) {
+  if (!tuned) return "fusion not tuned";
+  const split = `${tuned.queries} queries of ${tuned.qrels.split("/").slice(-3).join("/")}`;
+  const when = tuned.tuned_at ? ` at ${tuned.tuned_at}` : "";
+  if (tuned.decision === "tuned") return `fusion tuned on ${split} (${tuned.metric} ${tuned.value} cross-validated)${when}`;
+  if (tuned.decision) {
+    return `untuned default kept on ${split} (${tuned.metric} ${tuned.value}; ` +
+           `the tuned candidate's ${tuned.best_in_sample} was in-sample, rejected)${when}`;
+  }
+  return `fusion tuned on ${split} (${tuned.metric} ${tuned.value}, the sweep's best in-sample)${when}`;
 }
 
 function start() {
