@@ -19,7 +19,7 @@ from pathlib import Path
 from hybrid_retrieval.app.serving import Reloader, Resources, open_folder
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
-from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, restore_into
+from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, model_folders, restore_into
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.indexer.manifest import MANIFEST, read_manifest
@@ -249,8 +249,9 @@ class Collections:
             raise Conflict("this service keeps no snapshots: set HYBRID_SNAPSHOTS (or serve a data directory)")
         return self._snapshots
 
-    def snapshot(self, name: str) -> SnapshotInfo:
-        """A consistent snapshot of collection `name` (or the one an alias names), taken while it is served."""
+    def snapshot(self, name: str, model: str = "reference") -> SnapshotInfo:
+        """A consistent snapshot of collection `name` (or the one an alias names), taken while it is served; `model`:
+        reference its model's files or include them (indexer.datadir.snapshots)."""
         store = self.snapshots
         reloader = self.resolve(name)
         serving = reloader.serving
@@ -261,7 +262,7 @@ class Collections:
             raise Conflict(f"collection {reloader.name!r} is sharded: snapshot each shard's folder offline (`hybrid snapshot create`)")
         frozen = collection.frozen if collection is not None else None  # read-only: nothing changes under the copy
         try:
-            info = store.take(serving.index.path, reloader.name, frozen)
+            info = store.take(serving.index.path, reloader.name, frozen, model)
         except OSError as exc:  # a snapshot is a whole copy: a full disk is its likeliest failure
             raise StorageError.of(exc, "the snapshot was not taken (nothing of it is kept)") from None
         except (StorageError, Conflict):
@@ -287,7 +288,9 @@ class Collections:
             stopped = False
             try:
                 with data.replacing(name, replace) as replacement:
-                    info = restore_into(source, replacement.folder, settings.max_snapshot_bytes, settings.snapshot_secret)
+                    info = restore_into(
+                        source, replacement.folder, settings.max_snapshot_bytes, settings.snapshot_secret, self._model_folders()
+                    )
                     if old is not None:  # searches go on; writes wait for the restored collection
                         old.stop_writes(f"collection {name!r} is being replaced by a restore: write again once it is done")
                         stopped = True
@@ -304,6 +307,10 @@ class Collections:
             self._forget_failure(name)
             logger.info("restored %s from snapshot %s (sequence %d, %d documents)", name, info.id, info.sequence, info.documents)
             return restored
+
+    def _model_folders(self) -> list[Path]:
+        served = [r.serving.index.path for r in self.served.values() if r.serving is not None]
+        return model_folders(self.data, served)
 
     # --- upkeep -------------------------------------------------------------------------------------------------
 

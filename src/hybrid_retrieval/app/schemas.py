@@ -705,6 +705,9 @@ class SnapshotOut(BaseModel):
     bytes: int = Field(description="size of the snapshot file")
     created_at: str
     manifest_sha256: str = Field(description="sha256 of the collection's manifest.json it holds")
+    model: Literal["included", "referenced"] = Field(
+        "included", description="referenced: it holds its model's sha256s, not its files, and restores where that model is"
+    )
     format: int
 
 

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
         "one after another, in the order they came",
     )
     snapshots: Path | None = Field(None, description="the folder of collection snapshots; default: `snapshots` in the data directory")
-    snapshot_keep: int = Field(0, ge=0, description="snapshots kept per collection (the oldest go when one more is taken); 0: all")
+    snapshot_keep: int = Field(5, ge=0, description="snapshots kept per collection (the oldest go when one more is taken); 0: all of them")
     max_snapshot_bytes: int = Field(
         DEFAULT_MAX_BYTES,
         ge=1024,

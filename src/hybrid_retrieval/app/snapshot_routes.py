@@ -5,7 +5,7 @@ may have been dropped since. The work is indexer.datadir.snapshots' and app.coll
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -64,11 +64,22 @@ def _snapshot_of(collections, target: str, snapshot_id: str):
     dependencies=[_WRITE],
     responses=_CHANGE,
 )
-def create_snapshot(name: Name, collections: CollectionsDep, request: Request) -> SnapshotOut:
+def create_snapshot(
+    name: Name,
+    collections: CollectionsDep,
+    request: Request,
+    model: Annotated[
+        Literal["reference", "include"],
+        Query(
+            description="reference: the model's files by sha256 (a few bytes; the restoring side must have that model: a "
+            "collection of it, or its export); include: copy them in (restores anywhere)"
+        ),
+    ] = "reference",
+) -> SnapshotOut:
     """Take a consistent snapshot: exactly the writes acknowledged before it, none after. Searches and writes go on
     while it is written (into HYBRID_SNAPSHOTS); HYBRID_SNAPSHOT_KEEP says how many of a collection's are kept."""
     reloader = scoped(request, name, lambda: collections.resolve(name))
-    return SnapshotOut(**collections.snapshot(reloader.name).to_dict())
+    return SnapshotOut(**collections.snapshot(reloader.name, model).to_dict())
 
 
 @router.get("/collections/{name}/snapshots", response_model=SnapshotList, dependencies=[Depends(require_api_key)], responses=_CHANGE)

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from hybrid_retrieval.common.publish import in_use
 from hybrid_retrieval.indexer.datadir.layout import DataDir, NotFound
-from hybrid_retrieval.indexer.datadir.snapshots import DEFAULT_MAX_BYTES, SUFFIX, SnapshotStore, read_info, restore_into, verify_file
+from hybrid_retrieval.indexer.datadir.snapshots import (
+    DEFAULT_MAX_BYTES,
+    SUFFIX,
+    SnapshotStore,
+    model_folders,
+    read_info,
+    restore_into,
+    verify_file,
+)
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.search.errors import ConfigError
 
@@ -26,6 +34,11 @@ def register(commands) -> None:
     p.add_argument("name")
     with_folders(p)
     p.add_argument("--keep", type=int, default=0, help="keep this many snapshots of the collection, removing the oldest (0: all)")
+    p.add_argument(
+        "--include-model",
+        action="store_true",
+        help="copy the model's files in (by default the snapshot references them by sha256 and restores where that model is)",
+    )
     p.set_defaults(run=run_create)
 
     p = snapshot.add_parser("restore", help="restore a snapshot (a file, or a listed id) as collection --as NAME")
@@ -48,6 +61,7 @@ def register(commands) -> None:
     )
     p.add_argument("file", type=Path)
     p.add_argument("--scratch", type=Path, help="where the check extracts it (default: the system's temporary folder)")
+    p.add_argument("--data", type=Path, help="a data directory whose models a snapshot that references its model may use")
     checked(p)
     p.set_defaults(run=run_verify)
 
@@ -78,7 +92,7 @@ def run_create(args) -> None:
     data = _data(args)
     if not data.exists(args.name):
         raise NotFound(f"no collection named {args.name!r} in {data.root}")
-    info = _store(args, data, args.keep).take(data.path(args.name), args.name)
+    info = _store(args, data, args.keep).take(data.path(args.name), args.name, model="include" if args.include_model else "reference")
     print(json.dumps(info.to_dict()))
 
 
@@ -89,7 +103,7 @@ def run_restore(args) -> None:
     if args.replace and data.exists(args.name):
         _check_not_written(data.path(args.name))
     with data.replacing(args.name, args.replace) as replacement:
-        info = restore_into(source, replacement.folder, args.max_bytes, _key())
+        info = restore_into(source, replacement.folder, args.max_bytes, _key(), model_folders(data))
         replacement.publish(args.replace)
     print(json.dumps({**info.to_dict(), "restored_as": args.name}))
 
@@ -106,6 +120,6 @@ def run_list(args) -> None:
 
 
 def run_verify(args) -> None:
-    verify_file(args.file, args.max_bytes, _key(), args.scratch)
+    verify_file(args.file, args.max_bytes, _key(), args.scratch, model_folders(_data(args)))
     trailer, _ = read_info(args.file, whole=False)
     print(json.dumps({key: value for key, value in trailer.items() if key != "files"} | {"files": len(trailer["files"])}))

@@ -336,8 +336,9 @@ def tasks(collection: str | None) -> Call[list[Task]]:
     return Call("GET", "/tasks", listed(Task, "tasks"), params={"collection": collection} if collection else None)
 
 
-def create_snapshot(collection: str) -> Call[Snapshot]:
-    return Call("POST", f"{scope(collection)}/snapshots", model(Snapshot), idempotent=False)
+def create_snapshot(collection: str, include_model: bool = False) -> Call[Snapshot]:
+    params = {"model": "include"} if include_model else None
+    return Call("POST", f"{scope(collection)}/snapshots", model(Snapshot), idempotent=False, params=params)
 
 
 def snapshots(collection: str | None) -> Call[list[Snapshot]]:

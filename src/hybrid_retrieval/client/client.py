@@ -212,8 +212,9 @@ class Client:
 
     # --- snapshots -------------------------------------------------------------------------------------------------
 
-    def create_snapshot(self, collection: str) -> Snapshot:
-        return self.send(calls.create_snapshot(collection))
+    def create_snapshot(self, collection: str, include_model: bool = False) -> Snapshot:
+        """A consistent snapshot; `include_model`: copy the model's files in, so it restores where that model is not."""
+        return self.send(calls.create_snapshot(collection, include_model))
 
     def snapshots(self, collection: str | None = None) -> list[Snapshot]:
         """A collection's snapshots, or every snapshot (None), oldest first."""
@@ -393,8 +394,8 @@ class AsyncClient:
     async def tasks(self, collection: str | None = None) -> list[Task]:
         return await self.send(calls.tasks(collection))
 
-    async def create_snapshot(self, collection: str) -> Snapshot:
-        return await self.send(calls.create_snapshot(collection))
+    async def create_snapshot(self, collection: str, include_model: bool = False) -> Snapshot:
+        return await self.send(calls.create_snapshot(collection, include_model))
 
     async def snapshots(self, collection: str | None = None) -> list[Snapshot]:
         return await self.send(calls.snapshots(collection))

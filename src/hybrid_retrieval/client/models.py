@@ -364,6 +364,7 @@ class Snapshot(_Response):
     bytes: int
     created_at: str
     manifest_sha256: str
+    model: Literal["included", "referenced"] = "included"  # referenced: it restores where that model is
     format: int
 
 

@@ -22,8 +22,9 @@ def minmax(scores: np.ndarray, floor: float | None = None) -> np.ndarray:
     """(s - min_q) / (max_q - min_q); all equal -> 1 (each candidate is the best of the list)."""
     if _all_equal(scores):
         return np.ones_like(scores)
-    low, high = scores.min(), scores.max()
-    return (scores - low) / (high - low)
+    low, high = float(scores.min()), float(scores.max())
+    scaled: np.ndarray = (scores - low) / (high - low)
+    return scaled
 
 
 def _all_equal(scores: np.ndarray) -> bool:
@@ -32,7 +33,7 @@ def _all_equal(scores: np.ndarray) -> bool:
     if not len(scores):
         return True
     low, high = float(scores.min()), float(scores.max())
-    return high - low <= RELATIVE_TOLERANCE * max(abs(low), abs(high))
+    return bool(high - low <= RELATIVE_TOLERANCE * max(abs(low), abs(high)))
 
 
 def zscore(scores: np.ndarray, floor: float | None = None) -> np.ndarray:

@@ -2,10 +2,16 @@
 
 A snapshot is an uncompressed tar (index files are vectors and compiled structures; compression buys little):
 
-    collection/<path>   every file of the index folder (the manifest's inventory, the manifest, the model), and its
-                        write-ahead log cut at the snapshot's sequence number
+    collection/<path>   every file of the index folder (the manifest's inventory, the manifest), and its write-ahead
+                        log cut at the snapshot's sequence number; the model's files only when it includes them
     snapshot.json       last: what it holds (collection, sequence number, documents, the manifest's sha256, when),
-                        each file's bytes and sha256, the sha256 of every archive byte before it, and its own checksum
+                        each file's bytes and sha256, the model's files it references (bytes and sha256), the sha256
+                        of every archive byte before it, and its own checksum
+
+By default a snapshot references the model instead of copying it (the model is most of a small collection's bytes):
+a restore takes those files, by their sha256, from where the receiving side has them (another collection of that
+model, or the export cache), or refuses saying so. A snapshot taken with the model included (`model=include`)
+restores anywhere.
 
 followed by the tar's zero blocks and nothing else. One changed byte anywhere, or a missing tail, fails verification
 before anything is extracted, and each extracted file is checked against its sha256 again.
@@ -42,20 +48,22 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
 from hybrid_retrieval.common.publish import fsync_path, in_use, scratch_dir
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE, log_path
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
-from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.indexer.wal import scan
-from hybrid_retrieval.search.errors import HybridError, StorageError
+from hybrid_retrieval.models.onnx_export import default_cache_dir
+from hybrid_retrieval.search.errors import ConfigError, HybridError, StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +95,7 @@ class SnapshotInfo:
     bytes: int
     created_at: str
     manifest_sha256: str
+    model: str = "included"  # "referenced": its model's files come from the restoring side (by sha256)
     format: int = FORMAT
 
     def to_dict(self) -> dict:
@@ -100,12 +109,21 @@ def new_id(collection: str, when: datetime) -> str:
 # --- taking one ---------------------------------------------------------------------------------------------------
 
 
-def stage(folder: Path, staging: Path) -> None:
-    """Hard-link (or copy, where links cannot be made) the index folder's files and its log into `staging`; the
-    caller holds compactions off while this runs (finish_log then cuts the log)."""
+MODELS = ("include", "reference")  # what a snapshot does with the model's files
+
+
+def is_model_file(rel: str) -> bool:
+    return rel.startswith(f"{MODEL_DIR}/")
+
+
+def stage(folder: Path, staging: Path, model: str = "reference") -> None:
+    """Hard-link (or copy, where links cannot be made) the index folder's files and its log into `staging`, the
+    model's files only with `model` "include"; the caller holds compactions off while this runs (finish_log then
+    cuts the log)."""
     manifest = read_manifest(folder)
     for rel in [*manifest.files, MANIFEST]:
-        _link(folder / rel, staging / rel)
+        if model == "include" or not is_model_file(rel):
+            _link(folder / rel, staging / rel)
     log = log_path(folder)
     if log.exists():
         _link(log, staging / f"{LOG}.whole")  # an inode a later compaction's rewrite cannot change
@@ -166,6 +184,7 @@ def write_archive(
     manifest_bytes = (staging / MANIFEST).read_bytes()
     inventory = Manifest.from_dict(json.loads(manifest_bytes)).files
     names = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
+    referenced = {rel: dict(entry) for rel, entry in inventory.items() if is_model_file(rel) and rel not in names}
     files: dict[str, dict] = {}
     with out.open("wb") as raw:
         hashing = _HashingWriter(raw)
@@ -181,8 +200,17 @@ def write_archive(
                 expected = inventory.get(rel)
                 if expected is not None and expected["sha256"] != files[rel]["sha256"]:
                     raise HybridError(f"index file {rel} does not match the manifest's sha256 (damaged on disk): no snapshot was kept")
-            info = SnapshotInfo(snapshot_id, collection, seq, documents, 0, created.isoformat(), hashlib.sha256(manifest_bytes).hexdigest())
-            described = {**info.to_dict(), "files": files, "archive_sha256": hashing.hexdigest()}
+            info = SnapshotInfo(
+                snapshot_id,
+                collection,
+                seq,
+                documents,
+                0,
+                created.isoformat(),
+                hashlib.sha256(manifest_bytes).hexdigest(),
+                "referenced" if referenced else "included",
+            )
+            described = {**info.to_dict(), "files": files, "referenced": referenced, "archive_sha256": hashing.hexdigest()}
             described.pop("bytes")
             if key is not None:
                 described["signature"] = _signature(key, described)
@@ -312,17 +340,22 @@ def _check_trailer(name: str, trailer: dict) -> None:
         value = trailer.get(field)
         if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
             raise BadSnapshot(f"{name}: its {TRAILER} has no valid {field!r}")
-    for rel, entry in trailer["files"].items():
+    referenced = trailer.get("referenced", {})  # absent from snapshots that always included the model
+    if not isinstance(referenced, dict) or not all(isinstance(rel, str) and is_model_file(rel) for rel in referenced):
+        raise BadSnapshot(f"{name}: its {TRAILER} references files that are no model's")
+    for rel, entry in [*trailer["files"].items(), *referenced.items()]:
         size = entry.get("bytes") if isinstance(entry, dict) else None
         if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(entry.get("sha256"), str):
             raise BadSnapshot(f"{name}: its {TRAILER} lists {rel!r} without a valid size and sha256")
 
 
-def extract(path: Path, into: Path, max_bytes: int | None = None, key: bytes | None = None) -> SnapshotInfo:
+def extract(path: Path, into: Path, max_bytes: int | None = None, key: bytes | None = None, models: Iterable[Path] = ()) -> SnapshotInfo:
     """Check `path` whole (read_info, with `key`), then write its index folder into `into` (an empty folder): plain
     files only, each of the size its trailer lists and checked against its sha256, at most `max_bytes` in all (and
-    never more than the archive holds), and the manifest's inventory exactly what was written. BadSnapshot names what
-    is wrong; StorageError when the disk has no room for it (checked before writing)."""
+    never more than the archive holds), the model's files it references linked from `models` (folders of models this
+    side has) by their sha256, and the manifest's inventory exactly what is there. BadSnapshot names what is wrong;
+    StorageError when the disk has no room for it (checked before writing).
+    """
     trailer, _ = read_info(path, key=key)
     files = trailer["files"]
     declared = sum(entry["bytes"] for entry in files.values())
@@ -354,8 +387,49 @@ def extract(path: Path, into: Path, max_bytes: int | None = None, key: bytes | N
         raise BadSnapshot(f"{path.name}: not a readable snapshot archive ({exc})") from None
     if missing := sorted(set(files) - seen):
         raise BadSnapshot(f"{path.name}: {len(missing)} listed file(s) missing, e.g. {missing[0]}")
-    _check_inventory(path.name, into, files, trailer["manifest_sha256"])
+    referenced = trailer.get("referenced", {})
+    _link_model(path.name, referenced, into, models)
+    _check_inventory(path.name, into, {**files, **referenced}, trailer["manifest_sha256"])
     return _info_of(trailer, path.stat().st_size)
+
+
+def _link_model(name: str, referenced: dict, into: Path, models: Iterable[Path]) -> None:
+    """Link each model file the snapshot references into `into` from the first of `models` (model folders of this
+    side: other collections', the export cache's) holding a file of that name, size and sha256; BadSnapshot naming
+    the model when none does."""
+    if not referenced:
+        return
+    folders = [Path(folder) for folder in models]
+    for rel, entry in referenced.items():
+        inside = rel.removeprefix(f"{MODEL_DIR}/")
+        for folder in folders:
+            candidate = folder / inside
+            if candidate.is_file() and candidate.stat().st_size == entry["bytes"] and _sha256(candidate) == entry["sha256"]:
+                _link(candidate, into / rel)
+                break
+        else:
+            raise BadSnapshot(
+                f"{name}: it references its model instead of holding it ({rel}, sha256 {entry['sha256'][:12]}), and this "
+                "side has no such file: restore it where a collection of that model exists (or after creating one), "
+                "or take the snapshot with the model included (POST .../snapshots?model=include, `hybrid snapshot "
+                "create --include-model`)"
+            )
+
+
+def model_folders(data: DataDir | None, more: Iterable[Path] = ()) -> list[Path]:
+    """Where a restore finds the model files a snapshot references: the models of the data directory's collections,
+    of `more` index folders (those a service serves from elsewhere), and of the export cache."""
+    collections = [data.path(name) for name in data.names()] if data is not None else []
+    cache = default_cache_dir()
+    return [*(Path(folder) / MODEL_DIR for folder in [*collections, *more]), *(sorted(cache.iterdir()) if cache.is_dir() else [])]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, sha256: str, name: str) -> None:
@@ -432,18 +506,22 @@ def check_opens(folder: Path, info: SnapshotInfo) -> None:
         )
 
 
-def restore_into(path: Path, folder: Path, max_bytes: int | None = None, key: bytes | None = None) -> SnapshotInfo:
+def restore_into(
+    path: Path, folder: Path, max_bytes: int | None = None, key: bytes | None = None, models: Iterable[Path] = ()
+) -> SnapshotInfo:
     """Everything a restore checks, in `folder` (a staging folder, published only if this returns): the file whole,
-    its members (extract), the collection opened and its log replayed (check_opens)."""
-    info = extract(path, folder, max_bytes, key)
+    its members and referenced model (extract), the collection opened and its log replayed (check_opens)."""
+    info = extract(path, folder, max_bytes, key, models)
     check_opens(folder, info)
     return info
 
 
-def verify_file(path: Path, max_bytes: int | None = None, key: bytes | None = None, scratch: Path | None = None) -> SnapshotInfo:
+def verify_file(
+    path: Path, max_bytes: int | None = None, key: bytes | None = None, scratch: Path | None = None, models: Iterable[Path] = ()
+) -> SnapshotInfo:
     """What a restore of `path` would check (restore_into), in a temporary folder under `scratch` removed after."""
     with tempfile.TemporaryDirectory(prefix=".verify-", dir=scratch) as folder:
-        return restore_into(path, Path(folder), max_bytes, key)
+        return restore_into(path, Path(folder), max_bytes, key, models)
 
 
 def _info_of(trailer: dict, size: int) -> SnapshotInfo:
@@ -455,6 +533,7 @@ def _info_of(trailer: dict, size: int) -> SnapshotInfo:
         bytes=size,
         created_at=trailer["created_at"],
         manifest_sha256=trailer["manifest_sha256"],
+        model="referenced" if trailer.get("referenced") else "included",
     )
 
 
@@ -535,21 +614,26 @@ class SnapshotStore:
             os.close(fd)
             path.unlink(missing_ok=True)
 
-    def take(self, folder: Path, collection: str, frozen=None) -> SnapshotInfo:
+    def take(self, folder: Path, collection: str, frozen=None, model: str = "reference") -> SnapshotInfo:
         """Snapshot the index folder of `collection`. `frozen()`: a context manager that holds the collection's
         compactions off and yields its Point (Collection.frozen); without one (offline, nothing served), the folder
-        is read as it is, and read again when a compaction swapped it meanwhile."""
+        is read as it is, and read again when a compaction swapped it meanwhile. `model`: "reference" its files by
+        sha256 (the restoring side must have them), or "include" them (the snapshot restores anywhere)."""
+        if model not in MODELS:
+            raise ConfigError(f"model {model!r}: one of {', '.join(MODELS)}")
         started = time.monotonic()
         created = datetime.now(timezone.utc)
         snapshot_id = new_id(collection, created)
         with scratch_dir(folder, "snapshot") as staging:
             if frozen is not None:
                 with frozen() as point:
-                    stage(folder, staging)
+                    stage(folder, staging, model)
                 seq = finish_log(staging, point.log_bytes, point.seq)
                 documents = point.documents
             else:
-                seq, documents = _stage_offline(folder, staging)
+                seq, documents = _stage_offline(folder, staging)  # with the model: it opens the staged copy
+                if model == "reference":
+                    shutil.rmtree(staging / MODEL_DIR, ignore_errors=True)
             with self.partial(snapshot_id + SUFFIX) as partial:
                 info = write_archive(staging, partial, collection, seq, documents, snapshot_id, created, self.key)
                 final = self.folder / f"{snapshot_id}{SUFFIX}"
@@ -584,7 +668,7 @@ def _stage_offline(folder: Path, staging: Path) -> tuple[int, int]:
     linked, start over. (sequence, documents), found by opening the staged copy."""
     for _ in range(5):
         before = (folder / MANIFEST).read_bytes()
-        stage(folder, staging)
+        stage(folder, staging, "include")
         if (folder / MANIFEST).read_bytes() == before == (staging / MANIFEST).read_bytes():
             seq = finish_log(staging)
             if not log_path(staging).exists():  # nothing was ever written (or the index takes no writes)
