@@ -370,6 +370,49 @@ def test_every_awkward_id_reaches_the_server_as_itself(shared):
         assert admin.delete("/collections/awkward").status_code == 204
 
 
+AWKWARD_NAMES = ["..", ".", "a/b", "../tenant-a", "a?b=c", "a#b", "%2F", "ünï"]
+
+
+@pytest.mark.parametrize("awkward", AWKWARD_NAMES)
+def test_every_client_method_sends_an_awkward_name_as_itself(shared, awkward, tmp_path):
+    """Every method that puts a collection, alias, task or snapshot name in a path: the server answers about exactly
+    that name (its 404 or 422 quotes it), and nothing else changed."""
+    url, *_ = shared
+    with Client(url, api_key="admin-key") as client:
+        before = {c.name: c.documents for c in client.list_collections()}
+        calls = {
+            "get_collection": lambda: client.get_collection(awkward),
+            "drop_collection": lambda: client.drop_collection(awkward),
+            "update_settings": lambda: client.update_settings(awkward, defaults={"mode": "bm25"}),
+            "set_alias": lambda: client.set_alias(awkward, "tenant-a"),
+            "drop_alias": lambda: client.drop_alias(awkward),
+            "search": lambda: client.search(awkward, query="note"),
+            "search_batch": lambda: client.search_batch(awkward, [{"query": "note"}]),
+            "upsert": lambda: client.upsert(awkward, notes(0, 1)),
+            "get_document": lambda: client.get_document(awkward, "n1"),
+            "delete": lambda: client.delete(awkward, ["n1"]),
+            "delete_document": lambda: client.delete_document(awkward, "n1"),
+            "stats": lambda: client.stats(awkward),
+            "compact": lambda: client.compact(awkward),
+            "task": lambda: client.task(awkward),
+            "create_snapshot": lambda: client.create_snapshot(awkward),
+            "delete_snapshot": lambda: client.delete_snapshot("tenant-a", awkward),
+            "download_snapshot": lambda: client.download_snapshot("tenant-a", awkward, tmp_path / "x"),
+            "restore_snapshot": lambda: client.restore_snapshot("tenant-a", snapshot_id=awkward, replace=True),
+        }
+        for method, call in calls.items():
+            with pytest.raises((ClientNotFound, ClientValidationError)) as raised:
+                call()
+            error, detail = raised.value, str(raised.value)
+            # the server quotes the name it saw, or refuses it as that path parameter (its pattern: 422 naming it);
+            # a "/" splits a name into a path no route has (404 Not Found)
+            as_parameter = isinstance(error, ClientValidationError) and error.field[:1] == ["path"]
+            assert repr(awkward) in detail or as_parameter or ("/" in awkward and "Not Found" in detail), (method, detail)
+        if "/" not in awkward:  # the snapshots of that name (a dropped collection's are listed too): none
+            assert client.snapshots(awkward) == []
+        assert {c.name: c.documents for c in client.list_collections()} == before
+
+
 # --- 7, 8, 10: status codes and strict types -------------------------------------------------------------------------
 
 
