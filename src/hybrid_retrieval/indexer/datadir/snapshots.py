@@ -361,6 +361,8 @@ def extract(path: Path, into: Path, max_bytes: int | None = None, key: bytes | N
     declared = sum(entry["bytes"] for entry in files.values())
     if declared > path.stat().st_size:  # plain members carry their bytes: a trailer that lists more is forged
         raise BadSnapshot(f"{path.name}: its {TRAILER} lists {declared} bytes of files, more than the archive holds")
+    # a referenced model file is linked, or copied where links cannot be made: it counts against the cap too
+    declared += sum(entry["bytes"] for entry in trailer.get("referenced", {}).values())
     if max_bytes is not None and declared > max_bytes:
         raise BadSnapshot(f"{path.name}: it holds {declared} bytes of files, more than a restore may write ({max_bytes})")
     into.mkdir(parents=True, exist_ok=True)
