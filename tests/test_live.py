@@ -205,7 +205,8 @@ def test_the_log_is_replayed_on_open_and_a_torn_tail_is_cut(base_index, tmp_path
         ([{"id": "a", "text": "one"}, {"id": "a", "text": "two"}], "documents[1].id"),
         ([{"id": "a", "text": "t", "metadata": {"year": "recent"}}], "documents[0].metadata.year"),
         ([{"id": "a", "text": "t", "metadata": {"tags": [1, 2]}}], "documents[0].metadata.tags"),
-        ([{"id": "a", "text": "t", "extra": 1}], "documents[0].extra"),
+        ([{"id": "a", "text": "t", "year": "recent"}], "documents[0].metadata.year"),  # a top-level field is metadata
+        ([{"id": "a", "_id": "b", "text": "t"}], "documents[0]._id"),
     ],
 )
 def test_a_bad_document_rejects_the_whole_batch(base_index, tmp_path, documents, field):
