@@ -248,6 +248,20 @@ def test_link_members_are_refused_by_restore_and_verify(shared, tmp_path, kind):
     assert hybrid("snapshot", "verify", str(tmp_path / "linked.snapshot")).returncode == 2
 
 
+def test_a_referenced_model_file_outside_the_model_folder_is_refused(shared, tmp_path):
+    url, data, archive, _ = shared
+    members, trailer = unpack(archive)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the tenant's")
+    escape = f"model/../../../../../../../../..{secret}"
+    trailer["referenced"] = {escape: {"bytes": secret.stat().st_size, "sha256": hashlib.sha256(secret.read_bytes()).hexdigest()}}
+    before = listing(data / "collections")
+    with httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:
+        refused = upload(admin, "escaped", forge(members, trailer))
+    assert refused.status_code == 422 and "no model's" in refused.json()["detail"][0]["msg"], refused.text
+    assert listing(data / "collections") == before
+
+
 def test_a_signed_server_restores_only_its_own_snapshots(tmp_path):
     env = keyed_env(tmp_path, HYBRID_SNAPSHOT_KEY="server-secret")
     with running_server(None, env) as (url, _), httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:

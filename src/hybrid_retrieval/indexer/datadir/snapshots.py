@@ -334,6 +334,14 @@ _TRAILER_FIELDS: dict[str, type] = {
 }
 
 
+def _inside_model(rel: object) -> bool:
+    """Whether `rel` names a file inside the index's model folder (no `..`, `.` or empty part to leave it by)."""
+    if not isinstance(rel, str) or "\\" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return len(parts) > 1 and parts[0] == MODEL_DIR and not any(part in ("..", ".", "") for part in parts)
+
+
 def _check_trailer(name: str, trailer: dict) -> None:
     """BadSnapshot unless the trailer has every field, of its type (counts and sizes never negative)."""
     for field, kind in _TRAILER_FIELDS.items():
@@ -341,7 +349,7 @@ def _check_trailer(name: str, trailer: dict) -> None:
         if not isinstance(value, kind) or isinstance(value, bool) or (isinstance(value, int) and value < 0):
             raise BadSnapshot(f"{name}: its {TRAILER} has no valid {field!r}")
     referenced = trailer.get("referenced", {})  # absent from snapshots that always included the model
-    if not isinstance(referenced, dict) or not all(isinstance(rel, str) and is_model_file(rel) for rel in referenced):
+    if not isinstance(referenced, dict) or not all(_inside_model(rel) for rel in referenced):
         raise BadSnapshot(f"{name}: its {TRAILER} references files that are no model's")
     for rel, entry in [*trailer["files"].items(), *referenced.items()]:
         size = entry.get("bytes") if isinstance(entry, dict) else None
