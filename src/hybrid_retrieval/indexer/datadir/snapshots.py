@@ -334,12 +334,17 @@ _TRAILER_FIELDS: dict[str, type] = {
 }
 
 
-def _inside_model(rel: object) -> bool:
-    """Whether `rel` names a file inside the index's model folder (no `..`, `.` or empty part to leave it by)."""
-    if not isinstance(rel, str) or "\\" in rel:
+def _inside(rel: object) -> bool:
+    """Whether `rel` is a relative path that stays inside its folder (no `..`, `.` or empty part to leave it by)."""
+    if not isinstance(rel, str) or "\\" in rel or rel.startswith("/"):
         return False
     parts = PurePosixPath(rel).parts
-    return len(parts) > 1 and parts[0] == MODEL_DIR and not any(part in ("..", ".", "") for part in parts)
+    return bool(parts) and not any(part in ("..", ".", "") for part in parts)
+
+
+def _inside_model(rel: object) -> bool:
+    """Whether `rel` names a file inside the index's model folder."""
+    return _inside(rel) and is_model_file(str(rel))
 
 
 def _check_trailer(name: str, trailer: dict) -> None:
@@ -464,9 +469,12 @@ def _check_inventory(name: str, folder: Path, files: dict, manifest_sha256: str)
     folder or claim other content, and nothing else rides along."""
     try:
         manifest_bytes = (folder / MANIFEST).read_bytes()
-        inventory = read_manifest(folder).files
+        manifest = read_manifest(folder)
     except Exception as exc:  # any content: the file is untrusted
         raise BadSnapshot(f"{name}: not a complete index folder (its {MANIFEST}: {exc})") from None
+    inventory = manifest.files
+    if manifest.hubness is not None and not _inside(manifest.hubness.folder):
+        raise BadSnapshot(f"{name}: its {MANIFEST} puts the hubness correction outside the collection's folder")
     if hashlib.sha256(manifest_bytes).hexdigest() != manifest_sha256:
         raise BadSnapshot(f"{name}: its {MANIFEST} is not the one its {TRAILER} describes")
     if unknown := sorted(set(files) - set(inventory) - {MANIFEST, LOG}):
