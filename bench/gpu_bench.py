@@ -9,11 +9,11 @@ from pathlib import Path
 from bench.accel_bench import rerank_latency
 from bench.harness import Case, Table, interleaved, percentiles, rate
 from bench.machine import describe_machine
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.search.dense import gpu_count
-from hybrid_retrieval.search.errors import ConfigError
 
 
 def check_gpu() -> None:

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.chunking import ChunkingParams
@@ -23,7 +24,6 @@ from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.bm25 import BM25Index
-from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import PassageSpec

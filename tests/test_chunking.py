@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.indexer.chunking import Chunker, ChunkingParams, Span
 from hybrid_retrieval.indexer.corpus import CorpusError, read_corpus
 from hybrid_retrieval.indexer.live.validate import check_batch
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
-from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.ranking import top_k

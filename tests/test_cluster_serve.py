@@ -3,7 +3,7 @@
 import pytest
 
 from hybrid_retrieval.cluster.serve import START_TIMEOUT_VARIABLE, start_timeout
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError
 
 
 def test_the_start_timeout_is_the_variable_or_600_s_and_refuses_what_is_not_a_duration(monkeypatch):

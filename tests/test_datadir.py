@@ -10,11 +10,11 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import HybridError, SpecError
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, check_name, name_of_folder
 from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW, CollectionSettings
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.dense import FaissParams
-from hybrid_retrieval.search.errors import HybridError, SpecError
 from tests.conftest import TINY_CORPUS
 
 WRITER = {"X-API-Key": "w"}

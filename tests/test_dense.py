@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
-from hybrid_retrieval.search.errors import ConfigError
 
 
 def unit_vectors(n, dim, seed):

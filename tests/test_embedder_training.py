@@ -91,7 +91,7 @@ def test_relevant_mask_hides_other_relevant_columns_but_never_the_own_positive()
 
 
 def test_options_are_validated():
-    from hybrid_retrieval.search.errors import ConfigError
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.training.embedder import EmbedderOptions
 
     for bad in ({"batch_size": 1}, {"dev_fraction": 0.0}, {"hard_negatives": 5, "mine_depth": 5}, {"device": "tpu"}):
@@ -187,8 +187,8 @@ def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, t
 def test_reembed_asks_for_the_queries_of_a_tuned_fusion_it_cannot_find(synthetic, trained, tmp_path):
     import shutil
 
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
-    from hybrid_retrieval.search.errors import ConfigError
     from hybrid_retrieval.training.reembed import reembed_index
 
     index_dir = tmp_path / "index"
@@ -251,8 +251,8 @@ def test_sentences_keep_query_sized_sentences_only():
 
 
 def test_pseudo_queries_are_kept_only_where_the_hybrid_finds_their_document(synthetic):
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.indexer.store import open_index
-    from hybrid_retrieval.search.errors import ConfigError
     from hybrid_retrieval.training.pseudo import generate
 
     index = open_index(synthetic / "index", verify="size")
@@ -368,9 +368,9 @@ def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp
 def test_reembed_publishes_nothing_when_writes_arrive_meanwhile(synthetic, trained, tmp_path, monkeypatch):
     import shutil
 
+    from hybrid_retrieval.common.errors import HybridError
     from hybrid_retrieval.indexer import reembed as module
     from hybrid_retrieval.indexer.manifest import read_manifest
-    from hybrid_retrieval.search.errors import HybridError
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
@@ -387,11 +387,11 @@ def test_reembed_publishes_nothing_while_a_service_holds_the_log(synthetic, trai
     service) holds it, so re-embedding refuses rather than swap a folder from under its writes."""
     import shutil
 
+    from hybrid_retrieval.common.errors import HybridError
     from hybrid_retrieval.indexer import reembed as module
     from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.wal import WriteAheadLog
-    from hybrid_retrieval.search.errors import HybridError
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)

@@ -12,13 +12,13 @@ from fastapi.testclient import TestClient
 from bench.filter_bench import JOURNALS, synthetic_metadata
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import read_queries
 from hybrid_retrieval.indexer.hubness import fit_hubness
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
-from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.fusion import RRF, Candidates, ConvexCombination, fuse
 from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.pipeline import Query

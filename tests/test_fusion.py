@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search.fusion import (
     DEFAULT_FUSION,
     RRF,

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.grouping import GroupBy
 from tests.conftest import LengthScorer, write_jsonl
 

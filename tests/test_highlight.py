@@ -4,8 +4,8 @@ import re
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search.analyzer import Analyzer
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.highlight import (
     DEFAULT_SNIPPET_CHARS,
     DEFAULT_SNIPPETS,

@@ -4,12 +4,12 @@ import shutil
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import CorpusError
 from hybrid_retrieval.indexer.manifest import FORMAT_VERSION, Manifest
 from hybrid_retrieval.indexer.store import IndexOpenError, open_index
-from hybrid_retrieval.search.errors import HybridError
 from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec
 from tests.conftest import TINY_CORPUS, write_jsonl
 

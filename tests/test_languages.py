@@ -12,10 +12,10 @@ import pytest
 import snowballstemmer
 import stop_words
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.cjk import bigrams
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.highlight import Highlighter
 from hybrid_retrieval.search.synonyms import Synonyms
 

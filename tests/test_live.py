@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from hybrid_retrieval.common.errors import HybridError, SpecError
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import wal
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
@@ -25,7 +26,6 @@ from hybrid_retrieval.indexer.live.collection import Closed, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
-from hybrid_retrieval.search.errors import HybridError, SpecError
 from hybrid_retrieval.search.hubness import HubnessParams
 from tests.conftest import write_jsonl
 
@@ -540,10 +540,10 @@ def test_writes_embed_on_fewer_cores_while_searches_run(base_index, tmp_path):
 
 def test_documents_embedded_in_int8_stay_int8_through_writes_and_compaction(tmp_path):
     """`hybrid index --precision int8`: built and written documents get the int8 graph's vectors, queries share it."""
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.indexer.corpus import indexed_text
     from hybrid_retrieval.indexer.store import MODEL_DIR
     from hybrid_retrieval.models.embedder import OnnxEmbedder
-    from hybrid_retrieval.search.errors import ConfigError
     from tests.conftest import TINY_CORPUS
 
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)

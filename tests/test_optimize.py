@@ -68,7 +68,7 @@ def test_the_held_out_share_follows_the_number_of_judged_queries():
 
 
 def test_options_and_test_qrels_are_refused(judged, tmp_path):
-    from hybrid_retrieval.search.errors import ConfigError
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.training.optimize import OptimizeOptions, Optimizer
 
     with pytest.raises(ConfigError, match="valid: fusion, hubness, encoder, reranker"):

@@ -226,8 +226,8 @@ def test_a_fast_collection_over_http_embeds_documents_and_queries_with_its_stati
     ],
 )
 def test_collection_settings_refuse_what_a_profile_cannot_do(embedder, field):
+    from hybrid_retrieval.common.errors import SpecError
     from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
-    from hybrid_retrieval.search.errors import SpecError
 
     with pytest.raises(SpecError) as refused:
         CollectionSettings.parse({"embedder": embedder})
@@ -236,8 +236,8 @@ def test_collection_settings_refuse_what_a_profile_cannot_do(embedder, field):
 
 
 def test_build_options_refuse_an_unknown_profile_and_int8_static_weights():
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.indexer.build import BuildOptions
-    from hybrid_retrieval.search.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown encoder profile 'turbo'; valid: full, small, fast"):
         BuildOptions(profile="turbo")

@@ -10,10 +10,10 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, MicroBatcher
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder
-from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.rerank import interpolate
 from tests.conftest import LengthScorer
 

@@ -13,13 +13,13 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.shards.layout import read_shards, shard_of
 from hybrid_retrieval.indexer.shards.open import open_sharded
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.shards.writes import ShardedCollection
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.errors import HybridError
 from hybrid_retrieval.search.segments import CorpusStatistics
 from tests.conftest import SHARDED_SLICE as SLICE
 from tests.conftest import sample_queries, with_metadata

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import ConfigError, HybridError, SpecError
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.shards.layout import SHARDS_FILE, read_shards, shard_of
 from hybrid_retrieval.indexer.shards.open import open_sharded
@@ -20,7 +21,6 @@ from hybrid_retrieval.indexer.shards.split import global_bm25, split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
-from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
 from tests.conftest import REPO, sample_queries
 from tests.conftest import SHARDED_SLICE as SLICE
 

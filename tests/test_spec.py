@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS

@@ -51,8 +51,8 @@ def test_the_training_sample_is_the_documents_their_sentences_and_titles():
 
 
 def test_a_student_recipe_refuses_layers_out_of_order():
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.models.student import StudentRecipe
-    from hybrid_retrieval.search.errors import ConfigError
 
     with pytest.raises(ConfigError, match="increasing order"):
         StudentRecipe(layers=(3, 1))
@@ -136,11 +136,11 @@ def test_an_index_built_with_a_student_records_the_small_profile_and_ranks_by_it
 
 
 def test_the_small_profile_needs_a_corpus_or_a_student(tmp_path):
+    from hybrid_retrieval.common.errors import ConfigError, SpecError
     from hybrid_retrieval.indexer.datadir.layout import DataDir
     from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
     from hybrid_retrieval.models.profiles import export_profile
     from hybrid_retrieval.models.registry import resolve_model
-    from hybrid_retrieval.search.errors import ConfigError, SpecError
 
     with pytest.raises(ConfigError, match="hybrid distil"):
         export_profile(resolve_model(), "small", tmp_path / "onnx")
@@ -185,9 +185,9 @@ def test_a_small_build_distils_on_its_corpus_once_and_reembed_moves_to_it(tmp_pa
 
 @needs_torch
 def test_a_corpus_too_small_or_an_out_folder_not_a_students_is_refused_before_any_work(tmp_path):
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.models.registry import resolve_model
     from hybrid_retrieval.models.student import distil_student, training_texts
-    from hybrid_retrieval.search.errors import ConfigError
 
     texts = training_texts((d["title"], d["text"]) for d in TINY_CORPUS)
     with pytest.raises(ConfigError, match=f"at least 20 training texts, got {len(texts)}"):
@@ -201,9 +201,9 @@ def test_a_corpus_too_small_or_an_out_folder_not_a_students_is_refused_before_an
 
 
 def test_a_students_folder_is_of_the_small_profile_only(student):
+    from hybrid_retrieval.common.errors import ConfigError
     from hybrid_retrieval.models.profiles import export_profile
     from hybrid_retrieval.models.registry import resolve_model
-    from hybrid_retrieval.search.errors import ConfigError
 
     folder, _, cache = student
     with pytest.raises(ConfigError, match="is a student distilled for the small profile: give it with profile small"):

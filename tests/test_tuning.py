@@ -6,11 +6,11 @@ import sys
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.evaluation.runner import Pipeline, parse_pipeline
 from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.fusion import DEFAULT_FUSION, RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.spec import SearchSpec

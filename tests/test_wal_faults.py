@@ -15,6 +15,7 @@ import zlib
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import SpecError, StorageError
 from hybrid_retrieval.indexer import wal as wal_module
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
@@ -22,7 +23,6 @@ from hybrid_retrieval.indexer.live.repair import repair_log
 from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import CorruptLog, WriteAheadLog, frame, salvage, scan
-from hybrid_retrieval.search.errors import SpecError, StorageError
 
 RECORDS = [{"seq": n, "op": "delete", "ids": [f"x{n}"]} for n in range(1, 5)]
 

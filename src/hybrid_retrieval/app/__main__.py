@@ -14,10 +14,10 @@ from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.observability import JsonFormatter
 from hybrid_retrieval.app.serving import open_folder
 from hybrid_retrieval.app.settings import Settings
+from hybrid_retrieval.common.devices import DEVICES
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.store import VERIFY_MODES
-from hybrid_retrieval.search.devices import DEVICES
-from hybrid_retrieval.search.errors import HybridError
 
 
 def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None):

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from hybrid_retrieval.app.serving import Reloader, Resources, open_folder
+from hybrid_retrieval.common.errors import HybridError, StorageError
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, model_folders, restore_into
@@ -26,7 +27,6 @@ from hybrid_retrieval.indexer.manifest import MANIFEST, read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
 from hybrid_retrieval.indexer.store import MODEL_DIR, folder_identity, model_identity
 from hybrid_retrieval.models.embedder import NO_MODEL
-from hybrid_retrieval.search.errors import HybridError, StorageError
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import HTTPException, Request
 from fastapi.routing import APIRoute
 
-from hybrid_retrieval.search.errors import Loc, SpecError
+from hybrid_retrieval.common.errors import Loc, SpecError
 
 MAX_NESTING = 64
 _MAX_NUMBER_CHARS = 400  # a float's longest useful decimal form is far shorter; int() refuses 4,300+ digits

@@ -27,12 +27,12 @@ from hybrid_retrieval.app.schemas import (
 )
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
 from hybrid_retrieval.app.serving import Reloader
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, NotFound, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.search.analyzer import Analyzer
-from hybrid_retrieval.search.errors import HybridError
 
 router = APIRouter(route_class=CheckedRoute)
 

@@ -30,11 +30,11 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.app.snapshot_routes import router as snapshot_router
 from hybrid_retrieval.app.tasks import Tasks
 from hybrid_retrieval.app.ui import router as ui_router
+from hybrid_retrieval.common.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound
 from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, SnapshotNotFound, SnapshotStore
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.models.providers import onnx_providers
-from hybrid_retrieval.search.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 
 logger = logging.getLogger(__name__)
 

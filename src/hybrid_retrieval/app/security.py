@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import HTTPException, Request
 
 from hybrid_retrieval.app.settings import Settings
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError
 
 READ, WRITE = "read", "write"
 

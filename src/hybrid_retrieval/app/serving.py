@@ -11,6 +11,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import HybridError, SpecError
 from hybrid_retrieval.indexer.datadir.layout import Conflict
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.collection import Closed, Collection
@@ -27,7 +28,6 @@ from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
-from hybrid_retrieval.search.errors import HybridError, SpecError
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.synonyms import Synonyms

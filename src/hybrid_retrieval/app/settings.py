@@ -10,11 +10,11 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.indexer.datadir.layout import name_of_folder
 from hybrid_retrieval.indexer.datadir.snapshots import DEFAULT_MAX_BYTES
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
-from hybrid_retrieval.search.devices import DEVICES
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import SearchSpec
 

@@ -22,11 +22,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from hybrid_retrieval.app.serving import Reloader
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.indexer.live.collection import Closed
 from hybrid_retrieval.indexer.live.validate import check_batch, decide_types
-from hybrid_retrieval.search.errors import SpecError
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import logging
 import sys
 
 from hybrid_retrieval.cli import evaluate, hubness, index, optimize, serve, snapshot, train
-from hybrid_retrieval.search.errors import HybridError
+from hybrid_retrieval.common.errors import HybridError
 
 logger = logging.getLogger("hybrid")
 

@@ -6,9 +6,9 @@ import argparse
 import json
 from dataclasses import MISSING, fields
 
+from hybrid_retrieval.common.devices import DEVICES
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
-from hybrid_retrieval.search.devices import DEVICES
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import check_filter
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
 from hybrid_retrieval.indexer.chunking import ChunkingParams
@@ -30,7 +31,6 @@ from hybrid_retrieval.search.analyzer import NORMALIZATIONS, STEMMERS, STOPWORD_
 from hybrid_retrieval.search.bm25 import BM25_METHODS, BM25Params
 from hybrid_retrieval.search.cjk import CJK_MODES
 from hybrid_retrieval.search.dense import FAISS_KINDS, FaissParams
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.training.reembed import reembed_index
 
 

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_filter
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.live.collection import current_view
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.open import open_any
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import MODES, parse_spec_string
 

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.publish import in_use
 from hybrid_retrieval.indexer.datadir.layout import DataDir, NotFound
 from hybrid_retrieval.indexer.datadir.snapshots import (
@@ -19,7 +20,6 @@ from hybrid_retrieval.indexer.datadir.snapshots import (
     verify_file,
 )
 from hybrid_retrieval.indexer.live.log import log_path
-from hybrid_retrieval.search.errors import ConfigError
 
 
 def register(commands) -> None:

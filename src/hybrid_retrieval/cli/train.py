@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_query_precision, add_quiet, default
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.build import corpus_documents
 from hybrid_retrieval.indexer.corpus import corpus_file
 from hybrid_retrieval.indexer.manifest import read_manifest
@@ -14,7 +15,6 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.cross_encoder import weight_evidence
 from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
 from hybrid_retrieval.models.student import StudentRecipe, distil_student, training_texts
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.fusion import fusion_to_string
 from hybrid_retrieval.training.embedder import SUPERVISED, EmbedderOptions, adapt_embedder, train_embedder
 from hybrid_retrieval.training.fusion import format_table, pseudo_split, tune_index

@@ -3,7 +3,7 @@ Serve (cluster.serve). Nothing outside this package imports Ray."""
 
 from __future__ import annotations
 
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError
 
 
 def require_ray():

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_retrieval.cluster import connect
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.build import EMBED_BATCH
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.store import DocStore
 from hybrid_retrieval.models.embedder import OnnxEmbedder
-from hybrid_retrieval.search.errors import ConfigError
 
 
 class EmbedActor:

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 
 from hybrid_retrieval.cluster import connect, require_ray
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.layout import SHARDS_FILE, read_shards
 from hybrid_retrieval.indexer.shards.open import open_shard
 from hybrid_retrieval.indexer.shards.shard import ShardSearcher
-from hybrid_retrieval.search.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

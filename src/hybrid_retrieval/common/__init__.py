@@ -1,1 +1,2 @@
-"""Helpers shared by every layer; imports nothing from the project's other packages."""
+"""What every layer shares: the error vocabulary (errors), device names (devices), atomic publishing (publish) and
+progress bars; imports nothing from the project's other packages."""

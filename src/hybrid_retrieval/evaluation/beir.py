@@ -9,7 +9,7 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

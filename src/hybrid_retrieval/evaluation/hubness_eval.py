@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.corpus import read_qrels, read_queries
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.hubness import HubnessCorrection, hubness_stats, k_occurrence
 from hybrid_retrieval.training.hubness import corrected_rankings
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.models.onnx_export import PRECISIONS
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.fusion import RRF, ConvexCombination, fusion_to_string
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.spec import parse_spec_string

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.evaluation.report import (
     baseline_index_table,
     compare_to_baseline,
@@ -28,7 +29,6 @@ from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
 from hybrid_retrieval.indexer.store import RERANKER_DIR, OpenIndex, open_index
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, load_cross_encoder, rerank_weight, training_record
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.hubness import hubness_stats, k_occurrence
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.ranking import Ranking

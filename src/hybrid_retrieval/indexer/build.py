@@ -24,6 +24,8 @@ import faiss
 import numpy as np
 import onnxruntime
 
+from hybrid_retrieval.common.devices import check_device
+from hybrid_retrieval.common.errors import ConfigError, HybridError
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import store
@@ -58,8 +60,6 @@ from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
-from hybrid_retrieval.search.devices import check_device
-from hybrid_retrieval.search.errors import ConfigError, HybridError
 from hybrid_retrieval.search.filters.columns import MetadataCollector, check_filterable
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.spec import SearchSpec

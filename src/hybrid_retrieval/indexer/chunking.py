@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE
-from hybrid_retrieval.search.errors import ConfigError
 
 CHUNKING_METHODS = ("none", "tokens", "paragraphs")
 SPECIAL_TOKENS = 2  # [CLS] and [SEP]: what a passage may not use of the model's window

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer.chunking import joined_paragraphs
-from hybrid_retrieval.search.errors import HybridError
 
 
 class CorpusError(HybridError, ValueError):

@@ -27,12 +27,12 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.corpus import read_qrels, read_queries
 from hybrid_retrieval.indexer.manifest import HubnessInfo, Manifest, update_manifest
 from hybrid_retrieval.indexer.store import AUGMENTED_FAISS, BANK_FILES, GALLERY_IDS, OpenIndex, file_inventory
 from hybrid_retrieval.search.dense import build_faiss_index
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.hubness import (
     BIAS_COLUMNS,
     Banks,

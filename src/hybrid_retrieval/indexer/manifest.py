@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
-from hybrid_retrieval.search.errors import HybridError
 from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.spec import SearchSpec

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import ConfigError, HybridError
 from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.build import build_into, corpus_documents
 from hybrid_retrieval.indexer.live.collection import Collection
@@ -28,7 +29,6 @@ from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.profiles import PRECISION_PROFILES, export_profile
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.search.errors import ConfigError, HybridError
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.chunking import PASSAGE_EMBEDDINGS, PASSAGE_FAISS, PASSAGE_ROWS, PASSAGE_SPANS, PASSAGES_DIR
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
@@ -38,7 +39,6 @@ from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.dense import DenseIndex
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher

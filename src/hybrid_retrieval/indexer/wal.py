@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hybrid_retrieval.search.errors import HybridError, StorageError
+from hybrid_retrieval.common.errors import HybridError, StorageError
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.models.batching import length_sorted, sequence_batch
 from hybrid_retrieval.models.onnx_export import (
     CROSS_ENCODER_CONFIG,
@@ -32,7 +33,6 @@ from hybrid_retrieval.models.onnx_export import (
 )
 from hybrid_retrieval.models.providers import BACKENDS, encoding_feeds, load_tokenizer, onnx_providers, onnx_session, torch_device
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.rerank import check_weight
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from typing import Protocol
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.models.batching import length_sorted, sequence_batch
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file, st_dimension
 from hybrid_retrieval.models.providers import encoding_feeds, load_tokenizer, onnx_session, torch_device
-from hybrid_retrieval.search.errors import SpecError
 
 logger = logging.getLogger(__name__)
 

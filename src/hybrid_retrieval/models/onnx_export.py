@@ -20,9 +20,9 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.models.registry import ResolvedModel
-from hybrid_retrieval.search.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TRAINING_RECORD, cached_export, default_cache_dir, export_dir_for, export_onnx
@@ -25,7 +26,6 @@ from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
 from hybrid_retrieval.models.static import ALIGNED, align_static, alignment_texts, distill_static, export_static, write_static_export
 from hybrid_retrieval.models.student import StudentRecipe, distil_student, is_student, texts_digest, training_texts
-from hybrid_retrieval.search.errors import ConfigError
 
 PROFILES = ("full", "small", "fast")
 PRECISION_PROFILES = ("full", "small")  # the transformer profiles, which have int8 weights and a torch model

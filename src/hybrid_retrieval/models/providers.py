@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from hybrid_retrieval.search.devices import check_device
+from hybrid_retrieval.common.devices import check_device
 
 logger = logging.getLogger(__name__)
 

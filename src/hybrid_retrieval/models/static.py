@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.models.onnx_export import (
     CONFIG_FILE,
     ONNX_FILE,
@@ -32,7 +33,6 @@ from hybrid_retrieval.models.onnx_export import (
 )
 from hybrid_retrieval.models.registry import ResolvedModel
 from hybrid_retrieval.models.student import sample_documents
-from hybrid_retrieval.search.errors import ConfigError
 
 STATIC_POOLING = "static-mean"
 MAX_PIECES = 512  # model2vec's default truncation

@@ -26,12 +26,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.models.onnx_export import STUDENT_KIND, TRAINING_RECORD, pool, training_record
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel
-from hybrid_retrieval.search.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

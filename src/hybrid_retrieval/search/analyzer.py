@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from functools import cache, cached_property
 from typing import Any
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.cjk import CJK_MODES, CJK_PASSAGE, CJK_RUN, SEGMENTERS, Token, bigrams, segmenter
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.synonyms import Synonyms
 
 NORMALIZATIONS = ("none", "nfkc")

@@ -14,7 +14,7 @@ import contextvars
 import time
 from collections.abc import Iterator
 
-from hybrid_retrieval.search.errors import DeadlineExceeded
+from hybrid_retrieval.common.errors import DeadlineExceeded
 
 _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar("deadline", default=None)
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Literal, cast, overload
 
-from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.common.errors import SpecError
 
 
 @overload

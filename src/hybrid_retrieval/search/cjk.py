@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from functools import cache
 
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError
 
 # Han (with the ideographic marks 々〆〇), Hiragana, Katakana (with half-width forms) and Hangul: the scripts whose
 # words are not separated by spaces. Punctuation (。、「」) and full-width Latin are not in it.

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_retrieval.common.devices import check_device
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.progress import progress_bar
-from hybrid_retrieval.search.devices import check_device
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import checks
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.normalize import NORMALIZERS, THEORETICAL_MIN, normalize
 from hybrid_retrieval.search.ranking import Ranking, top_k
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import checks
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns
 from hybrid_retrieval.search.filters.types import short_text
 from hybrid_retrieval.search.ranking import Ranking

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.checks import number
-from hybrid_retrieval.search.errors import SpecError
 
 DEFAULT_SNIPPET_CHARS = 160
 DEFAULT_SNIPPETS = 1

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.analyzer import Analyzer
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.highlight import Highlighter, best_sentence, split_sentences
 from hybrid_retrieval.search.passages import PassageIndex

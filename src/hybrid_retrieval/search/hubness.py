@@ -25,9 +25,9 @@ from typing import Protocol
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.dense import exact_top_k
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import budget, checks
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.fusion import Candidates, Fused, fuse

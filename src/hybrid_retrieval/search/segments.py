@@ -21,9 +21,9 @@ from typing import Any, cast
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import DenseIndex
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.passages import PassageIndex, aggregate

@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.fusion import RETRIEVERS, Candidates
 from hybrid_retrieval.search.hubness import HubnessCorrection, HubnessParams, score_floor

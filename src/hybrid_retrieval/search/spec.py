@@ -30,8 +30,8 @@ import json
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import checks
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.language import check_filter
 from hybrid_retrieval.search.fusion import (
     DEFAULT_FUSION,

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from hybrid_retrieval.search.errors import SpecError
+from hybrid_retrieval.common.errors import SpecError
 
 MAX_RULES = 10_000
 Phrase = tuple[str, ...]

@@ -8,7 +8,7 @@ from numbers import Real
 
 import numpy as np
 
-from hybrid_retrieval.search.errors import Loc, SpecError
+from hybrid_retrieval.common.errors import Loc, SpecError
 
 MAX_DIMENSION = 8192
 

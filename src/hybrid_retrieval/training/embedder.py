@@ -31,12 +31,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from hybrid_retrieval.common.devices import check_device
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.store import OpenIndex, index_model
 from hybrid_retrieval.models.onnx_export import TRAINING_RECORD
 from hybrid_retrieval.models.providers import training_device
-from hybrid_retrieval.search.devices import check_device
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.training.metrics import per_query_scores
 from hybrid_retrieval.training.pseudo import generate
 from hybrid_retrieval.training.reranker import MinedQuery, mine

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError, HybridError
 from hybrid_retrieval.indexer.corpus import read_qrels
 from hybrid_retrieval.indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE, fit_hubness, load_bank, pseudo_bank, sample_gallery
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.errors import ConfigError, HybridError
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessParams, bank_statistics
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import HubnessSpec

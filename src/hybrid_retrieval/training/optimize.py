@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError, HybridError
 from hybrid_retrieval.common.publish import publish_dir, write_atomic
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
@@ -41,7 +42,6 @@ from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.store import RERANKER_DIR, file_inventory, open_index, sha256_file
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD
-from hybrid_retrieval.search.errors import ConfigError, HybridError
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import HubnessSpec
 from hybrid_retrieval.training.embedder import EmbedderOptions, fine_tune

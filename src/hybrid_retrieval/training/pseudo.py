@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.store import OpenIndex
-from hybrid_retrieval.search.errors import ConfigError
 
 RECIPES = ("title", "ict", "both")
 SOURCE_PREFIX = "pseudo:"  # how a fit on pseudo-queries names its split: pseudo:<recipe>:<max queries>:<filter depth>

@@ -9,11 +9,11 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.hubness import DEFAULT_PSEUDO_SIZE
 from hybrid_retrieval.indexer.manifest import Manifest, read_manifest
 from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.models.onnx_export import training_record
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.spec import HubnessSpec
 from hybrid_retrieval.training.fusion import pseudo_split, tune_index
 from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from hybrid_retrieval.common.devices import check_device
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, load_cross_encoder
@@ -40,8 +42,6 @@ from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD, ex
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model, weights_checksum
 from hybrid_retrieval.models.student import keep_layers
-from hybrid_retrieval.search.devices import check_device
-from hybrid_retrieval.search.errors import ConfigError
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.training.metrics import chosen_out_of_sample, per_query_scores
 from hybrid_retrieval.training.splits import split_dev

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.corpus import CorpusError, read_qrels, read_queries
-from hybrid_retrieval.search.errors import ConfigError
 
 
 def refuse_test_split(qrels_path: Path | str) -> None:

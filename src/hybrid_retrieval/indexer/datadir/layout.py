@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hybrid_retrieval.common.errors import ConfigError, HybridError, SpecError
 from hybrid_retrieval.common.publish import Replacement, in_use, publish_dir, replacing_dir, sweep_temporary, write_atomic
 from hybrid_retrieval.indexer.build import build_into
 from hybrid_retrieval.indexer.chunking import SPECIAL_TOKENS
@@ -33,7 +34,6 @@ from hybrid_retrieval.models.embedder import no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.profiles import export_profile
 from hybrid_retrieval.models.registry import resolve_model
-from hybrid_retrieval.search.errors import ConfigError, HybridError, SpecError
 
 logger = logging.getLogger(__name__)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.indexer.build import BuildOptions
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.models.embedder import NO_MODEL
@@ -29,7 +30,6 @@ from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.dense import FaissParams
-from hybrid_retrieval.search.errors import ConfigError, SpecError
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.search.synonyms import Synonyms
 from hybrid_retrieval.search.vectors import MAX_DIMENSION

@@ -54,6 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
+from hybrid_retrieval.common.errors import ConfigError, HybridError, StorageError
 from hybrid_retrieval.common.publish import fsync_path, in_use, scratch_dir
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.live.collection import Collection
@@ -63,7 +64,6 @@ from hybrid_retrieval.indexer.shards.layout import is_sharded
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.indexer.wal import scan
 from hybrid_retrieval.models.onnx_export import default_cache_dir
-from hybrid_retrieval.search.errors import ConfigError, HybridError, StorageError
 
 logger = logging.getLogger(__name__)
 

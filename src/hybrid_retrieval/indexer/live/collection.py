@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import HybridError, StorageError
 from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.build import EMBED_BATCH
 from hybrid_retrieval.indexer.chunking import Chunker, encode_passages, float32_text
@@ -32,7 +33,6 @@ from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, folder_identity
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder
 from hybrid_retrieval.search import budget
-from hybrid_retrieval.search.errors import HybridError, StorageError
 from hybrid_retrieval.search.live_hubness import Prepared
 from hybrid_retrieval.search.segments import check_live_method
 

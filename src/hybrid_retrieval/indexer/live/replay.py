@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import base64
 
+from hybrid_retrieval.common.errors import HybridError, SpecError
 from hybrid_retrieval.indexer.chunking import decode_passages
 from hybrid_retrieval.indexer.live.apply import LiveState
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types
-from hybrid_retrieval.search.errors import HybridError, SpecError
 
 
 class ReplayError(HybridError):

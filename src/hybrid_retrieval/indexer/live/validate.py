@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.indexer.chunking import joined_paragraphs
-from hybrid_retrieval.search.errors import SpecError
 from hybrid_retrieval.search.filters.types import encodable, type_of_kind, written_value
 from hybrid_retrieval.search.vectors import check_vector
 

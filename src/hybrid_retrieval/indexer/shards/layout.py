@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.manifest import IndexOpenError, read_json
-from hybrid_retrieval.search.errors import ConfigError
 
 SHARDS_FILE = "shards.json"
 SHARDS_FORMAT = "hybrid-retrieval-shards"

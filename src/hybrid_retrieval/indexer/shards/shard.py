@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.manifest import IndexOpenError
 from hybrid_retrieval.indexer.shards.layout import POSITIONS, base_positions
-from hybrid_retrieval.search.errors import HybridError
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
 from hybrid_retrieval.search.segments import CorpusStatistics, LiveBM25, LiveSegment
 from hybrid_retrieval.search.spec import HubnessSpec

@@ -14,6 +14,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from hybrid_retrieval.common.errors import ConfigError, HybridError
 from hybrid_retrieval.common.publish import publish_dir, write_atomic
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.corpus import indexed_text
@@ -32,7 +33,6 @@ from hybrid_retrieval.indexer.shards.layout import (
 )
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.dense import build_faiss_index
-from hybrid_retrieval.search.errors import ConfigError, HybridError
 from hybrid_retrieval.search.hubness import HubnessCorrection, augment_documents
 from hybrid_retrieval.search.postings import Postings
 

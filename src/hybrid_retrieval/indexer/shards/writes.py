@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybrid_retrieval.common.errors import HybridError, StorageError
 from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types, filterable_fields
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.layout import shard_of
-from hybrid_retrieval.search.errors import HybridError, StorageError
 
 
 @dataclass(frozen=True)

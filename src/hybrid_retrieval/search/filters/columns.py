@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_retrieval.search.errors import ConfigError, SpecError
+from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.search.filters.language import Allowed, evaluate
 from hybrid_retrieval.search.filters.types import KINDS_OF_TYPE, FieldInfo, field_type_of, kind_of, parse_date, short_text
 

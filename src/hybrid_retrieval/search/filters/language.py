@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hybrid_retrieval.search.errors import Loc, SpecError
+from hybrid_retrieval.common.errors import Loc, SpecError
 from hybrid_retrieval.search.filters.types import parse_date, short_text
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, cast
 
-from hybrid_retrieval.search.errors import Loc, SpecError
+from hybrid_retrieval.common.errors import Loc, SpecError
 
 FIELD_TYPES = ("keyword", "bool", "int", "float", "date")
 _INT64 = 2**63

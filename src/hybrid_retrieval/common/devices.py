@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybrid_retrieval.search.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "gpu")
 
