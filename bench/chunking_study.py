@@ -24,14 +24,14 @@ from bench.longdocs import make_long_variant
 from hybrid_retrieval.indexer.chunking import Chunker, ChunkingParams, Span
 from hybrid_retrieval.indexer.corpus import indexed_text, read_corpus, split_queries
 from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.quality.metrics import per_query_scores
+from hybrid_retrieval.quality.significance import randomization_test
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.fusion import DEFAULT_FUSION, Candidates, fuse
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import DEFAULT_DEPTH, PassageSpec
-from hybrid_retrieval.training.metrics import per_query_scores
-from hybrid_retrieval.training.significance import randomization_test
 
 CHUNKINGS = {
     "truncated": ChunkingParams(),

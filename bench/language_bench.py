@@ -18,9 +18,9 @@ import time
 from bench.harness import Case, Table, percentiles
 from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 from hybrid_retrieval.indexer.datadir.settings import parse_analyzer
+from hybrid_retrieval.quality.metrics import evaluate
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
-from hybrid_retrieval.training.metrics import evaluate
 
 SEEDS = {
     "german": [

@@ -19,8 +19,8 @@ from bench.harness import Case, Table
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import RERANKER_DIR
+from hybrid_retrieval.quality.significance import randomization_test
 from hybrid_retrieval.training.optimize import WORK, own_rerank_spec, served_scores
-from hybrid_retrieval.training.significance import randomization_test
 
 
 def _optimize(ctx) -> list[Table]:

@@ -18,8 +18,8 @@ import numpy as np
 from bench.harness import Case, Table
 from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 from hybrid_retrieval.indexer.store import EMBEDDINGS, open_index
-from hybrid_retrieval.training.metrics import per_query_scores
-from hybrid_retrieval.training.significance import randomization_test
+from hybrid_retrieval.quality.metrics import per_query_scores
+from hybrid_retrieval.quality.significance import randomization_test
 
 DEPTH = 100  # each leg's candidates, and the ranking's length (Recall@100)
 RUNNER = Path(__file__).parent / "peers" / "run_peers.py"

@@ -22,7 +22,7 @@ from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import model_file
 from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
-from hybrid_retrieval.training.metrics import evaluate
+from hybrid_retrieval.quality.metrics import evaluate
 
 SPECS = {"dense": {"mode": "dense"}, "hybrid (the index's default)": {}, "hybrid RRF": {"fusion": {"method": "rrf", "rrf_k": 60}}}
 

@@ -16,8 +16,8 @@ from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, OnnxCrossEncoder, load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import model_file, training_record
+from hybrid_retrieval.quality.metrics import evaluate
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
-from hybrid_retrieval.training.metrics import evaluate
 
 PRECISIONS = ("fp32", "int8")
 SIDE_BY_SIDE = "side by side"  # as served on CPU: one single-threaded run per core

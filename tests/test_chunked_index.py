@@ -23,12 +23,12 @@ from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.quality.metrics import evaluate
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import PassageSpec
 from hybrid_retrieval.training.fusion import tune_index
-from hybrid_retrieval.training.metrics import evaluate
 from tests.conftest import LengthScorer, write_jsonl
 
 CHUNKING = ChunkingParams("tokens", 64, 8)

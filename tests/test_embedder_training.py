@@ -155,9 +155,9 @@ def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, t
     from hybrid_retrieval.indexer.live.collection import Collection
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.store import open_index
+    from hybrid_retrieval.quality.splits import training_split
     from hybrid_retrieval.training.fusion import tune_index
     from hybrid_retrieval.training.reembed import reembed_index
-    from hybrid_retrieval.training.splits import training_split
 
     folder, _ = trained
     root = tmp_path / "beir"

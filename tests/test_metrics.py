@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from hybrid_retrieval.training.metrics import evaluate
+from hybrid_retrieval.quality.metrics import evaluate
 
 
 def test_ndcg_recall_mrr_by_hand():

@@ -82,7 +82,7 @@ def test_options_and_test_qrels_are_refused(judged, tmp_path):
 def test_fusion_and_hubness_are_judged_on_held_out_queries_and_published_in_one_swap(judged, tmp_path):
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.store import open_index
-    from hybrid_retrieval.training.metrics import per_query_scores
+    from hybrid_retrieval.quality.metrics import per_query_scores
 
     index = fresh_copy(judged, tmp_path)
     report = run(index, judged, steps=("fusion", "hubness"))
@@ -252,10 +252,10 @@ def test_compaction_and_reembedding_carry_the_index_reranker(tmp_path):
 def test_the_service_reranks_with_the_index_reranker_unless_it_names_one(judged, tmp_path):
     from hybrid_retrieval.evaluation.server import running_server
     from hybrid_retrieval.indexer.store import RERANKER_DIR, open_index
+    from hybrid_retrieval.quality.splits import training_split
     from hybrid_retrieval.training.optimize import install_reranker
     from hybrid_retrieval.training.reembed import reembed_index
     from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
-    from hybrid_retrieval.training.splits import training_split
 
     index = fresh_copy(judged, tmp_path)
     queries, qrels = training_split(judged / "queries.jsonl", judged / "qrels" / "train.tsv")

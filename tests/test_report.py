@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from hybrid_retrieval.evaluation.report import compare_to_baseline, markdown_table, write_trec_run
-from hybrid_retrieval.training.significance import randomization_test
+from hybrid_retrieval.quality.significance import randomization_test
 
 
 def test_identical_systems_are_not_different():

@@ -176,7 +176,7 @@ def test_tuned_weight_is_served_unless_overridden(tmp_path):
 
 
 def test_dev_split_holds_out_whole_queries_and_always_leaves_one_to_train():
-    from hybrid_retrieval.training.splits import split_dev
+    from hybrid_retrieval.quality.splits import split_dev
 
     queries = {f"q{i}": "text" for i in range(10)}
     qrels = {**{f"q{i}": {"d": 1} for i in range(9)}, "q9": {"d": 0}, "unknown": {"d": 1}}  # q9: no relevant doc
@@ -199,7 +199,7 @@ def test_eval_refuses_a_reranker_on_the_split_it_was_trained_on(index, tmp_path)
 
 def test_interpolation_tuning_scores_every_weight_on_the_dev_queries(index, scifact):
     from hybrid_retrieval.indexer.corpus import split_queries
-    from hybrid_retrieval.training.metrics import evaluate
+    from hybrid_retrieval.quality.metrics import evaluate
     from hybrid_retrieval.training.reranker import WEIGHT_GRID, tune_interpolation
 
     queries, qrels = split_queries(scifact, "train")

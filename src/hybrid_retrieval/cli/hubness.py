@@ -10,10 +10,10 @@ from pathlib import Path
 from hybrid_retrieval.cli.args import default
 from hybrid_retrieval.evaluation.hubness_eval import write_report
 from hybrid_retrieval.indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE
+from hybrid_retrieval.quality.metrics import format_evidence
 from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.spec import HubnessSpec
 from hybrid_retrieval.training.hubness import BETA_PER_SPREAD, fit_from_bank
-from hybrid_retrieval.training.metrics import format_evidence
 
 
 def register(commands) -> None:

@@ -15,13 +15,13 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.cross_encoder import weight_evidence
 from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
 from hybrid_retrieval.models.student import StudentRecipe, distil_student, training_texts
+from hybrid_retrieval.quality.metrics import MEASURES, format_evidence
+from hybrid_retrieval.quality.splits import training_split
 from hybrid_retrieval.search.fusion import fusion_to_string
 from hybrid_retrieval.training.embedder import SUPERVISED, EmbedderOptions, adapt_embedder, train_embedder
 from hybrid_retrieval.training.fusion import format_table, pseudo_split, tune_index
-from hybrid_retrieval.training.metrics import MEASURES, format_evidence
 from hybrid_retrieval.training.pseudo import RECIPES
 from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
-from hybrid_retrieval.training.splits import training_split
 
 
 def _add_split(p, required: bool = True) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_retrieval.training.significance import randomization_test
+from hybrid_retrieval.quality.significance import randomization_test
 
 ALPHA = 0.05
 

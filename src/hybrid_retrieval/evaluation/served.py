@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.corpus import split_queries
-from hybrid_retrieval.training.metrics import evaluate
+from hybrid_retrieval.quality.metrics import evaluate
 
 
 def served_quality(

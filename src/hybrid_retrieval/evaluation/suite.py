@@ -29,12 +29,12 @@ from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
 from hybrid_retrieval.indexer.store import RERANKER_DIR, OpenIndex, open_index
 from hybrid_retrieval.models.cross_encoder import CachingCrossEncoder, load_cross_encoder, rerank_weight, training_record
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
+from hybrid_retrieval.quality.metrics import per_query_scores
 from hybrid_retrieval.search.hubness import hubness_stats, k_occurrence
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.training.fusion import tune_index
-from hybrid_retrieval.training.metrics import per_query_scores
 
 logger = logging.getLogger(__name__)
 

@@ -37,10 +37,10 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.store import OpenIndex, index_model
 from hybrid_retrieval.models.onnx_export import TRAINING_RECORD
 from hybrid_retrieval.models.providers import training_device
-from hybrid_retrieval.training.metrics import per_query_scores
+from hybrid_retrieval.quality.metrics import per_query_scores
+from hybrid_retrieval.quality.splits import split_dev
 from hybrid_retrieval.training.pseudo import generate
 from hybrid_retrieval.training.reranker import MinedQuery, mine
-from hybrid_retrieval.training.splits import split_dev
 
 logger = logging.getLogger(__name__)
 

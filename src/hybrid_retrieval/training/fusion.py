@@ -23,15 +23,15 @@ from tqdm import tqdm
 
 from hybrid_retrieval.indexer.manifest import FusionTuning, Manifest, update_manifest
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.quality.metrics import chosen_out_of_sample, evaluate, out_of_sample_scores, per_query_scores
+from hybrid_retrieval.quality.significance import SIGNIFICANCE_LEVEL, randomization_test
+from hybrid_retrieval.quality.splits import refuse_test_split
 from hybrid_retrieval.search.fusion import RRF, ConvexCombination, Fusion, fuse, fusion_from_dict, fusion_to_dict, fusion_to_string
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.spec import PassageSpec, SearchSpec
-from hybrid_retrieval.training.metrics import chosen_out_of_sample, evaluate, out_of_sample_scores, per_query_scores
 from hybrid_retrieval.training.passages import tune_passage_scoring
 from hybrid_retrieval.training.pseudo import generate, source_name
-from hybrid_retrieval.training.significance import SIGNIFICANCE_LEVEL, randomization_test
-from hybrid_retrieval.training.splits import refuse_test_split
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class TuningResult:
         return next((i for i, row in enumerate(self.table) if fusion_from_dict(_fusion_fields(row, self.metric)) == fusion), None)
 
     def cross_validated(self, folds: int = FOLDS) -> float:
-        """The metric of tuning itself, out of sample (see training.metrics.chosen_out_of_sample)."""
+        """The metric of tuning itself, out of sample (see quality.metrics.chosen_out_of_sample)."""
         return chosen_out_of_sample(self.per_query, folds)
 
     def cross_validated_scores(self, folds: int = FOLDS) -> np.ndarray:

@@ -16,10 +16,10 @@ from hybrid_retrieval.indexer.corpus import read_qrels
 from hybrid_retrieval.indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUDO_SIZE, fit_hubness, load_bank, pseudo_bank, sample_gallery
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.quality.metrics import chosen_out_of_sample, per_query_scores
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, HubnessCorrection, HubnessParams, bank_statistics
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import HubnessSpec
-from hybrid_retrieval.training.metrics import chosen_out_of_sample, per_query_scores
 
 BETAS = (1.0, 5.0, 10.0, 20.0, 30.0, 50.0)
 DB_BETA1 = (1 / 1.99, 5.0, 20.0)

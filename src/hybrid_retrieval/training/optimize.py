@@ -42,16 +42,16 @@ from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.indexer.store import RERANKER_DIR, file_inventory, open_index, sha256_file
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD
+from hybrid_retrieval.quality.metrics import per_query_scores
+from hybrid_retrieval.quality.significance import SIGNIFICANCE_LEVEL, randomization_test
+from hybrid_retrieval.quality.splits import refuse_test_split, split_dev, training_split
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import HubnessSpec
 from hybrid_retrieval.training.embedder import EmbedderOptions, fine_tune
 from hybrid_retrieval.training.fusion import tune_index
 from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank
-from hybrid_retrieval.training.metrics import per_query_scores
 from hybrid_retrieval.training.optimize_report import summary, write_report
 from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
-from hybrid_retrieval.training.significance import SIGNIFICANCE_LEVEL, randomization_test
-from hybrid_retrieval.training.splits import refuse_test_split, split_dev, training_split
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from dataclasses import asdict, replace
 import numpy as np
 from tqdm import tqdm
 
+from hybrid_retrieval.quality.metrics import chosen_out_of_sample, per_query_scores
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.spec import BM25_UNITS, PassageSpec
-from hybrid_retrieval.training.metrics import chosen_out_of_sample, per_query_scores
 
 FOLDS = 5
 AGGREGATIONS = (PassageSpec(), *(PassageSpec("soft", temperature, 3) for temperature in (0.02, 0.05, 0.1)))

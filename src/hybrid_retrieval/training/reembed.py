@@ -14,11 +14,11 @@ from hybrid_retrieval.indexer.hubness import DEFAULT_PSEUDO_SIZE
 from hybrid_retrieval.indexer.manifest import Manifest, read_manifest
 from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.models.onnx_export import training_record
+from hybrid_retrieval.quality.splits import training_split
 from hybrid_retrieval.search.spec import HubnessSpec
 from hybrid_retrieval.training.fusion import pseudo_split, tune_index
 from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank
 from hybrid_retrieval.training.pseudo import parse_source
-from hybrid_retrieval.training.splits import training_split
 
 logger = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD, ex
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model, weights_checksum
 from hybrid_retrieval.models.student import keep_layers
+from hybrid_retrieval.quality.metrics import chosen_out_of_sample, per_query_scores
+from hybrid_retrieval.quality.splits import split_dev
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
-from hybrid_retrieval.training.metrics import chosen_out_of_sample, per_query_scores
-from hybrid_retrieval.training.splits import split_dev
 
 logger = logging.getLogger(__name__)
 
