@@ -8,6 +8,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from importlib.metadata import version
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -150,7 +151,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
 
     app = FastAPI(
         title="Hybrid retrieval",
-        version="0.1.0",
+        version=version("hybrid-retrieval"),  # the installed package's, from its metadata
         summary="BM25 + dense retrieval with score fusion",
         lifespan=lifespan,
         docs_url=None,  # served by app.api_docs from the package, not a CDN
