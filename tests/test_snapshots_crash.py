@@ -82,7 +82,7 @@ def test_a_snapshot_killed_at_any_step_leaves_the_collection_whole_and_lists_not
     [
         (f"{SNAPSHOTS}:_relative@3", "copy", False),  # mid-extraction into a new collection
         (f"{SNAPSHOTS}:check_opens", "notes", False),  # extracted, checked, opening in staging, not yet swapped in
-        ("hybrid_retrieval.app.serving:Reloader.open@2", "notes", True),  # swapped in, not yet serving (@1: at start)
+        ("hybrid_retrieval.engine.serving:Reloader.open@2", "notes", True),  # swapped in, not yet serving (@1: at start)
         ("shutil:rmtree", "notes", True),  # swapped in over `notes`, the old folder not yet removed
     ],
 )

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.observability import JsonFormatter
-from hybrid_retrieval.app.serving import open_folder
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.errors import HybridError
+from hybrid_retrieval.engine.serving import open_folder
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 

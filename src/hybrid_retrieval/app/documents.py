@@ -15,8 +15,8 @@ from hybrid_retrieval.app.json_body import CheckedRoute, clean, parse_body
 from hybrid_retrieval.app.routes import json_response, serving_of
 from hybrid_retrieval.app.schemas import DOC_ID_PATTERN, DeleteRequest, DocumentBatch, DocumentOut, Stats, TaskInfo, WriteResult
 from hybrid_retrieval.app.security import require_api_key, require_write_key
-from hybrid_retrieval.app.serving import Reloader, Serving
 from hybrid_retrieval.common.errors import DeadlineExceeded, HybridError, SpecError, StorageError
+from hybrid_retrieval.engine.serving import Reloader, Serving
 from hybrid_retrieval.indexer.leftovers import temporary_bytes
 from hybrid_retrieval.search import budget
 

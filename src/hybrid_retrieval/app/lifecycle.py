@@ -1,5 +1,5 @@
 """Collection lifecycle over HTTP: create, list, describe, change defaults, drop; aliases; bulk-load tasks. Changes
-need a write key; reads a read key (app.security). The work is app.collections' and indexer.datadir's."""
+need a write key; reads a read key (app.security). The work is engine.collections' and indexer.datadir's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, Response
 
-from hybrid_retrieval.app.collections import Collections, memory_bytes
 from hybrid_retrieval.app.documents import stats_of
 from hybrid_retrieval.app.json_body import CheckedRoute
 from hybrid_retrieval.app.routes import collections_of, scoped
@@ -26,8 +25,9 @@ from hybrid_retrieval.app.schemas import (
     TaskList,
 )
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
-from hybrid_retrieval.app.serving import Reloader
 from hybrid_retrieval.common.errors import HybridError
+from hybrid_retrieval.engine.collections import Collections, memory_bytes
+from hybrid_retrieval.engine.serving import Reloader
 from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, NotFound, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes

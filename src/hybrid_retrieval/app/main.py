@@ -18,7 +18,6 @@ from threadpoolctl import threadpool_limits
 
 from hybrid_retrieval.app.api_docs import router as api_docs_router
 from hybrid_retrieval.app.budget import Deadlines
-from hybrid_retrieval.app.collections import Collections, TooMany, Unavailable
 from hybrid_retrieval.app.documents import document_routes
 from hybrid_retrieval.app.json_body import body_loc
 from hybrid_retrieval.app.lifecycle import router as lifecycle_router
@@ -26,12 +25,13 @@ from hybrid_retrieval.app.limits import BodySizeLimit
 from hybrid_retrieval.app.observability import Metrics, RequestContext
 from hybrid_retrieval.app.routes import default_collection, named_collection, search_routes, service_router
 from hybrid_retrieval.app.security import InFlightLimit, Keys
-from hybrid_retrieval.app.serving import Resources, load_reranker, open_folder
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.app.snapshot_routes import router as snapshot_router
-from hybrid_retrieval.app.tasks import Tasks
 from hybrid_retrieval.app.ui import router as ui_router
 from hybrid_retrieval.common.errors import DeadlineExceeded, HybridError, SpecError, StorageError
+from hybrid_retrieval.engine.collections import Collections, TooMany, Unavailable
+from hybrid_retrieval.engine.serving import Resources, load_reranker, open_folder
+from hybrid_retrieval.engine.tasks import Tasks
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound
 from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, SnapshotNotFound, SnapshotStore
 from hybrid_retrieval.indexer.store import OpenIndex
@@ -110,7 +110,8 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         executor = ThreadPoolExecutor(thread_name_prefix="bm25-leg") if _parallel_legs(settings) else None
         app.state.search_executor = ThreadPoolExecutor(settings.search_workers, thread_name_prefix="search")
         batch = _batch_queries(settings)
-        resources = Resources(app, settings, executor, cross_encoder or load_reranker(settings, batch), batch)
+        reranker = cross_encoder or load_reranker(settings, batch)
+        resources = Resources(settings, app.state.metrics, app.state.in_flight, executor, reranker, batch)
         data = DataDir(settings.data_dir) if settings.data_dir is not None else None
         snapshots = (
             SnapshotStore(settings.snapshot_dir, settings.snapshot_keep, settings.snapshot_secret)

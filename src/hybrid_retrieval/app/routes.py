@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
-from hybrid_retrieval.app.collections import Collections
 from hybrid_retrieval.app.json_body import CheckedRoute
 from hybrid_retrieval.app.schemas import BatchRequest, BatchResponse, Health, Ready, SearchRequest, SearchResponse
 from hybrid_retrieval.app.security import (
@@ -29,8 +28,9 @@ from hybrid_retrieval.app.security import (
     require_api_key,
     require_unscoped_write_key,
 )
-from hybrid_retrieval.app.serving import Reloader, ReloadInProgress, Serving
 from hybrid_retrieval.common.errors import SpecError
+from hybrid_retrieval.engine.collections import Collections
+from hybrid_retrieval.engine.serving import Reloader, ReloadInProgress, Serving
 from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.pipeline import Query

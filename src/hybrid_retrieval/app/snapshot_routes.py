@@ -1,6 +1,6 @@
 """Snapshots over HTTP: take one while the collection serves, list, download, delete, restore from a listed one or an
 uploaded file. A snapshot's routes name the collection it was taken of (an alias: the collection it points to), which
-may have been dropped since. The work is indexer.datadir.snapshots' and app.collections'."""
+may have been dropped since. The work is engine.collections' and indexer.datadir.snapshots'."""
 
 from __future__ import annotations
 

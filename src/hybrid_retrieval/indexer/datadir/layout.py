@@ -2,7 +2,7 @@
 
     DIR/collections/<name>/   one index folder per collection (indexer.store's layout, its write-ahead log inside)
     DIR/aliases.json          {"alias": "collection", ...}, replaced atomically
-    DIR/tasks/<id>.json       bulk loads' progress (app.tasks)
+    DIR/tasks/<id>.json       bulk loads' progress (engine.tasks)
 
 A collection is created by publishing a complete (possibly empty) index folder under its name, and dropped by
 renaming it out of the way before removing it, so a crash leaves it whole or gone, never half. Names and aliases

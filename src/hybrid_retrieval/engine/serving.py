@@ -92,12 +92,13 @@ class ReloadInProgress(RuntimeError):
 class Resources:
     """What every served collection shares, made once: the settings, the search threads and policies, the reranker,
     the query-embedding cache, and one ONNX session per model, precision and thread count (collections of one model
-    share them)."""
+    share them). `metrics`: where collections report (the service's Prometheus metrics); `in_flight`: the searches
+    running now (`.active`), which writes yield cores to."""
 
-    def __init__(self, app, settings, executor=None, cross_encoder=None, batch: bool = False):
+    def __init__(self, settings, metrics, in_flight, executor=None, cross_encoder=None, batch: bool = False):
         self.settings, self.executor, self.batch = settings, executor, batch
-        self.metrics, self.in_flight = app.state.metrics, app.state.in_flight
-        # its keys carry the model's checksum, so another model never hits
+        self.metrics, self.in_flight = metrics, in_flight
+        # its keys carry the model files' identity, so another model never hits
         self.query_cache = QueryCache(settings.query_cache_size, on_lookup=self.metrics.observe_query_cache)
         self.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
         self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model identity, precision, device, threads) -> session

@@ -16,8 +16,8 @@ import logging
 import threading
 from pathlib import Path
 
-from hybrid_retrieval.app.serving import Reloader, Resources, open_folder
 from hybrid_retrieval.common.errors import HybridError, StorageError
+from hybrid_retrieval.engine.serving import Reloader, Resources, open_folder
 from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, model_folders, restore_into
