@@ -10,8 +10,9 @@ from fastapi.testclient import TestClient
 
 from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
-from hybrid_retrieval.common.errors import HybridError, SpecError
-from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, check_name, name_of_folder
+from hybrid_retrieval.common.errors import Conflict, HybridError, NotFound, SpecError
+from hybrid_retrieval.common.names import check_name, name_of_folder
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW, CollectionSettings
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.dense import FaissParams

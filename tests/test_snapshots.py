@@ -20,10 +20,11 @@ import httpx
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import BadSnapshot
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
-from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, extract, read_info
+from hybrid_retrieval.indexer.datadir.snapshots import extract, read_info
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.indexer.store import open_index

@@ -25,10 +25,10 @@ from hybrid_retrieval.app.schemas import (
     TaskList,
 )
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
-from hybrid_retrieval.common.errors import HybridError
+from hybrid_retrieval.common.errors import Conflict, HybridError, NotFound
+from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT, check_name
 from hybrid_retrieval.engine.collections import Collections, memory_bytes
 from hybrid_retrieval.engine.serving import Reloader
-from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT, Conflict, NotFound, check_name
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest

@@ -28,12 +28,23 @@ from hybrid_retrieval.app.security import InFlightLimit, Keys
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.app.snapshot_routes import router as snapshot_router
 from hybrid_retrieval.app.ui import router as ui_router
-from hybrid_retrieval.common.errors import DeadlineExceeded, HybridError, SpecError, StorageError
-from hybrid_retrieval.engine.collections import Collections, TooMany, Unavailable
+from hybrid_retrieval.common.errors import (
+    BadSnapshot,
+    Conflict,
+    DeadlineExceeded,
+    HybridError,
+    NotFound,
+    SnapshotNotFound,
+    SpecError,
+    StorageError,
+    TooMany,
+    Unavailable,
+)
+from hybrid_retrieval.engine.collections import Collections
 from hybrid_retrieval.engine.serving import Resources, load_reranker, open_folder
 from hybrid_retrieval.engine.tasks import Tasks
-from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound
-from hybrid_retrieval.indexer.datadir.snapshots import BadSnapshot, SnapshotNotFound, SnapshotStore
+from hybrid_retrieval.indexer.datadir.layout import DataDir
+from hybrid_retrieval.indexer.datadir.snapshots import SnapshotStore
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.models.providers import onnx_providers
 

@@ -28,10 +28,9 @@ from hybrid_retrieval.app.security import (
     require_api_key,
     require_unscoped_write_key,
 )
-from hybrid_retrieval.common.errors import SpecError
+from hybrid_retrieval.common.errors import NotFound, SpecError
 from hybrid_retrieval.engine.collections import Collections
 from hybrid_retrieval.engine.serving import Reloader, ReloadInProgress, Serving
-from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.search import budget
 from hybrid_retrieval.search.pipeline import Query
 from hybrid_retrieval.search.vectors import check_vector

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.chunking import CHUNKING_METHODS
-from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.profiles import PROFILES

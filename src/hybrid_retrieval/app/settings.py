@@ -11,7 +11,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hybrid_retrieval.common.devices import DEVICES
-from hybrid_retrieval.indexer.datadir.layout import name_of_folder
+from hybrid_retrieval.common.names import name_of_folder
 from hybrid_retrieval.indexer.datadir.snapshots import DEFAULT_MAX_BYTES
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS

@@ -18,9 +18,9 @@ from hybrid_retrieval.app.lifecycle import CollectionsDep, Name, collection_info
 from hybrid_retrieval.app.routes import scoped
 from hybrid_retrieval.app.schemas import CollectionInfo, SnapshotList, SnapshotOut, SnapshotRestore
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
-from hybrid_retrieval.common.errors import SpecError
-from hybrid_retrieval.indexer.datadir.layout import NAME_RULE, NAME_RULE_TEXT
-from hybrid_retrieval.indexer.datadir.snapshots import SUFFIX, SnapshotNotFound
+from hybrid_retrieval.common.errors import SnapshotNotFound, SpecError
+from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
+from hybrid_retrieval.indexer.datadir.snapshots import SUFFIX
 
 router = APIRouter(route_class=CheckedRoute, tags=["snapshots"])
 

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.common.errors import ConfigError
+from hybrid_retrieval.common.names import check_name
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import read_corpus
-from hybrid_retrieval.indexer.datadir.layout import DataDir, check_name
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.settings import parse_analyzer
 from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR

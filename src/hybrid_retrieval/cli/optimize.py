@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
-from hybrid_retrieval.indexer.datadir.layout import DataDir, NotFound
+from hybrid_retrieval.common.errors import NotFound
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.training.optimize import STEPS, OptimizeOptions, Optimizer
 from hybrid_retrieval.training.optimize_report import markdown
 

@@ -7,9 +7,9 @@ import json
 import os
 from pathlib import Path
 
-from hybrid_retrieval.common.errors import ConfigError
+from hybrid_retrieval.common.errors import ConfigError, NotFound
 from hybrid_retrieval.common.publish import in_use
-from hybrid_retrieval.indexer.datadir.layout import DataDir, NotFound
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.snapshots import (
     DEFAULT_MAX_BYTES,
     SUFFIX,

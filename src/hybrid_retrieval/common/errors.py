@@ -77,3 +77,31 @@ class StorageError(HybridError):
 
 class DeadlineExceeded(HybridError):
     """A request ran past its time budget and was stopped (search.budget)."""
+
+
+# The storage engine's: collections, aliases and snapshots
+
+
+class NotFound(HybridError, LookupError):
+    """No collection or alias of that name (HTTP 404)."""
+
+
+class Conflict(HybridError):
+    """The name is taken, or the change would break an alias (HTTP 409)."""
+
+
+class BadSnapshot(HybridError):
+    """A file that is not a complete, intact snapshot (HTTP 422): nothing was changed."""
+
+
+class SnapshotNotFound(HybridError, LookupError):
+    """No snapshot of that id (HTTP 404)."""
+
+
+class TooMany(HybridError):
+    """The service serves as many collections as HYBRID_MAX_COLLECTIONS allows (HTTP 409)."""
+
+
+class Unavailable(NotFound):
+    """A collection of the data directory that could not be opened (HTTP 503; to a key that may not use it, like any
+    other unknown name)."""

@@ -16,9 +16,10 @@ import logging
 import threading
 from pathlib import Path
 
-from hybrid_retrieval.common.errors import HybridError, StorageError
+from hybrid_retrieval.common.errors import Conflict, HybridError, NotFound, StorageError, TooMany, Unavailable
+from hybrid_retrieval.common.names import name_of_folder
 from hybrid_retrieval.engine.serving import Reloader, Resources, open_folder
-from hybrid_retrieval.indexer.datadir.layout import Conflict, DataDir, NotFound, name_of_folder
+from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, model_folders, restore_into
 from hybrid_retrieval.indexer.live.collection import Collection
@@ -32,15 +33,6 @@ logger = logging.getLogger(__name__)
 
 LOADED_FILES = ("docs.offsets.npy", "embeddings.npy", "dense.faiss")  # with bm25/, postings/, metadata/, hubness-*/
 NOT_LOADED = ("docs.jsonl", MODEL_DIR, "live")  # read by offset, shared by collections of a model, the log
-
-
-class TooMany(HybridError):
-    """The service serves as many collections as HYBRID_MAX_COLLECTIONS allows (HTTP 409)."""
-
-
-class Unavailable(NotFound):
-    """A collection of the data directory that could not be opened (HTTP 503; to a key that may not use it, like any
-    other unknown name)."""
 
 
 def _stamp(folder: Path) -> tuple:

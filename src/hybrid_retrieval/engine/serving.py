@@ -11,8 +11,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybrid_retrieval.common.errors import HybridError, SpecError
-from hybrid_retrieval.indexer.datadir.layout import Conflict
+from hybrid_retrieval.common.errors import Conflict, HybridError, SpecError
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.collection import Closed, Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError

@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybrid_retrieval.common.errors import SpecError
+from hybrid_retrieval.common.errors import NotFound, SpecError
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.engine.serving import Reloader
-from hybrid_retrieval.indexer.datadir.layout import NotFound
 from hybrid_retrieval.indexer.live.collection import Closed
 from hybrid_retrieval.indexer.live.validate import check_batch, decide_types
 

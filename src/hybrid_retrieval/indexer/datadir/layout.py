@@ -23,7 +23,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from hybrid_retrieval.common.errors import ConfigError, HybridError, SpecError
+from hybrid_retrieval.common.errors import ConfigError, Conflict, HybridError, NotFound, SpecError
+from hybrid_retrieval.common.names import NAME_RULE, check_name
 from hybrid_retrieval.common.publish import Replacement, in_use, publish_dir, replacing_dir, sweep_temporary, write_atomic
 from hybrid_retrieval.indexer.build import build_into
 from hybrid_retrieval.indexer.chunking import SPECIAL_TOKENS
@@ -37,33 +38,10 @@ from hybrid_retrieval.models.registry import resolve_model
 
 logger = logging.getLogger(__name__)
 
-NAME_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
-NAME_RULE_TEXT = "1 to 64 characters: lowercase letters, digits, '_' and '-', starting with a letter or digit"
 COLLECTIONS = "collections"
 ALIASES = "aliases.json"
 TASKS = "tasks"
 DROPPED = ".dropped-"  # prefix of a collection folder being removed
-
-
-class NotFound(HybridError, LookupError):
-    """No collection or alias of that name (HTTP 404)."""
-
-
-class Conflict(HybridError):
-    """The name is taken, or the change would break an alias (HTTP 409)."""
-
-
-def check_name(name: object, field: str = "name") -> str:
-    if not isinstance(name, str) or not NAME_RULE.fullmatch(name):
-        raise SpecError(field, f"{name!r} is not a valid name: {NAME_RULE_TEXT}")
-    return name
-
-
-def name_of_folder(folder: Path) -> str:
-    """The collection name an index folder served from outside a data directory takes: its name, lowercased, other
-    characters replaced by '-'."""
-    name = re.sub(r"[^a-z0-9_-]", "-", Path(folder).resolve().name.lower()).lstrip("_-")[:64]
-    return name if NAME_RULE.fullmatch(name) else "default"
 
 
 _RETIRED = re.compile(r"\.(?P<name>.+)\.retired-[^.]+")  # where common.publish's swap puts the folder it replaces

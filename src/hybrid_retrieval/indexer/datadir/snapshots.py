@@ -54,7 +54,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
-from hybrid_retrieval.common.errors import ConfigError, HybridError, StorageError
+from hybrid_retrieval.common.errors import BadSnapshot, ConfigError, HybridError, SnapshotNotFound, StorageError
 from hybrid_retrieval.common.publish import fsync_path, in_use, scratch_dir
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.live.collection import Collection
@@ -76,14 +76,6 @@ LOG = f"{LIVE_DIR}/{WAL_FILE}"
 ID_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}-\d{8}T\d{12}Z")
 _BLOCK = 1 << 20
 DEFAULT_MAX_BYTES = 64 * 1024**3  # the most bytes of files a restore writes unless told otherwise (HYBRID_MAX_SNAPSHOT_BYTES)
-
-
-class BadSnapshot(HybridError):
-    """A file that is not a complete, intact snapshot (HTTP 422): nothing was changed."""
-
-
-class SnapshotNotFound(HybridError, LookupError):
-    """No snapshot of that id (HTTP 404)."""
 
 
 @dataclass(frozen=True)
