@@ -15,8 +15,8 @@ from hybrid_retrieval.app.observability import JsonFormatter
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.errors import HybridError
+from hybrid_retrieval.engine.collections import check_data_dir
 from hybrid_retrieval.engine.serving import open_folder
-from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # opened here, not in the app's lifespan, so a bad index fails with one line and exit code 2
         index = open_folder(settings.index, settings) if settings.index is not None else None
         if settings.data_dir is not None:
-            DataDir(settings.data_dir)  # a damaged aliases file, too
+            check_data_dir(settings.data_dir)  # a damaged aliases file, too
     except HybridError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

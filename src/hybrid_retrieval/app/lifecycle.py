@@ -29,7 +29,6 @@ from hybrid_retrieval.common.errors import Conflict, HybridError, NotFound
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT, check_name
 from hybrid_retrieval.engine.collections import Collections, memory_bytes
 from hybrid_retrieval.engine.serving import Reloader
-from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.search.analyzer import Analyzer
@@ -125,8 +124,7 @@ def create_collection(body: CollectionCreate, collections: CollectionsDep, reque
     """Create an empty collection; documents come with PUT /collections/{name}/documents."""
     name = check_name(body.name, "name")
     check_scope(request, name)
-    settings = CollectionSettings.parse(body.settings_dict())
-    return collection_info(collections, collections.create(name, settings))
+    return collection_info(collections, collections.create(name, body.settings_dict()))
 
 
 @router.get("/collections", response_model=CollectionList, dependencies=[Depends(require_api_key)], tags=["collections"])

@@ -43,8 +43,6 @@ from hybrid_retrieval.common.errors import (
 from hybrid_retrieval.engine.collections import Collections
 from hybrid_retrieval.engine.serving import Resources, load_reranker, open_folder
 from hybrid_retrieval.engine.tasks import Tasks
-from hybrid_retrieval.indexer.datadir.layout import DataDir
-from hybrid_retrieval.indexer.datadir.snapshots import SnapshotStore
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.models.providers import onnx_providers
 
@@ -123,29 +121,14 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         batch = _batch_queries(settings)
         reranker = cross_encoder or load_reranker(settings, batch)
         resources = Resources(settings, app.state.metrics, app.state.in_flight, executor, reranker, batch)
-        data = DataDir(settings.data_dir) if settings.data_dir is not None else None
-        snapshots = (
-            SnapshotStore(settings.snapshot_dir, settings.snapshot_keep, settings.snapshot_secret)
-            if settings.snapshot_dir is not None
-            else None
-        )
-        if snapshots is not None:
-            app.state.metrics.describe_snapshots(snapshots.infos())
-        collections = Collections(
-            resources,
-            data,
-            settings.default_collection_name,
-            settings.index,
-            opener or (_injected(index, settings) if index is not None else None),
-            snapshots,
-        )
+        collections = Collections.from_settings(resources, settings, opener or (_injected(index, settings) if index is not None else None))
         try:
             collections.open_all()
-        except HybridError as exc:  # a damaged write-ahead log: the message names the file, the record and the repair
+        except HybridError as exc:  # the --index folder's damaged log: the message names the file, record and repair
             logger.error("cannot serve: %s", exc)
             raise
         app.state.collections = collections
-        app.state.tasks = Tasks(data.tasks if data is not None else None, settings.task_workers)
+        app.state.tasks = Tasks(collections.tasks_folder, settings.task_workers)
         _reload_on_sighup(app)
         stop = threading.Event()
         upkeep = threading.Thread(target=_upkeep_loop, args=(collections, settings.refresh_interval, stop), name="refresher", daemon=True)

@@ -9,13 +9,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
 from hybrid_retrieval.indexer.chunking import CHUNKING_METHODS
-from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import LANGUAGES, NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.cjk import CJK_MODES
-from hybrid_retrieval.search.dense import FAISS_KINDS
+from hybrid_retrieval.search.dense import EXACT_BELOW, FAISS_KINDS
 from hybrid_retrieval.search.filters.language import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
 from hybrid_retrieval.search.grouping import MAX_GROUP_SIZE

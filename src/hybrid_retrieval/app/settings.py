@@ -12,7 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.names import name_of_folder
-from hybrid_retrieval.indexer.datadir.snapshots import DEFAULT_MAX_BYTES
+from hybrid_retrieval.engine.collections import DEFAULT_MAX_SNAPSHOT_BYTES
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     snapshots: Path | None = Field(None, description="the folder of collection snapshots; default: `snapshots` in the data directory")
     snapshot_keep: int = Field(5, ge=0, description="snapshots kept per collection (the oldest go when one more is taken); 0: all of them")
     max_snapshot_bytes: int = Field(
-        DEFAULT_MAX_BYTES,
+        DEFAULT_MAX_SNAPSHOT_BYTES,
         ge=1024,
         description="the largest snapshot file POST .../snapshots/restore takes as an upload, and the most bytes of files "
         "any restore writes",

@@ -20,7 +20,6 @@ from hybrid_retrieval.app.schemas import CollectionInfo, SnapshotList, SnapshotO
 from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
 from hybrid_retrieval.common.errors import SnapshotNotFound, SpecError
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
-from hybrid_retrieval.indexer.datadir.snapshots import SUFFIX
 
 router = APIRouter(route_class=CheckedRoute, tags=["snapshots"])
 
@@ -109,7 +108,8 @@ def list_all_snapshots(collections: CollectionsDep, request: Request) -> Snapsho
 def download_snapshot(name: Name, snapshot_id: SnapshotId, collections: CollectionsDep, request: Request) -> FileResponse:
     """The snapshot file, for copying elsewhere (restore it with POST .../snapshots/restore or `hybrid snapshot restore`)."""
     info = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
-    return FileResponse(collections.snapshots.path(info.id), media_type=TAR, filename=f"{info.id}{SUFFIX}")
+    path = collections.snapshots.path(info.id)
+    return FileResponse(path, media_type=TAR, filename=path.name)
 
 
 @router.delete("/collections/{name}/snapshots/{snapshot_id}", status_code=204, dependencies=[_WRITE], responses=_CHANGE)

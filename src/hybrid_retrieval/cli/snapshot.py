@@ -9,9 +9,9 @@ from pathlib import Path
 
 from hybrid_retrieval.common.errors import ConfigError, NotFound
 from hybrid_retrieval.common.publish import in_use
+from hybrid_retrieval.engine.collections import DEFAULT_MAX_SNAPSHOT_BYTES
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.snapshots import (
-    DEFAULT_MAX_BYTES,
     SUFFIX,
     SnapshotStore,
     model_folders,
@@ -70,7 +70,7 @@ def checked(parser) -> None:
     parser.add_argument(
         "--max-bytes",
         type=int,
-        default=int(os.environ.get("HYBRID_MAX_SNAPSHOT_BYTES") or DEFAULT_MAX_BYTES),
+        default=int(os.environ.get("HYBRID_MAX_SNAPSHOT_BYTES") or DEFAULT_MAX_SNAPSHOT_BYTES),
         help="the most bytes of files a restore may write (default $HYBRID_MAX_SNAPSHOT_BYTES or 64 GiB)",
     )
 

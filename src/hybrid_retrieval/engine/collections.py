@@ -31,6 +31,15 @@ from hybrid_retrieval.models.embedder import NO_MODEL
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MAX_SNAPSHOT_BYTES = 64 * 1024**3  # the largest upload, and the most bytes of files a restore writes
+
+
+def check_data_dir(root: Path) -> None:
+    """Open the data directory at `root` as a service would (HybridError naming what is wrong: a damaged aliases
+    file), so a start fails with one line before anything serves."""
+    DataDir(root)
+
+
 LOADED_FILES = ("docs.offsets.npy", "embeddings.npy", "dense.faiss")  # with bm25/, postings/, metadata/, hubness-*/
 NOT_LOADED = ("docs.jsonl", MODEL_DIR, "live")  # read by offset, shared by collections of a model, the log
 
@@ -61,6 +70,22 @@ def memory_bytes(reloader: Reloader) -> int:
 
 
 class Collections:
+    @classmethod
+    def from_settings(cls, resources: Resources, settings, opener=None) -> Collections:
+        """The collections `settings` (app.settings.Settings) describe: the data directory, the `--index` folder
+        (served by `opener()` when given: cluster.serve's shards), the snapshot folder."""
+        data = DataDir(settings.data_dir) if settings.data_dir is not None else None
+        snapshots = None
+        if settings.snapshot_dir is not None:
+            snapshots = SnapshotStore(settings.snapshot_dir, settings.snapshot_keep, settings.snapshot_secret)
+            resources.metrics.describe_snapshots(snapshots.infos())
+        return cls(resources, data, settings.default_collection_name, settings.index, opener, snapshots)
+
+    @property
+    def tasks_folder(self) -> Path | None:
+        """Where bulk-load tasks are recorded (the data directory's), or None."""
+        return self.data.tasks if self.data is not None else None
+
     def __init__(
         self,
         resources: Resources,
@@ -193,14 +218,17 @@ class Collections:
             raise Conflict("this service has no data directory (it serves --index alone): start it with --data DIR to create collections")
         return self.data
 
-    def create(self, name: str, settings: CollectionSettings) -> Reloader:
+    def create(self, name: str, settings: dict | None = None) -> Reloader:
+        """A new empty collection `name` made with `settings` (`POST /collections`'s shape; SpecError naming the
+        field), served at once."""
         data = self._data()
+        parsed = CollectionSettings.parse(settings)
         with self._change:
             self._check_room()  # before building it
             if name in self.served:
                 raise Conflict(f"a collection named {name!r} exists")
             served_models = [r.serving.index.path / MODEL_DIR for r in self.served.values() if r.serving is not None]
-            data.create(name, settings, served_models)  # a model a served index has needs no export (nor torch)
+            data.create(name, parsed, served_models)  # a model a served index has needs no export (nor torch)
             return self._serve(name, functools.partial(self._open_folder, data.path(name)))
 
     def drop(self, name: str) -> None:

@@ -23,6 +23,7 @@ IVF_KINDS = ("ivf", "ivfpq")
 FLAT_GATHER_CUTOFF = 1_000
 TIE_MARGIN = 8  # results a dense search asks FAISS for beyond its cut, to see whether a tie crosses it (_past_ties)
 ADD_CHUNK = 65_536  # vectors added to a FAISS index at a time on a CPU (a step of the build's progress)
+EXACT_BELOW = 10_000  # a collection's default: its vector index is exact (Flat) until it holds this many documents
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from hybrid_retrieval.models.profiles import PRECISION_PROFILES, PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
-from hybrid_retrieval.search.dense import FaissParams
+from hybrid_retrieval.search.dense import EXACT_BELOW, FaissParams
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.search.synonyms import Synonyms
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
@@ -40,8 +40,6 @@ EMBEDDER_FIELDS = ("kind", "model", "profile", "precision", "dimension")
 EMBEDDER_KINDS = ("model", "none")  # none: documents and dense searches bring their vectors
 ANALYZER_FIELDS = ("language", "stemmer", "stopwords", "normalization", "fold_accents", "cjk", "lowercase")
 BM25_FIELDS = ("k1", "b")  # the method stays lucene: live writes score with it (search.segments)
-# A collection's vector index is exact (Flat) until it holds this many documents, then of its kind (search.dense)
-EXACT_BELOW = 10_000
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,6 @@ TRAILER = "snapshot.json"
 LOG = f"{LIVE_DIR}/{WAL_FILE}"
 ID_RULE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}-\d{8}T\d{12}Z")
 _BLOCK = 1 << 20
-DEFAULT_MAX_BYTES = 64 * 1024**3  # the most bytes of files a restore writes unless told otherwise (HYBRID_MAX_SNAPSHOT_BYTES)
 
 
 @dataclass(frozen=True)
