@@ -17,7 +17,6 @@ from hybrid_retrieval.app.schemas import DOC_ID_PATTERN, DeleteRequest, Document
 from hybrid_retrieval.app.security import require_api_key, require_write_key
 from hybrid_retrieval.common.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 from hybrid_retrieval.engine.serving import Reloader, Serving
-from hybrid_retrieval.indexer.leftovers import temporary_bytes
 from hybrid_retrieval.search import budget
 
 WAIT_SECONDS = 30.0
@@ -196,7 +195,7 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
 
 
 def stats_of(serving: Serving) -> Stats:
-    temporary = temporary_bytes(serving.index.path)
+    temporary = serving.temporary_bytes
     if serving.collection is None:
         return Stats(
             documents=serving.documents,

@@ -29,7 +29,6 @@ from hybrid_retrieval.common.errors import Conflict, HybridError, NotFound
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT, check_name
 from hybrid_retrieval.engine.collections import Collections, memory_bytes
 from hybrid_retrieval.engine.serving import Reloader
-from hybrid_retrieval.indexer.leftovers import folder_bytes
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.search.analyzer import Analyzer
 
@@ -105,7 +104,7 @@ def _describe(collections: Collections, reloader: Reloader, serving) -> Collecti
         fusion_tuning=asdict(manifest.fusion_tuning) if manifest.fusion_tuning else None,
         metadata={name: info.to_dict() for name, info in manifest.metadata.items()},
         stats=stats_of(serving),
-        disk_bytes=folder_bytes(serving.index.path),
+        disk_bytes=serving.disk_bytes,
         memory_bytes=memory_bytes(reloader),
         created_at=manifest.created_at,
         index=str(serving.index.path),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_retrieval.common.errors import Conflict, HybridError, SpecError
-from hybrid_retrieval.indexer.leftovers import remove_leftovers
+from hybrid_retrieval.indexer.leftovers import folder_bytes, remove_leftovers, temporary_bytes
 from hybrid_retrieval.indexer.live.collection import Closed, Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.live.snapshot import Snapshot
@@ -49,6 +49,16 @@ class Serving:
     @property
     def documents(self) -> int:
         return self.snapshot.documents if self.snapshot is not None else self.index.num_docs
+
+    @property
+    def disk_bytes(self) -> int:
+        """The size of its folder on disk."""
+        return folder_bytes(self.index.path)
+
+    @property
+    def temporary_bytes(self) -> int:
+        """Disk used beside its folder by builds and compactions in progress, or left by killed ones."""
+        return temporary_bytes(self.index.path)
 
     @property
     def evidence(self) -> dict[str, dict]:
