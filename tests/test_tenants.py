@@ -662,3 +662,11 @@ def test_a_forged_model_never_embeds_another_tenants_queries(tmp_path):
     with TestClient(create_app(settings), headers=ADMIN) as client:  # the forged collection opens first
         hits = client.post("/collections/tenant-b/search", json=query).json()["hits"]
         assert [(hit["id"], hit["score"]) for hit in hits] == expected
+        # nor does a new collection of that model take the forged collection's files (a model name is no proof)
+        assert client.post("/collections", json={"name": "aaa-new"}).status_code == 201
+    collections = tmp_path / "data" / "collections"
+    for name in ("model.onnx", "model.int8.onnx"):
+        made = (collections / "aaa-new" / "model" / name).read_bytes()
+        assert (
+            made == (collections / "tenant-b" / "model" / name).read_bytes() != (collections / "aaa-forged" / "model" / name).read_bytes()
+        )

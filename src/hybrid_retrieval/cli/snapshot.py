@@ -102,9 +102,16 @@ def run_restore(args) -> None:
     source = given if given.is_file() else _store(args, data).path(args.snapshot.removesuffix(SUFFIX))
     if args.replace and data.exists(args.name):
         _check_not_written(data.path(args.name))
-    with data.replacing(args.name, args.replace) as replacement:
-        info = restore_into(source, replacement.folder, args.max_bytes, _key(), model_folders(data))
-        replacement.publish(args.replace)
+    was_foreign = data.has_foreign_model(args.name)
+    data.set_model_origin(args.name, foreign=True)  # until it is known: a crash mid-restore lends nothing
+    try:
+        with data.replacing(args.name, args.replace) as replacement:
+            info = restore_into(source, replacement.folder, args.max_bytes, _key(), model_folders(data))
+            replacement.publish(args.replace)
+    except BaseException:
+        data.set_model_origin(args.name, foreign=was_foreign)
+        raise
+    data.set_model_origin(args.name, foreign=info.model == "included")
     print(json.dumps({**info.to_dict(), "restored_as": args.name}))
 
 

@@ -306,6 +306,8 @@ class Collections:
             if old is None:
                 self._check_room()
             stopped = False
+            was_foreign = data.has_foreign_model(name)
+            data.set_model_origin(name, foreign=True)  # until it is known: a crash mid-restore lends nothing
             try:
                 with data.replacing(name, replace) as replacement:
                     info = restore_into(
@@ -321,9 +323,11 @@ class Collections:
                     else:
                         restored = self._serve(name, functools.partial(self._open_folder, data.path(name)))
             except BaseException:
+                data.set_model_origin(name, foreign=was_foreign)
                 if stopped and old is not None:  # its folder is back in place: it serves and takes writes again
                     old.open(old.opener())
                 raise
+            data.set_model_origin(name, foreign=info.model == "included")
             self._forget_failure(name)
             logger.info("restored %s from snapshot %s (sequence %d, %d documents)", name, info.id, info.sequence, info.documents)
             return restored

@@ -40,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 COLLECTIONS = "collections"
 ALIASES = "aliases.json"
+FOREIGN_MODELS = "foreign-models.json"  # collections whose model came in a snapshot: never lent to another collection
 TASKS = "tasks"
 DROPPED = ".dropped-"  # prefix of a collection folder being removed
 
@@ -56,6 +57,7 @@ class DataDir:
             folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one create, drop or alias change at a time
         self._aliases = self._read_aliases()
+        self._foreign = self._read_foreign()
         for folder in (self.root, self.tasks):  # an aliases or task file's atomic write a crash interrupted
             sweep_temporary(folder)
         for leftover in self.collections.glob(".*"):  # drops, creations and builds a crash interrupted
@@ -138,7 +140,8 @@ class DataDir:
         """The ONNX export of `model` in `profile`: the copy of a collection (or of one of `models`) built with it (no
         export, no torch), an export folder given by path, or the export cache (exported, or distilled for the fast
         profile, on first use, which needs torch)."""
-        for folder in [*(self.path(name) / MODEL_DIR for name in self.names()), *models]:
+        lenders = [name for name in self.names() if name not in self._foreign]  # a snapshot's model may be anything
+        for folder in [*(self.path(name) / MODEL_DIR for name in lenders), *models]:
             try:
                 config = json.loads((folder / CONFIG_FILE).read_text())
             except (OSError, ValueError):
@@ -171,7 +174,32 @@ class DataDir:
             doomed = self.collections / f"{DROPPED}{name}-{uuid.uuid4().hex[:12]}"
             self.path(name).rename(doomed)  # gone from the name at once; a crash while removing leaves only this
             shutil.rmtree(doomed, ignore_errors=True)
+            self._set_foreign(name, False)
         logger.info("dropped collection %s", name)
+
+    def has_foreign_model(self, name: str) -> bool:
+        return name in self._foreign
+
+    def set_model_origin(self, name: str, foreign: bool) -> None:
+        """Record whether collection `name`'s model files came in a snapshot (`foreign`: their content is whatever its
+        maker put there, so no other collection is ever made with them) or from this side."""
+        with self._lock:
+            self._set_foreign(name, foreign)
+
+    def _set_foreign(self, name: str, foreign: bool) -> None:
+        if (name in self._foreign) != foreign:
+            self._foreign = self._foreign | {name} if foreign else self._foreign - {name}
+            write_atomic(self.root / FOREIGN_MODELS, json.dumps(sorted(self._foreign)))
+
+    def _read_foreign(self) -> frozenset[str]:
+        path = self.root / FOREIGN_MODELS
+        try:
+            names = json.loads(path.read_text()) if path.is_file() else []
+        except ValueError as exc:
+            raise HybridError(f"{path} is not valid JSON ({exc}): fix or remove it") from None
+        if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+            raise HybridError(f"{path} must list collection names")
+        return frozenset(names)
 
     def check_droppable(self, name: str) -> None:
         """NotFound when there is no such collection, Conflict while an alias points to it."""

@@ -542,7 +542,8 @@ def _info_of(trailer: dict, size: int) -> SnapshotInfo:
         bytes=size,
         created_at=trailer["created_at"],
         manifest_sha256=trailer["manifest_sha256"],
-        model="referenced" if trailer.get("referenced") else "included",
+        # "included" as soon as one model file comes from the archive: its content is then whatever its maker chose
+        model="included" if any(is_model_file(rel) for rel in trailer["files"]) or not trailer.get("referenced") else "referenced",
     )
 
 
