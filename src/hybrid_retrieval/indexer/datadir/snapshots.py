@@ -61,7 +61,7 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE, log_path
 from hybrid_retrieval.indexer.manifest import MANIFEST, Manifest, read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
-from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
+from hybrid_retrieval.indexer.store import MODEL_DIR, open_index, sha256_file
 from hybrid_retrieval.indexer.wal import scan
 from hybrid_retrieval.models.onnx_export import default_cache_dir
 
@@ -410,7 +410,7 @@ def _link_model(name: str, referenced: dict, into: Path, models: Iterable[Path])
         inside = rel.removeprefix(f"{MODEL_DIR}/")
         for folder in folders:
             candidate = folder / inside
-            if candidate.is_file() and candidate.stat().st_size == entry["bytes"] and _sha256(candidate) == entry["sha256"]:
+            if candidate.is_file() and candidate.stat().st_size == entry["bytes"] and sha256_file(candidate) == entry["sha256"]:
                 _link(candidate, into / rel)
                 break
         else:
@@ -428,14 +428,6 @@ def model_folders(data: DataDir | None, more: Iterable[Path] = ()) -> list[Path]
     collections = [data.path(name) for name in data.names()] if data is not None else []
     cache = default_cache_dir()
     return [*(Path(folder) / MODEL_DIR for folder in [*collections, *more]), *(sorted(cache.iterdir()) if cache.is_dir() else [])]
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _copy_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path, sha256: str, name: str) -> None:
