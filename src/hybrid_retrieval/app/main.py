@@ -110,6 +110,27 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     settings = settings or Settings()
     if index is not None and settings.index is None:  # served as --index would serve its folder
         settings = settings.model_copy(update={"index": index.path})
+    app = FastAPI(
+        title="Hybrid retrieval",
+        version=version("hybrid-retrieval"),  # the installed package's, from its metadata
+        summary="BM25 + dense retrieval with score fusion",
+        lifespan=_lifespan(settings, cross_encoder, opener or (_injected(index, settings) if index is not None else None)),
+        docs_url=None,  # served by app.api_docs from the package, not a CDN
+        redoc_url=None,
+    )
+    app.state.collections = None
+    app.state.metrics = Metrics()
+    app.state.keys = Keys.load(settings)
+    app.state.in_flight = InFlightLimit(settings.max_in_flight)
+    app.state.deadlines = Deadlines(settings.request_timeout, settings.write_timeout)
+    _add_middleware(app, settings)
+    _include_routes(app)
+    _handle_errors(app)
+    return app
+
+
+def _lifespan(settings: Settings, cross_encoder, opener):
+    """Open the collections and start the refresher at startup; stop the work in progress and close them at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -121,7 +142,7 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         batch = _batch_queries(settings)
         reranker = cross_encoder or load_reranker(settings, batch)
         resources = Resources(settings, app.state.metrics, app.state.in_flight, executor, reranker, batch)
-        collections = Collections.from_settings(resources, settings, opener or (_injected(index, settings) if index is not None else None))
+        collections = Collections.from_settings(resources, settings, opener)
         try:
             collections.open_all()
         except HybridError as exc:  # the --index folder's damaged log: the message names the file, record and repair
@@ -144,26 +165,17 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             executor.shutdown(wait=True)
         blas.restore_original_limits()
 
-    app = FastAPI(
-        title="Hybrid retrieval",
-        version=version("hybrid-retrieval"),  # the installed package's, from its metadata
-        summary="BM25 + dense retrieval with score fusion",
-        lifespan=lifespan,
-        docs_url=None,  # served by app.api_docs from the package, not a CDN
-        redoc_url=None,
-    )
-    app.state.collections = None
-    app.state.metrics = metrics = Metrics()
-    app.state.keys = Keys.load(settings)
-    app.state.in_flight = InFlightLimit(settings.max_in_flight)
-    app.state.deadlines = Deadlines(settings.request_timeout, settings.write_timeout)
+    return lifespan
+
+
+def _add_middleware(app: FastAPI, settings: Settings) -> None:
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,
         write_max_bytes=settings.max_write_body_bytes,
         upload_max_bytes=settings.max_snapshot_bytes,
     )
-    app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost, so it sees every response
+    app.add_middleware(RequestContext, metrics=app.state.metrics)  # added last: outermost, so it sees every response
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
         app.add_middleware(
@@ -172,6 +184,9 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
             allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
             allow_headers=["Authorization", "X-API-Key", "Content-Type"],
         )
+
+
+def _include_routes(app: FastAPI) -> None:
     app.include_router(service_router)
     app.include_router(lifecycle_router)
     app.include_router(snapshot_router)
@@ -182,6 +197,29 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         app.include_router(routes, prefix="/collections/{name}", tags=["collections"], responses=missing)
     app.include_router(ui_router)
     app.include_router(api_docs_router)
+
+
+# Domain errors answered with their message alone, by status (the most specific class wins: Unavailable is a NotFound).
+PLAIN_STATUSES: dict[type[Exception], int] = {
+    NotFound: 404,
+    SnapshotNotFound: 404,
+    Conflict: 409,
+    TooMany: 409,
+    Unavailable: 503,
+}
+
+
+def _plain(status: int):
+    async def handler(request: Request, exc: Exception):
+        return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+    return handler
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """Every domain error as its HTTP status; anything else a logged 500."""
+    for kind, status in PLAIN_STATUSES.items():
+        app.add_exception_handler(kind, _plain(status))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(request: Request, exc: RequestValidationError):
@@ -194,29 +232,15 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
         # the same shape as request validation errors: where (the field's path in the body, names kept whole) and what
         return JSONResponse(status_code=422, content={"detail": [{"loc": list(body_loc(exc)), "msg": str(exc), "type": "value_error"}]})
 
+    @app.exception_handler(BadSnapshot)
+    async def _bad_snapshot(request: Request, exc: BadSnapshot):
+        return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]})
+
     @app.exception_handler(StorageError)
     async def _storage_error(request: Request, exc: StorageError):
         # nothing was written: 507 when the disk is full, 503 when the folder cannot be written (stats say why)
         status = 507 if exc.kind == StorageError.FULL else 503
         return JSONResponse(status_code=status, content={"detail": str(exc)})
-
-    @app.exception_handler(BadSnapshot)
-    async def _bad_snapshot(request: Request, exc: BadSnapshot):
-        return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]})
-
-    @app.exception_handler(Unavailable)
-    async def _unavailable(request: Request, exc: Unavailable):
-        return JSONResponse(status_code=503, content={"detail": str(exc)})
-
-    @app.exception_handler(NotFound)
-    @app.exception_handler(SnapshotNotFound)
-    async def _not_found(request: Request, exc: HybridError):
-        return JSONResponse(status_code=404, content={"detail": str(exc)})
-
-    @app.exception_handler(Conflict)
-    @app.exception_handler(TooMany)
-    async def _conflict(request: Request, exc: HybridError):
-        return JSONResponse(status_code=409, content={"detail": str(exc)})
 
     @app.exception_handler(DeadlineExceeded)
     async def _deadline(request: Request, exc: DeadlineExceeded):
@@ -226,5 +250,3 @@ def create_app(settings: Settings | None = None, index: OpenIndex | None = None,
     async def _unexpected(request: Request, exc: Exception):
         logger.exception("unhandled error on %s", request.url.path)
         return JSONResponse(status_code=500, content={"detail": "internal server error"})
-
-    return app
