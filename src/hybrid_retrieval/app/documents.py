@@ -117,6 +117,14 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
     router = APIRouter(route_class=CheckedRoute)  # bodies parsed by app.json_body
     named = Depends(collection)  # default values, not annotations: see app.routes.serving_of
     current = Depends(serving_of(collection))
+    _add_writes(router, named, current)
+    _add_reads(router, current, compact_path)
+    return router
+
+
+def _add_writes(router: APIRouter, named, current) -> None:
+    """PUT /documents, DELETE /documents/{id} and POST /documents/delete: `named` resolves the collection, `current`
+    what it serves now."""
 
     @router.put(
         "/documents",
@@ -156,6 +164,10 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
         seq = _write(request.app.state.deadlines, _collection(serving).delete, body.ids)
         return _written(serving, seq, len(body.ids), bool(wait))
 
+
+def _add_reads(router: APIRouter, current, compact_path: str) -> None:
+    """GET /documents/{id}, GET /stats and the compaction at `compact_path`."""
+
     @router.get(
         "/documents/{doc_id:document_id}",
         response_model=DocumentOut,
@@ -190,8 +202,6 @@ def document_routes(collection: Callable, compact_path: str) -> APIRouter:
         except HybridError as exc:  # dropped or restored over meanwhile
             raise HTTPException(status_code=409, detail=str(exc)) from None
         return stats_of(serving)
-
-    return router
 
 
 def stats_of(serving: Serving) -> Stats:
