@@ -266,38 +266,11 @@ def build_into(
     checkpoint()
 
     t = time.perf_counter()
+    dimension = embedder_spec["dimension"]
     passage_count = 0
     if options.chunking.enabled:
-        if passages is None and not bm25.num_docs:  # an empty collection: nothing to embed
-            dimension = embedder_spec["dimension"]
-            vectors = np.empty((0, dimension), dtype=np.float32)
-            passages = (np.empty((0, 2), np.int64), np.empty(0, np.int64), vectors)
-        if passages is not None:  # a compaction's: the documents' passages as they are, `vectors` their first ones
-            save_passages(tmp, *passages)
-        elif embedder is None or onnx_folder is None:
-            raise ConfigError("a chunked index embeds its passages itself: it takes no document vectors")
-        else:
-            docs = store.DocStore(tmp)
-            try:
-                chunker = Chunker(onnx_folder, options.chunking)
-                encode = lambda texts: embedder.encode(texts, batch_size=options.batch_size)
-                vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
-            finally:
-                docs.close()
-        _index_passage_terms(tmp, options)
-        passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
-        passage_count = len(passage_vectors)
-        index = build_faiss_index(passage_vectors, options.faiss, options.device, options.progress)
-        faiss.write_index(index, str(tmp / PASSAGES_DIR / PASSAGE_FAISS))
-        np.save(tmp / store.EMBEDDINGS, vectors)
-    if vectors is None and not bm25.num_docs:
-        vectors = np.empty((0, embedder_spec["dimension"]), dtype=np.float32)
-    if vectors is None and embed is not None:
-        vectors = embed(tmp, onnx_folder)
-    if vectors is None:
-        vectors = _embed_documents(tmp, embedder, options.batch_size, options.progress)
-    elif not options.chunking.enabled:
-        np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+        vectors, passage_count = _build_passages(tmp, options, embedder, onnx_folder, dimension, bm25.num_docs, passages, vectors)
+    vectors = _document_vectors(tmp, options, vectors, embed, embedder, onnx_folder, dimension, bm25.num_docs)
     timings["embeddings_s"] = time.perf_counter() - t
     checkpoint()
 
@@ -307,13 +280,85 @@ def build_into(
 
     if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)
         shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=_link_or_copy)
-    num_docs = len(vectors)
-    manifest = Manifest(
+    manifest = _manifest(tmp, source, options, embedder_spec, len(vectors), bm25.vocabulary_size, passage_count, metadata.fields)
+    manifest.build = {
+        **{k: round(v, 3) for k, v in timings.items()},
+        "total_s": round(time.perf_counter() - started, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+        "cpu_count": os.cpu_count(),
+    }
+    write_manifest(tmp, manifest)
+    return manifest
+
+
+def _build_passages(
+    tmp: Path,
+    options: BuildOptions,
+    embedder,
+    onnx_folder: Path | None,
+    dimension: int,
+    num_docs: int,
+    passages: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    vectors: np.ndarray | None,
+) -> tuple[np.ndarray | None, int]:
+    """A chunked index's passages (embedded, or `passages` as a compaction gives them, `vectors` their documents'
+    first ones) and their FAISS index: the documents' vectors (each its first passage's) and the passages' count."""
+    if passages is None and not num_docs:  # an empty collection: nothing to embed
+        vectors = np.empty((0, dimension), dtype=np.float32)
+        passages = (np.empty((0, 2), np.int64), np.empty(0, np.int64), vectors)
+    if passages is not None:  # a compaction's: the documents' passages as they are, `vectors` their first ones
+        save_passages(tmp, *passages)
+    elif embedder is None or onnx_folder is None:
+        raise ConfigError("a chunked index embeds its passages itself: it takes no document vectors")
+    else:
+        docs = store.DocStore(tmp)
+        try:
+            chunker = Chunker(onnx_folder, options.chunking)
+            encode = lambda texts: embedder.encode(texts, batch_size=options.batch_size)
+            vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
+        finally:
+            docs.close()
+    _index_passage_terms(tmp, options)
+    passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
+    index = build_faiss_index(passage_vectors, options.faiss, options.device, options.progress)
+    faiss.write_index(index, str(tmp / PASSAGES_DIR / PASSAGE_FAISS))
+    np.save(tmp / store.EMBEDDINGS, vectors)
+    return vectors, len(passage_vectors)
+
+
+def _document_vectors(
+    tmp: Path, options: BuildOptions, vectors, embed, embedder, onnx_folder: Path | None, dimension: int, num_docs: int
+) -> np.ndarray:
+    """One vector per document, saved: `vectors` as given (a chunked index's, saved already), made by `embed`, or
+    embedded with `embedder`."""
+    if vectors is None and not num_docs:
+        vectors = np.empty((0, dimension), dtype=np.float32)
+    if vectors is None and embed is not None:
+        vectors = embed(tmp, onnx_folder)
+    if vectors is None:
+        return _embed_documents(tmp, embedder, options.batch_size, options.progress)
+    if not options.chunking.enabled:
+        np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+    return vectors
+
+
+def _manifest(
+    tmp: Path,
+    source: Path,
+    options: BuildOptions,
+    embedder_spec: dict,
+    num_docs: int,
+    vocabulary_size: int,
+    passage_count: int,
+    fields: dict,
+) -> Manifest:
+    """The manifest of the index written into `tmp` (its build timings are the caller's to add)."""
+    return Manifest(
         builder_version=BUILDER_VERSION,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         versions=_versions(options.analyzer),
         corpus=CorpusInfo(source=str(source), bytes=source.stat().st_size, sha256=store.sha256_file(source)),
-        counts={"documents": num_docs, "bm25_vocabulary": bm25.vocabulary_size, **({"passages": passage_count} if passage_count else {})},
+        counts={"documents": num_docs, "bm25_vocabulary": vocabulary_size, **({"passages": passage_count} if passage_count else {})},
         analyzer=options.analyzer,
         bm25_engine="bm25s",
         bm25=options.bm25,
@@ -328,19 +373,11 @@ def build_into(
         # what won on labelled queries.
         defaults=SearchSpec(),
         files=store.file_inventory(tmp),
-        metadata=metadata.fields,
+        metadata=fields,
         filterable=sorted(options.filterable) if options.filterable is not None else None,
         chunking=options.chunking,
         synonyms=list(options.synonyms),
     )
-    manifest.build = {
-        **{k: round(v, 3) for k, v in timings.items()},
-        "total_s": round(time.perf_counter() - started, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
-        "cpu_count": os.cpu_count(),
-    }
-    write_manifest(tmp, manifest)
-    return manifest
 
 
 def index_is_current(corpus: Path | str, out: Path | str) -> bool:
