@@ -201,6 +201,41 @@ def _length_batches(texts: list[str], rows: list[int], batch_size: int, rng: ran
     return batches
 
 
+def _train(student, encoder, texts: list[str], targets, train: list[int], held: list[int], recipe: StudentRecipe, rng, progress: bool):
+    """Train `student` for `1 - cosine` to the teacher's `targets` on the `train` texts, keep the epoch whose held-out
+    cosine was best (epoch 0: the teacher's layers as they are) and load it; the held-out curve and that epoch."""
+    import torch
+
+    def held_out_cosine() -> float:
+        vectors = encoder.encode(student, [texts[i] for i in held], recipe.batch_size)
+        return round(float((vectors * targets[held]).sum(-1).mean()), 4)
+
+    parameters = [p for p in student.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate, weight_decay=0.01)
+    steps = recipe.epochs * math.ceil(len(train) / recipe.batch_size)
+    warmup = max(1, int(0.05 * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) * max(0.0, (steps - k) / steps))
+    curve = [held_out_cosine()]
+    best_state, best_epoch = copy.deepcopy(student.state_dict()), 0
+    with progress_bar(recipe.epochs * len(train), "distilling", "texts", progress) as bar:
+        for _ in range(recipe.epochs):
+            student.train()
+            for rows in _length_batches(texts, train, recipe.batch_size, rng):
+                vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
+                loss = (1 - (vectors * targets[rows]).sum(-1)).mean()
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+                optimizer.step()
+                schedule.step()
+                optimizer.zero_grad()
+                bar.update(len(rows))
+            curve.append(held_out_cosine())
+            if curve[-1] > curve[best_epoch]:
+                best_state, best_epoch = copy.deepcopy(student.state_dict()), len(curve) - 1
+    student.load_state_dict(best_state)
+    return curve, best_epoch
+
+
 def distil_student(
     base: ResolvedModel,
     texts: list[str],
@@ -244,33 +279,7 @@ def distil_student(
     held = order[: min(recipe.held_out, len(texts) // 10 or 1)]
     train = order[len(held) :]
 
-    def held_out_cosine() -> float:
-        vectors = encoder.encode(student, [texts[i] for i in held], recipe.batch_size)
-        return round(float((vectors * targets[held]).sum(-1).mean()), 4)
-
-    parameters = [p for p in student.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate, weight_decay=0.01)
-    steps = recipe.epochs * math.ceil(len(train) / recipe.batch_size)
-    warmup = max(1, int(0.05 * steps))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) * max(0.0, (steps - k) / steps))
-    curve = [held_out_cosine()]  # epoch 0: the teacher's layers as they are
-    best_state, best_epoch = copy.deepcopy(student.state_dict()), 0
-    with progress_bar(recipe.epochs * len(train), "distilling", "texts", progress) as bar:
-        for _ in range(recipe.epochs):
-            student.train()
-            for rows in _length_batches(texts, train, recipe.batch_size, rng):
-                vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
-                loss = (1 - (vectors * targets[rows]).sum(-1)).mean()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-                bar.update(len(rows))
-            curve.append(held_out_cosine())
-            if curve[-1] > curve[best_epoch]:
-                best_state, best_epoch = copy.deepcopy(student.state_dict()), len(curve) - 1
-    student.load_state_dict(best_state)
+    curve, best_epoch = _train(student, encoder, texts, targets, train, held, recipe, rng, progress)
     record = {
         "kind": STUDENT_KIND,
         "base_model": base.name,
