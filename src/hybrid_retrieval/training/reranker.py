@@ -218,26 +218,9 @@ def _keep_layers(model, layers: int | None) -> None:
         keep_layers(model.base_model, [*range(layers - 1), last])
 
 
-def train_reranker(
-    index: OpenIndex,
-    queries: dict[str, str],
-    qrels: dict[str, dict[str, int]],
-    out: Path | str,
-    options: TrainOptions = TrainOptions(),
-    split: str = "train",
-    progress: bool = True,
-) -> dict:
-    """Train, export ONNX into `out/onnx`, tune the interpolation weight on the dev queries, and
-    publish `out` atomically; return the training record."""
-    import torch
-    from transformers import (
-        AutoModelForSequenceClassification,
-        AutoTokenizer,
-        get_linear_schedule_with_warmup,
-    )
-
-    started = time.perf_counter()
-    out = Path(out)
+def _checked_start(out: Path, options: TrainOptions) -> ResolvedModel:
+    """The model training starts from, after refusing what would fail later (before minutes of mining): an `out`
+    that is not a reranker's folder, a start without torch weights, layers it does not have."""
     if out.exists() and not (out / TRAINING_RECORD).is_file():
         raise ConfigError(f"{out} exists and is not a `hybrid train-reranker` folder: refusing to replace it")
     base = resolve_model(options.start_model)
@@ -246,31 +229,37 @@ def train_reranker(
             f"{base.path} has no torch model (config.json) to start training from: pass --base-model "
             f"(a teacher exported to ONNX only cannot seed its student)"
         )
-    _check_layers(base.path, options.layers)  # before minutes of mining
-    train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
-    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
-    rng = random.Random(options.seed)
-    groups = sample_groups(mined, options.negatives, rng)
-    if not groups:
-        raise ConfigError("no training groups: no judged query has a relevant document and enough negatives in this index")
-    mined_at = time.perf_counter()
+    _check_layers(base.path, options.layers)
+    return base
 
-    torch.manual_seed(options.seed)
-    device = training_device(options.device)
+
+def _starting_model(base: ResolvedModel, options: TrainOptions, device: str):
+    """The tokenizer and the model training starts from: `base` with one output, cut to `options.layers`, its word
+    embeddings frozen when asked."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(base.path))
     model = AutoModelForSequenceClassification.from_pretrained(str(base.path), num_labels=1)
     _keep_layers(model, options.layers)
     model = model.to(device)
     if options.freeze_embeddings:
         model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
+    return tokenizer, model
+
+
+def _fit(
+    model, tokenizer, groups, mined, queries: dict[str, str], doc_text, teacher, options: TrainOptions, rng, device: str, progress: bool
+):
+    """Train `model` to rank each group's positive first (softmax cross-entropy over the group, plus the teacher's
+    distillation loss when there is one), fresh negatives every epoch after the first; the loss of every step."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=options.learning_rate, weight_decay=options.weight_decay)
     steps = options.epochs * math.ceil(len(groups) / options.groups_per_step)  # every epoch has as many groups
     scheduler = get_linear_schedule_with_warmup(optimizer, int(options.warmup * steps), steps)
-    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
-
     group_size = 1 + options.negatives
-    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
     losses = []
     model.train()
     bar = tqdm(total=steps, desc="training", disable=not progress)
@@ -302,6 +291,40 @@ def train_reranker(
             bar.update()
             bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}")
     bar.close()
+    return losses
+
+
+def train_reranker(
+    index: OpenIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    out: Path | str,
+    options: TrainOptions = TrainOptions(),
+    split: str = "train",
+    progress: bool = True,
+) -> dict:
+    """Train, export ONNX into `out/onnx`, tune the interpolation weight on the dev queries, and
+    publish `out` atomically; return the training record."""
+    import torch
+
+    started = time.perf_counter()
+    out = Path(out)
+    base = _checked_start(out, options)
+    train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
+    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
+    rng = random.Random(options.seed)
+    groups = sample_groups(mined, options.negatives, rng)
+    if not groups:
+        raise ConfigError("no training groups: no judged query has a relevant document and enough negatives in this index")
+    mined_at = time.perf_counter()
+
+    torch.manual_seed(options.seed)
+    device = training_device(options.device)
+    tokenizer, model = _starting_model(base, options, device)
+    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
+    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
+    losses = _fit(model, tokenizer, groups, mined, queries, doc_text, teacher, options, rng, device, progress)
+    group_size = 1 + options.negatives
     trained = time.perf_counter()
 
     out.parent.mkdir(parents=True, exist_ok=True)
