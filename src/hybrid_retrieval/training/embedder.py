@@ -158,47 +158,16 @@ class HeldOut:
         return sum(values.values()) / len(values)
 
 
-def fine_tune(
-    index: OpenIndex,
-    queries: dict[str, str],
-    qrels: dict[str, dict[str, int]],
-    train_ids: list[str],
-    dev_ids: list[str],
-    out: Path | str,
-    options: EmbedderOptions,
-    data: dict,
-    progress: bool = True,
-    passages: dict[str, str] | None = None,
-) -> dict:
-    """Train the index's encoder on `train_ids` (their qrels' relevant documents are the positives), select the epoch on
-    `dev_ids`, publish the model folder at `out` atomically and return the training record; `data` describes the data.
-    `passages`: a query's positive text in place of its document's (pseudo-queries: the document without the query)."""
+def _fit(
+    model, examples, mined, queries, relevant, held_out, doc_text, options: EmbedderOptions, rng, device: str, passages, progress: bool
+):
+    """Train `model` with the in-batch contrastive loss, fresh hard negatives every epoch after the first, scoring each
+    epoch on the held-out queries, until `options.patience` epochs pass without a better one; load the best epoch's
+    weights (epoch 0: the base model's). Each epoch's scores, the best epoch, every step's loss."""
     import torch
-    from sentence_transformers import SentenceTransformer
     from sentence_transformers.util import batch_to_device
     from transformers import get_linear_schedule_with_warmup
 
-    started = time.perf_counter()
-    out = Path(out)
-    if out.exists() and not (out / TRAINING_RECORD).is_file():
-        raise ConfigError(f"{out} exists and is not a trained model folder: refusing to replace it")
-    base = index_model(index.path)
-    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
-    rng = random.Random(options.seed)
-    examples = sample_examples(mined, queries, options.hard_negatives, rng, passages)
-    if len(examples) < options.batch_size:
-        raise ConfigError(
-            f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
-            "need more judged queries (or a smaller --batch-size)"
-        )
-    positions = index.doc_positions
-    relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
-    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
-    prepared = time.perf_counter()
-
-    torch.manual_seed(options.seed)
-    device = training_device(options.device)
-    model = SentenceTransformer(str(base.path), device=device)
     per_epoch = [{"epoch": 0, METRIC: held_out.score(model)}]
     logger.info("held-out %s of the base model: %.4f", METRIC, per_epoch[0][METRIC])
     best_epoch, best_state = 0, copy.deepcopy(model.state_dict())
@@ -208,7 +177,6 @@ def fine_tune(
     scheduler = get_linear_schedule_with_warmup(
         optimizer, int(options.warmup * steps_per_epoch * options.epochs), steps_per_epoch * options.epochs
     )
-    doc_text = index.doc_text
     losses = []
 
     def embed(texts: list[str]):
@@ -238,16 +206,56 @@ def fine_tune(
             best_epoch, best_state = epoch, copy.deepcopy(model.state_dict())
         elif epoch - best_epoch >= options.patience:
             break
-    trained = time.perf_counter()
     if best_epoch == 0:
-        logger.warning(
-            "no epoch beat the base model on the %d held-out queries (%s %.4f): the folder holds the base weights",
-            len(dev_ids),
-            METRIC,
-            per_epoch[0][METRIC],
-        )
-
+        logger.warning("no epoch beat the base model on the held-out queries (%s %.4f): it keeps its weights", METRIC, per_epoch[0][METRIC])
     model.load_state_dict(best_state)
+    return per_epoch, best_epoch, losses
+
+
+def fine_tune(
+    index: OpenIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    train_ids: list[str],
+    dev_ids: list[str],
+    out: Path | str,
+    options: EmbedderOptions,
+    data: dict,
+    progress: bool = True,
+    passages: dict[str, str] | None = None,
+) -> dict:
+    """Train the index's encoder on `train_ids` (their qrels' relevant documents are the positives), select the epoch on
+    `dev_ids`, publish the model folder at `out` atomically and return the training record; `data` describes the data.
+    `passages`: a query's positive text in place of its document's (pseudo-queries: the document without the query)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    started = time.perf_counter()
+    out = Path(out)
+    if out.exists() and not (out / TRAINING_RECORD).is_file():
+        raise ConfigError(f"{out} exists and is not a trained model folder: refusing to replace it")
+    base = index_model(index.path)
+    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
+    rng = random.Random(options.seed)
+    examples = sample_examples(mined, queries, options.hard_negatives, rng, passages)
+    if len(examples) < options.batch_size:
+        raise ConfigError(
+            f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
+            "need more judged queries (or a smaller --batch-size)"
+        )
+    positions = index.doc_positions
+    relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
+    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
+    prepared = time.perf_counter()
+
+    torch.manual_seed(options.seed)
+    device = training_device(options.device)
+    model = SentenceTransformer(str(base.path), device=device)
+    per_epoch, best_epoch, losses = _fit(
+        model, examples, mined, queries, relevant, held_out, index.doc_text, options, rng, device, passages, progress
+    )
+    trained = time.perf_counter()
+
     record = {
         "kind": "embedder",
         "base_model": {"name": base.name, "checksum": base.checksum},
