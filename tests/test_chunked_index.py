@@ -247,7 +247,7 @@ def test_searches_during_rewrites_never_see_a_stale_passage(chunked, scifact, tm
 
     def search() -> None:
         while not stop.is_set():
-            snapshot = collection.snapshot
+            snapshot = collection.view
             for query in queries:
                 result = snapshot.pipeline().search(query, 5, {"mode": "hybrid"})
                 for hit in snapshot.presenter().hits(result, query, include_text=True, passages=3):

@@ -190,7 +190,7 @@ def test_the_log_is_replayed_on_open_and_a_torn_tail_is_cut(base_index, tmp_path
         fh.write(b"\x40\x00\x00\x00garbage")  # a torn record: a crash in the middle of an append
     reopened = Collection(open_index(tmp_path / "index"))
     assert reopened.seq == 2 and reopened.get("n1")["text"] == "quantum cat" and reopened.get("b0") is None
-    assert reopened.snapshot.documents == len(BASE)  # 8 - b0 + n1
+    assert reopened.view.documents == len(BASE)  # 8 - b0 + n1
     third = reopened.upsert([{"id": "n2", "text": "dog"}])
     assert third == 3
     reopened.close()
@@ -232,7 +232,7 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     )
     collection.delete(["b0", "b5"])
     before = collection.refresh().pipeline()
-    ranked_before = {q: ranked(before, q, {}, lambda i: collection.snapshot.document(i)["id"]) for q in QUERIES}
+    ranked_before = {q: ranked(before, q, {}, lambda i: collection.view.document(i)["id"]) for q in QUERIES}
     after = collection.compact()
     assert not after.changed and after.index.num_docs == len(BASE) - 1 and after.index.manifest.applied_sequence == 2
     for query in QUERIES:
@@ -241,7 +241,7 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     collection.close()
     reopened = Collection(open_index(tmp_path / "index", embedder=base.embedder))
     assert reopened.seq == 3 and reopened.get("n2")["text"] == "pet health" and reopened.get("b0") is None
-    assert reopened.snapshot.documents == len(BASE) and len(reopened.snapshot.live) == 1
+    assert reopened.view.documents == len(BASE) and len(reopened.view.live) == 1
     assert [r["seq"] for r in WriteAheadLog.replay(tmp_path / "index" / LIVE_DIR / WAL_FILE)] == [3]
     reopened.close()
 
@@ -488,7 +488,7 @@ def test_a_log_that_cannot_be_shortened_after_a_compaction_keeps_every_write(bas
     collection.close()
     reopened = Collection(open_index(tmp_path / "index"))
     assert reopened.seq == 2 and reopened.get("n1") is not None and reopened.get("n2")["text"] == "pet health"
-    assert reopened.snapshot.documents == len(BASE) + 2
+    assert reopened.view.documents == len(BASE) + 2
     reopened.close()
 
 
@@ -497,7 +497,7 @@ def test_a_correction_fitted_without_banks_is_not_extended_and_compaction_drops_
     base = open_index(tmp_path / "index")
     base.hubness.banks = None  # as loaded from a fit made before fits kept their banks
     collection = Collection(base)
-    assert len(collection.snapshot.pipeline().search("cat", spec={"mode": "dense", "hubness": {"method": "qbnorm"}}).ranking)
+    assert len(collection.view.pipeline().search("cat", spec={"mode": "dense", "hubness": {"method": "qbnorm"}}).ranking)
     collection.upsert([{"id": "n1", "text": "quantum cat"}])
     with pytest.raises(SpecError, match="refit it with `hybrid hubness fit`"):
         collection.refresh().pipeline().search("cat", spec={"mode": "dense", "hubness": {"method": "qbnorm"}})
@@ -558,7 +558,7 @@ def test_documents_embedded_in_int8_stay_int8_through_writes_and_compaction(tmp_
     collection.upsert([{"id": "n1", "text": "quantum cat"}])
     np.testing.assert_allclose(collection.refresh().live.vectors[0], int8.encode(["quantum cat"])[0], atol=1e-5)
     collection.compact()
-    compacted = collection.snapshot.index
+    compacted = collection.view.index
     assert compacted.manifest.embedder.document_precision == "int8" and compacted.query_precision == "int8"
     np.testing.assert_allclose(compacted.embeddings[-1], int8.encode(["quantum cat"])[0], atol=1e-5)
     collection.close()

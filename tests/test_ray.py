@@ -122,13 +122,13 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
             assert done.status_code == 200 and done.json()["visible"], done.text
 
         def same_answers(rounds: int = 2) -> None:
-            pipeline = whole.snapshot.pipeline()
+            pipeline = whole.view.pipeline()
             for _ in range(rounds):  # calls go to either replica of a shard
                 for spec in WRITE_SPECS:
                     for query in queries:
                         expected = pipeline.search(query, 20, dict(spec))
                         served = search(client, query, spec, headers=writer)
-                        ids = [whole.snapshot.document(int(i))["id"] for i in expected.ranking.doc_idx]
+                        ids = [whole.view.document(int(i))["id"] for i in expected.ranking.doc_idx]
                         assert [hit["id"] for hit in served["hits"]] == ids, spec
                         np.testing.assert_allclose([hit["score"] for hit in served["hits"]], expected.ranking.scores, atol=1e-5)
 

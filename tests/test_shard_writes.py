@@ -102,11 +102,11 @@ def test_writes_go_to_the_owning_shard_and_answers_equal_the_whole_index(pair, s
         # BM25's statistics are the corpus's, summed over the shards
         terms = ["vitamin", "bone", "cell"]
         parts = [client.statistics(terms) for client in sharded.shards.clients]
-        expected = whole.snapshot.pipeline().bm25
+        expected = whole.view.pipeline().bm25
         total = CorpusStatistics.total(parts)
         assert (total.documents, total.length) == (expected.collection_size, expected.total_length)
         assert total.df == {t: expected.df(t) for t in terms}
-        assert assert_same_answers(whole.snapshot, sharded, [changed["text"], *queries]) == 9 * len(SPECS)
+        assert assert_same_answers(whole.view, sharded, [changed["text"], *queries]) == 9 * len(SPECS)
 
         # compaction of every shard keeps the answers; writes after it too; reopening replays every shard's log
         writes.compact()
@@ -117,17 +117,17 @@ def test_writes_go_to_the_owning_shard_and_answers_equal_the_whole_index(pair, s
         whole.refresh()
         writes.refresh()
         assert all(
-            not client.collection.snapshot.live.docs or client.collection.snapshot.live.docs[0].position >= SLICE
+            not client.collection.view.live.docs or client.collection.view.live.docs[0].position >= SLICE
             for client in sharded.shards.clients
         )
-        assert assert_same_answers(whole.snapshot, sharded, queries[:4]) == 4 * len(SPECS)
+        assert assert_same_answers(whole.view, sharded, queries[:4]) == 4 * len(SPECS)
     finally:
         sharded.close()
         whole.close()
     reopened = open_sharded(sharded_path)
     try:
         assert reopened.written and reopened.next_position == SLICE + 30 + 1 + 5  # every upserted version took a position
-        assert assert_same_answers(Collection(open_index(whole_path)).snapshot, reopened, queries[:4]) == 4 * len(SPECS)
+        assert assert_same_answers(Collection(open_index(whole_path)).view, reopened, queries[:4]) == 4 * len(SPECS)
     finally:
         reopened.close()
 
@@ -184,7 +184,7 @@ def test_a_shard_that_fails_a_write_leaves_the_other_shards_parts_published(pair
         writes.refresh()
         for doc, owner in zip(added, owners):
             assert (writes.get(doc["id"]) is not None) == (owner != broken)
-        assert writes.seq == writes.snapshot.seq == len(set(owners.tolist()) - {broken})  # one write in each other shard
+        assert writes.seq == writes.view.seq == len(set(owners.tolist()) - {broken})  # one write in each other shard
         assert writes.stats()["documents"] == SLICE + int((owners != broken).sum())
     finally:
         sharded.close()

@@ -299,7 +299,7 @@ def test_offline_snapshot_commands(tmp_path):
     restored = hybrid("snapshot", "restore", info["id"], "--as", "copy", "--data", str(data.root))
     assert restored.returncode == 0, restored.stderr
     copy = Collection(open_index(data.path("copy"), verify="full"))
-    assert (copy.seq, copy.snapshot.documents, copy.get("n3"), copy.get("n4")["text"]) == (2, 11, None, "note 4")
+    assert (copy.seq, copy.view.documents, copy.get("n3"), copy.get("n4")["text"]) == (2, 11, None, "note 4")
     copy.close()
     again = hybrid("snapshot", "restore", info["id"], "--as", "copy", "--data", str(data.root))
     assert again.returncode == 2 and "exists" in again.stderr

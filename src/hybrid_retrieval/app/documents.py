@@ -64,7 +64,7 @@ def _written(serving: Serving, seq: int, count: int, wait: bool) -> WriteResult:
     if wait:
         collection.refresh()
         collection.wait_visible(seq, WAIT_SECONDS)
-    return WriteResult(sequence=seq, documents=count, visible=collection.snapshot.seq >= seq)
+    return WriteResult(sequence=seq, documents=count, visible=collection.view.seq >= seq)
 
 
 async def _documents(request: Request) -> list[Any]:

@@ -64,8 +64,8 @@ def memory_bytes(reloader: Reloader) -> int:
     if serving is None:
         return 0
     total = sum(entry["bytes"] for path, entry in serving.index.manifest.files.items() if path.split("/")[0] not in NOT_LOADED)
-    if serving.snapshot is not None:
-        total += serving.snapshot.live.vectors.nbytes
+    if serving.view is not None:
+        total += serving.view.live.vectors.nbytes
     return total
 
 

@@ -15,7 +15,7 @@ from hybrid_retrieval.common.errors import Conflict, HybridError, SpecError
 from hybrid_retrieval.indexer.leftovers import folder_bytes, remove_leftovers, temporary_bytes
 from hybrid_retrieval.indexer.live.collection import Closed, Collection
 from hybrid_retrieval.indexer.live.replay import ReplayError
-from hybrid_retrieval.indexer.live.snapshot import Snapshot
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.open import open_any
 from hybrid_retrieval.indexer.shards.writes import ShardedCollection
@@ -44,11 +44,11 @@ class Serving:
     rerank_evidence: dict | None = None  # the reranker's tuned weight, when it is the one served
     collection: Collection | None = None  # None: this index takes no writes (`write_refusal` says why)
     write_refusal: str | None = None
-    snapshot: Snapshot | None = None
+    view: ReadView | None = None
 
     @property
     def documents(self) -> int:
-        return self.snapshot.documents if self.snapshot is not None else self.index.num_docs
+        return self.view.documents if self.view is not None else self.index.num_docs
 
     @property
     def disk_bytes(self) -> int:
@@ -176,7 +176,7 @@ class Resources:
 
 class Reloader:
     """One served collection: the index it serves now (`serving`), the writes it takes, and swapping in a freshly
-    opened index (hot reload) or a refreshed snapshot atomically.
+    opened index (hot reload) or a refreshed read view atomically.
 
     Requests already running keep the `Serving` they started with; the old index is released when
     the last of them finishes. A failed reload leaves the current index in service.
@@ -193,7 +193,7 @@ class Reloader:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = self._collection(index)
         previous = self.serving
-        serving = self._publish(index, collection.snapshot if collection else None, collection, refusal)
+        serving = self._publish(index, collection.view if collection else None, collection, refusal)
         if previous is not None and previous.collection is not None and previous.collection is not collection:
             previous.collection.close()  # its log is now the new collection's to write
         logger.info(
@@ -216,7 +216,7 @@ class Reloader:
                 collection = Collection(
                     index, self.settings.max_batch_docs, write_threads=self.settings.write_threads, searching=lambda: in_flight.active > 0
                 )
-            collection.on_refresh = functools.partial(self._publish_snapshot, collection)
+            collection.on_refresh = functools.partial(self._publish_view, collection)
             return collection, None
         except (CorruptLog, ReplayError):  # serving the index without its logged writes would hide them: refuse
             raise
@@ -224,13 +224,13 @@ class Reloader:
             logger.warning("serving %s read-only: %s", index.path, exc)
             return None, str(exc)
 
-    def _publish_snapshot(self, collection: Collection, snapshot: Snapshot) -> None:
+    def _publish_view(self, collection: Collection, view: ReadView) -> None:
         current = self.serving
         if current is None or current.collection is not collection:
             return  # a collection a reload replaced (its compaction may still finish): never put it back in service
-        self._publish(snapshot.index, snapshot, collection, current.write_refusal)
+        self._publish(view.index, view, collection, current.write_refusal)
 
-    def _publish(self, index: OpenIndex, snapshot: Snapshot | None, collection, refusal) -> Serving:
+    def _publish(self, index: OpenIndex, read_view: ReadView | None, collection, refusal) -> Serving:
         resources = self.resources
         precision, documents = index.query_precision, index.manifest.embedder.document_precision
         served = self._served_model(index, documents)  # highlights compare sentences embedded like the documents
@@ -239,7 +239,7 @@ class Reloader:
         queries = embedder if query_model is served else BatchingEmbedder(query_model) if resources.batch else query_model
         if resources.query_cache.size:
             queries = CachedEmbedder(queries, resources.query_cache, f"{model_identity(index.manifest)}:{precision}")
-        view = snapshot if snapshot is not None else index
+        view = read_view if read_view is not None else index
         overrides = index.manifest.overrides
         reranking = resources.reranking_of(index)
         spec = index.manifest.defaults.merge(reranking.spec).merge(overrides).to_dict() if overrides else reranking.spec
@@ -250,7 +250,7 @@ class Reloader:
             cross_encoder_name=reranking.name,
             embedder=queries,
         )
-        serving = Serving(index, pipeline, view.presenter(embedder), reranking.evidence, collection, refusal, snapshot)
+        serving = Serving(index, pipeline, view.presenter(embedder), reranking.evidence, collection, refusal, read_view)
         previous, self.serving = self.serving, serving  # a single reference assignment: atomic
         if previous is None or previous.index is not index:
             resources.metrics.describe_index(self.name, index.manifest, serving.documents)
@@ -297,7 +297,7 @@ class Reloader:
         collection = serving.collection
         collection.update_manifest(change)
         current = self.serving
-        return self._publish(current.index, current.snapshot, collection, current.write_refusal)
+        return self._publish(current.index, current.view, collection, current.write_refusal)
 
     @property
     def model_identity(self) -> str | None:

@@ -108,7 +108,7 @@ def _current(index: OpenIndex, work: Path) -> tuple[Path, int]:
     and the sequence number of the last write in it."""
     collection = Collection(index)
     try:
-        state = collection.snapshot
+        state = collection.view
         work.mkdir(exist_ok=True)
         corpus, _ = current_corpus(index, state.base_alive, state.live.docs, work)
         return corpus, state.seq

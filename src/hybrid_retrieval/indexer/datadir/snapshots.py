@@ -493,7 +493,7 @@ def check_opens(folder: Path, info: SnapshotInfo) -> None:
         if log_path(folder).exists():
             collection = Collection(index, replay=True)
             try:
-                seq, documents = collection.seq, collection.snapshot.documents
+                seq, documents = collection.seq, collection.view.documents
             finally:
                 collection.close()
         else:
@@ -677,7 +677,7 @@ def _stage_offline(folder: Path, staging: Path) -> tuple[int, int]:
                 return seq, read_manifest(staging).documents
             collection = Collection(open_index(staging, verify="size"))
             try:
-                return seq, collection.snapshot.documents
+                return seq, collection.view.documents
             finally:
                 collection.close()
         shutil.rmtree(staging)

@@ -1,5 +1,5 @@
 """A collection's in-memory state: its base index and the writes applied on top of it (the documents written, the
-base documents deleted, each metadata field's type, the hubness state), frozen into a Snapshot for searches.
+base documents deleted, each metadata field's type, the hubness state), frozen into a ReadView for searches.
 
 It applies records that are already checked (indexer.live.validate) and logged; it takes no lock: the collection's
 write lock guards it.
@@ -13,8 +13,8 @@ import numpy as np
 
 from hybrid_retrieval.indexer.chunking import decode_passages
 from hybrid_retrieval.indexer.corpus import indexed_text
-from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import field_types_of, filterable_fields
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.search.live_hubness import LiveHubness, Prepared
 from hybrid_retrieval.search.segments import LiveDocument, LiveSegment
@@ -30,7 +30,7 @@ class LiveState:
     def start(self, index: OpenIndex, seq: int) -> None:
         """Begin on `index` as base, holding the writes up to `seq`, with nothing written on top of it yet."""
         self.index, self.seq = index, seq
-        self.dirty = False  # writes applied that no snapshot holds yet
+        self.dirty = False  # writes applied that no read view holds yet
         self.base_idx = index.doc_positions
         self.base_alive = np.ones(index.num_docs, dtype=bool)
         self.live: dict[str, LiveDocument] = {}
@@ -111,7 +111,7 @@ class LiveState:
         idx = self.base_idx.get(doc_id)
         return self.index.docs.get(idx) if idx is not None and self.base_alive[idx] else None
 
-    def freeze(self) -> Snapshot:
+    def freeze(self) -> ReadView:
         """The current state, as searches read it."""
         live = LiveSegment(list(self.live.values()), self.index.dense.dimension, self.vocabulary)
         hubness = None
@@ -123,4 +123,4 @@ class LiveState:
         if self.index.passages is not None:
             passage_docs = [passage for doc_id in self.live for passage in self.passage_terms[doc_id]]
             terms = LiveSegment(passage_docs, self.index.dense.dimension, self.passage_vocabulary)
-        return Snapshot(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness, terms)
+        return ReadView(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness, terms)

@@ -26,8 +26,8 @@ from hybrid_retrieval.indexer.live.apply import LiveState
 from hybrid_retrieval.indexer.live.compaction import build_compacted, current_corpus, link_log, reopen
 from hybrid_retrieval.indexer.live.log import log_path, unwritable
 from hybrid_retrieval.indexer.live.replay import apply_logged, replay_records
-from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import VectorRule, check_batch, check_ids, decide_types
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, folder_identity
 from hybrid_retrieval.indexer.wal import WriteAheadLog
@@ -57,12 +57,12 @@ class Point:
     documents: int
 
 
-def current_view(index: OpenIndex) -> OpenIndex | Snapshot:
+def current_view(index: OpenIndex) -> OpenIndex | ReadView:
     """What a search of `index` should read: the built index with the writes its log holds (read-only: nothing is
     locked or written), or the index itself when it has no log."""
     if not log_path(index.path).exists():
         return index
-    return Collection(index).snapshot
+    return Collection(index).view
 
 
 class Collection:
@@ -77,8 +77,8 @@ class Collection:
         searching=None,
         replay: bool = True,
     ):
-        """Replay the index's log (if any); nothing is written until the first write. `on_refresh(snapshot)` is
-        called before a new snapshot counts as visible (the service swaps its searches to it there).
+        """Replay the index's log (if any); nothing is written until the first write. `on_refresh(view)` is
+        called before a new read view counts as visible (the service swaps its searches to it there).
 
         Where written documents are embedded: with `write_threads`, always on a session of that many cores, one batch
         at a time. Otherwise on all cores (the index's own session, the fastest ingest), except while `searching()`
@@ -110,7 +110,7 @@ class Collection:
             if (replaced := self._replaced()) is not None:  # the log read may be the new folder's
                 raise HybridError(f"{replaced} while it was opened: open it again")
         self._wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
-        self.snapshot = self._state.freeze()
+        self.view = self._state.freeze()
 
     @property
     def index(self) -> OpenIndex:
@@ -264,7 +264,7 @@ class Collection:
         with self._write_lock:
             return self._state.get(doc_id)
 
-    def follow(self, up_to: int | None = None) -> Snapshot:
+    def follow(self, up_to: int | None = None) -> ReadView:
         """Apply and publish what another process logged since, up to sequence number `up_to` (None: all of it): a
         replica serving a shard that a writer elsewhere takes writes for. When that writer compacted (the manifest on
         disk names another base, or the log skips a sequence number: it was cut), the index is opened again first."""
@@ -291,35 +291,35 @@ class Collection:
 
     # visibility
 
-    def refresh(self) -> Snapshot:
+    def refresh(self) -> ReadView:
         """Publish the writes applied so far to searches (a no-op when nothing changed). One refresh at a time (the
-        refresher, `?wait=true` writes, compaction): an older snapshot is never published over a newer one."""
+        refresher, `?wait=true` writes, compaction): an older view is never published over a newer one."""
         with self._refresh_lock:
             with self._write_lock:
                 if not self._state.dirty:
-                    return self.snapshot
+                    return self.view
                 self._state.dirty = False
-                snapshot = self._state.freeze()
+                view = self._state.freeze()
             if self.on_refresh is not None:
-                self.on_refresh(snapshot)
+                self.on_refresh(view)
             with self._visible:
-                self.snapshot = snapshot  # one reference assignment: searches see the old or the new snapshot
+                self.view = view  # one reference assignment: searches see the old or the new view
                 self._visible.notify_all()
-            return snapshot
+            return view
 
     def wait_visible(self, seq: int, timeout: float) -> bool:
-        """Block until a snapshot at `seq` or later is searchable (True), or `timeout` seconds pass (False)."""
+        """Block until a view at `seq` or later is searchable (True), or `timeout` seconds pass (False)."""
         deadline = time.monotonic() + timeout
         with self._visible:
-            while self.snapshot.seq < seq:
+            while self.view.seq < seq:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._visible.wait(left):
-                    return self.snapshot.seq >= seq
+                    return self.view.seq >= seq
         return True
 
     # compaction
 
-    def compact(self) -> Snapshot:
+    def compact(self) -> ReadView:
         """Merge the live segment and the deletions into a new base segment, published atomically in place of the
         index folder; writes continue while it builds. Rankings do not change (the same documents, the same
         statistics). The log moves into the new folder (hard link) before the swap, and the new manifest records
@@ -355,7 +355,7 @@ class Collection:
                 finally:
                     if held:
                         self._write_lock.release()
-        logger.info("compacted %s: %d documents up to sequence %d", path, self.snapshot.documents, state.seq)
+        logger.info("compacted %s: %d documents up to sequence %d", path, self.view.documents, state.seq)
         remove_leftovers(path)
         return self.refresh()
 
@@ -395,14 +395,14 @@ class Collection:
         self._state.dirty = True
 
     def stats(self) -> dict:
-        snapshot = self.snapshot
+        view = self.view
         return {
-            "documents": snapshot.documents,
-            "base_documents": len(snapshot.base_alive),
-            "deleted_base_documents": int((~snapshot.base_alive).sum()),
-            "live_documents": len(snapshot.live),
+            "documents": view.documents,
+            "base_documents": len(view.base_alive),
+            "deleted_base_documents": int((~view.base_alive).sum()),
+            "live_documents": len(view.live),
             "last_sequence": self.seq,
-            "visible_sequence": snapshot.seq,
+            "visible_sequence": view.seq,
         }
 
     @contextlib.contextmanager

@@ -16,8 +16,8 @@ import numpy as np
 from hybrid_retrieval.indexer.build import BuildOptions, build_into
 from hybrid_retrieval.indexer.hubness import correction_folder_name, write_correction
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
-from hybrid_retrieval.indexer.live.snapshot import Snapshot
 from hybrid_retrieval.indexer.live.validate import filterable_fields
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
@@ -26,7 +26,7 @@ from hybrid_retrieval.search.segments import LiveDocument
 
 
 def build_compacted(
-    state: Snapshot, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None, checkpoint: Callable[[], None] = lambda: None
+    state: ReadView, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None, checkpoint: Callable[[], None] = lambda: None
 ) -> None:
     """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; a
     chunked index's passages as they are), with what it keeps of the old base and what `on_compact(state, manifest,
@@ -97,7 +97,7 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
     return corpus, vectors
 
 
-def current_passages(state: Snapshot) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def current_passages(state: ReadView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A chunked collection's passages (spans, rows, vectors), in current_corpus's order of documents."""
     base = state.index.passages
     assert base is not None
@@ -129,7 +129,7 @@ def build_options_of(index: OpenIndex) -> BuildOptions:
     )
 
 
-def _carry_over(state: Snapshot, new: Manifest, folder: Path, vectors: np.ndarray) -> None:
+def _carry_over(state: ReadView, new: Manifest, folder: Path, vectors: np.ndarray) -> None:
     """What the compacted base (in `folder`, of `vectors`) keeps of the old: its tuned defaults and their evidence, its own
     reranker, and a
     fitted hubness correction, extended to the written documents (what a fresh fit with the same banks gives). A

@@ -13,7 +13,7 @@ import numpy as np
 from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.live.collection import Collection
-from hybrid_retrieval.indexer.live.snapshot import Snapshot
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import IndexOpenError
 from hybrid_retrieval.indexer.shards.layout import POSITIONS, base_positions
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
@@ -23,33 +23,33 @@ from hybrid_retrieval.search.spec import HubnessSpec
 
 @dataclass(frozen=True)
 class _ShardView:
-    """What a shard's searches read, as of one snapshot: its pipeline, and the position of each document (base then
+    """What a shard's searches read, as of one read view: its pipeline, and the position of each document (base then
     live numbering)."""
 
-    key: object  # the snapshot (or the index, for a shard without a collection) this view was made of
+    key: object  # the read view (or the index, for a shard without a collection) this view was made of
     index: store.OpenIndex
-    snapshot: Snapshot | None
+    read_view: ReadView | None
     pipeline: SearchPipeline
     positions: np.ndarray
 
     @classmethod
-    def of(cls, index: store.OpenIndex, snapshot: Snapshot | None, positions: np.ndarray) -> _ShardView:
+    def of(cls, index: store.OpenIndex, read_view: ReadView | None, positions: np.ndarray) -> _ShardView:
         """`positions`: the base documents' (base_positions)."""
-        if snapshot is None:
+        if read_view is None:
             return cls(index, index, None, index.pipeline(), positions)
-        live = np.array([doc.position for doc in snapshot.live.docs], dtype=np.int64)
+        live = np.array([doc.position for doc in read_view.live.docs], dtype=np.int64)
         # fusion, rerank and the defaults are the coordinator's: a shard only runs legs
-        return cls(snapshot, index, snapshot, snapshot.pipeline(), np.concatenate([positions, live]))
+        return cls(read_view, index, read_view, read_view.pipeline(), np.concatenate([positions, live]))
 
     @functools.cached_property
     def bm25(self) -> LiveBM25:
-        """BM25 over the documents that exist, to score with the whole corpus's statistics (a changed snapshot's
+        """BM25 over the documents that exist, to score with the whole corpus's statistics (a changed read view's
         pipeline already has it)."""
         if isinstance(self.pipeline.bm25, LiveBM25):
             return self.pipeline.bm25
-        snapshot = self.snapshot
-        alive = snapshot.base_alive if snapshot is not None else np.ones(self.index.num_docs, dtype=bool)
-        live = snapshot.live if snapshot is not None else LiveSegment([], self.index.dense.dimension, {})
+        read_view = self.read_view
+        alive = read_view.base_alive if read_view is not None else np.ones(self.index.num_docs, dtype=bool)
+        live = read_view.live if read_view is not None else LiveSegment([], self.index.dense.dimension, {})
         return LiveBM25(self.index.bm25, self.index.postings, self.index.manifest.bm25, alive, live)
 
     def local(self, positions) -> tuple[np.ndarray, np.ndarray]:
@@ -61,7 +61,7 @@ class _ShardView:
         return local, self.positions[local] == positions
 
     def document(self, local: int) -> dict:
-        return self.snapshot.document(local) if self.snapshot is not None else self.index.docs.get(local)
+        return self.read_view.document(local) if self.read_view is not None else self.index.docs.get(local)
 
 
 class ShardSearcher:
@@ -77,7 +77,7 @@ class ShardSearcher:
         if collection is not None:
             collection.on_compact = _keep_positions
         self._base = (index, base_positions(index))
-        self._view = _ShardView.of(index, collection.snapshot if collection is not None else None, self._base[1])
+        self._view = _ShardView.of(index, collection.view if collection is not None else None, self._base[1])
 
     def view(self, min_seq: list[int] | int = 0) -> _ShardView:
         """The current view, after catching up with the writer's log when it is older than `min_seq` (a follower;
@@ -87,14 +87,14 @@ class ShardSearcher:
             return self._view
         if isinstance(min_seq, list):
             min_seq = min_seq[self.index.manifest.shard["index"]]
-        snapshot = collection.snapshot
-        if snapshot.seq < min_seq:
-            snapshot = collection.follow(up_to=min_seq) if collection.seq < min_seq else collection.refresh()
+        read_view = collection.view
+        if read_view.seq < min_seq:
+            read_view = collection.follow(up_to=min_seq) if collection.seq < min_seq else collection.refresh()
         view = self._view
-        if view.key is not snapshot:
-            if self._base[0] is not snapshot.index:  # a compaction's new base: read its positions once, as it opens
-                self._base = (snapshot.index, base_positions(snapshot.index))
-            view = self._view = _ShardView.of(snapshot.index, snapshot, self._base[1])
+        if view.key is not read_view:
+            if self._base[0] is not read_view.index:  # a compaction's new base: read its positions once, as it opens
+                self._base = (read_view.index, base_positions(read_view.index))
+            view = self._view = _ShardView.of(read_view.index, read_view, self._base[1])
         return view
 
     def describe(self) -> dict:
@@ -106,7 +106,7 @@ class ShardSearcher:
         return {
             "shard": view.index.manifest.shard,
             "created_at": view.index.manifest.created_at,
-            "documents_alive": view.snapshot.documents if view.snapshot is not None else view.index.num_docs,
+            "documents_alive": view.read_view.documents if view.read_view is not None else view.index.num_docs,
             "positions": view.positions,
             "written": written,
             "seq": self.collection.seq if self.collection is not None else 0,
@@ -167,7 +167,7 @@ class ShardSearcher:
         view = self.view(min_seq)
         local, held = view.local(positions)
         local = local[held]
-        metadata = view.snapshot.metadata if view.snapshot is not None else view.index.metadata
+        metadata = view.read_view.metadata if view.read_view is not None else view.index.metadata
         return {name: metadata.columns[name].counts(local) for name in names}
 
     # writes (the shard's writer)
@@ -210,7 +210,7 @@ class ShardSearcher:
         (self.collection.index if self.collection is not None else self.index).close()
 
 
-def _keep_positions(state: Snapshot, manifest, folder: Path) -> None:
+def _keep_positions(state: ReadView, manifest, folder: Path) -> None:
     """A shard's compaction keeps each document's position in the whole index (alive base documents in order, then
     live ones, as the compacted base numbers them) and its shard section."""
     base = base_positions(state.index)[state.base_alive]

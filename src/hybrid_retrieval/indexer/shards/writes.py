@@ -16,7 +16,7 @@ from hybrid_retrieval.indexer.shards.layout import shard_of
 
 
 @dataclass(frozen=True)
-class ShardedSnapshot:
+class ShardedView:
     """What the service serves of a sharded index as of a refresh (the shards hold the documents' snapshots)."""
 
     index: ShardedIndex
@@ -49,7 +49,7 @@ class ShardedCollection:
         self._compact_lock = threading.Lock()
         self._acked = list(index.visible)
         self.write_problem: str | None = None
-        self.snapshot = ShardedSnapshot(index, sum(index.visible), index.documents_count)
+        self.view = ShardedView(index, sum(index.visible), index.documents_count)
         # each metadata field's type, decided once for the whole index (every write passes here first): a field a
         # write adds takes its first value's type in every shard
         self._filterable = filterable_fields(index.manifest)
@@ -114,24 +114,24 @@ class ShardedCollection:
     def get(self, doc_id: str) -> dict | None:
         return self.index.writers.clients[self.index.owner_of(doc_id)].document_by_id(doc_id)
 
-    def refresh(self) -> ShardedSnapshot:
+    def refresh(self) -> ShardedView:
         """Publish every shard's acknowledged writes; one refresh at a time, so visibility never goes back."""
         with self._refresh_lock:
             with self._lock:
                 acked = list(self._acked)
-            if acked == self.index.visible and self.snapshot.seq == sum(acked):
-                return self.snapshot
+            if acked == self.index.visible and self.view.seq == sum(acked):
+                return self.view
             self.index.writers.all("refresh")
             self.index.visible = acked
             stats = self.index.writers.all("stats")
-            snapshot = ShardedSnapshot(self.index, sum(acked), sum(s["documents"] for s in stats))
+            view = ShardedView(self.index, sum(acked), sum(s["documents"] for s in stats))
             if self.on_refresh is not None:
-                self.on_refresh(snapshot)
-            self.snapshot = snapshot
-            return snapshot
+                self.on_refresh(view)
+            self.view = view
+            return view
 
     def wait_visible(self, seq: int, timeout: float) -> bool:
-        return self.snapshot.seq >= seq  # a refresh publishes every shard at once: nothing to wait for after it
+        return self.view.seq >= seq  # a refresh publishes every shard at once: nothing to wait for after it
 
     def needs_compaction(self, fraction: float, min_docs: int) -> bool:
         return any(self.index.writers.all("needs_compaction", fraction, min_docs))
@@ -140,7 +140,7 @@ class ShardedCollection:
     def compacting(self) -> bool:
         return self._compact_lock.locked()
 
-    def compact(self) -> ShardedSnapshot:
+    def compact(self) -> ShardedView:
         """Compact every shard that changed (each in place, atomically, while writes continue)."""
         with self._compact_lock:
             self.index.writers.all("compact")
@@ -151,7 +151,7 @@ class ShardedCollection:
         totals = {
             key: sum(part[key] for part in parts) for key in ("documents", "base_documents", "deleted_base_documents", "live_documents")
         }
-        return {**totals, "last_sequence": self.seq, "visible_sequence": self.snapshot.seq}
+        return {**totals, "last_sequence": self.seq, "visible_sequence": self.view.seq}
 
     def close(self, reason: str = "this collection is closed") -> None:
         """Release the shards' logs this process writes (a reload's new collection takes them over); on Ray the

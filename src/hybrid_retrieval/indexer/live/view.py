@@ -1,4 +1,4 @@
-"""What searches of a live collection read: an immutable Snapshot of the base index, the documents written since
+"""What searches of a live collection read: an immutable ReadView of the base index, the documents written since
 (the live segment) and the base documents deleted, with the pipeline and presenter over both segments.
 """
 
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class ReadView:
     """What searches read: the base index, the live documents, which base documents are deleted, as of `seq`."""
 
     index: OpenIndex
@@ -64,7 +64,7 @@ class Snapshot:
 
     @functools.cached_property
     def metadata(self) -> MetadataColumns | None:
-        """The filterable columns over both segments, built once per snapshot (its pipeline and presenter share them)."""
+        """The filterable columns over both segments, built once per view (its pipeline and presenter share them)."""
         if not self.changed:
             return self.index.metadata
         live = _live_columns(self.field_types, self.live, self.index.manifest.metadata)
@@ -72,7 +72,7 @@ class Snapshot:
 
     @functools.cached_property
     def passages(self) -> PassageIndex | None:
-        """A chunked index's passages, the written documents' included (built once per snapshot)."""
+        """A chunked index's passages, the written documents' included (built once per view)."""
         if self.index.passages is None:
             return None
         assert self.passage_terms is not None  # LiveState.freeze makes them for a chunked index
@@ -85,7 +85,7 @@ class Snapshot:
     def pipeline(
         self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "", embedder=None
     ) -> SearchPipeline:
-        """As OpenIndex.pipeline, over the snapshot. An unchanged snapshot is served by the base index as built."""
+        """As OpenIndex.pipeline, over the view. An unchanged view is served by the base index as built."""
         if not self.changed:
             return self.index.pipeline(overrides, executor, cross_encoder, cross_encoder_name, embedder)
         index = self.index
