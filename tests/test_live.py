@@ -22,7 +22,8 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import wal
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
-from hybrid_retrieval.indexer.live.collection import Closed, Collection
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.fence import Closed
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
@@ -301,7 +302,7 @@ def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_in
     def bm25_until_closed(*args, **kwargs):
         building.set()
         deadline = time.monotonic() + 30
-        while collection._closed is None and time.monotonic() < deadline:
+        while collection.writer.closed is None and time.monotonic() < deadline:
             time.sleep(0.01)
         return real_bm25(*args, **kwargs)
 
@@ -343,7 +344,7 @@ def test_writes_logged_during_a_compaction_apply_to_the_new_base_whatever_it_hol
 def test_a_write_logged_but_not_applied_stops_writes_instead_of_reusing_its_number(base_index, tmp_path, monkeypatch):
     shutil.copytree(base_index, tmp_path / "index")
     collection = Collection(open_index(tmp_path / "index"))
-    state = collection._state
+    state = collection.writer.state
     apply = state.apply
 
     def fails_once(*args):
@@ -405,13 +406,13 @@ def test_a_write_logged_as_its_folder_is_replaced_is_not_acknowledged(base_index
     shutil.copytree(base_index, tmp_path / "index")
     collection = Collection(open_index(tmp_path / "index"))
     collection.upsert([{"id": "n1", "text": "quantum cat"}])
-    append = collection._wal.append
+    append = collection.writer.wal.append
 
     def swapped_first(record):
         publish_in_place(tmp_path / "index", restored)
         append(record)
 
-    collection._wal.append = swapped_first
+    collection.writer.wal.append = swapped_first
     with pytest.raises(Closed, match="was replaced"):
         collection.upsert([{"id": "n2", "text": "pet health"}])
     assert collection.get("n2") is None and collection.seq == 1
@@ -420,7 +421,7 @@ def test_a_write_logged_as_its_folder_is_replaced_is_not_acknowledged(base_index
 
 @pytest.mark.parametrize("when", ["before", "while-it-builds"])
 def test_a_compaction_never_publishes_over_a_folder_another_process_published(base_index, restored, tmp_path, monkeypatch, when):
-    from hybrid_retrieval.indexer.live import collection as live
+    from hybrid_retrieval.indexer.live import compactor as live
 
     shutil.copytree(base_index, tmp_path / "index")
     collection = Collection(open_index(tmp_path / "index"))
@@ -448,7 +449,7 @@ def test_a_compaction_never_publishes_over_a_folder_another_process_published(ba
 def test_writes_go_on_after_a_compaction_that_could_not_open_its_own_new_base(base_index, tmp_path, monkeypatch):
     """The swap published the compacted base; opening it failed. The folder is the collection's own, and its log the
     one the collection holds (linked into it): writes go on, and a reopen holds them all."""
-    from hybrid_retrieval.indexer.live import collection as live
+    from hybrid_retrieval.indexer.live import compactor as live
 
     shutil.copytree(base_index, tmp_path / "index")
     collection = Collection(open_index(tmp_path / "index"))
@@ -528,10 +529,10 @@ def test_writes_embed_on_fewer_cores_while_searches_run(base_index, tmp_path):
     searching = [False]
     collection = Collection(base, searching=lambda: searching[0])
     collection.upsert([{"id": "n1", "text": "quantum cat"}])
-    assert collection._write_embedder is None  # idle: the index's own session, all cores
+    assert collection.writer.embed.limited is None  # idle: the index's own session, all cores
     searching[0] = True
     collection.upsert([{"id": "n2", "text": "quantum cat"}])
-    threads = collection._write_embedder._session.get_session_options().intra_op_num_threads
+    threads = collection.writer.embed.limited._session.get_session_options().intra_op_num_threads
     assert threads == max(1, len(os.sched_getaffinity(0)) // 2)
     vectors = collection.refresh().live.vectors
     np.testing.assert_allclose(vectors[1], vectors[0], atol=1e-5)  # the same model either way

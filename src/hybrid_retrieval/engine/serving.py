@@ -13,7 +13,8 @@ from pathlib import Path
 
 from hybrid_retrieval.common.errors import Conflict, HybridError, SpecError
 from hybrid_retrieval.indexer.leftovers import folder_bytes, remove_leftovers, temporary_bytes
-from hybrid_retrieval.indexer.live.collection import Closed, Collection
+from hybrid_retrieval.indexer.live.collection import Collection
+from hybrid_retrieval.indexer.live.fence import Closed
 from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex

@@ -24,7 +24,7 @@ from pathlib import Path
 from hybrid_retrieval.common.errors import NotFound, SpecError
 from hybrid_retrieval.common.publish import write_atomic
 from hybrid_retrieval.engine.serving import Reloader
-from hybrid_retrieval.indexer.live.collection import Closed
+from hybrid_retrieval.indexer.live.fence import Closed
 from hybrid_retrieval.indexer.live.validate import check_batch, decide_types
 
 logger = logging.getLogger(__name__)

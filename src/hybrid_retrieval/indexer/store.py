@@ -32,7 +32,7 @@ from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.indexer.chunking import PASSAGE_EMBEDDINGS, PASSAGE_FAISS, PASSAGE_ROWS, PASSAGE_SPANS, PASSAGES_DIR
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
-from hybrid_retrieval.models.embedder import NO_MODEL, NoEmbedder, OnnxEmbedder, TorchEmbedder
+from hybrid_retrieval.models.embedder import NO_MODEL, Embedder, NoEmbedder, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import resolve_precision
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
@@ -182,7 +182,7 @@ class OpenIndex:
     dense: DenseIndex
     docs: DocStore
     embeddings: np.ndarray  # memory-mapped (n, dimension) unit vectors
-    embedder: object  # models.embedder.Embedder
+    embedder: Embedder
     hubness: HubnessSearcher | None = None
     metadata: MetadataColumns | None = None  # None: no filterable field
     query_precision: str = "fp32"  # the weights queries are embedded with (models.onnx_export.resolve_precision)

@@ -24,9 +24,16 @@ from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.segments import LiveDocument
 
+OnCompact = Callable[[ReadView, Manifest, Path], None]  # what else goes into the new base folder before its manifest
+
 
 def build_compacted(
-    state: ReadView, corpus: Path, vectors: np.ndarray, folder: Path, on_compact=None, checkpoint: Callable[[], None] = lambda: None
+    state: ReadView,
+    corpus: Path,
+    vectors: np.ndarray,
+    folder: Path,
+    on_compact: OnCompact | None = None,
+    checkpoint: Callable[[], None] = lambda: None,
 ) -> None:
     """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; a
     chunked index's passages as they are), with what it keeps of the old base and what `on_compact(state, manifest,
