@@ -3,10 +3,12 @@ Serve (cluster.serve). Nothing outside this package imports Ray."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from hybrid_retrieval.common.errors import ConfigError
 
 
-def require_ray():
+def require_ray() -> ModuleType:
     """The ray module, or a ConfigError saying how to install it."""
     try:
         import ray
@@ -15,7 +17,7 @@ def require_ray():
     return ray
 
 
-def connect(address: str | None, num_cpus: int | None = None):
+def connect(address: str | None, num_cpus: int | None = None) -> ModuleType:
     """Join the Ray cluster at `address`, or start a local instance (bound to loopback) when it is None; a process
     already connected (a test's ray.init) keeps its connection."""
     ray = require_ray()

@@ -9,6 +9,7 @@ all mount (the driver writes it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ class EmbedActor:
         self.embedder = OnnxEmbedder(Path(onnx_folder), device=device, precision=precision)
         self.batch_size = batch_size
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         positions = batch["id"]
         texts = [indexed_text(doc["title"], doc["text"]) for doc in map(self.docs.get, positions.tolist())]
         return {"id": positions, "vector": np.asarray(self.embedder.encode(texts, batch_size=self.batch_size), np.float32)}
@@ -42,7 +43,7 @@ def ray_embed(
     device: str = "auto",
     batch_size: int = EMBED_BATCH,
     block_docs: int = 256,
-):
+) -> Callable[[Path, Path], np.ndarray]:
     """An `embed(folder, onnx_folder)` for indexer.build.build_index that runs on Ray (started locally when `address`
     is None)."""
     if actors < 1 or block_docs < 1:
@@ -69,11 +70,12 @@ def ray_embed(
             compute=ray.data.ActorPoolStrategy(size=actors),
             **per_actor,
         )
-        vectors = None
+        vectors: np.ndarray | None = None
         for batch in embedded.iter_batches(batch_size=None, batch_format="numpy"):
             if vectors is None:
                 vectors = np.empty((count, batch["vector"].shape[1]), dtype=np.float32)
             vectors[batch["id"]] = batch["vector"]
+        assert vectors is not None  # build_index embeds no empty corpus
         return vectors
 
     return embed

@@ -29,6 +29,10 @@ import signal
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from hybrid_retrieval.cluster import connect, require_ray
 from hybrid_retrieval.common.errors import ConfigError
@@ -36,6 +40,16 @@ from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.layout import SHARDS_FILE, read_shards
 from hybrid_retrieval.indexer.shards.open import open_shard
 from hybrid_retrieval.indexer.shards.shard import ShardSearcher
+from hybrid_retrieval.indexer.shards.wire import ShardDescription, ShardStats
+from hybrid_retrieval.search.segments import CorpusStatistics
+from hybrid_retrieval.search.sharded import Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
+
+if TYPE_CHECKING:  # Ray is an optional extra, imported when serving
+    from fastapi import FastAPI
+    from ray.serve import Application
+    from ray.serve.handle import DeploymentHandle
+
+    from hybrid_retrieval.app.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -67,31 +81,12 @@ def deployment_name(i: int, role: str = "") -> str:
     return f"shard-{i:03d}{'-' + role if role else ''}"
 
 
-# what a coordinator calls on a shard (search.sharded.ShardClient, and the writes of indexer.shards.writes.ShardedCollection)
-SHARD_METHODS = frozenset(
-    {
-        "describe",
-        "search",
-        "statistics",
-        "raw_top1",
-        "documents",
-        "document_by_id",
-        "facet_counts",
-        "upsert",
-        "delete",
-        "refresh",
-        "needs_compaction",
-        "compact",
-        "stats",
-        "field_types",
-    }
-)
-
-
 class ShardReplica:
     """A Serve replica of one shard: a ShardSearcher over its folder, reopened when a call names another split. The
     shard's writer is a deployment of one replica; the search replicas follow its log (indexer.live.collection.Collection.follow)
-    up to the sequence number each search carries."""
+    up to the sequence number each search carries.
+
+    Its methods are indexer.shards.wire.ShardWriter's, each first given the split the coordinator opened."""
 
     def __init__(self, folder: str, verify: str = "full", device: str = "auto"):
         self.folder, self.verify, self.device = Path(folder), verify, device
@@ -118,29 +113,113 @@ class ShardReplica:
                 )
         return self.searcher
 
-    def call(self, version: str, method: str, *args):
-        if method not in SHARD_METHODS:
-            raise ValueError(f"unknown shard method {method!r}; valid: {', '.join(sorted(SHARD_METHODS))}")
-        return getattr(self._at(version), method)(*args)
+    def describe(self, version: str) -> ShardDescription:
+        return self._at(version).describe()
+
+    def search(self, version: str, leg: Leg, request: ShardSearchRequest) -> ShardRanking:
+        return self._at(version).search(leg, request)
+
+    def candidates(self, version: str, request: ShardSearchRequest) -> ShardCandidates:
+        return self._at(version).candidates(request)
+
+    def statistics(self, version: str, terms: list[str], min_seq: MinSeq) -> CorpusStatistics:
+        return self._at(version).statistics(terms, min_seq)
+
+    def raw_top1(self, version: str, vector: np.ndarray) -> ShardTop1 | None:
+        return self._at(version).raw_top1(vector)
+
+    def documents(self, version: str, positions: np.ndarray, min_seq: MinSeq) -> list[dict[str, Any] | None]:
+        return self._at(version).documents(positions, min_seq)
+
+    def document_by_id(self, version: str, doc_id: str) -> dict[str, Any] | None:
+        return self._at(version).document_by_id(doc_id)
+
+    def facet_counts(self, version: str, names: list[str], positions: np.ndarray, min_seq: MinSeq) -> dict[str, list[tuple[Any, int]]]:
+        return self._at(version).facet_counts(names, positions, min_seq)
+
+    def upsert(self, version: str, documents: list[dict[str, Any]], positions: list[int]) -> int:
+        return self._at(version).upsert(documents, positions)
+
+    def delete(self, version: str, ids: list[str]) -> int:
+        return self._at(version).delete(ids)
+
+    def refresh(self, version: str) -> int:
+        return self._at(version).refresh()
+
+    def needs_compaction(self, version: str, fraction: float, min_docs: int) -> bool:
+        return self._at(version).needs_compaction(fraction, min_docs)
+
+    def compact(self, version: str) -> int:
+        return self._at(version).compact()
+
+    def stats(self, version: str) -> ShardStats:
+        return self._at(version).stats()
+
+    def field_types(self, version: str) -> dict[str, str | None]:
+        return self._at(version).field_types()
 
 
 class RemoteShard:
-    """A shard's client (search.sharded.ShardClient and its writes) over a Serve deployment handle, pinned to the split
-    the coordinator opened."""
+    """A shard's client (indexer.shards.wire.ShardWriter) over a deployment handle of ShardReplica, pinned to the
+    split the coordinator opened."""
 
-    def __init__(self, handle, version: str):
+    def __init__(self, handle: DeploymentHandle, version: str):
         self.handle, self.version = handle, version
 
-    def __getattr__(self, method: str):
-        if method not in SHARD_METHODS:
-            raise AttributeError(method)
-        return lambda *args: self.handle.call.remote(self.version, method, *args).result()
+    def _call(self, method: DeploymentHandle, *args: object) -> Any:
+        """`method` (a method of the handle's ShardReplica) at this split, and its answer."""
+        return method.remote(self.version, *args).result()
+
+    def describe(self) -> ShardDescription:
+        return self._call(self.handle.describe)
+
+    def search(self, leg: Leg, request: ShardSearchRequest) -> ShardRanking:
+        return self._call(self.handle.search, leg, request)
+
+    def candidates(self, request: ShardSearchRequest) -> ShardCandidates:
+        return self._call(self.handle.candidates, request)
+
+    def statistics(self, terms: list[str], min_seq: MinSeq = ()) -> CorpusStatistics:
+        return self._call(self.handle.statistics, terms, min_seq)
+
+    def raw_top1(self, vector: np.ndarray) -> ShardTop1 | None:
+        return self._call(self.handle.raw_top1, vector)
+
+    def documents(self, positions: np.ndarray, min_seq: MinSeq = ()) -> list[dict[str, Any] | None]:
+        return self._call(self.handle.documents, positions, min_seq)
+
+    def document_by_id(self, doc_id: str) -> dict[str, Any] | None:
+        return self._call(self.handle.document_by_id, doc_id)
+
+    def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]:
+        return self._call(self.handle.facet_counts, names, positions, min_seq)
+
+    def upsert(self, documents: list[dict[str, Any]], positions: list[int]) -> int:
+        return self._call(self.handle.upsert, documents, positions)
+
+    def delete(self, ids: list[str]) -> int:
+        return self._call(self.handle.delete, ids)
+
+    def refresh(self) -> int:
+        return self._call(self.handle.refresh)
+
+    def needs_compaction(self, fraction: float, min_docs: int) -> bool:
+        return self._call(self.handle.needs_compaction, fraction, min_docs)
+
+    def compact(self) -> int:
+        return self._call(self.handle.compact)
+
+    def stats(self) -> ShardStats:
+        return self._call(self.handle.stats)
+
+    def field_types(self) -> dict[str, str | None]:
+        return self._call(self.handle.field_types)
 
 
 def open_remote(
     folder: Path,
-    handles: list,
-    writer_handles: list | None = None,
+    handles: list[DeploymentHandle],
+    writer_handles: list[DeploymentHandle] | None = None,
     device: str = "auto",
     query_precision: str = "auto",
     verify: str = "full",
@@ -159,7 +238,7 @@ def open_remote(
     return ShardedIndex(folder, clients, device, query_precision, verify=verify, writers=writers)
 
 
-def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
+def application(settings: Settings, replicas: int = 1, replica_cpus: float = 0.0) -> Application:
     """The Serve application: the shard deployments and the ingress that wraps the service's FastAPI app."""
     require_ray()
     from ray import serve
@@ -168,22 +247,22 @@ def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
 
     if replicas < 1:
         raise ConfigError(f"--replicas must be >= 1, got {replicas}")
+    assert settings.index is not None  # main and serve_index name one
     folder = Path(settings.index).resolve()
     info = read_shards(folder)
-    shard_options = {"num_replicas": replicas, "ray_actor_options": {"num_cpus": replica_cpus}}
-    writer_options = {"num_replicas": 1, "ray_actor_options": {"num_cpus": replica_cpus}}
+    actor = {"num_cpus": replica_cpus}
     shards = [
-        serve.deployment(ShardReplica, name=deployment_name(i, role), **options).bind(
+        serve.deployment(name=deployment_name(i, role), num_replicas=copies, ray_actor_options=actor)(ShardReplica).bind(
             str(folder / shard["folder"]), settings.verify, settings.device
         )
-        for role, options in (("", shard_options), ("writer", writer_options))
+        for role, copies in (("", replicas), ("writer", 1))  # the writer: one replica, whose log the others follow
         for i, shard in enumerate(info["shards"])
     ]
     count = len(info["shards"])
     settings = settings.model_copy(update={"index": folder})
 
-    def build_app():  # evaluated in the ingress replica: the handles and the coordinator live there
-        def opener():
+    def build_app() -> FastAPI:  # evaluated in the ingress replica: the handles and the coordinator live there
+        def opener() -> ShardedIndex:
             handles = {
                 role: [serve.get_deployment_handle(deployment_name(i, role), app_name=APP_NAME) for i in range(count)]
                 for role in ("", "writer")
@@ -193,10 +272,10 @@ def application(settings, replicas: int = 1, replica_cpus: float = 0.0):
         return create_app(settings, opener=opener)
 
     class Ingress:
-        def __init__(self, *shard_handles):
+        def __init__(self, *shard_handles: Application):
             self.shards = shard_handles  # bound so that Serve deploys the shards with the ingress
 
-    ingress = serve.deployment(serve.ingress(build_app)(Ingress), name="ingress", ray_actor_options={"num_cpus": replica_cpus})
+    ingress = serve.deployment(name="ingress", ray_actor_options=actor)(serve.ingress(build_app)(Ingress))
     return ingress.bind(*shards)
 
 
@@ -205,7 +284,7 @@ def _stop_on_signals(stop: threading.Event) -> None:
         signal.signal(signum, lambda *_: stop.set())
 
 
-def _wait_until_up(serve, deadline: float, application: bool, missed: TimeoutError) -> None:
+def _wait_until_up(serve: ModuleType, deadline: float, application: bool, missed: TimeoutError) -> None:
     """Poll Serve's status until every proxy is healthy (and, with `application`, the application runs); raise `missed`
     (Ray's own timeout) once `deadline` passes."""
     logger.warning(
@@ -227,7 +306,9 @@ def _wait_until_up(serve, deadline: float, application: bool, missed: TimeoutErr
         time.sleep(1)
 
 
-def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None, block: bool = True):
+def run(
+    settings: Settings, address: str | None, replicas: int, replica_cpus: float = 0.0, num_cpus: int | None = None, block: bool = True
+) -> DeploymentHandle:
     """Deploy on the cluster at `address` (a local instance when None) and serve HTTP on the settings' host and port."""
     deadline = time.monotonic() + start_timeout()  # read first: a bad value fails before Ray starts
     connect(address, num_cpus)
@@ -254,7 +335,7 @@ def run(settings, address: str | None, replicas: int, replica_cpus: float = 0.0,
     return handle
 
 
-def serve_index(index: Path, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, **settings):
+def serve_index(index: Path, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1, **settings: Any) -> DeploymentHandle:
     """Deploy the sharded index at `index` on the connected Ray cluster without blocking (benchmarks, tests);
     `settings`: other service settings (app.settings.Settings fields)."""
     from hybrid_retrieval.app.settings import Settings

@@ -12,56 +12,121 @@ After writes (indexer.shards.ShardedCollection), the corpus statistics change in
 sums each shard's statistics of the query's terms and every shard scores with that sum (Elasticsearch's DFS query),
 and written documents, numbered after the split's, keep the whole index's order too.
 
-`ShardClient` is what a shard answers (indexer.shards.ShardSearcher in process, a Ray Serve deployment across
-machines: cluster.serve); a `ShardGroup` calls all of them at once.
+`ShardClient` is what a search asks of a shard (indexer.shards.ShardSearcher in process, a Ray Serve deployment
+across machines: cluster.serve); what it sends and gets back are the frozen dataclasses below, plain data that
+crosses processes. A `ShardGroup` makes one call to all of them at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from hybrid_retrieval.common.errors import SpecError
-from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
+from hybrid_retrieval.search.filters.columns import MetadataCollector, MetadataColumns
+from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.fusion import RETRIEVERS, Candidates
 from hybrid_retrieval.search.hubness import HubnessCorrection, HubnessParams, score_floor
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranker
+from hybrid_retrieval.search.segments import CorpusStatistics
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec
+
+Leg = Literal["bm25", "dense"]
+MinSeq = tuple[int, ...]  # by shard, the writer sequence number a shard must have caught up with (empty: none)
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """What a search's shard requests carry once the index took writes: `min_seq`, and for a BM25 leg the corpus
+    statistics of the query's terms (None: the split's, which each shard scores with)."""
+
+    min_seq: MinSeq = ()
+    statistics: CorpusStatistics | None = None
+
+
+@dataclass(frozen=True)
+class ShardSearchRequest:
+    """One search as every shard runs it: the legs of the documents `filter` admits, corrected by `hubness` with the
+    coordinator's bias coefficients `coef` (a dense leg)."""
+
+    query: str
+    depth: int
+    filter: dict[str, Any] | None = None
+    vector: np.ndarray | None = None
+    hubness: str = "none"
+    coef: np.ndarray | None = None
+    consistency: Consistency = Consistency()
+
+
+@dataclass(frozen=True)
+class ShardRanking:
+    """A shard's local top-`depth` of one leg, in the whole index's numbering (positions)."""
+
+    positions: np.ndarray
+    scores: np.ndarray
+
+
+@dataclass(frozen=True)
+class ShardCandidates:
+    """A shard's hybrid candidates: every member of either leg's local list with both raw scores (by leg, aligned with
+    `positions`), and each leg's list."""
+
+    positions: np.ndarray
+    scores: dict[str, np.ndarray]
+    rankings: dict[str, ShardRanking]
+
+
+@dataclass(frozen=True)
+class ShardTop1:
+    """A shard's raw (uncorrected) dense top-1 and the hubness banks it activates."""
+
+    position: int
+    score: float
+    query: bool
+    gallery: bool
 
 
 class ShardClient(Protocol):
-    """`min_seq`: by shard, the writer sequence number a shard must have caught up with before it answers."""
+    """What a search asks of a shard; `min_seq` as in Consistency."""
 
-    def describe(self) -> dict: ...
-    def search(self, request: dict) -> dict: ...
-    def statistics(self, terms: list[str], min_seq: list[int] | int = 0): ...
-    def raw_top1(self, vector: np.ndarray) -> dict | None: ...
-    def documents(self, positions: np.ndarray, min_seq: list[int] | int = 0) -> list[dict | None]: ...
-    def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: list[int] | int = 0) -> dict[str, list]: ...
+    def search(self, leg: Leg, request: ShardSearchRequest) -> ShardRanking: ...
+    def candidates(self, request: ShardSearchRequest) -> ShardCandidates: ...
+    def statistics(self, terms: list[str], min_seq: MinSeq = ()) -> CorpusStatistics: ...
+    def raw_top1(self, vector: np.ndarray) -> ShardTop1 | None: ...
+    def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]: ...
 
 
-class ShardGroup:
-    """Calls a method of every shard at once and returns their answers in shard order."""
+C = TypeVar("C", covariant=True)  # a group of writers is a group of clients too (indexer.shards: in process, one group)
+A = TypeVar("A")
+T = TypeVar("T")
 
-    def __init__(self, clients: Sequence[ShardClient], executor: ThreadPoolExecutor | None = None):
-        self.clients = list(clients)
+
+class ShardGroup(Generic[C]):
+    """Makes a call to every shard at once and returns their answers in shard order."""
+
+    def __init__(self, clients: Sequence[C], executor: ThreadPoolExecutor | None = None):
+        self.clients: tuple[C, ...] = tuple(clients)
         self._executor = executor or ThreadPoolExecutor(max(1, len(self.clients)), thread_name_prefix="shard")
 
     def __len__(self) -> int:
         return len(self.clients)
 
-    def all(self, method: str, *args) -> list:
-        return list(self.some(method, {i: args for i in range(len(self.clients))}).values())
+    def all(self, call: Callable[[C], T]) -> list[T]:
+        return list(self._gather({i: self._executor.submit(call, client) for i, client in enumerate(self.clients)}).values())
 
-    def some(self, method: str, args_by_shard: dict[int, tuple]) -> dict[int, object]:
+    def some(self, call: Callable[[C, A], T], parts: Mapping[int, A]) -> dict[int, T]:
+        """`call(client, part)` of each shard's part."""
+        return self._gather({i: self._executor.submit(call, self.clients[i], part) for i, part in parts.items()})
+
+    @staticmethod
+    def _gather(futures: dict[int, Future[T]]) -> dict[int, T]:
         """Every call is finished before an error is raised: nothing keeps running behind it (a write's other parts)."""
-        futures = {i: self._executor.submit(getattr(self.clients[i], method), *args) for i, args in args_by_shard.items()}
         wait(futures.values())
         return {i: future.result() for i, future in futures.items()}
 
@@ -77,24 +142,24 @@ def by_owner(owners: np.ndarray, positions: np.ndarray, shards: int) -> dict[int
     return {int(i): positions[owners == i] for i in np.unique(owners)}
 
 
-def merge_top(parts: Sequence[tuple[np.ndarray, np.ndarray]], depth: int) -> Ranking:
-    """The best `depth` of the shards' (positions, scores) lists: by score, ties by lower position (as search.ranking.top_k)."""
+def merge_top(parts: Sequence[ShardRanking], depth: int) -> Ranking:
+    """The best `depth` of the shards' lists: by score, ties by lower position (as search.ranking.top_k)."""
     if not parts:
         return Ranking.empty()
-    positions = np.concatenate([np.asarray(p, dtype=np.int64) for p, _ in parts])
-    scores = np.concatenate([np.asarray(s) for _, s in parts])
+    positions = np.concatenate([np.asarray(part.positions, dtype=np.int64) for part in parts])
+    scores = np.concatenate([np.asarray(part.scores) for part in parts])
     order = np.lexsort((positions, -scores))[:depth]
     return Ranking(positions[order], scores[order])
 
 
-def merge_candidates(parts: Sequence[dict], depth: int, floors: dict[str, float] | None) -> Candidates:
+def merge_candidates(parts: Sequence[ShardCandidates], depth: int, floors: dict[str, float] | None) -> Candidates:
     """The global candidates from each shard's: each leg's global top-`depth` of the shards' leg lists, every member
     with both raw scores as its shard computed them."""
-    rankings = {leg: merge_top([(p[leg]["positions"], p[leg]["scores"]) for p in parts], depth) for leg in RETRIEVERS}
-    positions = np.concatenate([np.asarray(p["positions"], dtype=np.int64) for p in parts])
+    rankings = {leg: merge_top([part.rankings[leg] for part in parts], depth) for leg in RETRIEVERS}
+    positions = np.concatenate([np.asarray(part.positions, dtype=np.int64) for part in parts])
     order = np.argsort(positions, kind="stable")
     positions = positions[order]
-    known = {leg: np.concatenate([np.asarray(p["scores"][leg], dtype=np.float64) for p in parts])[order] for leg in RETRIEVERS}
+    known = {leg: np.concatenate([np.asarray(part.scores[leg], dtype=np.float64) for part in parts])[order] for leg in RETRIEVERS}
 
     def score_of(leg: str) -> Callable[[np.ndarray], np.ndarray]:
         return lambda idx: known[leg][np.searchsorted(positions, idx)]
@@ -106,7 +171,7 @@ def merge_candidates(parts: Sequence[dict], depth: int, floors: dict[str, float]
 class ShardFilter:
     """A checked filter, evaluated by each shard over its own documents."""
 
-    filter: dict
+    filter: dict[str, Any]
 
 
 class ShardedColumns(MetadataColumns):
@@ -114,24 +179,25 @@ class ShardedColumns(MetadataColumns):
     column of each type evaluates a filter over no document and raises the same errors) and evaluated by the shards;
     facets are counted by the shards holding the hits and added up."""
 
-    def __init__(self, fields: dict, shards: ShardGroup, owner: Callable[[np.ndarray], np.ndarray], consistency: Callable[[], dict] = dict):
-        empty = {
-            name: KeywordColumn([], np.zeros(1, np.int64), np.empty(0, np.int32))
-            if info.type == "keyword"
-            else ValueColumn(np.empty(0, {"bool": np.bool_, "int": np.int64}.get(info.type, np.float64)), np.empty(0, bool))
-            for name, info in fields.items()
-            if info.filterable
-        }
+    def __init__(
+        self,
+        fields: dict[str, FieldInfo],
+        shards: ShardGroup[ShardClient],
+        owner: Callable[[np.ndarray], np.ndarray],
+        min_seq: Callable[[], MinSeq],
+    ):
+        collector = MetadataCollector()  # of no document
+        empty = {name: collector.empty_column(info.type) for name, info in fields.items() if info.type is not None}
         super().__init__(fields, empty, 0)
-        self.shards, self.owner, self.consistency = shards, owner, consistency
+        self.shards, self.owner, self.min_seq = shards, owner, min_seq
 
     def facets(self, names: Sequence[str], docs: np.ndarray, size: int) -> dict[str, list[dict]]:
-        min_seq = self.consistency().get("min_seq", 0)
+        min_seq = self.min_seq()
         asked = by_owner(self.owner(docs), docs, len(self.shards))
-        answers = self.shards.some("facet_counts", {i: (list(names), part, min_seq) for i, part in asked.items()})
+        answers = self.shards.some(lambda shard, part: shard.facet_counts(list(names), part, min_seq), asked)
         out = {}
         for name in names:
-            totals: dict = {}
+            totals: dict[Any, int] = {}
             for counts in answers.values():
                 for value, count in counts[name]:
                     totals[value] = totals.get(value, 0) + count
@@ -158,16 +224,16 @@ class ShardedPipeline(SearchPipeline):
 
     def __init__(
         self,
-        shards: ShardGroup,
-        embedder,
+        shards: ShardGroup[ShardClient],
+        embedder: Any,
         defaults: SearchSpec,
         hubness: ShardedHubness | None,
         metadata: ShardedColumns | None,
+        consistency: Callable[[str | None], Consistency],
         reranker: Reranker | None = None,
-        consistency: Callable[[str | None], dict] = lambda query=None: {},
     ):
-        """`consistency(query)`: what each shard request carries besides the leg (after writes: the sequence numbers
-        the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms)."""
+        """`consistency(query)`: what each shard request carries besides the search (after writes: the sequence
+        numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms)."""
         self.shards, self.consistency = shards, consistency
         super().__init__(None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata)
 
@@ -180,29 +246,36 @@ class ShardedPipeline(SearchPipeline):
     def allowed(self, filter_: dict | None) -> ShardFilter | None:
         if filter_ is None:
             return None
-        return self._shard_filter(filter_)
-
-    def _shard_filter(self, filter_: dict) -> ShardFilter:
         self._admitted(filter_)  # raises the SpecError one index would (no filterable field, a bad condition)
         return ShardFilter(filter_)
 
     def _request(
-        self, mode: str, query: str, depth: int, allowed: ShardFilter | None, vector=None, hubness: HubnessSpec | None = None, coef=None
-    ) -> dict:
-        return {
-            "mode": mode,
-            "query": query,
-            "depth": depth,
-            "filter": allowed.filter if allowed is not None else None,
-            "vector": vector,
-            "hubness": hubness.method if hubness is not None else "none",
-            "coef": coef,
-            **self.consistency(query if mode != "dense" else None),
-        }
+        self,
+        query: str,
+        depth: int,
+        allowed: ShardFilter | None,
+        bm25: bool,
+        vector: np.ndarray | None = None,
+        hubness: HubnessSpec | None = None,
+        coef: np.ndarray | None = None,
+    ) -> ShardSearchRequest:
+        """`bm25`: the request runs a BM25 leg, which scores with the corpus statistics of the query's terms."""
+        return ShardSearchRequest(
+            query,
+            depth,
+            allowed.filter if allowed is not None else None,
+            vector,
+            hubness.method if hubness is not None else "none",
+            coef,
+            self.consistency(query if bm25 else None),
+        )
 
-    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None, scoring: PassageSpec | None = None):
-        answers = clock.time("bm25", self.shards.all, "search", self._request("bm25", query, depth, allowed))
-        return None, merge_top([(a["positions"], a["scores"]) for a in answers], depth)
+    def bm25_leg(
+        self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None, scoring: PassageSpec | None = None
+    ) -> tuple[None, Ranking]:
+        request = self._request(query, depth, allowed, bm25=True)
+        answers: list[ShardRanking] = clock.time("bm25", self.shards.all, lambda shard: shard.search("bm25", request))
+        return None, merge_top(answers, depth)
 
     def coefficients(self, vector: np.ndarray, hubness: HubnessSpec) -> np.ndarray | None:
         """The bias coefficients for this query: a dynamic variant's banks apply by the whole corpus's raw top-1."""
@@ -211,11 +284,11 @@ class ShardedPipeline(SearchPipeline):
         correction = self.hubness.correction
         if not hubness.dynamic:
             return correction.coefficients(hubness.method, False, None)
-        tops = [top for top in self.shards.all("raw_top1", vector) if top is not None]
+        tops = [top for top in self.shards.all(lambda shard: shard.raw_top1(vector)) if top is not None]
         if not tops:
             return correction.coefficients_for(hubness.method, False, False)
-        best = min(tops, key=lambda top: (-top["score"], top["position"]))
-        return correction.coefficients_for(hubness.method, best["query"], best["gallery"])
+        best = min(tops, key=lambda top: (-top.score, top.position))
+        return correction.coefficients_for(hubness.method, best.query, best.gallery)
 
     def dense_leg(
         self,
@@ -227,13 +300,13 @@ class ShardedPipeline(SearchPipeline):
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,  # a sharded index has no passages (indexer.shards.split refuses them)
-    ):
+    ) -> tuple[np.ndarray, Ranking, np.ndarray | None]:
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         coef = self.coefficients(vector, hubness) if coef is None else coef
-        request = self._request("dense", query, depth, allowed, vector, hubness, coef)
-        answers = clock.time("dense", self.shards.all, "search", request)
-        return vector, merge_top([(a["positions"], a["scores"]) for a in answers], depth), coef
+        request = self._request(query, depth, allowed, False, vector, hubness, coef)
+        answers: list[ShardRanking] = clock.time("dense", self.shards.all, lambda shard: shard.search("dense", request))
+        return vector, merge_top(answers, depth), coef
 
     def candidates(
         self,
@@ -250,6 +323,7 @@ class ShardedPipeline(SearchPipeline):
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         coef = self.coefficients(vector, hubness) if coef is None else coef
-        answers = clock.time("shards", self.shards.all, "search", self._request("hybrid", query, depth, allowed, vector, hubness, coef))
+        request = self._request(query, depth, allowed, True, vector, hubness, coef)
+        answers: list[ShardCandidates] = clock.time("shards", self.shards.all, lambda shard: shard.candidates(request))
         floors = {"dense": self.hubness.score_floor(coef)} if coef is not None else None
         return clock.time("candidates", merge_candidates, answers, depth, floors), vector

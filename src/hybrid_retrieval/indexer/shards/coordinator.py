@@ -5,23 +5,37 @@ shards answering through clients (in process or on Ray Serve) that search.sharde
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.corpus import indexed_text
-from hybrid_retrieval.indexer.manifest import IndexOpenError, read_manifest
+from hybrid_retrieval.indexer.manifest import IndexOpenError, Manifest, read_manifest
 from hybrid_retrieval.indexer.shards.layout import SHARDS_FILE, read_shards, shard_of
-from hybrid_retrieval.models.embedder import OnnxEmbedder
+from hybrid_retrieval.indexer.shards.shard import ShardSearcher
+from hybrid_retrieval.indexer.shards.wire import ShardDescription, ShardReader, ShardWriter
+from hybrid_retrieval.models.cross_encoder import CrossEncoder
+from hybrid_retrieval.models.embedder import Embedder, OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import resolve_precision
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.postings import POSTINGS_DIR
 from hybrid_retrieval.search.rerank import Reranker
 from hybrid_retrieval.search.segments import CorpusStatistics
-from hybrid_retrieval.search.sharded import ShardedColumns, ShardedHubness, ShardedPipeline, ShardGroup, by_owner
+from hybrid_retrieval.search.sharded import (
+    Consistency,
+    MinSeq,
+    ShardedColumns,
+    ShardedHubness,
+    ShardedPipeline,
+    ShardGroup,
+    by_owner,
+)
 
 
 class ShardedIndex:
@@ -37,56 +51,72 @@ class ShardedIndex:
     def __init__(
         self,
         folder: Path | str,
-        clients: list,
+        clients: Sequence[ShardReader],
         device: str = "auto",
         query_precision: str = "auto",
-        own: list | None = None,
+        own: Sequence[ShardSearcher] = (),
         verify: str = "full",
-        writers: list | None = None,
+        writers: Sequence[ShardWriter] | None = None,
     ):
+        """`own`: the shards opened in this process, closed with it."""
         self.path = Path(folder)
         self.info = read_shards(self.path)
-        store.verify_inventory(self.path, self.info["model_files"], verify)  # the query model is the shards' model
-        if len(clients) != len(self.info["shards"]) or (writers is not None and len(writers) != len(clients)):
-            raise IndexOpenError(f"{self.path} has {len(self.info['shards'])} shards, {len(clients)} clients were given")
-        first = read_manifest(self.path / self.info["shards"][0]["folder"])
-        if first.embedder.model_checksum != self.info["model_checksum"]:
-            raise IndexOpenError(f"{self.path}: shard-000 was embedded with another model than {SHARDS_FILE} names: split again")
+        first = self._first_manifest(len(clients), writers, verify)
         self.manifest = replace(
             first, counts={**first.counts, "documents": self.info["documents"]}, shard={"shards": len(clients), "hash": self.info["hash"]}
         )
         self.analyzer = first.analyzer
-        self.shards = ShardGroup(clients)
-        # in process the writers are the searchers themselves: one group, one describe
-        self.writers = self.shards if writers is clients else ShardGroup(writers) if writers is not None else None
-        self._own = own or []  # shards opened in this process, closed with it
-        described = self.shards.all("describe")
-        split_documents = self.info["documents"]  # positions below it are the split's; written documents get later ones
-        self.owner = np.full(split_documents, -1, dtype=np.int32)
-        for i, shard in enumerate(described):
-            if shard["shard"]["index"] != i or shard["shard"]["shards"] != len(clients):
-                raise IndexOpenError(f"{self.path}: shard {i} answers as shard {shard['shard']['index']} of {shard['shard']['shards']}")
-            positions = np.asarray(shard["positions"])
-            self.owner[positions[positions < split_documents]] = i
+        self.own = tuple(own)
+        if writers is not None and writers is clients:  # in process the writers are the searchers: one group, one describe
+            self.writers: ShardGroup[ShardWriter] | None = ShardGroup(writers)
+            self.shards: ShardGroup[ShardReader] = self.writers
+        else:
+            self.shards, self.writers = ShardGroup(clients), ShardGroup(writers) if writers is not None else None
+        described = self.shards.all(lambda shard: shard.describe())
+        self.owner = self._owners(described)
         # the writers know the latest writes (a search replica may not have caught up with them yet)
-        latest = self.writers.all("describe") if self.writers not in (None, self.shards) else described
-        self.written = any(shard["written"] for shard in latest)
+        apart = self._writers_apart()
+        latest = apart.all(lambda writer: writer.describe()) if apart is not None else described
+        self.written = any(shard.written for shard in latest)
         if not self.written and (self.owner < 0).any():
             raise IndexOpenError(f"{self.path}: {int((self.owner < 0).sum())} documents belong to no shard")
         # per shard, the writer's sequence number that searches must see (a replica catches up with its log first)
-        self.visible = [int(shard["seq"]) for shard in latest]
-        self.next_position = max([split_documents, *(int(np.max(d["positions"], initial=-1)) + 1 for d in latest)])
-        self.documents_count = sum(int(shard["documents_alive"]) for shard in latest)
+        self.visible = [shard.seq for shard in latest]
+        self.next_position = max([self.num_docs, *(int(np.max(shard.positions, initial=-1)) + 1 for shard in latest)])
+        self.documents_count = sum(shard.documents_alive for shard in latest)
         self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device, precision=first.embedder.document_precision)
         self.query_precision = resolve_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
-        self.hubness = None
+        self.hubness: ShardedHubness | None = None
         if first.hubness is not None:
-            biases = [shard["max_bias"] for shard in described if shard["max_bias"] is not None]
+            biases = [shard.max_bias for shard in described if shard.max_bias is not None]
             self.hubness = ShardedHubness(first.hubness.params, {name: max(b[name] for b in biases) for name in biases[0]})
-        self.metadata = None
+        self.metadata: ShardedColumns | None = None
         if any(info.filterable for info in first.metadata.values()):
-            self.metadata = ShardedColumns(first.metadata, self.shards, self.owners, self.consistency)
+            self.metadata = ShardedColumns(first.metadata, self.shards, self.owners, self.min_seq)
         self.read_only_reason = self._read_only_reason()
+
+    def _first_manifest(self, clients: int, writers: Sequence[ShardWriter] | None, verify: str) -> Manifest:
+        """shard-000's manifest, once the query model and the number of clients are checked against shards.json."""
+        store.verify_inventory(self.path, self.info["model_files"], verify)  # the query model is the shards' model
+        if clients != len(self.info["shards"]) or (writers is not None and len(writers) != clients):
+            raise IndexOpenError(f"{self.path} has {len(self.info['shards'])} shards, {clients} clients were given")
+        first = read_manifest(self.path / self.info["shards"][0]["folder"])
+        if first.embedder.model_checksum != self.info["model_checksum"]:
+            raise IndexOpenError(f"{self.path}: shard-000 was embedded with another model than {SHARDS_FILE} names: split again")
+        return first
+
+    def _owners(self, described: list[ShardDescription]) -> np.ndarray:
+        """The shard of each position of the split (-1: none answers for it), after checking each shard's number."""
+        owner = np.full(self.num_docs, -1, dtype=np.int32)  # positions below it are the split's; writes get later ones
+        for i, shard in enumerate(described):
+            if shard.index != i or shard.shards != len(described):
+                raise IndexOpenError(f"{self.path}: shard {i} answers as shard {shard.index} of {shard.shards}")
+            owner[shard.positions[shard.positions < self.num_docs]] = i
+        return owner
+
+    def _writers_apart(self) -> ShardGroup[ShardWriter] | None:
+        """The writers when they are not the searching clients (Ray Serve's writer deployments)."""
+        return self.writers if self.writers is not self.shards else None
 
     def _read_only_reason(self) -> str | None:
         if self.hubness is not None:
@@ -104,21 +134,24 @@ class ShardedIndex:
         return self.info["documents"]
 
     @functools.cached_property
-    def query_embedder(self):
+    def query_embedder(self) -> OnnxEmbedder:
         if self.query_precision == self.manifest.embedder.document_precision:
             return self.embedder
         return OnnxEmbedder(self.path / store.MODEL_DIR, device="cpu", precision=self.query_precision)
 
-    def consistency(self, query: str | None = None) -> dict:
-        """What a shard request carries once the index took writes: the writer sequence number each shard must have
-        caught up with (`min_seq`, by shard) and, for a BM25 leg of `query`, the corpus statistics of its terms."""
-        if not self.written:
-            return {}
-        extras: dict = {"min_seq": list(self.visible)}
-        if query is not None:
-            terms = self.analyzer.query_terms(query)
-            extras["statistics"] = CorpusStatistics.total(self.shards.all("statistics", terms, extras["min_seq"]))
-        return extras
+    def min_seq(self) -> MinSeq:
+        """By shard, the writer sequence number a shard must have caught up with before it answers, once the index
+        took writes (empty: none)."""
+        return tuple(self.visible) if self.written else ()
+
+    def consistency(self, query: str | None = None) -> Consistency:
+        """What a shard search request carries: min_seq and, for a BM25 leg of `query` once the index took writes,
+        the corpus statistics of its terms."""
+        min_seq = self.min_seq()
+        if not min_seq or query is None:
+            return Consistency(min_seq)
+        terms = self.analyzer.query_terms(query)
+        return Consistency(min_seq, CorpusStatistics.total(self.shards.all(lambda shard: shard.statistics(terms, min_seq))))
 
     def owners(self, positions: np.ndarray) -> np.ndarray:
         """The shard of each position (-1: written since the split, which shard is not recorded here)."""
@@ -128,16 +161,16 @@ class ShardedIndex:
         out[split] = self.owner[positions[split]]
         return out
 
-    def document(self, position: int) -> dict:
+    def document(self, position: int) -> dict[str, Any]:
         return self.documents(np.array([position]))[0]
 
-    def documents(self, positions: np.ndarray) -> list[dict]:
+    def documents(self, positions: np.ndarray) -> list[dict[str, Any]]:
         """Stored documents by position: one call to each shard that holds some (every shard, for written ones)."""
         positions = np.asarray(positions, dtype=np.int64)
         asked = by_owner(self.owners(positions), positions, len(self.shards))
-        min_seq = self.consistency().get("min_seq", 0)
-        answers = self.shards.some("documents", {i: (part, min_seq) for i, part in asked.items()})
-        found: dict[int, dict] = {}
+        min_seq = self.min_seq()
+        answers = self.shards.some(lambda shard, part: shard.documents(part, min_seq), asked)
+        found: dict[int, dict[str, Any]] = {}
         for i, part in asked.items():
             found.update((int(p), doc) for p, doc in zip(part, answers[i]) if doc is not None)
         return [found[int(p)] for p in positions]
@@ -148,30 +181,40 @@ class ShardedIndex:
     def owner_of(self, doc_id: str) -> int:
         return int(shard_of([doc_id], len(self.shards))[0])
 
-    def document_by_id(self, doc_id: str) -> dict | None:
+    def document_by_id(self, doc_id: str) -> dict[str, Any] | None:
         """The stored document with this id, from the shard its hash names."""
         return self.shards.clients[self.owner_of(doc_id)].document_by_id(doc_id)
 
-    def pipeline(self, overrides: dict | None = None, executor=None, cross_encoder=None, cross_encoder_name: str = "", embedder=None):
-        reranker = Reranker(cross_encoder, None, cross_encoder_name, texts_of=self.doc_texts) if cross_encoder is not None else None
+    def pipeline(
+        self,
+        overrides: dict[str, Any] | None = None,
+        executor: ThreadPoolExecutor | None = None,  # as OpenIndex.pipeline's; the shards run the legs
+        cross_encoder: CrossEncoder | None = None,
+        cross_encoder_name: str = "",
+        embedder: Embedder | None = None,
+    ) -> ShardedPipeline:
+        reranker = None
+        if cross_encoder is not None:  # texts_of reads each shard's texts in one call; text_of is then never used
+            reranker = Reranker(cross_encoder, None, cross_encoder_name, texts_of=self.doc_texts)  # type: ignore[arg-type]
         return ShardedPipeline(
             self.shards,
             embedder or self.query_embedder,
             self.manifest.defaults.merge(overrides),
             self.hubness,
             self.metadata,
-            reranker,
             self.consistency,
+            reranker,
         )
 
-    def presenter(self, embedder=None):
+    def presenter(self, embedder: Embedder | None = None) -> Presenter:
         return Presenter(
             self.document, self.analyzer, embedder or self.embedder, list(self.manifest.metadata), self.metadata, documents=self.documents
         )
 
     def close(self) -> None:
-        for searcher in self._own:
+        for searcher in self.own:
             searcher.close()
         self.shards.close()
-        if self.writers not in (None, self.shards):
-            self.writers.close()
+        apart = self._writers_apart()
+        if apart is not None:
+            apart.close()

@@ -1,5 +1,5 @@
 """One shard's side of a sharded index: its searches, answered in the whole index's numbering (positions), and its
-writes when it is a writer (a ShardSearcher: what search.sharded.ShardClient names).
+writes when it is a writer (a ShardSearcher: what indexer.shards.wire.ShardWriter names).
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -14,10 +15,14 @@ from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.view import ReadView
-from hybrid_retrieval.indexer.manifest import IndexOpenError
+from hybrid_retrieval.indexer.manifest import IndexOpenError, Manifest
 from hybrid_retrieval.indexer.shards.layout import POSITIONS, base_positions
+from hybrid_retrieval.indexer.shards.wire import ShardDescription, ShardStats
+from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
+from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.segments import CorpusStatistics, LiveBM25, LiveSegment
+from hybrid_retrieval.search.sharded import Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
 from hybrid_retrieval.search.spec import HubnessSpec
 
 
@@ -52,7 +57,10 @@ class _ShardView:
         live = read_view.live if read_view is not None else LiveSegment([], self.index.dense.dimension, {})
         return LiveBM25(self.index.bm25, self.index.postings, self.index.manifest.bm25, alive, live)
 
-    def local(self, positions) -> tuple[np.ndarray, np.ndarray]:
+    def ranking(self, ranking: Ranking) -> ShardRanking:
+        return ShardRanking(self.positions[ranking.doc_idx], ranking.scores)
+
+    def local(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The local number of each of `positions`, and whether this shard holds it."""
         positions = np.asarray(positions, dtype=np.int64)
         if not len(self.positions):
@@ -60,36 +68,35 @@ class _ShardView:
         local = np.minimum(np.searchsorted(self.positions, positions), len(self.positions) - 1)
         return local, self.positions[local] == positions
 
-    def document(self, local: int) -> dict:
+    def document(self, local: int) -> dict[str, Any] | None:
         return self.read_view.document(local) if self.read_view is not None else self.index.docs.get(local)
 
 
 class ShardSearcher:
-    """One shard's half of a sharded search (search.sharded.ShardClient), over an opened shard folder, and the shard's
-    writes when it has a `collection` (indexer.live: the writer's, or a follower's that `follow` keeps up with the
-    writer's log). Answers use the whole index's numbering (positions); everything passed in and out is plain data,
-    so it can cross processes."""
+    """One shard's half of a sharded search (indexer.shards.wire.ShardWriter), over an opened shard folder, and the
+    shard's writes when it has a `collection` (indexer.live: the writer's, or a follower's that `follow` keeps up with
+    the writer's log). Answers use the whole index's numbering (positions); everything passed in and out is plain
+    data, so it can cross processes."""
 
     def __init__(self, index: store.OpenIndex, collection: Collection | None = None):
         if index.manifest.shard is None:
             raise IndexOpenError(f"{index.path} is not a shard (its manifest has no shard section)")
-        self.index, self.collection = index, collection
+        self.index, self.collection, self.shard = index, collection, index.manifest.shard
         if collection is not None:
             collection.on_compact = _keep_positions
         self._base = (index, base_positions(index))
         self._view = _ShardView.of(index, collection.view if collection is not None else None, self._base[1])
 
-    def view(self, min_seq: list[int] | int = 0) -> _ShardView:
-        """The current view, after catching up with the writer's log when it is older than `min_seq` (a follower;
-        a list: by shard, this shard's entry)."""
+    def view(self, min_seq: MinSeq = ()) -> _ShardView:
+        """The current view, after catching up with the writer's log when it is older than this shard's `min_seq`
+        (a follower)."""
         collection = self.collection
         if collection is None:
             return self._view
-        if isinstance(min_seq, list):
-            min_seq = min_seq[self.index.manifest.shard["index"]]
+        seq = min_seq[self.shard["index"]] if min_seq else 0
         read_view = collection.view
-        if read_view.seq < min_seq:
-            read_view = collection.follow(up_to=min_seq) if collection.seq < min_seq else collection.refresh()
+        if read_view.seq < seq:
+            read_view = collection.follow(up_to=seq) if collection.seq < seq else collection.refresh()
         view = self._view
         if view.key is not read_view:
             if self._base[0] is not read_view.index:  # a compaction's new base: read its positions once, as it opens
@@ -97,82 +104,84 @@ class ShardSearcher:
             view = self._view = _ShardView.of(read_view.index, read_view, self._base[1])
         return view
 
-    def describe(self) -> dict:
+    def describe(self) -> ShardDescription:
         if self.collection is not None:  # what it applied, published: a coordinator numbers new writes after them
             self.collection.refresh()
         view = self.view()
         hubness = view.index.hubness
-        written = view.index.manifest.applied_sequence > 0 or (self.collection is not None and self.collection.seq > 0)
-        return {
-            "shard": view.index.manifest.shard,
-            "created_at": view.index.manifest.created_at,
-            "documents_alive": view.read_view.documents if view.read_view is not None else view.index.num_docs,
-            "positions": view.positions,
-            "written": written,
-            "seq": self.collection.seq if self.collection is not None else 0,
-            "max_bias": hubness.correction.max_bias if hubness is not None else None,
-        }
+        seq = self.collection.seq if self.collection is not None else 0
+        return ShardDescription(
+            index=self.shard["index"],
+            shards=self.shard["shards"],
+            documents_alive=view.read_view.documents if view.read_view is not None else view.index.num_docs,
+            positions=view.positions,
+            written=view.index.manifest.applied_sequence > 0 or seq > 0,
+            seq=seq,
+            max_bias=hubness.correction.max_bias if hubness is not None else None,
+        )
 
-    @staticmethod
-    def _global(view: _ShardView, ranking) -> dict:
-        return {"positions": view.positions[ranking.doc_idx], "scores": ranking.scores}
-
-    def search(self, request: dict) -> dict:
-        """One leg (mode bm25 or dense: its local top-`depth`), or both (hybrid: the local candidates, each with both
-        scores, and each leg's local list) of the documents the request's filter admits. BM25 scores with the
-        request's corpus statistics when it has them (a sharded index that took writes)."""
-        view, clock = self.view(request.get("min_seq", 0)), Stopwatch()
+    def _searching(self, request: ShardSearchRequest) -> tuple[_ShardView, SearchPipeline, Allowed | None]:
+        """The view a request reads, its pipeline (BM25 scoring with the request's corpus statistics when it has
+        them: a sharded index that took writes), and the documents its filter admits."""
+        view = self.view(request.consistency.min_seq)
         pipe = view.pipeline
-        if request.get("statistics") is not None:
-            pipe = pipe.with_bm25(view.bm25.with_statistics(request["statistics"]))
-        allowed = pipe.allowed(request["filter"])
-        query, depth, coef = request["query"], request["depth"], request["coef"]
-        hubness = HubnessSpec(method=request.get("hubness", "none"))
-        if request["mode"] == "bm25":
-            return self._global(view, pipe.bm25_leg(query, depth, clock, allowed)[1])
-        if request["mode"] == "dense":
-            return self._global(view, pipe.dense_leg(query, depth, clock, hubness, allowed, request["vector"], coef)[1])
-        candidates, _ = pipe.candidates(query, depth, hubness, clock, allowed, request["vector"], coef)
-        legs = {leg: self._global(view, ranking) for leg, ranking in candidates.rankings.items()}
-        return {"positions": view.positions[candidates.doc_idx], "scores": candidates.scores, **legs}
+        if request.consistency.statistics is not None:
+            pipe = pipe.with_bm25(view.bm25.with_statistics(request.consistency.statistics))
+        return view, pipe, pipe.allowed(request.filter)
 
-    def statistics(self, terms: list[str], min_seq: list[int] | int = 0) -> CorpusStatistics:
+    def search(self, leg: Leg, request: ShardSearchRequest) -> ShardRanking:
+        """One leg's local top-`depth` of the documents the request's filter admits."""
+        view, pipe, allowed = self._searching(request)
+        if leg == "bm25":
+            return view.ranking(pipe.bm25_leg(request.query, request.depth, Stopwatch(), allowed)[1])
+        hubness = HubnessSpec(method=request.hubness)
+        return view.ranking(pipe.dense_leg(request.query, request.depth, Stopwatch(), hubness, allowed, request.vector, request.coef)[1])
+
+    def candidates(self, request: ShardSearchRequest) -> ShardCandidates:
+        """Both legs: the local candidates, each with both scores, and each leg's local list."""
+        view, pipe, allowed = self._searching(request)
+        hubness = HubnessSpec(method=request.hubness)
+        candidates, _ = pipe.candidates(request.query, request.depth, hubness, Stopwatch(), allowed, request.vector, request.coef)
+        assert candidates.rankings is not None  # Candidates.from_rankings keeps them
+        rankings = {leg: view.ranking(ranking) for leg, ranking in candidates.rankings.items()}
+        return ShardCandidates(view.positions[candidates.doc_idx], candidates.scores, rankings)
+
+    def statistics(self, terms: list[str], min_seq: MinSeq = ()) -> CorpusStatistics:
         """This shard's part of the corpus statistics (search.segments.CorpusStatistics)."""
         return self.view(min_seq).bm25.statistics(terms)
 
-    def raw_top1(self, vector: np.ndarray) -> dict | None:
+    def raw_top1(self, vector: np.ndarray) -> ShardTop1 | None:
         view = self.view()
-        top = view.index.hubness.raw_top1(vector, view.index.embeddings)
+        hubness = view.index.hubness
+        assert hubness is not None  # asked only with a dynamic hubness variant, which the coordinator checked it has
+        top = hubness.raw_top1(vector, view.index.embeddings)
         if top is None:
             return None
-        activation = view.index.hubness.correction.activation
-        return {
-            "position": int(view.positions[top[0]]),
-            "score": top[1],
-            **{bank: bool(activation[bank][top[0]]) for bank in ("query", "gallery")},
-        }
+        activation = hubness.correction.activation
+        return ShardTop1(int(view.positions[top[0]]), top[1], bool(activation["query"][top[0]]), bool(activation["gallery"][top[0]]))
 
-    def documents(self, positions, min_seq: list[int] | int = 0) -> list[dict | None]:
+    def documents(self, positions: np.ndarray, min_seq: MinSeq = ()) -> list[dict[str, Any] | None]:
         """The stored documents at `positions`; None for a position this shard does not hold."""
         view = self.view(min_seq)
         local, held = view.local(positions)
         return [view.document(int(i)) if h else None for i, h in zip(local, held)]
 
-    def document_by_id(self, doc_id: str) -> dict | None:
+    def document_by_id(self, doc_id: str) -> dict[str, Any] | None:
         """The latest acknowledged version of a document (read-your-writes, before any refresh)."""
         return self.collection.get(doc_id) if self.collection is not None else self.index.document_by_id(doc_id)
 
-    def facet_counts(self, names: list[str], positions, min_seq: list[int] | int = 0) -> dict[str, list]:
+    def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]:
         """Facet counts over the documents at `positions` that this shard holds."""
         view = self.view(min_seq)
         local, held = view.local(positions)
         local = local[held]
         metadata = view.read_view.metadata if view.read_view is not None else view.index.metadata
+        assert metadata is not None  # asked only of an index with filterable fields, which every shard holds
         return {name: metadata.columns[name].counts(local) for name in names}
 
     # writes (the shard's writer)
 
-    def upsert(self, documents: list[dict], positions: list[int]) -> int:
+    def upsert(self, documents: list[dict[str, Any]], positions: list[int]) -> int:
         """Written documents keep the order they were written in: their positions follow every one this shard holds."""
         collection = self._writer()
         self.view()  # the base as published (a compaction's new one)
@@ -193,10 +202,13 @@ class ShardSearcher:
     def compact(self) -> int:
         return self._writer().compact().seq
 
-    def stats(self) -> dict:
-        return self._writer().stats()
+    def stats(self) -> ShardStats:
+        stats = self._writer().stats()
+        return ShardStats(
+            stats["documents"], stats["base_documents"], stats["deleted_base_documents"], stats["live_documents"], stats["last_sequence"]
+        )
 
-    def field_types(self) -> dict:
+    def field_types(self) -> dict[str, str | None]:
         return self._writer().field_types()
 
     def _writer(self) -> Collection:
@@ -210,7 +222,7 @@ class ShardSearcher:
         (self.collection.index if self.collection is not None else self.index).close()
 
 
-def _keep_positions(state: ReadView, manifest, folder: Path) -> None:
+def _keep_positions(state: ReadView, manifest: Manifest, folder: Path) -> None:
     """A shard's compaction keeps each document's position in the whole index (alive base documents in order, then
     live ones, as the compacted base numbers them) and its shard section."""
     base = base_positions(state.index)[state.base_alive]

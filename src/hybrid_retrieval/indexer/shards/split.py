@@ -10,6 +10,7 @@ import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -19,6 +20,7 @@ from hybrid_retrieval.common.publish import publish_dir, write_atomic
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.collection import current_view
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import write_manifest
 from hybrid_retrieval.indexer.shards.layout import (
     HASH,
@@ -31,15 +33,16 @@ from hybrid_retrieval.indexer.shards.layout import (
     shard_folder,
     shard_of,
 )
-from hybrid_retrieval.search.bm25 import BM25Index
-from hybrid_retrieval.search.dense import build_faiss_index
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
+from hybrid_retrieval.search.dense import FaissParams, build_faiss_index
 from hybrid_retrieval.search.hubness import HubnessCorrection, augment_documents
 from hybrid_retrieval.search.postings import Postings
 
 logger = logging.getLogger(__name__)
 
 
-def split_index(source: Path | str, out: Path | str, shards: int, verify: str = "full") -> dict:
+def split_index(source: Path | str, out: Path | str, shards: int, verify: str = "full") -> dict[str, Any]:
     """Split the index at `source` into `shards` shards at `out` (replacing a sharded index there); returns shards.json."""
     check_shard_count(shards)
     source, out = Path(source).resolve(), Path(out).resolve()
@@ -50,23 +53,7 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
     index = store.open_index(source, verify=verify, device="cpu", query_precision="fp32")
     try:
         manifest = index.manifest
-        if manifest.bm25.method != "lucene":
-            raise ConfigError(
-                f"sharding keeps corpus-wide BM25 statistics for the lucene method only; {source} was built "
-                f"with {manifest.bm25.method!r}: rebuild it with --bm25-method lucene"
-            )
-        if manifest.shard is not None:
-            raise ConfigError(f"{source} is itself a shard: split the whole index instead")
-        if manifest.chunking.enabled:
-            raise ConfigError(f"{source} is chunked into passages, which shards do not hold: split an index built without --chunking")
-        _check_no_pending_writes(index)
-        owner = shard_of(index.doc_ids, shards)
-        empty = np.flatnonzero(np.bincount(owner, minlength=shards) == 0)
-        if len(empty):  # nothing could ever be written to it: a sharded index is read-only
-            raise ConfigError(
-                f"{shards} shards of {index.num_docs} documents would leave shard(s) "
-                f"{', '.join(map(str, empty[:10]))} empty: use fewer shards"
-            )
+        owner = _owners(index, shards)
         postings = index.postings
         stats = {"documents": index.num_docs, "avgdl": float(np.mean(postings.lengths)) if index.num_docs else 0.0}
         df = dict(zip(index.bm25.vocabulary, postings.document_frequency()[list(index.bm25.vocabulary.values())].tolist()))
@@ -102,16 +89,40 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
     return info
 
 
+def _owners(index: store.OpenIndex, shards: int) -> np.ndarray:
+    """The shard of each document, once the index is checked to split into `shards` shards that can each take writes."""
+    manifest, source = index.manifest, index.path
+    if manifest.bm25.method != "lucene":
+        raise ConfigError(
+            f"sharding keeps corpus-wide BM25 statistics for the lucene method only; {source} was built "
+            f"with {manifest.bm25.method!r}: rebuild it with --bm25-method lucene"
+        )
+    if manifest.shard is not None:
+        raise ConfigError(f"{source} is itself a shard: split the whole index instead")
+    if manifest.chunking.enabled:
+        raise ConfigError(f"{source} is chunked into passages, which shards do not hold: split an index built without --chunking")
+    _check_no_pending_writes(index)
+    owner = shard_of(index.doc_ids, shards)
+    empty = np.flatnonzero(np.bincount(owner, minlength=shards) == 0)
+    if len(empty):  # nothing could ever be written to it: a sharded index is read-only
+        raise ConfigError(
+            f"{shards} shards of {index.num_docs} documents would leave shard(s) {', '.join(map(str, empty[:10]))} empty: use fewer shards"
+        )
+    return owner
+
+
 def _check_no_pending_writes(index: store.OpenIndex) -> None:
     """Writes in the index's log that no compaction folded into it yet would be lost by the split."""
     view = current_view(index)
-    if view is not index and view.changed:
+    if isinstance(view, ReadView) and view.changed:
         raise HybridError(
             f"{index.path} has live writes that are not compacted into it yet: compact it first (POST /admin/compact), then split it"
         )
 
 
-def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df: dict[str, int], stats: dict, shard: dict) -> None:
+def _write_shard(
+    index: store.OpenIndex, positions: np.ndarray, folder: Path, df: dict[str, int], stats: dict[str, float], shard: dict[str, Any]
+) -> None:
     """One shard's folder: its documents, BM25 with corpus-wide statistics, vectors, FAISS, metadata, hubness."""
     manifest = index.manifest
     writer = store.DocStoreWriter(folder)
@@ -133,8 +144,8 @@ def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df
     shutil.copytree(index.path / store.MODEL_DIR, folder / store.MODEL_DIR)
     if index.metadata is not None:
         index.metadata.take(positions).save(folder)
-    if index.hubness is not None:
-        _write_hubness(index, positions, vectors, folder / manifest.hubness.folder)
+    if index.hubness is not None and manifest.hubness is not None:  # loaded together (indexer.store)
+        _write_hubness(index.hubness.correction, positions, vectors, manifest.faiss.params, folder / manifest.hubness.folder)
     stats_of_shard = {**shard, "corpus_documents": stats["documents"], "corpus_avgdl": stats["avgdl"]}
     write_manifest(
         folder,
@@ -148,11 +159,10 @@ def _write_shard(index: store.OpenIndex, positions: np.ndarray, folder: Path, df
     )
 
 
-def _write_hubness(index: store.OpenIndex, positions: np.ndarray, vectors: np.ndarray, folder: Path) -> None:
+def _write_hubness(full: HubnessCorrection, positions: np.ndarray, vectors: np.ndarray, faiss_params: FaissParams, folder: Path) -> None:
     """The shard's slice of the fitted correction: each document's biases and activation, and the augmented index.
     The banks stay with the whole index: a shard takes no writes, so it never extends the correction."""
     folder.mkdir()
-    full = index.hubness.correction
     part = HubnessCorrection(
         full.params,
         {name: np.asarray(lse)[positions] for name, lse in full.lse.items()},
@@ -162,11 +172,11 @@ def _write_hubness(index: store.OpenIndex, positions: np.ndarray, vectors: np.nd
         np.save(folder / f"{column}.npy", lse)
     for bank, mask in part.activation.items():
         np.save(folder / f"activation_{bank}.npy", mask)
-    augmented = build_faiss_index(augment_documents(vectors, part), index.manifest.faiss.params, "cpu")
+    augmented = build_faiss_index(augment_documents(vectors, part), faiss_params, "cpu")
     faiss.write_index(augmented, str(folder / store.AUGMENTED_FAISS))
 
 
-def global_bm25(tokens: list[list[str]], analyzer, params, df: dict[str, int], stats: dict) -> BM25Index:
+def global_bm25(tokens: list[list[str]], analyzer: Analyzer, params: BM25Params, df: dict[str, int], stats: dict[str, float]) -> BM25Index:
     """BM25 (Lucene variant) over `tokens` whose scores use the whole corpus's statistics: `df` (term -> document
     frequency), stats["documents"] and stats["avgdl"]. bm25s lays out the sparse matrix; its values are replaced by
         idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)),   idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))."""
@@ -178,7 +188,7 @@ def global_bm25(tokens: list[list[str]], analyzer, params, df: dict[str, int], s
         np.asarray(engine.scores["indices"]), postings.docs
     ):
         raise HybridError("bm25s laid out its score matrix in an unexpected order: cannot apply corpus-wide statistics")
-    terms = sorted(bm25.vocabulary, key=bm25.vocabulary.get)[: len(indptr) - 1]
+    terms = sorted(bm25.vocabulary, key=lambda term: bm25.vocabulary[term])[: len(indptr) - 1]
     n, avgdl = stats["documents"], stats["avgdl"]
     term_df = np.array([df[t] for t in terms], dtype=np.float64)
     idf = np.log(1.0 + (n - term_df + 0.5) / (term_df + 0.5))

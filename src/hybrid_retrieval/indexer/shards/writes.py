@@ -5,7 +5,10 @@ the whole index, and published to searches by a refresh of every shard.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -13,6 +16,13 @@ from hybrid_retrieval.common.errors import HybridError, StorageError
 from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types, filterable_fields
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.layout import shard_of
+from hybrid_retrieval.indexer.shards.wire import ShardWriter
+from hybrid_retrieval.models.cross_encoder import CrossEncoder
+from hybrid_retrieval.models.embedder import Embedder
+from hybrid_retrieval.search.hits import Presenter
+from hybrid_retrieval.search.sharded import ShardedPipeline
+
+P = TypeVar("P")  # a shard's part of a write
 
 
 @dataclass(frozen=True)
@@ -23,11 +33,21 @@ class ShardedView:
     seq: int
     documents: int
 
-    def pipeline(self, *args, **kwargs):
-        return self.index.pipeline(*args, **kwargs)
+    def pipeline(
+        self,
+        overrides: dict[str, Any] | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        cross_encoder: CrossEncoder | None = None,
+        cross_encoder_name: str = "",
+        embedder: Embedder | None = None,
+    ) -> ShardedPipeline:
+        return self.index.pipeline(overrides, executor, cross_encoder, cross_encoder_name, embedder)
 
-    def presenter(self, embedder=None):
+    def presenter(self, embedder: Embedder | None = None) -> Presenter:
         return self.index.presenter(embedder)
+
+
+Parts = dict[int, tuple[list[dict[str, Any]], list[int]]]  # by shard: its documents of a batch and their positions
 
 
 class ShardedCollection:
@@ -40,10 +60,11 @@ class ShardedCollection:
     publishes every shard's writes, and searches then carry each shard's sequence number, so a replica that follows
     the writer's log catches up before it answers."""
 
-    def __init__(self, index: ShardedIndex, max_batch_docs: int, on_refresh=None):
+    def __init__(self, index: ShardedIndex, max_batch_docs: int, on_refresh: Callable[[ShardedView], None] | None = None):
         if index.read_only_reason is not None:
             raise HybridError(index.read_only_reason)
-        self.index, self.max_batch_docs, self.on_refresh = index, max_batch_docs, on_refresh
+        assert index.writers is not None  # an index without writers has a read_only_reason
+        self.index, self.writers, self.max_batch_docs, self.on_refresh = index, index.writers, max_batch_docs, on_refresh
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()
         self._compact_lock = threading.Lock()
@@ -54,7 +75,7 @@ class ShardedCollection:
         # write adds takes its first value's type in every shard
         self._filterable = filterable_fields(index.manifest)
         self._field_types: dict[str, str | None] = {}
-        for types in index.writers.all("field_types"):
+        for types in self.writers.all(lambda writer: writer.field_types()):
             for name, kind in types.items():
                 self._field_types[name] = kind if self._field_types.get(name, kind) == kind else None
 
@@ -72,35 +93,36 @@ class ShardedCollection:
         with self._lock:
             return dict(self._field_types)
 
-    def upsert(self, documents: list) -> int:
+    def upsert(self, documents: list[Any]) -> int:
         types = dict(self._field_types)
         checked = check_batch(documents, self.max_batch_docs, types)
         decide_types(checked, types, self._filterable)  # fail before any shard embeds; decided again below
-        owners = shard_of([doc["id"] for doc in checked], len(self.index.shards))
+        owners = shard_of([doc["id"] for doc in checked], len(self.writers))
         with self._lock:
             self._field_types.update(decide_types(checked, self._field_types, self._filterable))
             positions = np.arange(self.index.next_position, self.index.next_position + len(checked))
-            parts = {
+            parts: Parts = {
                 int(s): ([checked[i] for i in np.flatnonzero(owners == s)], positions[owners == s].tolist()) for s in np.unique(owners)
             }
             self.index.next_position += len(checked)  # positions of a failed batch stay unused: only order matters
-            return self._write("upsert", parts)
+            return self._write(lambda writer, part: writer.upsert(*part), parts)
 
-    def delete(self, ids: list) -> int:
+    def delete(self, ids: list[Any]) -> int:
         ids = check_ids(ids)
-        owners = shard_of(ids, len(self.index.shards))
+        owners = shard_of(ids, len(self.writers))
         with self._lock:
-            return self._write("delete", {int(s): ([ids[i] for i in np.flatnonzero(owners == s)],) for s in np.unique(owners)})
+            parts = {int(s): [ids[i] for i in np.flatnonzero(owners == s)] for s in np.unique(owners)}
+            return self._write(lambda writer, part: writer.delete(part), parts)
 
-    def _write(self, method: str, parts: dict[int, tuple]) -> int:
-        """(lock held) Each shard's part to its writer; the sequence number once all of them are durable. When one
-        fails, the parts the other shards logged stay (each shard's part is all or nothing) and are published."""
+    def _write(self, write: Callable[[ShardWriter, P], int], parts: dict[int, P]) -> int:
+        """(lock held) `write(writer, part)` of each shard's part; the sequence number once all of them are durable.
+        When one fails, the parts the other shards logged stay (each shard's part is all or nothing) and are published."""
         self.index.written = True  # from now on BM25 legs sum the shards' statistics
         try:
-            for shard, seq in self.index.writers.some(method, parts).items():
+            for shard, seq in self.writers.some(write, parts).items():
                 self._acked[shard] = seq
         except Exception as exc:
-            self._acked = [int(stats["last_sequence"]) for stats in self.index.writers.all("stats")]
+            self._acked = [stats.last_sequence for stats in self.writers.all(lambda writer: writer.stats())]
             if isinstance(exc, StorageError):
                 self.write_problem = str(exc)
             raise
@@ -111,8 +133,8 @@ class ShardedCollection:
         """Why the last write could not be logged by every shard (None: it was)."""
         return self.write_problem
 
-    def get(self, doc_id: str) -> dict | None:
-        return self.index.writers.clients[self.index.owner_of(doc_id)].document_by_id(doc_id)
+    def get(self, doc_id: str) -> dict[str, Any] | None:
+        return self.writers.clients[self.index.owner_of(doc_id)].document_by_id(doc_id)
 
     def refresh(self) -> ShardedView:
         """Publish every shard's acknowledged writes; one refresh at a time, so visibility never goes back."""
@@ -121,10 +143,10 @@ class ShardedCollection:
                 acked = list(self._acked)
             if acked == self.index.visible and self.view.seq == sum(acked):
                 return self.view
-            self.index.writers.all("refresh")
+            self.writers.all(lambda writer: writer.refresh())
             self.index.visible = acked
-            stats = self.index.writers.all("stats")
-            view = ShardedView(self.index, sum(acked), sum(s["documents"] for s in stats))
+            stats = self.writers.all(lambda writer: writer.stats())
+            view = ShardedView(self.index, sum(acked), sum(s.documents for s in stats))
             if self.on_refresh is not None:
                 self.on_refresh(view)
             self.view = view
@@ -134,7 +156,7 @@ class ShardedCollection:
         return self.view.seq >= seq  # a refresh publishes every shard at once: nothing to wait for after it
 
     def needs_compaction(self, fraction: float, min_docs: int) -> bool:
-        return any(self.index.writers.all("needs_compaction", fraction, min_docs))
+        return any(self.writers.all(lambda writer: writer.needs_compaction(fraction, min_docs)))
 
     @property
     def compacting(self) -> bool:
@@ -143,20 +165,23 @@ class ShardedCollection:
     def compact(self) -> ShardedView:
         """Compact every shard that changed (each in place, atomically, while writes continue)."""
         with self._compact_lock:
-            self.index.writers.all("compact")
+            self.writers.all(lambda writer: writer.compact())
         return self.refresh()
 
-    def stats(self) -> dict:
-        parts = self.index.writers.all("stats")
-        totals = {
-            key: sum(part[key] for part in parts) for key in ("documents", "base_documents", "deleted_base_documents", "live_documents")
+    def stats(self) -> dict[str, int]:
+        parts = self.writers.all(lambda writer: writer.stats())
+        return {
+            "documents": sum(part.documents for part in parts),
+            "base_documents": sum(part.base_documents for part in parts),
+            "deleted_base_documents": sum(part.deleted_base_documents for part in parts),
+            "live_documents": sum(part.live_documents for part in parts),
+            "last_sequence": self.seq,
+            "visible_sequence": self.view.seq,
         }
-        return {**totals, "last_sequence": self.seq, "visible_sequence": self.view.seq}
 
     def close(self, reason: str = "this collection is closed") -> None:
         """Release the shards' logs this process writes (a reload's new collection takes them over); on Ray the
         writer deployments keep theirs."""
-        for writer in self.index.writers.clients:
-            collection = getattr(writer, "collection", None)
-            if collection is not None:
-                collection.close(reason)
+        for searcher in self.index.own:
+            if searcher.collection is not None:
+                searcher.collection.close(reason)
