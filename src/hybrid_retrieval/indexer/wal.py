@@ -256,6 +256,7 @@ class WriteAheadLog:
                 ) from None
             self._unrestored = None
         data = frame(record)
+        assert self._fd is not None  # open until close()
         try:
             written = os.write(self._fd, data)
             if written != len(data):  # the disk filled part-way
@@ -267,6 +268,7 @@ class WriteAheadLog:
         self._end += len(data)
 
     def _truncate(self) -> None:
+        assert self._fd is not None  # open until close()
         os.ftruncate(self._fd, self._end)
         os.fsync(self._fd)
 
@@ -285,6 +287,7 @@ class WriteAheadLog:
         _write_records(self.path, records)
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else can hold the new file yet
+        assert self._fd is not None  # open until close()
         os.close(self._fd)
         self._fd = fd
 
