@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.progress import progress_bar
@@ -32,6 +32,10 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.models.onnx_export import STUDENT_KIND, TRAINING_RECORD, pool, training_record
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel
+from hybrid_retrieval.models.training_loop import Schedule, TrainingRecord, fit
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -201,39 +205,48 @@ def _length_batches(texts: list[str], rows: list[int], batch_size: int, rng: ran
     return batches
 
 
-def _train(student, encoder, texts: list[str], targets, train: list[int], held: list[int], recipe: StudentRecipe, rng, progress: bool):
-    """Train `student` for `1 - cosine` to the teacher's `targets` on the `train` texts, keep the epoch whose held-out
-    cosine was best (epoch 0: the teacher's layers as they are) and load it; the held-out curve and that epoch."""
-    import torch
+class _StudentSchedule(Schedule):
+    """The student's learning rate: up over the first 5% of the steps counting the first as one, down to 0 over all of
+    them. Not the trainers' linear warm-up, so that a recipe makes the same student it always made (STUDENT_FORMAT)."""
+
+    def scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        import torch
+
+        steps, warmup = self.steps, max(1, int(0.05 * self.steps))
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) * max(0.0, (steps - k) / steps))
+
+
+def _train(
+    student, encoder: _Encoder, texts: list[str], targets, train: list[int], held: list[int], recipe: StudentRecipe, rng, progress: bool
+) -> TrainingRecord:
+    """Train `student` for `1 - cosine` to the teacher's `targets` on the `train` texts, keeping the epoch whose held-out
+    cosine was best (epoch 0: the teacher's layers as they are)."""
+
+    def loss(rows: list[int]):
+        vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
+        return (1 - (vectors * targets[rows]).sum(-1)).mean()
 
     def held_out_cosine() -> float:
         vectors = encoder.encode(student, [texts[i] for i in held], recipe.batch_size)
         return round(float((vectors * targets[held]).sum(-1).mean()), 4)
 
-    parameters = [p for p in student.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=recipe.learning_rate, weight_decay=0.01)
-    steps = recipe.epochs * math.ceil(len(train) / recipe.batch_size)
-    warmup = max(1, int(0.05 * steps))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) * max(0.0, (steps - k) / steps))
-    curve = [held_out_cosine()]
-    best_state, best_epoch = copy.deepcopy(student.state_dict()), 0
-    with progress_bar(recipe.epochs * len(train), "distilling", "texts", progress) as bar:
-        for _ in range(recipe.epochs):
-            student.train()
-            for rows in _length_batches(texts, train, recipe.batch_size, rng):
-                vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
-                loss = (1 - (vectors * targets[rows]).sum(-1)).mean()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-                optimizer.step()
-                schedule.step()
-                optimizer.zero_grad()
-                bar.update(len(rows))
-            curve.append(held_out_cosine())
-            if curve[-1] > curve[best_epoch]:
-                best_state, best_epoch = copy.deepcopy(student.state_dict()), len(curve) - 1
-    student.load_state_dict(best_state)
-    return curve, best_epoch
+    schedule = _StudentSchedule(recipe.epochs, math.ceil(len(train) / recipe.batch_size), recipe.learning_rate)
+    batches = lambda epoch: _length_batches(texts, train, recipe.batch_size, rng)
+    return fit(student, loss, batches, schedule, held_out_cosine, desc="distilling", progress=progress)
+
+
+def _teacher_and_student(base: ResolvedModel, texts: list[str], recipe: StudentRecipe, device: str, progress: bool):
+    """The encoder (the teacher's tokenizer and pooling), the teacher's vectors of `texts` and the student cut from it."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base.path))
+    teacher = AutoModel.from_pretrained(str(base.path), dtype=torch.float32).to(device)  # trained in fp32 (bf16 autocast on a GPU)
+    check_layers(teacher, recipe.layers)  # before the teacher's pass, which can take long
+    encoder = _Encoder(tokenizer, _pooling(base.path), recipe.max_length, device)
+    with progress_bar(len(texts), "teacher vectors", "texts", progress) as bar:
+        targets = encoder.encode(teacher, texts, recipe.batch_size, bar)
+    return encoder, targets, make_student(teacher, recipe.layers).to(device)
 
 
 def distil_student(
@@ -250,7 +263,7 @@ def distil_student(
     record. A folder at `out` that is not a student is refused before any work."""
     try:
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        import transformers  # noqa: F401  (checked here, before any work; _teacher_and_student loads the models)
     except ImportError as exc:
         raise ConfigError(f"distilling the small profile needs torch and transformers ({exc.name} is missing)") from None
     out = Path(out)
@@ -265,21 +278,14 @@ def distil_student(
     device = training_device(device)
     torch.manual_seed(recipe.seed)
     rng = random.Random(recipe.seed)
-    tokenizer = AutoTokenizer.from_pretrained(str(base.path))
-    teacher = AutoModel.from_pretrained(str(base.path), dtype=torch.float32).to(device)  # trained in fp32 (bf16 autocast on a GPU)
-    check_layers(teacher, recipe.layers)  # before the teacher's pass, which can take long
-    encoder = _Encoder(tokenizer, _pooling(base.path), recipe.max_length, device)
-    with progress_bar(len(texts), "teacher vectors", "texts", progress) as bar:
-        targets = encoder.encode(teacher, texts, recipe.batch_size, bar)
-    student = make_student(teacher, recipe.layers).to(device)
-    del teacher
-
+    encoder, targets, student = _teacher_and_student(base, texts, recipe, device, progress)
     order = list(range(len(texts)))
     rng.shuffle(order)
     held = order[: min(recipe.held_out, len(texts) // 10 or 1)]
     train = order[len(held) :]
 
-    curve, best_epoch = _train(student, encoder, texts, targets, train, held, recipe, rng, progress)
+    training = _train(student, encoder, texts, targets, train, held, recipe, rng, progress)
+    curve, best_epoch = list(training.held_out), training.best_epoch
     record = {
         "kind": STUDENT_KIND,
         "base_model": base.name,

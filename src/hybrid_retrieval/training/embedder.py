@@ -18,7 +18,6 @@ such. The folder written is a sentence-transformers model plus `training.json`; 
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -37,6 +36,7 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.store import OpenIndex, index_model
 from hybrid_retrieval.models.onnx_export import TRAINING_RECORD
 from hybrid_retrieval.models.providers import training_device
+from hybrid_retrieval.models.training_loop import Resampled, Schedule, TrainingRecord, fit
 from hybrid_retrieval.quality.metrics import per_query_scores
 from hybrid_retrieval.quality.splits import split_dev
 from hybrid_retrieval.training.pseudo import generate
@@ -158,58 +158,78 @@ class HeldOut:
         return sum(values.values()) / len(values)
 
 
-def _fit(
-    model, examples, mined, queries, relevant, held_out, doc_text, options: EmbedderOptions, rng, device: str, passages, progress: bool
-):
-    """Train `model` with the in-batch contrastive loss, fresh hard negatives every epoch after the first, scoring each
-    epoch on the held-out queries, until `options.patience` epochs pass without a better one; load the best epoch's
-    weights (epoch 0: the base model's). Each epoch's scores, the best epoch, every step's loss."""
+def _contrastive_step(model, relevant: dict[str, frozenset[int]], doc_text, scale: float, device: str):
+    """A batch of examples' in-batch contrastive loss: every example's positive and hard negatives are columns."""
     import torch
     from sentence_transformers.util import batch_to_device
-    from transformers import get_linear_schedule_with_warmup
-
-    per_epoch = [{"epoch": 0, METRIC: held_out.score(model)}]
-    logger.info("held-out %s of the base model: %.4f", METRIC, per_epoch[0][METRIC])
-    best_epoch, best_state = 0, copy.deepcopy(model.state_dict())
-
-    steps_per_epoch = len(examples) // options.batch_size  # a short last batch would have few in-batch negatives: dropped
-    optimizer = torch.optim.AdamW(model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(
-        optimizer, int(options.warmup * steps_per_epoch * options.epochs), steps_per_epoch * options.epochs
-    )
-    losses = []
 
     def embed(texts: list[str]):
         features = batch_to_device(model.preprocess(texts), device)
         return torch.nn.functional.normalize(model(features)["sentence_embedding"], dim=-1)
 
-    for epoch in range(1, options.epochs + 1):
-        order = examples if epoch == 1 else sample_examples(mined, queries, options.hard_negatives, rng, passages)  # fresh negatives
-        rng.shuffle(order)
-        model.train()
-        for start in tqdm(range(0, steps_per_epoch * options.batch_size, options.batch_size), desc=f"epoch {epoch}", disable=not progress):
-            batch = order[start : start + options.batch_size]
-            columns = [e.positive for e in batch] + [d for e in batch for d in e.negatives]
-            mask = relevant_mask(batch, columns, relevant).to(device)
-            texts = [e.positive_text or doc_text(e.positive) for e in batch] + [doc_text(d) for d in columns[len(batch) :]]
-            loss = contrastive_loss(embed([e.query for e in batch]), embed(texts), mask, options.scale)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            losses.append(round(loss.item(), 4))
-        score = held_out.score(model)
-        per_epoch.append({"epoch": epoch, METRIC: score, "loss": sum(losses[-steps_per_epoch:]) / steps_per_epoch})
-        logger.info("epoch %d: loss %.4f, held-out %s %.4f", epoch, per_epoch[-1]["loss"], METRIC, score)
-        if score > per_epoch[best_epoch][METRIC]:
-            best_epoch, best_state = epoch, copy.deepcopy(model.state_dict())
-        elif epoch - best_epoch >= options.patience:
-            break
-    if best_epoch == 0:
-        logger.warning("no epoch beat the base model on the held-out queries (%s %.4f): it keeps its weights", METRIC, per_epoch[0][METRIC])
-    model.load_state_dict(best_state)
-    return per_epoch, best_epoch, losses
+    def loss(batch: list[Example]):
+        columns = [e.positive for e in batch] + [d for e in batch for d in e.negatives]
+        mask = relevant_mask(batch, columns, relevant).to(device)
+        texts = [e.positive_text or doc_text(e.positive) for e in batch] + [doc_text(d) for d in columns[len(batch) :]]
+        return contrastive_loss(embed([e.query for e in batch]), embed(texts), mask, scale)
+
+    return loss
+
+
+def _fit(
+    model, index: OpenIndex, examples: list[Example], resample, relevant, held_out: HeldOut, options: EmbedderOptions, rng, device, progress
+) -> TrainingRecord:
+    """Train `model` on `examples`, then on a fresh `resample()` (new hard negatives) every epoch, keeping the epoch best on
+    the held-out queries (epoch 0: the base model) and stopping after `options.patience` epochs without a better one."""
+    # drop_last: a short last batch would have few in-batch negatives
+    batches = Resampled(examples, resample, options.batch_size, rng, drop_last=True)
+    schedule = Schedule(options.epochs, batches.steps_per_epoch, options.learning_rate, options.weight_decay, options.warmup)
+    step = _contrastive_step(model, relevant, index.doc_text, options.scale, device)
+    return fit(model, step, batches, schedule, lambda: held_out.score(model), options.patience, progress=progress)
+
+
+def _record(
+    index: OpenIndex,
+    base,
+    options: EmbedderOptions,
+    data: dict,
+    examples,
+    mined,
+    held_out: HeldOut,
+    dev_ids,
+    device,
+    training: TrainingRecord,
+) -> dict:
+    """The training record (training.json) but for its seconds. The loss curve is rounded, and each epoch's loss is the
+    mean of its rounded steps (as the record always had it)."""
+    curve = [round(loss, 4) for loss in training.step_losses]
+    per_epoch = [{"epoch": 0, METRIC: training.held_out[0]}]
+    for epoch, losses in enumerate(training.losses, 1):
+        rounded = [round(loss, 4) for loss in losses]
+        per_epoch.append({"epoch": epoch, METRIC: training.held_out[epoch], "loss": sum(rounded) / len(rounded)})
+    return {
+        "kind": "embedder",
+        "base_model": {"name": base.name, "checksum": base.checksum},
+        "options": asdict(options),
+        "data": {
+            **data,
+            "index": str(index.path),
+            "train_queries": len(mined),
+            "examples_per_epoch": len(examples),
+            "held_out_queries": len(dev_ids),
+            "held_out_pool": len(held_out.pool),
+            "held_out_ids": sorted(dev_ids),
+        },
+        "device": device,
+        "held_out": {
+            "metric": METRIC,
+            "before": training.held_out[0],
+            "after": training.held_out[training.best_epoch],
+            "best_epoch": training.best_epoch,
+            "per_epoch": per_epoch,
+        },
+        "loss": {"curve": curve, "chance": math.log(options.batch_size * (1 + options.hard_negatives))},
+    }
 
 
 def fine_tune(
@@ -237,7 +257,8 @@ def fine_tune(
     base = index_model(index.path)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
     rng = random.Random(options.seed)
-    examples = sample_examples(mined, queries, options.hard_negatives, rng, passages)
+    resample = lambda: sample_examples(mined, queries, options.hard_negatives, rng, passages)
+    examples = resample()
     if len(examples) < options.batch_size:
         raise ConfigError(
             f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
@@ -251,36 +272,10 @@ def fine_tune(
     torch.manual_seed(options.seed)
     device = training_device(options.device)
     model = SentenceTransformer(str(base.path), device=device)
-    per_epoch, best_epoch, losses = _fit(
-        model, examples, mined, queries, relevant, held_out, index.doc_text, options, rng, device, passages, progress
-    )
-    trained = time.perf_counter()
-
-    record = {
-        "kind": "embedder",
-        "base_model": {"name": base.name, "checksum": base.checksum},
-        "options": asdict(options),
-        "data": {
-            **data,
-            "index": str(index.path),
-            "train_queries": len(mined),
-            "examples_per_epoch": len(examples),
-            "held_out_queries": len(dev_ids),
-            "held_out_pool": len(held_out.pool),
-            "held_out_ids": sorted(dev_ids),
-        },
-        "device": device,
-        "held_out": {
-            "metric": METRIC,
-            "before": per_epoch[0][METRIC],
-            "after": per_epoch[best_epoch][METRIC],
-            "best_epoch": best_epoch,
-            "per_epoch": per_epoch,
-        },
-        "loss": {"curve": losses, "chance": math.log(options.batch_size * (1 + options.hard_negatives))},
-        "seconds": {"preparation": round(prepared - started, 1), "training": round(trained - prepared, 1)},
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
-    }
+    training = _fit(model, index, examples, resample, relevant, held_out, options, rng, device, progress)
+    record = _record(index, base, options, data, examples, mined, held_out, dev_ids, device, training)
+    record["seconds"] = {"preparation": round(prepared - started, 1), "training": round(time.perf_counter() - prepared, 1)}
+    record["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
     out.parent.mkdir(parents=True, exist_ok=True)
     with publish_dir(out) as tmp:
         model.to("cpu").save(str(tmp))

@@ -42,6 +42,7 @@ from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR, TRAINING_RECORD, ex
 from hybrid_retrieval.models.providers import training_device
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model, weights_checksum
 from hybrid_retrieval.models.student import keep_layers
+from hybrid_retrieval.models.training_loop import Resampled, Schedule, TrainingRecord, fit
 from hybrid_retrieval.quality.metrics import chosen_out_of_sample, per_query_scores
 from hybrid_retrieval.quality.splits import split_dev
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
@@ -247,51 +248,96 @@ def _starting_model(base: ResolvedModel, options: TrainOptions, device: str):
     return tokenizer, model
 
 
-def _fit(
-    model, tokenizer, groups, mined, queries: dict[str, str], doc_text, teacher, options: TrainOptions, rng, device: str, progress: bool
-):
-    """Train `model` to rank each group's positive first (softmax cross-entropy over the group, plus the teacher's
-    distillation loss when there is one), fresh negatives every epoch after the first; the loss of every step."""
+def _group_loss(model, tokenizer, queries: dict[str, str], doc_text, teacher, options: TrainOptions, device: str):
+    """A batch of groups' loss: softmax cross-entropy over each group, the positive first (it must outscore its own hard
+    negatives), plus the teacher's distillation loss when there is one."""
     import torch
-    from transformers import get_linear_schedule_with_warmup
 
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=options.learning_rate, weight_decay=options.weight_decay)
-    steps = options.epochs * math.ceil(len(groups) / options.groups_per_step)  # every epoch has as many groups
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(options.warmup * steps), steps)
     group_size = 1 + options.negatives
-    losses = []
-    model.train()
-    bar = tqdm(total=steps, desc="training", disable=not progress)
-    for epoch in range(options.epochs):
-        order = groups[:] if epoch == 0 else sample_groups(mined, options.negatives, rng)  # fresh negatives
-        rng.shuffle(order)
-        for start in range(0, len(order), options.groups_per_step):
-            batch = order[start : start + options.groups_per_step]
-            pairs = [(queries[g.query_id], doc_text(d)) for g in batch for d in (g.positive, *g.negatives)]
-            encoded = tokenizer(
-                [q for q, _ in pairs],
-                [t for _, t in pairs],
-                truncation=True,
-                max_length=options.max_length,
-                padding=True,
-                return_tensors="pt",
-            ).to(device)
-            logits = model(**encoded).logits.view(len(batch), group_size)
-            # the positive is column 0 of every group
-            loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=device))
-            if teacher is not None:
-                loss = loss + distillation_loss(logits, teacher_scores(teacher, batch, queries, doc_text, group_size))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-            bar.update()
-            bar.set_postfix(loss=f"{sum(losses[-50:]) / len(losses[-50:]):.3f}")
-    bar.close()
-    return losses
+
+    def loss(batch: list[Group]):
+        pairs = [(queries[g.query_id], doc_text(d)) for g in batch for d in (g.positive, *g.negatives)]
+        encoded = tokenizer(
+            [q for q, _ in pairs],
+            [t for _, t in pairs],
+            truncation=True,
+            max_length=options.max_length,
+            padding=True,
+            return_tensors="pt",
+        ).to(device)
+        logits = model(**encoded).logits.view(len(batch), group_size)
+        value = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=device))
+        if teacher is not None:
+            value = value + distillation_loss(logits, teacher_scores(teacher, batch, queries, doc_text, group_size))
+        return value
+
+    return loss
+
+
+def _fit(
+    model, tokenizer, index: OpenIndex, queries: dict[str, str], mined, groups, options: TrainOptions, rng, device: str, progress: bool
+) -> TrainingRecord:
+    """Train `model` on `groups`, fresh negatives every epoch after the first (no held-out score: the model keeps its
+    last epoch's weights)."""
+    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
+    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
+    batches = Resampled(groups, lambda: sample_groups(mined, options.negatives, rng), options.groups_per_step, rng)
+    schedule = Schedule(options.epochs, batches.steps_per_epoch, options.learning_rate, options.weight_decay, options.warmup)
+    step = _group_loss(model, tokenizer, queries, doc_text, teacher, options, device)
+    return fit(model, step, batches, schedule, progress=progress)
+
+
+def _record(
+    index: OpenIndex, base: ResolvedModel, options: TrainOptions, split: str, groups, dev_ids, device: str, training: TrainingRecord
+) -> dict:
+    """The training record (training.json) as far as training goes; the export and the tuning add theirs."""
+    losses = training.step_losses
+    window = max(1, len(losses) // 10)
+    group_size = 1 + options.negatives
+    return {
+        "kind": "reranker",
+        "base_model": {"name": base.name, "checksum": base.checksum},
+        "options": asdict(options),
+        "data": {
+            "split": split,
+            "queries": len({g.query_id for g in groups}),
+            "dev_queries": len(dev_ids),
+            "groups_per_epoch": len(groups),
+            "pairs": training.epochs * len(groups) * group_size,
+            "index": str(index.path),
+            "defaults": index.manifest.defaults.to_dict(),
+        },
+        "device": device,
+        "steps": training.steps,
+        "loss": {
+            "first_10pct": sum(losses[:window]) / window,
+            "last_10pct": sum(losses[-window:]) / window,
+            "chance": math.log(group_size),
+        },
+    }
+
+
+def _publish(
+    out: Path, model, tokenizer, record: dict, index: OpenIndex, queries, qrels, dev_ids, options: TrainOptions, started: float
+) -> None:
+    """Save the model and its ONNX export at `out` atomically, with the interpolation weight tuned on the dev queries by
+    the exported model (the one the service runs); `record["seconds"]` gains each stage's and the total since `started`."""
+    trained = time.perf_counter()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with publish_dir(out) as tmp:
+        model.eval().to("cpu")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))  # the export reads max_length from it
+        export_cross_encoder(ResolvedModel(name=str(out), path=tmp, checksum=weights_checksum(tmp)), target=tmp / ONNX_SUBDIR)
+        exported = time.perf_counter()
+        record["seconds"]["export"] = round(exported - trained, 1)
+        if dev_ids:
+            scorer = load_cross_encoder(tmp / ONNX_SUBDIR, device=options.device)
+            record["interpolation"] = tune_interpolation(index, scorer, {q: queries[q] for q in dev_ids}, qrels)
+            record["seconds"]["tuning"] = round(time.perf_counter() - exported, 1)
+        record["seconds"]["total"] = round(time.perf_counter() - started, 1)
+        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
 
 
 def train_reranker(
@@ -321,49 +367,8 @@ def train_reranker(
     torch.manual_seed(options.seed)
     device = training_device(options.device)
     tokenizer, model = _starting_model(base, options, device)
-    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
-    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
-    losses = _fit(model, tokenizer, groups, mined, queries, doc_text, teacher, options, rng, device, progress)
-    group_size = 1 + options.negatives
-    trained = time.perf_counter()
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with publish_dir(out) as tmp:
-        model.eval().to("cpu")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        window = max(1, len(losses) // 10)
-        record = {
-            "kind": "reranker",
-            "base_model": {"name": base.name, "checksum": base.checksum},
-            "options": asdict(options),
-            "data": {
-                "split": split,
-                "queries": len({g.query_id for g in groups}),
-                "dev_queries": len(dev_ids),
-                "groups_per_epoch": len(groups),
-                "pairs": options.epochs * len(groups) * group_size,
-                "index": str(index.path),
-                "defaults": index.manifest.defaults.to_dict(),
-            },
-            "device": device,
-            "steps": len(losses),
-            "loss": {
-                "first_10pct": sum(losses[:window]) / window,
-                "last_10pct": sum(losses[-window:]) / window,
-                "chance": math.log(group_size),
-            },
-            "seconds": {"mining": round(mined_at - started, 1), "training": round(trained - mined_at, 1)},
-        }
-        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))  # the export reads max_length from it
-        resolved = ResolvedModel(name=str(out), path=tmp, checksum=weights_checksum(tmp))
-        export_cross_encoder(resolved, target=tmp / ONNX_SUBDIR)
-        exported = time.perf_counter()
-        record["seconds"]["export"] = round(exported - trained, 1)
-        if dev_ids:
-            scorer = load_cross_encoder(tmp / ONNX_SUBDIR, device=options.device)  # the model the service will run
-            record["interpolation"] = tune_interpolation(index, scorer, {q: queries[q] for q in dev_ids}, qrels)
-            record["seconds"]["tuning"] = round(time.perf_counter() - exported, 1)
-        record["seconds"]["total"] = round(time.perf_counter() - started, 1)
-        (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
+    training = _fit(model, tokenizer, index, queries, mined, groups, options, rng, device, progress)
+    record = _record(index, base, options, split, groups, dev_ids, device, training)
+    record["seconds"] = {"mining": round(mined_at - started, 1), "training": round(time.perf_counter() - mined_at, 1)}
+    _publish(out, model, tokenizer, record, index, queries, qrels, dev_ids, options, started)
     return record
