@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hybrid_retrieval.search import budget
+
+if TYPE_CHECKING:
+    from hybrid_retrieval.models.cross_encoder import CrossEncoder
+    from hybrid_retrieval.models.embedder import Embedder
 
 
 def sequence_batch(precision: str, batch_size: int) -> int:
@@ -27,7 +32,7 @@ def length_sorted(
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     deadline = budget.current()  # read in the caller's thread: an executor's threads do not share its context
 
-    def run(idx):
+    def run(idx: np.ndarray) -> np.ndarray:
         if deadline is not None:
             deadline.check("model inference")
         return run_batch([texts[i] for i in idx])
@@ -39,6 +44,10 @@ def length_sorted(
 
 class _Request:
     __slots__ = ("done", "error", "items", "result")
+    items: list
+    done: threading.Event
+    result: np.ndarray | None  # the rows of `items`, once the run is done
+    error: Exception | None  # or why the run failed
 
     def __init__(self, items: list):
         self.items, self.done, self.result, self.error = items, threading.Event(), None, None
@@ -75,6 +84,7 @@ class MicroBatcher:
                 self._run_batch(batch)
         if request.error is not None:
             raise request.error
+        assert request.result is not None  # a run that raised nothing set every request's rows
         return request.result
 
     def _run_batch(self, batch: list[_Request]) -> None:
@@ -97,7 +107,7 @@ class MicroBatcher:
 class BatchingEmbedder:
     """An embedder whose concurrent `encode` calls share model runs (see `MicroBatcher`)."""
 
-    def __init__(self, embedder, batch_size: int = 32):
+    def __init__(self, embedder: Embedder, batch_size: int = 32):
         self.embedder, self.dimension = embedder, embedder.dimension
         self.token_ids = getattr(embedder, "token_ids", None)  # how the model sees a text (models.query_cache)
         self.batcher = MicroBatcher(lambda texts: embedder.encode(texts, batch_size=batch_size))
@@ -111,7 +121,7 @@ class LoadAwareEmbedder:
     side: one request at a time is fastest with all cores, while several at once are fastest with one core each
     (intra-op threads of concurrent runs would oversubscribe the cores and spin against each other)."""
 
-    def __init__(self, alone, concurrent, busy: Callable[[], bool]):
+    def __init__(self, alone: Embedder, concurrent: Embedder, busy: Callable[[], bool]):
         self.alone, self.concurrent, self.busy, self.dimension = alone, concurrent, busy, alone.dimension
         self.token_ids = getattr(alone, "token_ids", None)  # how the model sees a text (models.query_cache)
 
@@ -122,7 +132,7 @@ class LoadAwareEmbedder:
 class BatchingCrossEncoder:
     """A cross-encoder whose concurrent `score` calls (different queries) share model runs."""
 
-    def __init__(self, model, batch_size: int = 32):
+    def __init__(self, model: CrossEncoder, batch_size: int = 32):
         self.model, self.max_length = model, model.max_length
         self.batcher = MicroBatcher(lambda pairs: model.score_pairs(pairs, batch_size=batch_size))
 

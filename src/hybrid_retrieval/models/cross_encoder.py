@@ -49,7 +49,9 @@ class CrossEncoder(Protocol):
 
 
 class _PairScorer:
-    def score(self, query: str, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+    """`score` by the subclass's `score_pairs`."""
+
+    def score(self: CrossEncoder, query: str, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         return self.score_pairs([(query, t) for t in texts], batch_size)
 
 
