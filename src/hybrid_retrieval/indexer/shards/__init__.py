@@ -16,6 +16,7 @@ nothing is embedded again. The folder is published atomically, like a build.
 
     layout       shards.json, the shard folders and positions.npy; which shard an id hashes to (shard_of)
     split        split_index: a built index into shard folders, with the corpus-wide BM25 statistics (global_bm25)
+    wire         what a coordinator asks of a shard and of its writer (ShardReader, ShardWriter) and their answers
     shard        ShardSearcher: one shard's searches and writes, in the whole index's numbering
     coordinator  ShardedIndex: the coordinator's index over the shards' clients (fan-out and merge: search.sharded)
     writes       ShardedCollection: writes routed to the shard each id hashes to, refreshed together
