@@ -20,7 +20,7 @@ from hybrid_retrieval.engine.serving import open_folder
 from hybrid_retrieval.indexer.store import VERIFY_MODES
 
 
-def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None):
+def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> tuple[Settings, argparse.Namespace]:
     """(Settings, parsed flags) of `hybrid serve`'s flags over HYBRID_* variables; prints why and exits 2 when invalid
     `parser` may carry more flags (cluster.serve's)."""
     parser = parser or argparse.ArgumentParser(prog="hybrid serve", description="serve POST /search over HTTP")
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         log_config=None,
         http=settings.http,
         loop=settings.loop,
-        timeout_graceful_shutdown=settings.graceful_shutdown,
+        timeout_graceful_shutdown=settings.graceful_shutdown,  # type: ignore[arg-type]  # seconds, a float too (asyncio.wait_for)
     )
     return 0
 

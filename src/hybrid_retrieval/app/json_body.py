@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import HTTPException, Request
+from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
 from hybrid_retrieval.common.errors import Loc, SpecError
@@ -32,7 +34,7 @@ class _OutOfRange:
         self.text = text
 
 
-def _parse_int(text: str):
+def _parse_int(text: str) -> int | _OutOfRange:
     if len(text) > _MAX_NUMBER_CHARS:
         return _OutOfRange(text)
     value = int(text)
@@ -43,7 +45,7 @@ def _parse_int(text: str):
     return value
 
 
-def _parse_float(text: str):
+def _parse_float(text: str) -> float | _OutOfRange:
     if len(text) > _MAX_NUMBER_CHARS:
         return _OutOfRange(text)
     value = float(text)
@@ -127,7 +129,13 @@ class InvalidBody(HTTPException):
     turns anything but an HTTPException raised there into a bare 400)."""
 
     def __init__(self, error: SpecError):
-        super().__init__(422, [{"loc": list(body_loc(error)), "msg": str(error), "type": "value_error"}])
+        super().__init__(422, located(error))
+
+
+def located(error: SpecError) -> list[dict[str, Any]]:
+    """A SpecError as a 422's detail, in the shape of request validation errors: where (the field's path in the body,
+    names kept whole) and what."""
+    return [{"loc": list(body_loc(error)), "msg": str(error), "type": "value_error"}]
 
 
 def body_loc(error: SpecError) -> Loc:
@@ -136,10 +144,10 @@ def body_loc(error: SpecError) -> Loc:
 
 
 class CheckedRoute(APIRoute):
-    def get_route_handler(self):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
-        async def checked(request: Request):
+        async def checked(request: Request) -> Response:
             return await handler(CheckedRequest(request.scope, request.receive))
 
         return checked

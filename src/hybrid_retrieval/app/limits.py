@@ -6,6 +6,7 @@ import json
 import re
 
 from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 # document batches: /documents..., and /collections/{name}/documents...
 WRITE_PATHS = re.compile(r"(/collections/[^/]+)?/documents(/|$)")
@@ -25,11 +26,11 @@ class BodySizeLimit:
     """`max_bytes` for every body, `write_max_bytes` for the document routes (WRITE_PATHS), `upload_max_bytes` for
     snapshot uploads (SNAPSHOT_UPLOADS)."""
 
-    def __init__(self, app, max_bytes: int, write_max_bytes: int | None = None, upload_max_bytes: int | None = None):
+    def __init__(self, app: ASGIApp, max_bytes: int, write_max_bytes: int | None = None, upload_max_bytes: int | None = None):
         self.app, self.default_max = app, max_bytes
         self.write_max, self.upload_max = write_max_bytes or max_bytes, upload_max_bytes or max_bytes
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
@@ -39,7 +40,7 @@ class BodySizeLimit:
             return await self._reject(send, limit)
         seen = 0
 
-        async def limited_receive():
+        async def limited_receive() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -53,7 +54,7 @@ class BodySizeLimit:
         except BodyTooLarge:  # raised where no handler answered it (the body was read outside a route)
             await self._reject(send, limit)
 
-    async def _reject(self, send, limit: int):
+    async def _reject(self, send: Send, limit: int) -> None:
         body = json.dumps({"detail": f"request body exceeds {limit} bytes"}).encode()
         await send(
             {

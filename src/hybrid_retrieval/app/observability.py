@@ -11,6 +11,7 @@ import uuid
 from datetime import datetime
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hybrid_retrieval.indexer.manifest import FORMAT_VERSION, Manifest
 
@@ -23,7 +24,7 @@ STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05,
 class Metrics:
     """One registry per app, so several apps (tests, reloads) never collide."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter("hybrid_requests", "HTTP requests by route and status", ["path", "status"], registry=self.registry)
         self.stage_seconds = Histogram(
@@ -101,10 +102,10 @@ class RequestContext:
     """ASGI middleware: a request id (from X-Request-ID when sane, else new) on the response, in every
     log line of the request, and one JSON access-log line with status and duration."""
 
-    def __init__(self, app, metrics: Metrics):
+    def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app, self.metrics = app, metrics
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         incoming = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
@@ -112,7 +113,7 @@ class RequestContext:
         token = request_id_var.set(request_id)
         started, status = time.perf_counter(), 500
 
-        async def send_with_id(message):
+        async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hmac
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.errors import ConfigError
@@ -125,6 +126,12 @@ async def require_unscoped_write_key(request: Request) -> None:
         raise HTTPException(status_code=403, detail="this key is limited to some collections: this endpoint acts on all of them")
 
 
+# The roles, as the routers' dependencies: each router holds the routes of one role.
+READ_KEY = Depends(require_api_key)
+WRITE_KEY = Depends(require_write_key)
+ADMIN_KEY = Depends(require_unscoped_write_key)
+
+
 def check_scope(request: Request, *names: str) -> None:
     """403 naming the collection when the request's key may not use it (by any of `names`: as asked, as resolved)."""
     grant: Grant | None = getattr(request.state, "grant", None)
@@ -172,7 +179,7 @@ class InFlightLimit:
         self.active = 0  # searches in flight now (writes yield cores to them: indexer.live.collection.Collection)
 
     @contextmanager
-    def slot(self):
+    def slot(self) -> Iterator[None]:
         """Hold a slot for the request's lifetime, or refuse at once (never waits: callable on the event loop)."""
         if not self._slots.acquire(blocking=False):
             raise HTTPException(status_code=503, detail=f"server busy: {self.limit} searches in flight", headers={"Retry-After": "1"})

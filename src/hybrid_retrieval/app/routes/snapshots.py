@@ -1,30 +1,31 @@
 """Snapshots over HTTP: take one while the collection serves, list, download, delete, restore from a listed one or an
-uploaded file. A snapshot's routes name the collection it was taken of (an alias: the collection it points to), which
-may have been dropped since. The work is engine.collections' and indexer.datadir.snapshots'."""
+uploaded file. Reads for a read key, the rest for a write key. A snapshot's routes name the collection it was taken of
+(an alias: the collection it points to), which may have been dropped since. The work is engine.collections' and
+indexer.datadir.snapshots'."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from hybrid_retrieval.app.json_body import CheckedRoute
-from hybrid_retrieval.app.lifecycle import CollectionsDep, Name, collection_info
-from hybrid_retrieval.app.routes import scoped
-from hybrid_retrieval.app.schemas import CollectionInfo, SnapshotList, SnapshotOut, SnapshotRestore
-from hybrid_retrieval.app.security import allowed, check_scope, require_api_key, require_write_key
+from hybrid_retrieval.app.routes.collections import collection_info
+from hybrid_retrieval.app.routes.shared import CollectionsDep, Name, scoped
+from hybrid_retrieval.app.schemas.collections import CollectionInfo
+from hybrid_retrieval.app.schemas.snapshots import SnapshotList, SnapshotOut, SnapshotRestore
+from hybrid_retrieval.app.security import READ_KEY, WRITE_KEY, allowed, check_scope
 from hybrid_retrieval.common.errors import SnapshotNotFound, SpecError
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
-
-router = APIRouter(route_class=CheckedRoute, tags=["snapshots"])
+from hybrid_retrieval.engine.collections import Collections
 
 _EXAMPLE_ID = "products-20261125T101500123456Z"
-_WRITE = Depends(require_write_key)
 NewName = Annotated[
     str, PathParam(description=f"the collection to restore into: {NAME_RULE_TEXT}", pattern=f"^{NAME_RULE.pattern}$", examples=["products"])
 ]
@@ -41,28 +42,11 @@ _CHANGE: dict[int | str, dict[str, Any]] = {
     422: {"description": "the snapshot file is truncated, damaged or not a snapshot: nothing was changed"},
 }
 
-
-def _target(request: Request, collections, name: str) -> str:
-    """The collection `name` names (an alias: the one it points to), if the key may use it."""
-    target = collections.aliases.get(name, name)
-    check_scope(request, name, target)
-    return target
+reads = APIRouter(route_class=CheckedRoute, dependencies=[READ_KEY], tags=["snapshots"])
+writes = APIRouter(route_class=CheckedRoute, dependencies=[WRITE_KEY], tags=["snapshots"], responses=_CHANGE)
 
 
-def _snapshot_of(collections, target: str, snapshot_id: str):
-    info = collections.snapshots.get(snapshot_id)
-    if info.collection != target:
-        raise SnapshotNotFound(f"no snapshot {snapshot_id!r} of collection {target!r}")
-    return info
-
-
-@router.post(
-    "/collections/{name}/snapshots",
-    status_code=201,
-    response_model=SnapshotOut,
-    dependencies=[_WRITE],
-    responses=_CHANGE,
-)
+@writes.post("/collections/{name}/snapshots", status_code=201, response_model=SnapshotOut)
 def create_snapshot(
     name: Name,
     collections: CollectionsDep,
@@ -81,14 +65,14 @@ def create_snapshot(
     return SnapshotOut(**collections.snapshot(reloader.name, model).to_dict())
 
 
-@router.get("/collections/{name}/snapshots", response_model=SnapshotList, dependencies=[Depends(require_api_key)], responses=_CHANGE)
+@reads.get("/collections/{name}/snapshots", response_model=SnapshotList, responses=_CHANGE)
 def list_snapshots(name: Name, collections: CollectionsDep, request: Request) -> SnapshotList:
     """The complete snapshots of a collection (served or dropped since), oldest first."""
     target = _target(request, collections, name)
     return SnapshotList(snapshots=[SnapshotOut(**info.to_dict()) for info in collections.snapshots.infos(target)])
 
 
-@router.get("/snapshots", response_model=SnapshotList, dependencies=[Depends(require_api_key)])
+@reads.get("/snapshots", response_model=SnapshotList)
 def list_all_snapshots(collections: CollectionsDep, request: Request) -> SnapshotList:
     """Every complete snapshot the key may use, oldest first."""
     infos = collections.snapshots.infos()
@@ -99,33 +83,30 @@ def list_all_snapshots(collections: CollectionsDep, request: Request) -> Snapsho
     )
 
 
-@router.get(
+@reads.get(
     "/collections/{name}/snapshots/{snapshot_id}",
-    dependencies=[Depends(require_api_key)],
     responses={**_CHANGE, 200: {"content": {TAR: {}}, "description": "the snapshot file"}},
     response_class=FileResponse,
 )
 def download_snapshot(name: Name, snapshot_id: SnapshotId, collections: CollectionsDep, request: Request) -> FileResponse:
     """The snapshot file, for copying elsewhere (restore it with POST .../snapshots/restore or `hybrid snapshot restore`)."""
-    info = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
-    path = collections.snapshots.path(info.id)
+    found = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
+    path = collections.snapshots.path(found)
     return FileResponse(path, media_type=TAR, filename=path.name)
 
 
-@router.delete("/collections/{name}/snapshots/{snapshot_id}", status_code=204, dependencies=[_WRITE], responses=_CHANGE)
+@writes.delete("/collections/{name}/snapshots/{snapshot_id}", status_code=204)
 def delete_snapshot(name: Name, snapshot_id: SnapshotId, collections: CollectionsDep, request: Request) -> Response:
-    info = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
-    collections.snapshots.delete(info.id)
+    found = _snapshot_of(collections, _target(request, collections, name), snapshot_id)
+    collections.snapshots.delete(found)
     collections.resources.metrics.describe_snapshots(collections.snapshots.infos())
     return Response(status_code=204)
 
 
-@router.post(
+@writes.post(
     "/collections/{name}/snapshots/restore",
     status_code=201,
     response_model=CollectionInfo,
-    dependencies=[_WRITE],
-    responses=_CHANGE,
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -152,18 +133,10 @@ async def restore_snapshot(
     at once: searches see the old or the restored collection, never a mix."""
     check_scope(request, name)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    store = collections.snapshots
+    store = collections.snapshots  # 409 first when no snapshot folder is configured
     if content_type == "application/json":
-        try:
-            body = SnapshotRestore.model_validate(await request.json())
-        except ValidationError as exc:
-            error = exc.errors()[0]
-            raise SpecError(".".join(str(part) for part in error["loc"]) or "snapshot", error["msg"]) from None
-        except ValueError:
-            raise SpecError("body", "not valid JSON") from None
-        info = store.get(body.snapshot)
-        check_scope(request, info.collection, *collections.aliases_of(info.collection))
-        reloader = await run_in_threadpool(collections.restore, name, store.path(info.id), replace)
+        listed = await _listed(request, collections)
+        reloader = await run_in_threadpool(collections.restore, name, listed, replace)
     elif content_type in _UPLOAD_TYPES:
         with store.partial(f"upload-{uuid.uuid4().hex}") as upload:
             with upload.open("wb") as out:
@@ -173,3 +146,32 @@ async def restore_snapshot(
     else:
         raise HTTPException(415, f"send JSON naming a listed snapshot, or the snapshot file as {' or '.join(_UPLOAD_TYPES)}")
     return collection_info(collections, reloader)
+
+
+async def _listed(request: Request, collections: Collections) -> Path:
+    """The file of the listed snapshot a JSON body names, if the key may use the collection it was taken of."""
+    try:
+        body = SnapshotRestore.model_validate(await request.json())
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise SpecError(".".join(str(part) for part in error["loc"]) or "snapshot", error["msg"]) from None
+    except ValueError:
+        raise SpecError("body", "not valid JSON") from None
+    info = collections.snapshots.get(body.snapshot)
+    check_scope(request, info.collection, *collections.aliases_of(info.collection))
+    return collections.snapshots.path(info.id)
+
+
+def _target(request: Request, collections: Collections, name: str) -> str:
+    """The collection `name` names (an alias: the one it points to), if the key may use it."""
+    target = collections.aliases.get(name, name)
+    check_scope(request, name, target)
+    return target
+
+
+def _snapshot_of(collections: Collections, target: str, snapshot_id: str) -> str:
+    """The id of a snapshot of collection `target`."""
+    info = collections.snapshots.get(snapshot_id)
+    if info.collection != target:
+        raise SnapshotNotFound(f"no snapshot {snapshot_id!r} of collection {target!r}")
+    return info.id
