@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from hybrid_retrieval.indexer.hubness import fit_correction
+from hybrid_retrieval.indexer.hubness import fit_correction, sample_gallery
 from hybrid_retrieval.search.hubness import HubnessParams
 
 
@@ -33,7 +33,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     docs, bank = unit_vectors(args.docs, args.dim, rng), unit_vectors(args.bank, args.dim, rng)
     start = time.perf_counter()
-    fit_correction(bank, docs, HubnessParams(), gallery_size=args.gallery)
+    gallery = sample_gallery(len(docs), args.gallery)
+    fit_correction(bank, docs[gallery], gallery, docs, HubnessParams())
     print(
         json.dumps(
             {

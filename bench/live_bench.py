@@ -27,7 +27,7 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.store import MODEL_DIR, open_index
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.search.spec import HubnessSpec
-from hybrid_retrieval.training.hubness import fit_from_bank
+from hybrid_retrieval.training.hubness import fit_hubness_from_bank
 
 KEY = "live-bench-writer"
 HUBNESS = HubnessSpec("dbnorm", dynamic=True)
@@ -51,7 +51,7 @@ def base_index(dataset: Path, workdir: Path, kept: list[dict]) -> Path:
     if not index_is_current(corpus, workdir / "base"):
         build_index(corpus, workdir / "base", BuildOptions(progress=False))
     if open_index(workdir / "base", verify="size").manifest.hubness is None:  # written documents get biases from its banks
-        fit_from_bank(workdir / "base", dataset / "queries.jsonl", HUBNESS, split_qrels=dataset / "qrels" / "train.tsv", tune=False)
+        fit_hubness_from_bank(workdir / "base", dataset / "queries.jsonl", HUBNESS, split_qrels=dataset / "qrels" / "train.tsv", tune=False)
     return workdir / "base"
 
 

@@ -28,7 +28,7 @@ from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.passages import aggregate
 from hybrid_retrieval.search.ranking import top_k
 from hybrid_retrieval.search.spec import PassageSpec
-from hybrid_retrieval.training.fusion import tune_index
+from hybrid_retrieval.training.fusion import tune_fusion_on_index
 from tests.conftest import LengthScorer, write_jsonl
 
 CHUNKING = ChunkingParams("tokens", 64, 8)
@@ -294,7 +294,7 @@ def test_tuning_chooses_passage_scoring_on_train_queries_and_records_why(chunked
     qrels = {q: judged for q, judged in qrels.items() if judged}
     queries = {q: queries[q] for q in qrels}
     assert len(queries) >= 5
-    tune_index(tmp_path / "index", queries, qrels, "train.tsv", progress=False, query_precision="int8")
+    tune_fusion_on_index(tmp_path / "index", queries, qrels, "train.tsv", progress=False, query_precision="int8")
     manifest = read_manifest(tmp_path / "index")
     proof, lexical = manifest.evidence["passage_scoring"]["dense"], manifest.evidence["passage_scoring"]["bm25"]
     assert set(proof["candidates"]) == {"max", "soft t=0.02 top=3", "soft t=0.05 top=3", "soft t=0.1 top=3"}

@@ -156,7 +156,7 @@ def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, t
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.store import open_index
     from hybrid_retrieval.quality.splits import training_split
-    from hybrid_retrieval.training.fusion import tune_index
+    from hybrid_retrieval.training.fusion import tune_fusion_on_index
     from hybrid_retrieval.training.reembed import reembed_index
 
     folder, _ = trained
@@ -164,7 +164,7 @@ def test_reembed_keeps_written_documents_and_retunes_a_tuned_fusion(synthetic, t
     shutil.copytree(synthetic, root, ignore=lambda folder, names: ["model"] if folder == str(synthetic) else [])
     index_dir = root / "index"
     queries, qrels = training_split(root / "queries.jsonl", root / "qrels" / "train.tsv")
-    tune_index(index_dir, queries, qrels, root / "qrels" / "train.tsv", progress=False)
+    tune_fusion_on_index(index_dir, queries, qrels, root / "qrels" / "train.tsv", progress=False)
     collection = Collection(open_index(index_dir, verify="size"))
     collection.upsert([{"id": "new-1", "title": "lava tube", "text": "A cave of basalt left by flowing lava."}])
     collection.delete(["volcano-0"])
@@ -348,12 +348,12 @@ def test_reembed_refits_a_hubness_correction_on_its_bank(synthetic, trained, tmp
 
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.search.spec import HubnessSpec
-    from hybrid_retrieval.training.hubness import fit_from_bank
+    from hybrid_retrieval.training.hubness import fit_hubness_from_bank
     from hybrid_retrieval.training.reembed import reembed_index
 
     index_dir = tmp_path / "index"
     shutil.copytree(synthetic / "index", index_dir)
-    fit_from_bank(index_dir, "pseudo", HubnessSpec("dbnorm"), set_default=True, force=True, gallery_size=10, pseudo_size=12)
+    fit_hubness_from_bank(index_dir, "pseudo", HubnessSpec("dbnorm"), set_default=True, force=True, gallery_size=10, pseudo_size=12)
     before = read_manifest(index_dir)
     report = reembed_index(index_dir, str(trained[0]), device="cpu", progress=False)
     after = read_manifest(index_dir)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from hybrid_retrieval.indexer.hubness import fit_correction
+from hybrid_retrieval.indexer.hubness import fit_correction, sample_gallery
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.hubness import (
     HubnessParams,
@@ -45,7 +45,8 @@ def brute_force_scores(queries, docs, bank, gallery_idx, params, method, dynamic
 
 
 def our_rankings(queries, docs, bank, params, method, dynamic, depth, gallery_size):
-    correction, gallery = fit_correction(bank, docs, params, gallery_size=gallery_size, seed=0)
+    gallery = sample_gallery(len(docs), gallery_size, seed=0)
+    correction, _ = fit_correction(bank, docs[gallery], gallery, docs, params)
     flat = FaissParams()
     searcher = HubnessSearcher(correction, DenseIndex(build_faiss_index(augment_documents(docs, correction), flat, "cpu"), flat, "cpu"))
     rankings = [searcher.search(q, depth, method, dynamic)[0] for q in queries]

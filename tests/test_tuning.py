@@ -14,7 +14,7 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.fusion import DEFAULT_FUSION, RRF, ConvexCombination, fusion_from_dict, fusion_to_dict
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.spec import SearchSpec
-from hybrid_retrieval.training.fusion import ALPHAS, RRF_KS, TuningResult, evidence, tune
+from hybrid_retrieval.training.fusion import ALPHAS, RRF_KS, TuningResult, evidence, tune_fusion
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def train_split(scifact, scifact_slice):
 def test_tune_sweeps_every_configuration_and_picks_the_best(scifact_slice_index, train_split):
     queries, qrels = train_split
     index = open_index(scifact_slice_index)
-    result = tune(index.pipeline(), index.doc_ids, queries, qrels, progress=False)
+    result = tune_fusion(index.pipeline(), index.doc_ids, queries, qrels, progress=False)
     assert len(result.table) == len(ALPHAS) * len(NORMALIZERS) + len(RRF_KS)
     best = max(row["ndcg@10"] for row in result.table)
     assert result.best()["ndcg@10"] == best

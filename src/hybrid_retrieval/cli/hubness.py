@@ -13,7 +13,7 @@ from hybrid_retrieval.indexer.hubness import DEFAULT_GALLERY_SIZE, DEFAULT_PSEUD
 from hybrid_retrieval.quality.metrics import format_evidence
 from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.spec import HubnessSpec
-from hybrid_retrieval.training.hubness import BETA_PER_SPREAD, fit_from_bank
+from hybrid_retrieval.training.hubness import BETA_PER_SPREAD, fit_hubness_from_bank
 
 
 def register(commands) -> None:
@@ -69,7 +69,7 @@ def register(commands) -> None:
 
 def run_fit(args) -> None:
     betas = {name: getattr(args, name) for name in BETA_PER_SPREAD if getattr(args, name) is not None}
-    manifest = fit_from_bank(
+    manifest = fit_hubness_from_bank(
         args.index,
         args.bank,
         HubnessSpec(args.method, args.dynamic),
@@ -83,6 +83,7 @@ def run_fit(args) -> None:
         args.pseudo_size,
     )
     fitted = manifest.hubness
+    assert fitted is not None and fitted.beta_source is not None  # a fit from a bank records both
     for row in (fitted.tuning or {}).get("table", ()):
         print("  ".join(f"{k}={v:.4g}" for k, v in row.items()))
     print(

@@ -19,7 +19,7 @@ from hybrid_retrieval.quality.metrics import MEASURES, format_evidence
 from hybrid_retrieval.quality.splits import training_split
 from hybrid_retrieval.search.fusion import fusion_to_string
 from hybrid_retrieval.training.embedder import SUPERVISED, EmbedderOptions, adapt_embedder, train_embedder
-from hybrid_retrieval.training.fusion import format_table, pseudo_split, tune_index
+from hybrid_retrieval.training.fusion import format_table, pseudo_split, tune_fusion_on_index
 from hybrid_retrieval.training.pseudo import RECIPES
 from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
 
@@ -35,6 +35,13 @@ def _add_pseudo(p) -> None:
 
 
 def register(commands) -> None:
+    _register_tune(commands)
+    _register_train_reranker(commands)
+    _register_embedder_commands(commands)
+    _register_distil(commands)
+
+
+def _register_tune(commands) -> None:
     p = commands.add_parser("tune", help="choose the fusion (alpha, normalisation, rrf_k) on labelled training queries, or pseudo-queries")
     p.add_argument("index", type=Path)
     _add_split(p, required=False)
@@ -52,6 +59,8 @@ def register(commands) -> None:
     add_quiet(p)
     p.set_defaults(run=run_tune)
 
+
+def _register_train_reranker(commands) -> None:
     p = commands.add_parser(
         "train-reranker", help="fine-tune a cross-encoder on a train split with hard negatives from the hybrid retriever"
     )
@@ -96,6 +105,8 @@ def register(commands) -> None:
     add_quiet(p)
     p.set_defaults(run=run_train_reranker)
 
+
+def _register_embedder_commands(commands) -> None:
     p = commands.add_parser(
         "train-embedder", help="fine-tune the index's dense encoder on a train split with hard negatives from the hybrid retriever"
     )
@@ -120,6 +131,8 @@ def register(commands) -> None:
     add_embedder_training_flags(p)
     p.set_defaults(run=run_adapt)
 
+
+def _register_distil(commands) -> None:
     recipe = StudentRecipe()
     p = commands.add_parser(
         "distil",
@@ -192,7 +205,7 @@ def run_tune(args) -> None:
     else:
         (queries, qrels), split = training_split(args.queries, args.qrels), args.qrels
     out = args.out or args.index / "tuning"
-    result, evidence = tune_index(
+    result, evidence = tune_fusion_on_index(
         args.index,
         queries,
         qrels,

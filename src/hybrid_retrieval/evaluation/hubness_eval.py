@@ -28,7 +28,7 @@ def hubness_report(queries: np.ndarray, embeddings: np.ndarray, correction: Hubn
     return report
 
 
-def plot_histograms(report: dict, path, k: int = 10) -> None:
+def plot_histograms(report: dict, path: Path, k: int = 10) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,7 +36,7 @@ def plot_histograms(report: dict, path, k: int = 10) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     top = max(int(v["counts"].max()) for v in report.values())
-    bins = np.arange(0, top + 2)
+    bins = list(range(top + 2))  # one bin per count
     for name, values in report.items():
         ax.hist(values["counts"], bins=bins, histtype="step", label=f"{name} (skew {values['skewness']:.2f})", log=True)
     ax.set_xlabel(f"N_{k}: number of queries whose top-{k} holds the document")

@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from hybrid_retrieval.search.hubness import hubness_stats, k_occurrence
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
-from hybrid_retrieval.training.fusion import tune_index
+from hybrid_retrieval.training.fusion import tune_fusion_on_index
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,9 @@ def tune_on_labelled_split(index_dir: Path, dataset: Path, eval_split: str, prog
     for split in TUNING_SPLITS:
         if split != eval_split and (dataset / "qrels" / f"{split}.tsv").is_file():
             queries, qrels = split_queries(dataset, split)
-            tune_index(index_dir, queries, qrels, dataset / "qrels" / f"{split}.tsv", progress=progress, query_precision=query_precision)
+            tune_fusion_on_index(
+                index_dir, queries, qrels, dataset / "qrels" / f"{split}.tsv", progress=progress, query_precision=query_precision
+            )
             return split
     return None
 
@@ -130,7 +133,9 @@ class _Pipelines:
     def identity(self, pipeline: Pipeline) -> dict | None:
         if not pipeline.reranks:
             return None
-        return {"config": getattr(self.get(pipeline).reranker.model.model, "config", None), "precision": pipeline.precision}
+        reranker = self.get(pipeline).reranker
+        assert reranker is not None  # a reranking pipeline's search holds its cross-encoder
+        return {"config": getattr(reranker.model.model, "config", None), "precision": pipeline.precision}
 
 
 def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Path | None = None) -> dict:
@@ -145,7 +150,7 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
         cache = out / "cache"
         cache.mkdir(exist_ok=True)
     tuning = index.manifest.fusion_tuning
-    report = {
+    report: dict[str, Any] = {
         "dataset": dataset.name,
         "split": config.split,
         "queries": len(queries),
@@ -167,7 +172,14 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
             write_trec_run(run, out / "runs" / f"{name.replace(':', '_').replace('+', '_').replace('@', '_')}.trec", name)
     index.close()
     if config.baseline_index:
-        report["baseline_index"] = _against_baseline_index(config, queries, qrels, cache, per_query)
+        report["baseline_index"] = _against_baseline_index(config.baseline_index, config, queries, qrels, cache, per_query)
+    _compare(report, per_query, out)
+    return report
+
+
+def _compare(report: dict[str, Any], per_query: dict, out: Path | None) -> None:
+    """Each pipeline against the baseline (BM25 when evaluated) and each reranked one against its first stage, into
+    `report`; with `out`, the report written there as JSON, a Markdown table and charts."""
     baseline = "bm25" if "bm25" in per_query else next(iter(per_query))
     comparison = compare_to_baseline(per_query, baseline)
     for spec, c in comparison.items():
@@ -186,7 +198,6 @@ def evaluate_dataset(dataset: Path, index_dir: Path, config: EvalConfig, out: Pa
             + "".join(line + "\n" for line in first_stage_table(report["pipelines"]) + baseline_index_table(report.get("baseline_index")))
         )
         plot_charts(report, comparison, out, baseline)
-    return report
 
 
 def _score(pipelines: _Pipelines, name: str, config: EvalConfig, queries: dict, qrels: dict, cache: Path | None):
@@ -205,11 +216,11 @@ def _score(pipelines: _Pipelines, name: str, config: EvalConfig, queries: dict, 
 
 
 def _against_baseline_index(
-    config: EvalConfig, queries: dict, qrels: dict, cache: Path | None, per_query: dict, metric: str = "ndcg@10"
+    baseline_index: Path, config: EvalConfig, queries: dict, qrels: dict, cache: Path | None, per_query: dict, metric: str = "ndcg@10"
 ) -> dict:
-    """Each pipeline run on `config.baseline_index` too (its own defaults: its tuned fusion; the same reranker), and the
+    """Each pipeline run on `baseline_index` too (its own defaults: its tuned fusion; the same reranker), and the
     paired randomisation test of this index's row against that one."""
-    index = open_index(config.baseline_index, verify="size", query_precision=config.query_precision)
+    index = open_index(baseline_index, verify="size", query_precision=config.query_precision)
     pipelines = _Pipelines(config, index)
     rows = {}
     for name in per_query:
@@ -220,7 +231,7 @@ def _against_baseline_index(
         }
     model = index.manifest.embedder
     index.close()
-    return {"index": str(config.baseline_index), "model": model.model, "model_checksum": model.model_checksum, "pipelines": rows}
+    return {"index": str(baseline_index), "model": model.model, "model_checksum": model.model_checksum, "pipelines": rows}
 
 
 def paired_change(before: dict, after: dict, metric: str = "ndcg@10") -> dict:

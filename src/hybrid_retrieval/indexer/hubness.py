@@ -92,11 +92,11 @@ def sample_gallery(num_docs: int, size: int, seed: int = 0) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(num_docs, size=min(size, num_docs), replace=False))
 
 
-def fit_with_banks(
+def fit_correction(
     query_bank: np.ndarray, gallery_bank: np.ndarray, gallery_self: np.ndarray, embeddings: np.ndarray, params: HubnessParams
 ) -> tuple[HubnessCorrection, dict[str, tuple[np.ndarray, np.ndarray]]]:
-    """Both methods' biases and activation sets for given banks; `gallery_self[i]` is the corpus index of gallery
-    member i's own document (-1: none). Returns the correction and each bank member's top-k (sims, doc idx)."""
+    """Both methods' biases and activation sets for given banks, in memory; `gallery_self[i]` is the corpus index of
+    gallery member i's own document (-1: none). Returns the correction and each bank member's top-k (sims, doc idx)."""
     query = bank_statistics(query_bank, embeddings, params.beta, params.k)
     lse_db_query = bank_statistics(query_bank, embeddings, params.beta1, params.k).lse
     gallery = bank_statistics(gallery_bank, embeddings, params.beta2, params.k, self_idx=gallery_self)
@@ -106,14 +106,6 @@ def fit_with_banks(
         activation={"query": query.activation, "gallery": gallery.activation},
     )
     return correction, {"query": (query.top_sims, query.top_idx), "gallery": (gallery.top_sims, gallery.top_idx)}
-
-
-def fit_correction(
-    bank: np.ndarray, embeddings: np.ndarray, params: HubnessParams, gallery_size: int = DEFAULT_GALLERY_SIZE, seed: int = 0
-) -> tuple[HubnessCorrection, np.ndarray]:
-    """Both corrections with a gallery sampled from the corpus; returns the correction and the gallery's doc indices."""
-    gallery = sample_gallery(len(embeddings), gallery_size, seed)
-    return fit_with_banks(bank, embeddings[gallery], gallery, embeddings, params)[0], gallery
 
 
 def write_correction(folder: Path, correction: HubnessCorrection, banks: Banks, embeddings: np.ndarray, faiss_params) -> None:
@@ -169,7 +161,7 @@ def fit_hubness(
         gallery_info = {"size": len(gallery[1]), "given": True, "self_match": "excluded"}
     position = {doc_id: i for i, doc_id in enumerate(index.doc_ids)}
     gallery_self = np.array([position.get(doc_id, -1) for doc_id in gallery[1]], dtype=np.int64)
-    correction, neighbours = fit_with_banks(bank, gallery[0], gallery_self, embeddings, params)
+    correction, neighbours = fit_correction(bank, gallery[0], gallery_self, embeddings, params)
     banks = Banks(np.asarray(bank, dtype=np.float32), np.asarray(gallery[0], dtype=np.float32), list(gallery[1]), neighbours)
     name = correction_folder_name()
     with publish_dir(index.path / name, replace=False) as tmp:
@@ -180,9 +172,8 @@ def fit_hubness(
         kept = {f: v for f, v in manifest.files.items() if previous is None or not f.startswith(f"{previous}/")}
         manifest.files = {**kept, **file_inventory(index.path / name, prefix=f"{name}/")}
         manifest.defaults = replace(manifest.defaults, hubness=default or HubnessSpec())
-        if default is None:
-            manifest.evidence.pop("hubness", None)
-        else:
+        manifest.evidence.pop("hubness", None)  # an earlier fit's evidence is not this one's
+        if default is not None and evidence is not None:
             manifest.evidence["hubness"] = evidence
         manifest.hubness = HubnessInfo(
             folder=name,

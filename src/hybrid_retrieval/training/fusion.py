@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -92,7 +93,7 @@ def grid() -> list[Fusion]:
     return configs + [RRF(rrf_k=float(k)) for k in RRF_KS]
 
 
-def tune(
+def tune_fusion(
     pipeline: SearchPipeline,
     doc_ids: list[str],
     queries: dict[str, str],
@@ -204,7 +205,7 @@ def pseudo_split(
     return pseudo.queries, pseudo.qrels, source_name(recipe, max_queries, filter_depth)
 
 
-def tune_index(
+def tune_fusion_on_index(
     index_dir: Path,
     queries: dict[str, str],
     qrels: dict,
@@ -216,7 +217,7 @@ def tune_index(
     query_precision: str = "auto",
     level: float | None = SIGNIFICANCE_LEVEL,
 ) -> tuple[TuningResult, dict]:
-    """Tune the fusion of an index on a labelled split and save table + plot; the winner becomes the
+    """Tune the fusion of an index on a labelled split (tune_fusion) and save table + plot; the winner becomes the
     index's default only when tuning beats the untuned default out of sample. A chunked index's passage scoring is
     chosen first, the same way (training.passages). Returns the result and the fusion's evidence (recorded in the
     manifest with the passage scoring's when `write`); `level` as in `evidence`."""
@@ -230,7 +231,7 @@ def tune_index(
         )
     pipeline = index.pipeline({"passage_scoring": asdict(scoring)} if scoring is not None else None)
     served = index.manifest.defaults.fusion
-    result = tune(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
+    result = tune_fusion(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
     index.close()
     out = out or Path(index_dir) / "tuning"
     out.mkdir(parents=True, exist_ok=True)
@@ -240,27 +241,35 @@ def tune_index(
     )
     proof = evidence(result, qrels_path, level=level, served=served)
     if write:
-
-        def record(manifest: Manifest) -> None:
-            fusion = result.best_fusion() if proof["decision"] == "tuned" else SearchSpec().fusion
-            manifest.defaults = replace(manifest.defaults, fusion=fusion)
-            manifest.evidence["fusion"] = proof
-            if scoring is not None:
-                manifest.defaults = replace(manifest.defaults, passage_scoring=scoring)
-                manifest.evidence["passage_scoring"] = scoring_proof
-            tuned = proof["decision"] == "tuned"
-            manifest.fusion_tuning = FusionTuning(
-                metric=metric,
-                value=round(result.cross_validated() if tuned else result.value_of(SearchSpec().fusion), 4),
-                queries=len(queries),
-                qrels=str(qrels_path),
-                depth=pipeline.defaults.depth,
-                best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
-                best_rrf_k=result.best("rrf")["rrf_k"],
-                tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                decision=proof["decision"],
-                best_in_sample=round(result.best()[metric], 4),
-            )
-
-        update_manifest(index_dir, record)
+        scored = (scoring, scoring_proof) if scoring is not None else None
+        update_manifest(index_dir, _recorder(result, proof, scored, str(qrels_path), pipeline.defaults.depth))
     return result, proof
+
+
+def _recorder(
+    result: TuningResult, proof: dict, scoring: tuple[PassageSpec, dict] | None, qrels: str, depth: int
+) -> Callable[[Manifest], None]:
+    """What tuning writes into the manifest: the default fusion (the tuned one only when `proof` says so), the passage
+    scoring when one was chosen, their evidence, and the tuning's summary."""
+    tuned = proof["decision"] == "tuned"
+
+    def record(manifest: Manifest) -> None:
+        manifest.defaults = replace(manifest.defaults, fusion=result.best_fusion() if tuned else SearchSpec().fusion)
+        manifest.evidence["fusion"] = proof
+        if scoring is not None:
+            manifest.defaults = replace(manifest.defaults, passage_scoring=scoring[0])
+            manifest.evidence["passage_scoring"] = scoring[1]
+        manifest.fusion_tuning = FusionTuning(
+            metric=result.metric,
+            value=round(result.cross_validated() if tuned else result.value_of(SearchSpec().fusion), 4),
+            queries=result.queries,
+            qrels=qrels,
+            depth=depth,
+            best_per_norm={n: result.best("cc", n)["alpha"] for n in NORMALIZERS},
+            best_rrf_k=result.best("rrf")["rrf_k"],
+            tuned_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            decision=proof["decision"],
+            best_in_sample=round(result.best()[result.metric], 4),
+        )
+
+    return record

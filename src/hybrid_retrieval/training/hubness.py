@@ -138,7 +138,7 @@ def scaled_params(spread: float, k: int = 1, **given) -> HubnessParams:
     return HubnessParams(**{name: given[name] if name in given else scale / spread for name, scale in BETA_PER_SPREAD.items()}, k=k)
 
 
-def fit_from_bank(
+def fit_hubness_from_bank(
     index_dir: Path | str,
     bank: str | Path,
     candidate: HubnessSpec,
@@ -152,10 +152,10 @@ def fit_from_bank(
     pseudo_size: int = DEFAULT_PSEUDO_SIZE,
 ) -> Manifest:
     """`hybrid hubness fit`: read the bank (queries of a split, a query log, or `pseudo` document titles),
-    fit and write both corrections.
+    fit and write both corrections (fit_hubness).
 
     Betas: those `betas` names, the others scaled to the model's score spread (`scaled_params`); with
-    a labelled bank `candidate.method`'s are then tuned by cross-fitting (unless `tune` is False).
+    a labelled bank `candidate.method`'s are then tuned by cross-fitting (tune_hubness, unless `tune` is False).
     Fitting makes the corrections available to requests; `candidate` becomes the index's default only
     with `set_default`, and then, when the bank is labelled, only if its cross-fitted metric beats no
     correction (a tie keeps the simpler default; `force` overrides, and is recorded). Otherwise
@@ -170,52 +170,49 @@ def fit_from_bank(
         if tune and not labelled:
             raise ConfigError("--tune needs a labelled bank: --bank queries.jsonl --split-qrels qrels/train.tsv")
         vectors, embeddings = index.query_embedder.encode(texts), np.asarray(index.embeddings)
-        spread = score_spread(vectors, embeddings)
-        params = scaled_params(spread, k, **(betas or {}))
-        scaled = [name for name in BETA_PER_SPREAD if name not in (betas or {})]
-        source = {
-            "spread": round(spread, 4),
-            "betas": "; ".join(
-                filter(
-                    None,
-                    [
-                        f"{', '.join(sorted(betas))} given" if betas else "",
-                        f"{', '.join(scaled)} scaled to the score spread" if scaled else "",
-                    ],
-                )
-            ),
-        }
+        params, source = _starting_betas(vectors, embeddings, k, betas or {})
         tuning, evidence, tuned_score = None, None, None
         if labelled and (tune or set_default):
             qrels = read_qrels(split_qrels)
             cross_fit = CrossFit(vectors, list(qrels), qrels, embeddings, index.doc_ids, sample_gallery(len(embeddings), gallery_size))
             if tune:
-                params, table, tuned_score = tune_hubness(cross_fit, candidate.method, candidate.dynamic, params)
-                tuning = {"metric": cross_fit.metric, "folds": cross_fit.folds, "table": table}
-                source["betas"] = f"{candidate.method}'s tuned by {cross_fit.folds}-fold cross-fitting; {source['betas']}"
+                params, tuning, tuned_score = _tuned(cross_fit, candidate, params, source)
             if set_default:
                 evidence = _default_evidence(cross_fit, candidate, params, info, force, tuned_score)
         elif set_default:
-            if not force:
-                raise DefaultRefused(
-                    f"a {info['kind']} bank has no labels to show that {candidate_name(candidate)} helps: nothing "
-                    "written; use a labelled bank (--bank queries.jsonl --split-qrels qrels/train.tsv), or --force"
-                )
-            evidence = {"decision": "forced", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
+            evidence = _forced_evidence(candidate, info, force)
+        default = candidate if set_default else None
         return fit_hubness(
-            index,
-            texts,
-            info,
-            params,
-            candidate if set_default else None,
-            gallery_size,
-            tuning=tuning,
-            bank=vectors,
-            evidence=evidence,
-            beta_source=source,
+            index, texts, info, params, default, gallery_size, tuning=tuning, bank=vectors, evidence=evidence, beta_source=source
         )
     finally:
         index.close()
+
+
+def _starting_betas(vectors: np.ndarray, embeddings: np.ndarray, k: int, betas: dict) -> tuple[HubnessParams, dict]:
+    """The betas `betas` names, the others scaled to the bank's score spread, and a record of how they were set."""
+    spread = score_spread(vectors, embeddings)
+    scaled = [name for name in BETA_PER_SPREAD if name not in betas]
+    how = [f"{', '.join(sorted(betas))} given" if betas else "", f"{', '.join(scaled)} scaled to the score spread" if scaled else ""]
+    return scaled_params(spread, k, **betas), {"spread": round(spread, 4), "betas": "; ".join(filter(None, how))}
+
+
+def _tuned(cross_fit: CrossFit, candidate: HubnessSpec, params: HubnessParams, source: dict) -> tuple[HubnessParams, dict, float]:
+    """`candidate.method`'s betas tuned by cross-fitting, the tuning's table, and the out-of-sample metric of the choice;
+    `source` says so."""
+    params, table, tuned_score = tune_hubness(cross_fit, candidate.method, candidate.dynamic, params)
+    source["betas"] = f"{candidate.method}'s tuned by {cross_fit.folds}-fold cross-fitting; {source['betas']}"
+    return params, {"metric": cross_fit.metric, "folds": cross_fit.folds, "table": table}, tuned_score
+
+
+def _forced_evidence(candidate: HubnessSpec, info: dict, force: bool) -> dict:
+    """An unlabelled bank cannot show that a correction helps: its default is refused unless forced."""
+    if not force:
+        raise DefaultRefused(
+            f"a {info['kind']} bank has no labels to show that {candidate_name(candidate)} helps: nothing "
+            "written; use a labelled bank (--bank queries.jsonl --split-qrels qrels/train.tsv), or --force"
+        )
+    return {"decision": "forced", "why": f"unlabelled bank ({info['kind']}): nothing to compare on"}
 
 
 def _default_evidence(

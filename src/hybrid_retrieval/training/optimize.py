@@ -48,8 +48,8 @@ from hybrid_retrieval.quality.splits import refuse_test_split, split_dev, traini
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import HubnessSpec
 from hybrid_retrieval.training.embedder import EmbedderOptions, fine_tune
-from hybrid_retrieval.training.fusion import tune_index
-from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank
+from hybrid_retrieval.training.fusion import tune_fusion_on_index
+from hybrid_retrieval.training.hubness import DefaultRefused, fit_hubness_from_bank
 from hybrid_retrieval.training.optimize_report import summary, write_report
 from hybrid_retrieval.training.reranker import TrainOptions, train_reranker
 
@@ -442,13 +442,13 @@ class Optimizer:
         candidate = self._candidate(state, "fusion")
         queries, qrels = self.split.part(self.split.fit)
         # any out-of-sample win is a candidate: the held-out test below decides at the significance level
-        _, proof = tune_index(candidate, queries, qrels, self.work / "fit.tsv", METRIC, progress=self.progress, level=None)
+        _, proof = tune_fusion_on_index(candidate, queries, qrels, self.work / "fit.tsv", METRIC, progress=self.progress, level=None)
         return self._judge(state, "fusion", candidate, detail={"tuning": proof})
 
     def _step_hubness(self, state: State) -> StepResult:
         candidate = self._candidate(state, "hubness")
         try:
-            fit_from_bank(
+            fit_hubness_from_bank(
                 candidate,
                 self.work / "queries.jsonl",
                 HubnessSpec("qbnorm"),
@@ -573,11 +573,11 @@ class Optimizer:
         dev_path = self.work / "encoder-dev.tsv"
         write_qrels(dev_path, dev_ids, qrels)
         # the fusion is tuned for the new model whatever the old one had: a fine-tuned dense leg deserves another weight,
-        # and tune_index keeps the default unless tuning wins out of sample (the step's held-out test judges the whole)
-        _, detail["fusion"] = tune_index(candidate, dev_queries, dev_qrels, dev_path, METRIC, progress=self.progress, level=None)
+        # and tune_fusion_on_index keeps the default unless tuning wins out of sample (the step's held-out test judges the whole)
+        _, detail["fusion"] = tune_fusion_on_index(candidate, dev_queries, dev_qrels, dev_path, METRIC, progress=self.progress, level=None)
         if old.defaults.hubness.method != "none":
             try:
-                fit_from_bank(
+                fit_hubness_from_bank(
                     candidate, self.work / "queries.jsonl", old.defaults.hubness, split_qrels=dev_path, tune=True, set_default=True
                 )
                 detail["hubness"] = "refitted"

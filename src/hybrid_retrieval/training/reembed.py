@@ -16,8 +16,8 @@ from hybrid_retrieval.indexer.reembed import reembed
 from hybrid_retrieval.models.onnx_export import training_record
 from hybrid_retrieval.quality.splits import training_split
 from hybrid_retrieval.search.spec import HubnessSpec
-from hybrid_retrieval.training.fusion import pseudo_split, tune_index
-from hybrid_retrieval.training.hubness import DefaultRefused, fit_from_bank
+from hybrid_retrieval.training.fusion import pseudo_split, tune_fusion_on_index
+from hybrid_retrieval.training.hubness import DefaultRefused, fit_hubness_from_bank
 from hybrid_retrieval.training.pseudo import parse_source
 
 logger = logging.getLogger(__name__)
@@ -71,10 +71,10 @@ def refit_hubness(index_dir: Path, old: Manifest) -> dict:
     }
     forced = old.evidence.get("hubness", {}).get("decision") == "forced"  # a default set without a win stays one
     try:
-        fit_from_bank(index_dir, source, candidate, set_default=default.method != "none", force=forced, **kwargs)
+        fit_hubness_from_bank(index_dir, source, candidate, set_default=default.method != "none", force=forced, **kwargs)
         return {"bank": bank["kind"], "default": default.method}
     except DefaultRefused as refused:  # the correction no longer helps this model: fitted, but not the default
-        fit_from_bank(index_dir, source, candidate, **kwargs)
+        fit_hubness_from_bank(index_dir, source, candidate, **kwargs)
         return {"bank": bank["kind"], "default": "none", "was": default.method, "why": str(refused)}
 
 
@@ -104,7 +104,7 @@ def reembed_index(
     if old.hubness is not None:
         report["hubness"] = refit_hubness(index_dir, old)
     if split is not None:
-        _, evidence = tune_index(index_dir, *split(index_dir), old.fusion_tuning.metric, progress=progress)
+        _, evidence = tune_fusion_on_index(index_dir, *split(index_dir), old.fusion_tuning.metric, progress=progress)
         report["fusion"] = evidence
     elif old.fusion_tuning is not None:
         report["fusion"] = "kept as tuned for the previous model (--keep-fusion)"
