@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -74,10 +75,10 @@ class ValueColumn:
     def __init__(self, values: np.ndarray, present: np.ndarray):
         self.values, self.present = values, present
 
-    def any_of(self, values: Sequence) -> np.ndarray:
+    def any_of(self, values: Sequence[bool | int | float]) -> np.ndarray:
         return self.present & np.isin(self.values, np.asarray(values))  # no cast: 1999.5 must not match an int 1999
 
-    def in_range(self, low, low_inclusive: bool, high, high_inclusive: bool) -> np.ndarray:
+    def in_range(self, low: float | None, low_inclusive: bool, high: float | None, high_inclusive: bool) -> np.ndarray:
         mask = self.present.copy()
         if low is not None:
             mask &= (self.values >= low) if low_inclusive else (self.values > low)
@@ -88,7 +89,7 @@ class ValueColumn:
     def take(self, docs: np.ndarray) -> ValueColumn:
         return ValueColumn(self.values[docs], self.present[docs])
 
-    def counts(self, docs: np.ndarray) -> list[tuple, int]:
+    def counts(self, docs: np.ndarray) -> list[tuple[bool | int | float, int]]:
         values = self.values[docs][self.present[docs]]
         unique, counts = np.unique(values, return_counts=True)
         return [(v.item(), int(c)) for v, c in zip(unique, counts)]
@@ -99,7 +100,7 @@ class MetadataColumns:
 
     def __init__(self, fields: dict[str, FieldInfo], columns: dict[str, KeywordColumn | ValueColumn], num_docs: int):
         self.fields, self.columns, self.num_docs = fields, columns, num_docs
-        self._cache: OrderedDict[str, Allowed] = OrderedDict()
+        self._cache: OrderedDict[str | None, Allowed] = OrderedDict()  # by the filter's JSON text
         self._lock = threading.Lock()
 
     @property
@@ -137,7 +138,7 @@ class MetadataColumns:
         """The columns of `docs` (in that order): a shard's (indexer.shards)."""
         return MetadataColumns(self.fields, {name: column.take(docs) for name, column in self.columns.items()}, len(docs))
 
-    def check_facets(self, names, path: str = "facets") -> list[str]:
+    def check_facets(self, names: object, path: str = "facets") -> list[str]:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise SpecError(path, f"must be a list of field names, got {short_text(names)}")
         valid = [n for n in self.filterable if self.fields[n].type in FACET_TYPES]
@@ -233,8 +234,8 @@ class MetadataCollector:
                 if decided is None:
                     fields[name] = FieldInfo(None, documents, reason=self._unfilterable(name))
                 else:
-                    columns[name] = self._column(decided, values or [])
-                    fields[name] = FieldInfo(decided, len(values or []), len(columns[name].vocab) if decided == "keyword" else None)
+                    columns[name] = column = self._column(decided, values or [])
+                    fields[name] = FieldInfo(decided, len(values or []), len(column.vocab) if isinstance(column, KeywordColumn) else None)
                 continue
             given = self.types.get(name)
             field_type = given if given is not None and kinds <= KINDS_OF_TYPE[given] else field_type_of(kinds)
@@ -245,8 +246,8 @@ class MetadataCollector:
             elif values is None:
                 fields[name] = FieldInfo(None, 0, reason="not listed in --filterable")
             else:
-                columns[name] = self._column(field_type, values)
-                distinct = len(columns[name].vocab) if field_type == "keyword" else None
+                columns[name] = column = self._column(field_type, values)
+                distinct = len(column.vocab) if isinstance(column, KeywordColumn) else None
                 fields[name] = FieldInfo(field_type, len(values), distinct)
         return MetadataColumns(fields, columns, self.num_docs)
 
@@ -265,7 +266,8 @@ class MetadataCollector:
     def _column(self, field_type: str, values: list[tuple[int, object]]) -> KeywordColumn | ValueColumn:
         n = self.num_docs
         if field_type == "keyword":
-            rows = [(doc, value if isinstance(value, list) else [value]) for doc, value in values]
+            # a keyword field's values are strings and lists of strings (KINDS_OF_TYPE)
+            rows = [(doc, cast("list[str]", value if isinstance(value, list) else [value])) for doc, value in values]
             vocab = sorted({v for _, row in rows for v in row})
             ids = {v: i for i, v in enumerate(vocab)}
             lengths = np.zeros(n, dtype=np.int64)
@@ -275,6 +277,7 @@ class MetadataCollector:
             value_ids = np.fromiter((ids[v] for _, row in rows for v in dict.fromkeys(row)), dtype=np.int32, count=int(offsets[-1]))
             return KeywordColumn(vocab, offsets, value_ids)
         dtype = {"bool": np.bool_, "int": np.int64, "float": np.float64, "date": np.float64}[field_type]
+        column: np.ndarray
         column, present = np.zeros(n, dtype=dtype), np.zeros(n, dtype=bool)
         for doc, value in values:
             column[doc] = parse_date(value) if field_type == "date" else value

@@ -53,7 +53,7 @@ class Allowed:
         return np.packbits(self.mask, bitorder="little")
 
 
-def check_filter(value) -> dict | None:
+def check_filter(value: object) -> dict | None:
     """A request's filter before the index checks its fields: a JSON object (an empty one: no filter)."""
     if value is None or value == {}:
         return None
@@ -62,7 +62,7 @@ def check_filter(value) -> dict | None:
     return value
 
 
-def evaluate(columns: MetadataColumns, filter_) -> np.ndarray:
+def evaluate(columns: MetadataColumns, filter_: object) -> np.ndarray:
     """The mask of the documents of `columns` that `filter_` admits; SpecError naming the path inside the filter when
     it is invalid."""
     return _evaluate(columns, filter_, ("filter",), 0)
@@ -133,7 +133,7 @@ def _condition(columns: MetadataColumns, name: str, condition, path: Loc) -> np.
     return mask
 
 
-def _operand(field_type: str, value, path: Loc):
+def _operand(field_type: str | None, value, path: Loc):
     """A filter value checked against its field's type, in the column's representation."""
     if field_type == "keyword":
         if isinstance(value, str):
