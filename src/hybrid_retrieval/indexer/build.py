@@ -30,17 +30,9 @@ from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.chunking import (
-    PASSAGE_EMBEDDINGS,
-    PASSAGE_FAISS,
-    PASSAGE_ROWS,
-    PASSAGE_SPANS,
-    PASSAGES_DIR,
-    Chunker,
     ChunkingParams,
-    save_passages,
-    write_passages,
 )
-from hybrid_retrieval.indexer.corpus import corpus_file, count_records, indexed_text, read_corpus
+from hybrid_retrieval.indexer.corpus import corpus_file, count_records, read_corpus
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.manifest import (
     MANIFEST,
@@ -52,6 +44,7 @@ from hybrid_retrieval.indexer.manifest import (
     read_manifest,
     write_manifest,
 )
+from hybrid_retrieval.indexer.representation import VectorBuild, VectorSource, representation_of
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.profiles import PRECISION_PROFILES, PROFILES, export_profile
@@ -157,42 +150,6 @@ def _write_documents(
     return tokens
 
 
-def _embed_documents(folder: Path, embedder, batch_size: int, progress: bool) -> np.ndarray:
-    """Pass 2: embed the stored documents in chunks straight into a memory-mapped .npy file."""
-    docs = store.DocStore(folder)
-    try:
-        vectors = np.lib.format.open_memmap(folder / store.EMBEDDINGS, mode="w+", dtype=np.float32, shape=(len(docs), embedder.dimension))
-        chunk = 1024
-        with progress_bar(len(docs), "embeddings", "docs", progress) as bar:
-            for start in range(0, len(docs), chunk):
-                stop = min(start + chunk, len(docs))
-                texts = [indexed_text(doc["title"], doc["text"]) for doc in map(docs.get, range(start, stop))]
-                vectors[start:stop] = embedder.encode(texts, batch_size=batch_size)
-                bar.update(stop - start)
-        vectors.flush()
-    finally:
-        docs.close()
-    return np.load(folder / store.EMBEDDINGS)
-
-
-def _index_passage_terms(folder: Path, options: BuildOptions) -> None:
-    """BM25 of a chunked index's passages: their vocabulary (bm25s) and postings, scored with live statistics."""
-    where = folder / PASSAGES_DIR
-    spans, rows = np.load(where / PASSAGE_SPANS), np.load(where / PASSAGE_ROWS)
-    docs = store.DocStore(folder)
-    try:
-        tokens, doc, row_of_doc = [], None, -1
-        for (start, end), row in zip(spans.tolist(), rows.tolist()):
-            if row != row_of_doc:
-                doc, row_of_doc = docs.get(row), row
-            tokens.append(options.analyzer.analyze(indexed_text(doc["title"], doc["text"][start:end])))
-    finally:
-        docs.close()
-    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25, options.progress)
-    bm25.save(where / store.BM25_DIR)
-    Postings.from_tokens(tokens, bm25.vocabulary).save(where)
-
-
 def corpus_documents(source: Path) -> Callable[[], Iterator[tuple[str, str]]]:
     """The (title, text) pairs of the corpus at `source`, read when called (what the small profile distils on)."""
     return lambda: ((doc.title, doc.text) for doc in read_corpus(source))
@@ -215,10 +172,13 @@ def build_index(
     onnx_folder = export_profile(model, options.profile, options.onnx_cache, corpus_documents(source), options.device, options.progress)
     # the export cache is keyed by weights: an export made from the same weights at another path names that path
     embedder_spec = {**json.loads((onnx_folder / "embedder.json").read_text()), "model": model.name}
-    embedder = _make_embedder(options, onnx_folder, model.path) if embed is None else None
+    if embed is None:
+        vectors = VectorSource(embedder=_make_embedder(options, onnx_folder, model.path))
+    else:
+        vectors = VectorSource(embed_folder=lambda folder: embed(folder, onnx_folder))
 
     with publish_dir(out) as tmp:
-        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, embedder=embedder, started=started, embed=embed)
+        manifest = build_into(tmp, source, options, onnx_folder, embedder_spec, vectors=vectors, started=started)
     logger.info("index of %d documents published at %s", manifest.documents, out)
     return manifest
 
@@ -230,21 +190,17 @@ def build_into(
     onnx_folder: Path | None,
     embedder_spec: dict,
     *,
-    embedder=None,
-    vectors: np.ndarray | None = None,
+    vectors: VectorSource = VectorSource(),
     started: float | None = None,
-    embed: Callable[[Path, Path], np.ndarray] | None = None,
     collection: bool = False,
-    passages: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     checkpoint: Callable[[], None] = lambda: None,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
-    Documents are embedded with `embedder` or by `embed` (see build_index), or take `vectors` (one row per document,
-    in corpus order) as given. `collection`: the base of a collection (created empty, or compacted), which may be empty
-    and may declare filterable fields no document has yet; else an empty corpus or such a field is an error. A chunked
-    index (options.chunking) embeds its documents' passages, or takes `passages` (spans, rows, vectors) as given, with
-    `vectors` each document's first passage's. `checkpoint` runs between stages: what it raises ends the build (a
-    compaction whose collection is being closed stops at the next stage instead of finishing a base nobody takes)."""
+    The documents' vectors come from `vectors` (indexer.representation: embedded, or as given), in the index's
+    representation (whole documents, or passages: options.chunking). `collection`: the base of a collection (created
+    empty, or compacted), which may be empty and may declare filterable fields no document has yet; else an empty
+    corpus or such a field is an error. `checkpoint` runs between stages: what it raises ends the build (a compaction
+    whose collection is being closed stops at the next stage instead of finishing a base nobody takes)."""
     started = time.perf_counter() if started is None else started
     t = time.perf_counter()
     timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
@@ -267,20 +223,18 @@ def build_into(
 
     t = time.perf_counter()
     dimension = embedder_spec["dimension"]
-    passage_count = 0
-    if options.chunking.enabled:
-        vectors, passage_count = _build_passages(tmp, options, embedder, onnx_folder, dimension, bm25.num_docs, passages, vectors)
-    vectors = _document_vectors(tmp, options, vectors, embed, embedder, onnx_folder, dimension, bm25.num_docs)
+    document_vectors, passage_count = _embed(tmp, options, onnx_folder, dimension, vectors)
     timings["embeddings_s"] = time.perf_counter() - t
     checkpoint()
 
     t = time.perf_counter()
-    faiss.write_index(build_faiss_index(vectors, options.faiss, options.device, options.progress), str(tmp / store.FAISS_FILE))
+    faiss_index = build_faiss_index(document_vectors, options.faiss, options.device, options.progress)
+    faiss.write_index(faiss_index, str(tmp / store.FAISS_FILE))
     timings["faiss_s"] = time.perf_counter() - t
 
     if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)
         shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=_link_or_copy)
-    manifest = _manifest(tmp, source, options, embedder_spec, len(vectors), bm25.vocabulary_size, passage_count, metadata.fields)
+    manifest = _manifest(tmp, source, options, embedder_spec, len(document_vectors), bm25.vocabulary_size, passage_count, metadata.fields)
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},
         "total_s": round(time.perf_counter() - started, 3),
@@ -291,55 +245,16 @@ def build_into(
     return manifest
 
 
-def _build_passages(
-    tmp: Path,
-    options: BuildOptions,
-    embedder,
-    onnx_folder: Path | None,
-    dimension: int,
-    num_docs: int,
-    passages: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-    vectors: np.ndarray | None,
-) -> tuple[np.ndarray | None, int]:
-    """A chunked index's passages (embedded, or `passages` as a compaction gives them, `vectors` their documents'
-    first ones) and their FAISS index: the documents' vectors (each its first passage's) and the passages' count."""
-    if passages is None and not num_docs:  # an empty collection: nothing to embed
-        vectors = np.empty((0, dimension), dtype=np.float32)
-        passages = (np.empty((0, 2), np.int64), np.empty(0, np.int64), vectors)
-    if passages is not None:  # a compaction's: the documents' passages as they are, `vectors` their first ones
-        save_passages(tmp, *passages)
-    elif embedder is None or onnx_folder is None:
-        raise ConfigError("a chunked index embeds its passages itself: it takes no document vectors")
-    else:
-        docs = store.DocStore(tmp)
-        try:
-            chunker = Chunker(onnx_folder, options.chunking)
-            encode = lambda texts: embedder.encode(texts, batch_size=options.batch_size)
-            vectors = write_passages(tmp, map(docs.get, range(len(docs))), chunker, encode, embedder.dimension, options.progress)
-        finally:
-            docs.close()
-    _index_passage_terms(tmp, options)
-    passage_vectors = np.load(tmp / PASSAGES_DIR / PASSAGE_EMBEDDINGS)
-    index = build_faiss_index(passage_vectors, options.faiss, options.device, options.progress)
-    faiss.write_index(index, str(tmp / PASSAGES_DIR / PASSAGE_FAISS))
-    np.save(tmp / store.EMBEDDINGS, vectors)
-    return vectors, len(passage_vectors)
-
-
-def _document_vectors(
-    tmp: Path, options: BuildOptions, vectors, embed, embedder, onnx_folder: Path | None, dimension: int, num_docs: int
-) -> np.ndarray:
-    """One vector per document, saved: `vectors` as given (a chunked index's, saved already), made by `embed`, or
-    embedded with `embedder`."""
-    if vectors is None and not num_docs:
-        vectors = np.empty((0, dimension), dtype=np.float32)
-    if vectors is None and embed is not None:
-        vectors = embed(tmp, onnx_folder)
-    if vectors is None:
-        return _embed_documents(tmp, embedder, options.batch_size, options.progress)
-    if not options.chunking.enabled:
-        np.save(tmp / store.EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
-    return vectors
+def _embed(tmp: Path, options: BuildOptions, onnx_folder: Path | None, dimension: int, vectors: VectorSource) -> tuple[np.ndarray, int]:
+    """The build's vectors stage, in the index's representation: each document's vector and the passages' count."""
+    docs = store.DocStore(tmp)
+    try:
+        build = VectorBuild(
+            tmp, docs, dimension, options.analyzer, options.bm25, options.faiss, options.device, options.batch_size, options.progress
+        )
+        return representation_of(options.chunking, onnx_folder, dimension).build(build, vectors)
+    finally:
+        docs.close()
 
 
 def _manifest(

@@ -23,6 +23,7 @@ from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.compaction import build_options_of, current_corpus
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
+from hybrid_retrieval.indexer.representation import VectorSource
 from hybrid_retrieval.indexer.store import OpenIndex, carry_reranker, open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import OnnxEmbedder
@@ -76,7 +77,7 @@ def reembed(
                     onnx_folder,
                     # the export cache is keyed by weights: one made from the same weights elsewhere names that path
                     {**json.loads((onnx_folder / CONFIG_FILE).read_text()), "model": resolved.name},
-                    embedder=embedder,
+                    vectors=VectorSource(embedder=embedder),
                     started=started,
                 )
                 # every logged write is in the new base, embedded by the new model: the log starts afresh after them

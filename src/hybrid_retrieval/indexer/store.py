@@ -1,17 +1,4 @@
-"""The index folder: manifest, document store, and opening with verification.
-
-Layout (all paths relative to the index folder, all listed with size and sha256 in the manifest):
-    manifest.json          what was built, how, from what
-    docs.jsonl             one stored document per line, in internal index order
-    docs.offsets.npy       byte offset of each line (n + 1 entries) for O(1) random access
-    bm25/                  bm25s sparse score matrix (memory-mapped .npy) and vocabulary
-    embeddings.npy         float32 unit document vectors, (n, dimension)
-    dense.faiss            FAISS inner-product index over those vectors
-    model/                 the ONNX query/document embedder the index was built with
-    postings/              term frequencies and document lengths (search.postings): BM25 with live statistics
-    metadata/              filterable metadata columns (search.filters), when the documents have any
-    hubness-<time>/        (after `hybrid hubness fit`) biases, activation sets, augmented FAISS index
-"""
+"""The index folder (its layout: indexer.files): manifest, document store, and opening with verification."""
 
 from __future__ import annotations
 
@@ -29,9 +16,10 @@ import faiss
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.indexer.chunking import PASSAGE_EMBEDDINGS, PASSAGE_FAISS, PASSAGE_ROWS, PASSAGE_SPANS, PASSAGES_DIR
 from hybrid_retrieval.indexer.corpus import indexed_text
+from hybrid_retrieval.indexer.files import BM25_DIR, DOC_OFFSETS, DOCS, EMBEDDINGS, FAISS_FILE, MODEL_DIR, RERANKER_DIR
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
+from hybrid_retrieval.indexer.representation import Representation, representation_of
 from hybrid_retrieval.models.embedder import NO_MODEL, Embedder, NoEmbedder, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import resolve_precision
 from hybrid_retrieval.models.providers import on_gpu
@@ -46,17 +34,9 @@ from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.postings import POSTINGS_DIR, Postings
 from hybrid_retrieval.search.rerank import Reranker
-from hybrid_retrieval.search.segments import LIVE_METHOD, LiveSegment, PassageBM25
 
 logger = logging.getLogger(__name__)
 
-DOCS = "docs.jsonl"
-DOC_OFFSETS = "docs.offsets.npy"
-BM25_DIR = "bm25"
-EMBEDDINGS = "embeddings.npy"
-FAISS_FILE = "dense.faiss"
-MODEL_DIR = "model"
-RERANKER_DIR = "reranker"  # the index's own cross-encoder (ONNX export and training record), written by `hybrid optimize`
 VERIFY_MODES = ("full", "size", "none")
 # A fitted hubness correction (indexer.hubness writes it): <bias column>.npy, activation_<bank>.npy, and
 # dense.faiss over the augmented vectors [d, -bias columns].
@@ -190,6 +170,11 @@ class OpenIndex:
     folder_id: tuple[int, int] | None = None  # folder_identity(path) when it was opened
 
     @functools.cached_property
+    def representation(self) -> Representation:
+        """Whole documents or passages: how writes to it are embedded and what a compaction carries."""
+        return representation_of(self.manifest.chunking, self.path / MODEL_DIR, self.dense.dimension)
+
+    @functools.cached_property
     def query_embedder(self):
         """What embeds queries (and query banks): the documents' embedder when the precisions agree, else a CPU session
         of the same model at `query_precision`, opened on first use."""
@@ -316,7 +301,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     metadata = None
     if any(info.filterable for info in manifest.metadata.values()):
         metadata = MetadataColumns.load(folder, manifest.metadata, manifest.documents)
-    passages = _load_passages(folder, manifest, device) if manifest.chunking.enabled else None
+    passages = representation_of(manifest.chunking, folder / MODEL_DIR, manifest.embedder.dimension).load(folder, manifest, device)
     return OpenIndex(
         folder,
         manifest,
@@ -342,22 +327,6 @@ def folder_identity(folder: Path) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return stat.st_dev, stat.st_ino
-
-
-def _load_passages(folder: Path, manifest: Manifest, device: str) -> PassageIndex:
-    where = folder / PASSAGES_DIR
-    vectors = np.asarray(np.load(where / PASSAGE_EMBEDDINGS, mmap_mode="r"))
-    rows, spans = np.load(where / PASSAGE_ROWS), np.load(where / PASSAGE_SPANS)
-    counts = {"manifest": manifest.counts.get("passages", 0), "rows": len(rows), "vectors": len(vectors), "spans": len(spans)}
-    if len(set(counts.values())) != 1 or (len(rows) and (rows[-1] >= manifest.documents or np.any(np.diff(rows) < 0))):
-        raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
-    dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
-    lexical = None
-    if manifest.bm25.method == LIVE_METHOD and (where / BM25_DIR).is_dir():  # scored with live statistics: lucene only
-        bm25 = BM25Index.load(where / BM25_DIR, manifest.analyzer)
-        nothing = LiveSegment([], manifest.embedder.dimension, {})
-        lexical = PassageBM25(bm25, Postings.load(where), manifest.bm25, rows, np.ones(len(rows), bool), nothing, manifest.documents)
-    return PassageIndex(dense, vectors, rows, spans, manifest.documents, lexical)
 
 
 def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearcher | None:

@@ -19,6 +19,7 @@ from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.live.validate import filterable_fields
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
+from hybrid_retrieval.indexer.representation import VectorSource
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
@@ -35,9 +36,10 @@ def build_compacted(
     on_compact: OnCompact | None = None,
     checkpoint: Callable[[], None] = lambda: None,
 ) -> None:
-    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; a
-    chunked index's passages as they are), with what it keeps of the old base and what `on_compact(state, manifest,
-    folder)` adds; the manifest is written last. `checkpoint` runs between stages and may stop the build (build_into)."""
+    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; what
+    its representation carries as it is: a chunked index's passages), with what it keeps of the old base and what
+    `on_compact(state, manifest, folder)` adds; the manifest is written last. `checkpoint` runs between stages and may
+    stop the build (build_into)."""
     checkpoint()  # after current_corpus, as long as a stage for a large collection
     index = state.index
     options = replace(build_options_of(index), field_types=dict(state.field_types))
@@ -48,9 +50,8 @@ def build_compacted(
         options,
         model,
         json.loads((model / CONFIG_FILE).read_text()) if model is not None else no_model_spec(index.manifest.embedder.dimension),
-        vectors=vectors,
+        vectors=VectorSource(documents=vectors, passages=index.representation.carried(index.passages, state.base_alive, state.live)),
         collection=True,
-        passages=current_passages(state) if index.passages is not None else None,
         checkpoint=checkpoint,
     )
     checkpoint()
@@ -102,20 +103,6 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
         ]
     )
     return corpus, vectors
-
-
-def current_passages(state: ReadView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A chunked collection's passages (spans, rows, vectors), in current_corpus's order of documents."""
-    base = state.index.passages
-    assert base is not None
-    alive = np.flatnonzero(state.base_alive)
-    ids = base.passages_of(alive)
-    counts = np.diff(base.first)[alive]
-    live = state.live
-    rows = np.concatenate([np.repeat(np.arange(len(alive), dtype=np.int64), counts), live.passage_rows + len(alive)])
-    spans = np.concatenate([base.spans[ids], live.passage_spans])
-    vectors = np.concatenate([base.vectors[ids], live.passage_vectors])
-    return spans, rows, vectors
 
 
 def build_options_of(index: OpenIndex) -> BuildOptions:

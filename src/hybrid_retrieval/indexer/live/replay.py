@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 
 from hybrid_retrieval.common.errors import HybridError, SpecError
-from hybrid_retrieval.indexer.chunking import decode_passages
 from hybrid_retrieval.indexer.live.apply import LiveState
 from hybrid_retrieval.indexer.live.log import log_path
 from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types
@@ -45,24 +44,17 @@ def apply_logged(state: LiveState, record: dict) -> str | None:
                 [{k: d[k] for k in ("id", "title", "text", "metadata") if k in d} for d in docs], 2**31, state.field_types
             )
             added = decide_types(checked, state.field_types, state.filterable)
-            chunked = state.index.passages is not None
+            representation = state.index.representation
+            carried = []
             for doc in docs:
                 if len(base64.b64decode(doc["vector"], validate=True)) != 4 * state.index.dense.dimension:
                     raise SpecError(("documents", doc["id"], "vector"), f"not {state.index.dense.dimension} float32 values")
-                if chunked != ("passages" in doc):
-                    raise SpecError(("documents", doc["id"]), "passages in a record of an unchunked index, or none in a chunked one")
-                if chunked:
-                    decode_passages(doc["passages"], doc["text"], state.index.dense.dimension)  # ValueError saying what is wrong
+                carried.append(representation.check_logged(doc, state.index.dense.dimension))
             record = {
                 **record,
                 "documents": [
-                    {
-                        **c,
-                        "vector": d["vector"],
-                        **({"position": int(d["position"])} if "position" in d else {}),
-                        **({"passages": d["passages"]} if chunked else {}),
-                    }
-                    for c, d in zip(checked, docs)
+                    {**c, "vector": d["vector"], **({"position": int(d["position"])} if "position" in d else {}), **more}
+                    for c, d, more in zip(checked, docs, carried)
                 ],
             }
         elif record.get("op") == "delete":

@@ -8,18 +8,14 @@ from __future__ import annotations
 import logging
 import threading
 
-import numpy as np
-
 from hybrid_retrieval.common.errors import HybridError, StorageError
-from hybrid_retrieval.indexer.chunking import Chunker, encode_passages, float32_text
-from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.apply import LiveState
 from hybrid_retrieval.indexer.live.embedding import WriteEmbedding
 from hybrid_retrieval.indexer.live.fence import Closed, replaced
 from hybrid_retrieval.indexer.live.log import log_path, unwritable
 from hybrid_retrieval.indexer.live.replay import replay_records
 from hybrid_retrieval.indexer.live.validate import VectorRule, check_batch, check_ids, decide_types
-from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex
+from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.indexer.wal import WriteAheadLog
 from hybrid_retrieval.models.embedder import NO_MODEL
 from hybrid_retrieval.search import budget
@@ -34,11 +30,10 @@ class Writer:
     def __init__(self, index: OpenIndex, max_batch_docs: int, embed: WriteEmbedding):
         self.max_batch_docs, self.embed = max_batch_docs, embed
         # documents may bring their own vectors of the index's dimension; without a model, they must. A chunked index
-        # embeds its documents' passages itself (indexer.chunking): its documents bring none.
-        chunking = index.manifest.chunking
-        self.chunker = Chunker(index.path / MODEL_DIR, chunking) if chunking.enabled else None
+        # embeds its documents' passages itself (indexer.representation): its documents bring none.
         no_model = index.manifest.embedder.document_backend == NO_MODEL
-        self.vectors = None if self.chunker is not None else VectorRule(index.dense.dimension, required=no_model)
+        chunked = index.representation.chunked
+        self.vectors = None if chunked else VectorRule(index.dense.dimension, required=no_model)
         self.state = LiveState(index, index.manifest.applied_sequence)
         self.lock = threading.Lock()
         self.problem: str | None = None  # why the last write could not be logged (cleared by the next that is)
@@ -52,34 +47,10 @@ class Writer:
         checked = self.check_batch(documents)  # everything a record holds is checked and converted before it is logged
         if positions is not None:
             checked = [{**doc, "position": int(position)} for doc, position in zip(checked, positions, strict=True)]
-        if self.chunker is not None:
-            return self._log_and_apply({"op": "upsert", "documents": self._with_passages(checked)})
-        assert self.vectors is not None  # set when the index is not chunked
-        vectors = np.empty((len(checked), self.vectors.dimension), dtype=np.float32)
-        embed = [i for i, doc in enumerate(checked) if "vector" not in doc]
-        for i, doc in enumerate(checked):
-            if "vector" in doc:
-                vectors[i] = doc["vector"]
-        if embed:
-            vectors[embed] = self.embed([indexed_text(checked[i]["title"], checked[i]["text"]) for i in embed])
+        record_docs, vectors = self.state.index.representation.embed_writes(checked, self.embed)
         hubness = self.state.hubness  # the banks do not change (a compaction carries them), so this is computed unlocked
-        prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None else None
-        record_docs = [{**doc, "vector": float32_text(v)} for doc, v in zip(checked, vectors)]
+        prepared = hubness.prepare([doc["id"] for doc in checked], vectors) if hubness is not None and vectors is not None else None
         return self._log_and_apply({"op": "upsert", "documents": record_docs}, prepared)
-
-    def _with_passages(self, checked: list[dict]) -> list[dict]:
-        """A chunked index's documents with their passages, embedded: a re-upsert replaces all of a document's passages
-        in one record. The document's own vector is its first passage's (what the build keeps)."""
-        assert self.chunker is not None
-        spans = [self.chunker.spans(doc["text"]) for doc in checked]
-        texts = [indexed_text(doc["title"], doc["text"][span.start : span.end]) for doc, mine in zip(checked, spans) for span in mine]
-        vectors = self.embed(texts)
-        ends = np.cumsum([len(mine) for mine in spans])
-        out = []
-        for doc, mine, end in zip(checked, spans, ends):
-            passages = vectors[end - len(mine) : end]
-            out.append({**doc, "vector": float32_text(passages[0]), "passages": encode_passages(mine, passages)})
-        return out
 
     def delete(self, ids: list) -> int:
         return self._log_and_apply({"op": "delete", "ids": check_ids(ids)})
