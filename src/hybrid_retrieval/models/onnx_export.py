@@ -19,10 +19,16 @@ import os
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
 
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.models.registry import ResolvedModel
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +183,7 @@ def _fuse_and_quantize(out: Path, hf_config) -> None:
     )
 
 
-def pool(hidden, attention_mask, pooling: str):
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, pooling: str) -> torch.Tensor:
     """The sentence embedding of a transformer's last hidden states (torch): the CLS token's or the mean of the
     attended tokens', L2-normalised, as sentence-transformers pools (the export's graph and the student's training)."""
     import torch
@@ -190,11 +196,19 @@ def pool(hidden, attention_mask, pooling: str):
     return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
 
+class _TransformerModule(Protocol):
+    """What an export reads of a sentence-transformers model's first module: its Transformer (a class whose import
+    path moved between sentence-transformers releases)."""
+
+    auto_model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+
+
 def _export_embedder(model: ResolvedModel, out: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     st_model = SentenceTransformer(str(model.path), device="cpu")
-    transformer = st_model[0]
+    transformer = cast(_TransformerModule, st_model[0])
     tokenizer = transformer.tokenizer
     input_names = _input_names(tokenizer)
     pooling = _pooling_mode(st_model)
@@ -316,10 +330,12 @@ def cached_export(target: Path, marker: str, export: Callable[[Path], None]) -> 
     return target
 
 
-def st_dimension(st_model) -> int:
+def st_dimension(st_model: SentenceTransformer) -> int:
     """Embedding size of a SentenceTransformer (the method was renamed in sentence-transformers 6)."""
     getter = getattr(st_model, "get_embedding_dimension", None) or st_model.get_sentence_embedding_dimension
-    return int(getter())
+    dimension = getter()
+    assert dimension is not None  # None when none of its modules declares the size (int(None) failed here before)
+    return int(dimension)
 
 
 def export_onnx(model: ResolvedModel, cache_dir: Path | None = None) -> Path:
