@@ -13,7 +13,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib.metadata import version
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, params
 from fastapi.middleware.cors import CORSMiddleware
 from threadpoolctl import threadpool_limits
 
@@ -181,18 +181,28 @@ def _add_middleware(app: FastAPI, settings: Settings) -> None:
 
 # The routes of one collection serve twice: the default collection's unprefixed, and any collection's (or alias's)
 # under /collections/{name}, whose dependency names it. (prefix, dependencies, tag, the compaction's router)
-_COLLECTION_MOUNTS: list[tuple[str, list[Any], str, APIRouter]] = [
+_COLLECTION_MOUNTS: list[tuple[str, list[params.Depends], str, APIRouter]] = [
     ("", [], "default collection", documents.default_compaction),
     ("/collections/{name}", [Depends(named_collection)], "collections", documents.named_compaction),
 ]
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such collection or alias (unprefixed routes: no default collection)"}
 }
+_SERVICE_ROUTERS = (
+    operations.router,
+    operations.admin,
+    collections.reads,
+    collections.writes,
+    aliases.reads,
+    aliases.writes,
+    tasks.router,
+    snapshots.reads,
+    snapshots.writes,
+)
 
 
 def _include_routes(app: FastAPI) -> None:
-    services = (operations.router, operations.admin, collections.reads, collections.writes, aliases.reads, aliases.writes, tasks.router)
-    for router in (*services, snapshots.reads, snapshots.writes):
+    for router in _SERVICE_ROUTERS:
         app.include_router(router)
     for prefix, dependencies, tag, compaction in _COLLECTION_MOUNTS:
         for router in (search.router, documents.writes, documents.reads, compaction):
