@@ -5,17 +5,24 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import MISSING, fields
+from typing import TYPE_CHECKING, Any
 
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.filters.language import check_filter
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def default(cls, name: str):
-    """The default of dataclass field `name` of `cls`."""
+
+def default(cls: type[DataclassInstance], name: str) -> Any:
+    """The default of dataclass field `name` of `cls` (of that field's type, which `name` picks at run time)."""
     field = next(f for f in fields(cls) if f.name == name)
-    return field.default_factory() if field.default is MISSING else field.default
+    if field.default is MISSING:
+        assert field.default_factory is not MISSING, f"{cls.__name__}.{name} has no default"
+        return field.default_factory()
+    return field.default
 
 
 def add_device(parser: argparse.ArgumentParser, help: str = "FAISS / ONNX device", default: str | None = "auto") -> None:
@@ -32,7 +39,7 @@ def add_query_precision(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_quiet(parser: argparse.ArgumentParser) -> None:
+def add_quiet(parser: argparse._ActionsContainer) -> None:  # a parser or one of its argument groups
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 

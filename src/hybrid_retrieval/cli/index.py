@@ -35,7 +35,7 @@ from hybrid_retrieval.search.dense import FAISS_KINDS, FaissParams
 from hybrid_retrieval.training.reembed import reembed_index
 
 
-def register(commands) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("index", help="build an index from a BEIR folder or a JSONL corpus")
     p.add_argument("corpus", type=Path)
     where = p.add_mutually_exclusive_group(required=True)
@@ -196,7 +196,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     add_quiet(g)
 
 
-def run_ingest(args) -> None:
+def run_ingest(args: argparse.Namespace) -> None:
     if args.documents is None and args.delete is None:
         raise ConfigError("nothing to do: give a documents file and/or --delete IDS_FILE")
     collection = Collection(open_index(args.index, verify="size", device=args.device), max_batch_docs=args.batch_docs)
@@ -226,14 +226,14 @@ def run_ingest(args) -> None:
     )
 
 
-def run_repair(args) -> int:
+def run_repair(args: argparse.Namespace) -> int:
     """Prints the salvage report as JSON; exit code 0 when every record was intact, 1 when some were dropped."""
     report = repair_log(args.index, dry_run=args.dry_run)
     print(json.dumps({"index": str(args.index), "dry_run": args.dry_run, **report.to_dict()}, indent=2))
     return 1 if report.damage else 0
 
 
-def run_reembed(args) -> None:
+def run_reembed(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     if args.model is None and args.profile is None:
         raise ConfigError("give --model, --profile or both: what the documents are embedded with next")
@@ -246,7 +246,7 @@ def run_reembed(args) -> None:
     print(f"re-embedded {report['documents']} documents of {args.index} with {what} in {took:.1f} s")
 
 
-def build_options(args) -> BuildOptions:
+def build_options(args: argparse.Namespace) -> BuildOptions:
     given = {name: getattr(args, name) for name in ("language", "stemmer", "stopwords", "normalization", "cjk") if getattr(args, name)}
     analyzer = parse_analyzer({**given, **({"fold_accents": True} if args.fold_accents else {})}, "analyzer")
     return BuildOptions(
@@ -290,7 +290,7 @@ def _field_list(text: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in text.split(",") if name.strip())
 
 
-def _collection_folder(args) -> Path:
+def _collection_folder(args: argparse.Namespace) -> Path:
     """Where `--collection NAME` builds: the data directory's folder of that name, free unless --replace."""
     data = DataDir(args.data or os.environ.get("HYBRID_DATA") or "data")
     name = check_name(args.collection, "--collection")
@@ -303,7 +303,7 @@ def _collection_folder(args) -> Path:
     return data.path(name)
 
 
-def run_index(args) -> None:
+def run_index(args: argparse.Namespace) -> None:
     if args.collection is not None:
         args.out = _collection_folder(args)
     elif args.data is not None or args.replace:
@@ -332,7 +332,7 @@ def run_index(args) -> None:
     )
 
 
-def run_shard(args) -> None:
+def run_shard(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     info = split_index(args.index, args.out, args.shards)
     sizes = ", ".join(str(shard["documents"]) for shard in info["shards"])
