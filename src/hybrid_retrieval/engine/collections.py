@@ -22,8 +22,8 @@ from hybrid_retrieval.engine.serving import Reloader, Resources, open_folder
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
 from hybrid_retrieval.indexer.datadir.snapshots import SnapshotInfo, SnapshotStore, model_folders, restore_into
-from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import log_path
+from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import MANIFEST, read_manifest
 from hybrid_retrieval.indexer.shards.layout import is_sharded
 from hybrid_retrieval.indexer.store import MODEL_DIR, folder_identity, model_identity
@@ -64,7 +64,7 @@ def memory_bytes(reloader: Reloader) -> int:
     if serving is None:
         return 0
     total = sum(entry["bytes"] for path, entry in serving.index.manifest.files.items() if path.split("/")[0] not in NOT_LOADED)
-    if serving.view is not None:
+    if isinstance(serving.view, ReadView):  # a sharded collection's live segments are its shards'
         total += serving.view.live.vectors.nbytes
     return total
 
@@ -278,8 +278,6 @@ class Collections:
         if serving is None:
             raise Conflict(f"collection {reloader.name!r} is not loaded")
         collection = serving.collection
-        if collection is not None and not isinstance(collection, Collection):
-            raise Conflict(f"collection {reloader.name!r} is sharded: snapshot each shard's folder offline (`hybrid snapshot create`)")
         frozen = collection.frozen if collection is not None else None  # read-only: nothing changes under the copy
         try:
             info = store.take(serving.index.path, reloader.name, frozen, model)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hybrid_retrieval.common.errors import Conflict, HybridError, SpecError
+from hybrid_retrieval.engine.writable import WritableCollection
 from hybrid_retrieval.indexer.leftovers import folder_bytes, remove_leftovers, temporary_bytes
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.fence import Closed
@@ -19,11 +20,18 @@ from hybrid_retrieval.indexer.live.replay import ReplayError
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.open import open_any
-from hybrid_retrieval.indexer.shards.writes import ShardedCollection
+from hybrid_retrieval.indexer.shards.writes import ShardedCollection, ShardedView
 from hybrid_retrieval.indexer.store import MODEL_DIR, RERANKER_DIR, OpenIndex, model_identity
 from hybrid_retrieval.indexer.wal import CorruptLog
 from hybrid_retrieval.models.batching import BatchingCrossEncoder, BatchingEmbedder, LoadAwareEmbedder
-from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight, reranking_gained, tuned_weight, weight_evidence
+from hybrid_retrieval.models.cross_encoder import (
+    CrossEncoder,
+    load_cross_encoder,
+    rerank_weight,
+    reranking_gained,
+    tuned_weight,
+    weight_evidence,
+)
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
 from hybrid_retrieval.models.providers import on_gpu
@@ -39,13 +47,13 @@ logger = logging.getLogger(__name__)
 class Serving:
     """An index snapshot and its pipeline, swapped as one object so a request never mixes two snapshots."""
 
-    index: OpenIndex
+    index: OpenIndex | ShardedIndex
     pipeline: SearchPipeline
     presenter: Presenter
     rerank_evidence: dict | None = None  # the reranker's tuned weight, when it is the one served
-    collection: Collection | None = None  # None: this index takes no writes (`write_refusal` says why)
+    collection: WritableCollection | None = None  # None: this index takes no writes (`write_refusal` says why)
     write_refusal: str | None = None
-    view: ReadView | None = None
+    view: ReadView | ShardedView | None = None
 
     @property
     def documents(self) -> int:
@@ -74,7 +82,7 @@ def open_folder(folder: Path, settings, embedder=None):
     return open_any(folder, verify=settings.verify, device=settings.device, query_precision=settings.query_precision, embedder=embedder)
 
 
-def load_reranker(settings, batch: bool = False, folder: str | Path | None = None):
+def load_reranker(settings, batch: bool = False, folder: str | Path | None = None) -> CrossEncoder | None:
     """The cross-encoder in `folder`, default the one the settings name, loaded once for the life of the service
     (reloads keep it)."""
     folder = folder or settings.reranker
@@ -89,7 +97,7 @@ class Reranking:
     """How a collection reranks: the cross-encoder (None: it does not), its name, the partial spec it puts over the
     index's defaults, and the evidence of its weight."""
 
-    cross_encoder: object | None
+    cross_encoder: CrossEncoder | None
     name: str
     spec: dict
     evidence: dict | None
@@ -113,7 +121,7 @@ class Resources:
         self.metrics.query_cache_hit_ratio.set_function(self.query_cache.hit_ratio)
         self._sessions: dict[tuple, OnnxEmbedder] = {}  # (model identity, precision, device, threads) -> session
         self._sessions_lock = threading.Lock()
-        self._own_rerankers: dict[str, object] = {}  # an index's own reranker, by its files' checksums
+        self._own_rerankers: dict[str, CrossEncoder | None] = {}  # an index's own reranker, by its files' checksums
         self._own_reranking: dict[int, Reranking] = {}  # by id of the opened index, dropped when it is released
         tuned = rerank_weight(settings.reranker) if settings.reranker else None
         gained = reranking_gained(settings.reranker) if settings.reranker else None
@@ -190,7 +198,7 @@ class Reloader:
         self._compaction: threading.Thread | None = None  # the last background compaction started
         self._lock = threading.Lock()
 
-    def open(self, index: OpenIndex) -> Serving:
+    def open(self, index: OpenIndex | ShardedIndex) -> Serving:
         """Serve `index` and the writes its log holds; writes go to its collection when the index can take them."""
         collection, refusal = self._collection(index)
         previous = self.serving
@@ -207,31 +215,38 @@ class Reloader:
         )
         return serving
 
-    def _collection(self, index: OpenIndex | ShardedIndex) -> tuple[Collection | ShardedCollection | None, str | None]:
+    def _collection(self, index: OpenIndex | ShardedIndex) -> tuple[WritableCollection | None, str | None]:
         """The live collection that takes the index's writes, or why it takes none."""
         try:
-            in_flight = self.resources.in_flight
             if isinstance(index, ShardedIndex):  # each shard's writer embeds its own documents
-                collection = ShardedCollection(index, self.settings.max_batch_docs)
-            else:
-                collection = Collection(
-                    index, self.settings.max_batch_docs, write_threads=self.settings.write_threads, searching=lambda: in_flight.active > 0
-                )
-            collection.on_refresh = functools.partial(self._publish_view, collection)
-            return collection, None
+                sharded = ShardedCollection(index, self.settings.max_batch_docs)
+                sharded.on_refresh = functools.partial(self._publish_view, sharded)
+                return sharded, None
+            in_flight = self.resources.in_flight
+            whole = Collection(
+                index, self.settings.max_batch_docs, write_threads=self.settings.write_threads, searching=lambda: in_flight.active > 0
+            )
+            whole.on_refresh = functools.partial(self._publish_view, whole)
+            return whole, None
         except (CorruptLog, ReplayError):  # serving the index without its logged writes would hide them: refuse
             raise
         except HybridError as exc:
             logger.warning("serving %s read-only: %s", index.path, exc)
             return None, str(exc)
 
-    def _publish_view(self, collection: Collection, view: ReadView) -> None:
+    def _publish_view(self, collection: WritableCollection, view: ReadView | ShardedView) -> None:
         current = self.serving
         if current is None or current.collection is not collection:
             return  # a collection a reload replaced (its compaction may still finish): never put it back in service
         self._publish(view.index, view, collection, current.write_refusal)
 
-    def _publish(self, index: OpenIndex, read_view: ReadView | None, collection, refusal) -> Serving:
+    def _publish(
+        self,
+        index: OpenIndex | ShardedIndex,
+        read_view: ReadView | ShardedView | None,
+        collection: WritableCollection | None,
+        refusal: str | None,
+    ) -> Serving:
         resources = self.resources
         precision, documents = index.query_precision, index.manifest.embedder.document_precision
         served = self._served_model(index, documents)  # highlights compare sentences embedded like the documents
@@ -259,7 +274,7 @@ class Reloader:
             resources.metrics.documents.labels(self.name).set(serving.documents)
         return serving
 
-    def _served_model(self, index: OpenIndex, precision: str):
+    def _served_model(self, index: OpenIndex | ShardedIndex, precision: str):
         """What embeds a search's texts at `precision`: on a GPU, the index's own session; on CPU, sessions threaded as
         HYBRID_INFERENCE_THREADS says (auto: all cores for a lone search, one core each for concurrent ones)."""
         own = precision == index.manifest.embedder.document_precision  # the index's own session has these weights
@@ -272,7 +287,7 @@ class Reloader:
         in_flight = self.resources.in_flight
         return LoadAwareEmbedder(alone, self._session(index, precision, 1), busy=lambda: in_flight.active > 1)
 
-    def _session(self, index: OpenIndex, precision: str, threads: int | None) -> OnnxEmbedder:
+    def _session(self, index: OpenIndex | ShardedIndex, precision: str, threads: int | None) -> OnnxEmbedder:
         return self.resources.session(index.path / MODEL_DIR, model_identity(index.manifest), precision, "cpu", threads)
 
     def change_settings(self, defaults: dict, synonyms: list[dict] | None = None) -> Serving:
@@ -280,7 +295,7 @@ class Reloader:
         the field whole) and, when given, its synonym rules (replaced whole). SpecError naming the field when this
         collection cannot serve them (e.g. hubness without a fitted correction, a phrase of stop words only)."""
         serving = self.serving
-        if serving is None or serving.collection is None or not hasattr(serving.collection, "update_manifest"):
+        if serving is None or serving.collection is None:
             raise Conflict(f"collection {self.name!r} takes no changes: {serving.write_refusal if serving else 'not loaded'}")
         overrides = {**serving.index.manifest.overrides, **defaults}
         try:
@@ -298,6 +313,7 @@ class Reloader:
         collection = serving.collection
         collection.update_manifest(change)
         current = self.serving
+        assert current is not None  # a collection is unloaded only by its drop
         return self._publish(current.index, current.view, collection, current.write_refusal)
 
     @property

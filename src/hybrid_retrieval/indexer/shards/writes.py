@@ -7,13 +7,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
-from hybrid_retrieval.common.errors import HybridError, StorageError
+from hybrid_retrieval.common.errors import Conflict, HybridError, StorageError
+from hybrid_retrieval.indexer.live.collection import Point
 from hybrid_retrieval.indexer.live.validate import check_batch, check_ids, decide_types, filterable_fields
+from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
 from hybrid_retrieval.indexer.shards.layout import shard_of
 from hybrid_retrieval.indexer.shards.wire import ShardWriter
@@ -178,6 +181,14 @@ class ShardedCollection:
             "last_sequence": self.seq,
             "visible_sequence": self.view.seq,
         }
+
+    def frozen(self) -> AbstractContextManager[Point]:
+        """Refused: a snapshot holds one folder, and a sharded collection's documents are in its shards' folders."""
+        raise Conflict("a sharded collection is snapshotted offline, shard by shard (`hybrid snapshot create` on each shard's folder)")
+
+    def update_manifest(self, change: Callable[[Manifest], None]) -> None:
+        """Refused: each shard's manifest holds the defaults it was split with."""
+        raise Conflict("a sharded collection's defaults are those it was split with: change them in the whole index and split it again")
 
     def close(self, reason: str = "this collection is closed") -> None:
         """Release the shards' logs this process writes (a reload's new collection takes them over); on Ray the
