@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.common.publish import write_atomic
@@ -114,7 +115,7 @@ class Manifest:
     faiss: FaissInfo
     defaults: SearchSpec  # what a request that says nothing gets (tuned fusion, fitted hubness)
     files: dict[str, dict]  # relative path -> {bytes, sha256}
-    build: dict[str, float] = field(default_factory=dict)
+    build: dict[str, Any] = field(default_factory=dict)  # timings, peak memory, where it was re-embedded from
     fusion_tuning: FusionTuning | None = None
     hubness: HubnessInfo | None = None
     # Why each fitted default is what it is: for "fusion" and "hubness", the metric, queries, split and the

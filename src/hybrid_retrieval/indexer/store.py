@@ -79,13 +79,14 @@ class DocStore:
 
     def __init__(self, folder: Path):
         self._offsets = np.asarray(np.load(folder / DOC_OFFSETS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
-        self._fd = os.open(folder / DOCS, os.O_RDONLY)
+        self._fd: int | None = os.open(folder / DOCS, os.O_RDONLY)
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
     def get(self, doc_idx: int) -> dict:
         start, end = int(self._offsets[doc_idx]), int(self._offsets[doc_idx + 1])
+        assert self._fd is not None, "read after close"
         return json.loads(os.pread(self._fd, end - start, start))  # pread: safe across threads
 
     def close(self) -> None:
@@ -342,8 +343,10 @@ def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearc
     augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params, device)
     banks = None
     if (where / GALLERY_IDS).exists():
+        query, gallery = (np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS)
         banks = Banks(
-            *(np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS),
+            query,
+            gallery,
             json.loads((where / GALLERY_IDS).read_text(encoding="utf-8")),
             {
                 bank: (np.load(where / f"neighbours_{bank}_sims.npy"), np.load(where / f"neighbours_{bank}_idx.npy"))

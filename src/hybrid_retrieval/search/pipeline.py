@@ -23,6 +23,7 @@ from hybrid_retrieval.search.hubness import HubnessSearcher
 from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranked, Reranker
+from hybrid_retrieval.search.segments import LiveBM25, LiveDense, LiveVectors
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec, check_k
 
 MAX_OFFSET = 10_000
@@ -133,10 +134,10 @@ class SearchPipeline:
 
     def __init__(
         self,
-        bm25: BM25Index,
-        dense: DenseIndex,
+        bm25: BM25Index | LiveBM25,
+        dense: DenseIndex | LiveDense,
         embedder,
-        embeddings: np.ndarray,
+        embeddings: np.ndarray | LiveVectors,
         defaults: SearchSpec = SearchSpec(),
         executor: ThreadPoolExecutor | None = None,
         hubness: HubnessSearcher | None = None,

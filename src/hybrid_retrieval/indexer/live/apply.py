@@ -41,8 +41,8 @@ class LiveState:
         # keys of documents for the hubness state: base index, or num_docs + a serial for written ones (search.live_hubness)
         self.keys: dict[str, int] = {}
         self.next_key = index.num_docs
-        has_banks = index.hubness is not None and index.hubness.banks is not None
-        self.hubness = LiveHubness(index.hubness, index.num_docs) if has_banks else None
+        fitted = index.hubness
+        self.hubness = LiveHubness(fitted, index.num_docs) if fitted is not None and fitted.banks is not None else None
         # each metadata field's type, decided once: the index's, or the first write's for a field it lacks
         self.field_types = field_types_of(index.manifest.metadata)
         self.filterable = filterable_fields(index.manifest)

@@ -92,10 +92,9 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
                 json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]}, ensure_ascii=False)
                 + "\n"
             )
-        for doc in live:
-            fh.write(
-                json.dumps({"_id": doc.doc_id, "title": doc.title, "text": doc.text, "metadata": doc.metadata}, ensure_ascii=False) + "\n"
-            )
+        for written in live:
+            record = {"_id": written.doc_id, "title": written.title, "text": written.text, "metadata": written.metadata}
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
     vectors = np.concatenate(
         [
             np.asarray(index.embeddings[alive], dtype=np.float32),
@@ -139,6 +138,7 @@ def _carry_over(state: ReadView, new: Manifest, folder: Path, vectors: np.ndarra
         new.evidence.pop("hubness", None)
         return
     alive = np.concatenate([state.base_alive, np.ones(len(state.live), dtype=bool)])
+    assert state.index.hubness is not None  # a live correction extends the base's
     correction, banks = state.hubness.compacted(state.index.hubness, alive)
     name = correction_folder_name()
     (folder / name).mkdir()

@@ -93,6 +93,7 @@ class ReadView:
         alive = None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)])
         hubness, unfitted = None, {}
         if self.hubness is not None:
+            assert index.hubness is not None  # a live correction extends the base's
             hubness = self.hubness.searcher(index.hubness, self.live.vectors, alive)
         elif index.hubness is not None:
             if defaults.hubness.method != "none":
