@@ -118,7 +118,67 @@ def body(blocks: dict[tuple[str, str], list[str]]) -> list[str]:
 
 def render_benchmarks(record: dict[str, Any]) -> str:
     blocks = {(case["section"], case["name"]): case_block(case) for case in record["cases"]}
-    return "\n".join(header(record) + body(blocks)) + "\n"
+    return "\n".join(with_provenance(header(record) + body(blocks))) + "\n"
+
+
+PROVENANCE = "Rendered from "
+MIXED = "Cases in this section were measured on different CPUs"
+RUN_OF = re.compile(r"run of \S+ at `([0-9a-f]+)`")
+
+
+def _cpu(machine: str) -> str:
+    """The CPU model of a machine_line ("2 cores, AMD EPYC, no GPU")."""
+    return machine.split(", ")[1] if machine.count(", ") >= 2 else machine
+
+
+def with_provenance(lines: list[str]) -> list[str]:
+    """The document with a line saying how many runs it was rendered from and on which CPUs, and a warning under
+    each section whose cases come from runs on different CPUs (their figures are not comparable across cases)."""
+    kept: list[str] = []
+    for line in lines:  # the lines an earlier rendering added go, with the blank line before each
+        if line.startswith((PROVENANCE, MIXED)):
+            kept.pop()
+        else:
+            kept.append(line)
+    lines = kept
+    first_commit = next((line.split("`")[1] for line in lines if line.startswith("| commit |")), "")
+    first_cpu = next((_cpu(line.split("|")[2].strip()) for line in lines if line.startswith("| machine |")), "")
+    cpu_of = {first_commit: first_cpu}
+    for line in lines:
+        if line.startswith("| re-run |") and "commit `" in line:
+            commit, rest = line.split("commit `", 1)[1].split("`, ", 1)
+            cpu_of.setdefault(commit, _cpu(rest.split(":")[0]))
+    runs = 1 + sum(line.startswith("| re-run |") for line in lines)
+    cpus = sorted(set(cpu_of.values()))
+    note = f"{PROVENANCE}{runs} run{'s' if runs > 1 else ''} on {' and '.join(cpus)}"
+    note += (
+        ": figures compare only within a case (one run, one machine), and a section whose cases ran on different CPUs says so."
+        if len(cpus) > 1
+        else "."
+    )
+    table_end = next((i for i, line in enumerate(lines) if i and lines[i - 1].startswith("| ") and not line.startswith("| ")), 0)
+    out = lines[:table_end] + ["", note] + lines[table_end:]
+    return _section_warnings(out, cpu_of, first_cpu)
+
+
+def _section_warnings(lines: list[str], cpu_of: dict[str, str], first_cpu: str) -> list[str]:
+    """A warning under each section heading whose cases name runs on different CPUs (a case's status line, the first
+    line after its heading, names its run when it is not the first)."""
+    sections: list[tuple[int, dict[str, list[str]]]] = []
+    for i, line in enumerate(lines):
+        if line.startswith("## "):
+            sections.append((i, {}))
+        elif line.startswith("### ") and sections:
+            status = next((later for later in lines[i + 1 :] if later), "")
+            found = RUN_OF.search(status)
+            cpu = cpu_of.get(found.group(1), first_cpu) if found else first_cpu
+            sections[-1][1].setdefault(cpu, []).append(line[4:])
+    out = list(lines)
+    for at, by_cpu in reversed(sections):
+        if len(by_cpu) > 1:
+            where = "; ".join(f"{cpu}: {', '.join(names)}" for cpu, names in sorted(by_cpu.items()))
+            out[at + 1 : at + 1] = ["", f"{MIXED} ({where}): compare figures only within a case."]
+    return out
 
 
 UPDATED = (
@@ -156,7 +216,7 @@ def update_benchmarks(text: str, record: dict[str, Any], order: list[tuple[str, 
             old = {k: b for k, b in old.items() if k[1] != case["name"]}
     merged = {key: new.get(key) or old[key] for key in order if key in new or key in old}
     merged |= {key: block for key, block in (new | old).items() if key not in merged}
-    return "\n".join(_updated_header(head, record, run, kept) + body(merged)) + "\n"
+    return "\n".join(with_provenance(_updated_header(head, record, run, kept) + body(merged))) + "\n"
 
 
 def _blocks(lines: list[str]) -> dict[tuple[str, str], list[str]]:

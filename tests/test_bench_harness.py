@@ -235,3 +235,21 @@ def test_bench_lists_its_cases_from_a_checkout():
     listed = subprocess.run([sys.executable, "-m", "bench", "list"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert len(listed.stdout.splitlines()) == len(CASES) and "Scale-out / Scale-out on Ray (needs ray)" in listed.stdout
+
+
+def test_the_header_counts_runs_and_a_section_mixing_cpus_says_so():
+    text = render_benchmarks(_record())
+    cpu = _record()["stamp"]["machine"]["cpu_model"]
+    assert f"Rendered from 1 run on {cpu}." in text and "different CPUs" not in text
+    other = _partial_record()
+    other["stamp"]["machine"]["cpu_model"] = "Other CPU 9000"
+    other["stamp"]["commit"] = "0123456789ab"
+    order = [("Speed", "ok"), ("Speed", "new"), ("Speed", "broken"), ("GPU", "needs a gpu"), ("Late", "last")]
+    updated = update_benchmarks(text, other, order)
+    first, second = sorted([cpu, "Other CPU 9000"])
+    assert f"Rendered from 2 runs on {first} and {second}: figures compare only within a case" in updated
+    speed = updated[updated.index("## Speed") : updated.index("### ok")]
+    assert "measured on different CPUs" in speed and "Other CPU 9000: new, broken" in speed and f"{cpu}: ok" in speed
+    late = updated[updated.index("## Late") :]
+    assert "different CPUs" not in late  # one case, one run
+    assert update_benchmarks(updated, other, order) == updated  # rendering again adds nothing
