@@ -188,6 +188,7 @@ _COLLECTION_MOUNTS: list[tuple[str, list[params.Depends], str, APIRouter]] = [
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"description": "no such collection or alias (unprefixed routes: no default collection)"}
 }
+# In the order routes match: a path's first route answers a method the path lacks (405 with its own Allow).
 _SERVICE_ROUTERS = (
     operations.router,
     operations.admin,
