@@ -5,7 +5,7 @@ POST /documents/delete) for a write key, reads (GET /documents/{id}, GET /stats)
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
@@ -20,10 +20,8 @@ from hybrid_retrieval.app.schemas.documents import DOC_ID_PATTERN, DeleteRequest
 from hybrid_retrieval.app.security import READ_KEY, WRITE_KEY
 from hybrid_retrieval.common.errors import DeadlineExceeded, HybridError, SpecError, StorageError
 from hybrid_retrieval.engine.serving import Serving
+from hybrid_retrieval.engine.writable import WritableCollection
 from hybrid_retrieval.search import budget
-
-if TYPE_CHECKING:  # the live collection's type, as the engine hands it out: the service imports nothing of indexer.live
-    from hybrid_retrieval.engine.serving import Collection as LiveCollection
 
 WAIT_SECONDS = 30.0
 Wait = Annotated[
@@ -128,10 +126,7 @@ def delete_documents(body: DeleteRequest, request: Request, serving: CurrentServ
 def get_document(doc_id: DocId, serving: CurrentServing) -> DocumentOut:
     """The latest acknowledged version of a document (before it is searchable, too)."""
     doc_id = clean(doc_id, ("path", "doc_id"))  # ids are stored NFC-normalised
-    if serving.collection is not None:
-        doc = serving.collection.get(doc_id)
-    else:
-        doc = serving.index.document_by_id(doc_id)
+    doc = serving.collection.get(doc_id) if serving.collection is not None else serving.index.document_by_id(doc_id)
     if doc is None:
         raise HTTPException(status_code=404, detail=f"no document with id {doc_id!r}")
     return DocumentOut(id=doc["id"], title=doc["title"], text=doc["text"], metadata=doc.get("metadata", {}))
@@ -177,7 +172,7 @@ def stats_of(serving: Serving) -> Stats:
     return Stats(**serving.collection.stats(), writable=problem is None, write_refusal=problem, temporary_bytes=temporary)
 
 
-def _collection(serving: Serving) -> LiveCollection:
+def _collection(serving: Serving) -> WritableCollection:
     if serving.collection is None:
         raise HTTPException(status_code=409, detail=f"this index takes no writes: {serving.write_refusal}")
     return serving.collection
@@ -195,7 +190,7 @@ def _write(deadlines: Deadlines, write: Callable[[list[Any]], int], items: list[
             raise HTTPException(status_code=409, detail=str(exc)) from None
 
 
-def _written(collection: LiveCollection, seq: int, count: int, wait: bool) -> WriteResult:
+def _written(collection: WritableCollection, seq: int, count: int, wait: bool) -> WriteResult:
     if wait:
         collection.refresh()
         collection.wait_visible(seq, WAIT_SECONDS)
