@@ -16,8 +16,8 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.engine.collections import check_data_dir
+from hybrid_retrieval.engine.schema import VERIFY_MODES
 from hybrid_retrieval.engine.serving import open_folder
-from hybrid_retrieval.indexer.store import VERIFY_MODES
 
 
 def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> tuple[Settings, argparse.Namespace]:

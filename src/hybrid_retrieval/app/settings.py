@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.names import name_of_folder
 from hybrid_retrieval.engine.collections import DEFAULT_MAX_SNAPSHOT_BYTES
-from hybrid_retrieval.indexer.store import VERIFY_MODES
+from hybrid_retrieval.engine.schema import VERIFY_MODES
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
 from hybrid_retrieval.search.spec import SearchSpec

@@ -10,7 +10,7 @@ from hybrid_retrieval.app.schemas.documents import Stats
 from hybrid_retrieval.app.schemas.shared import Float, Int, Strict, documented
 from hybrid_retrieval.app.schemas.spec import DefaultsBody
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
-from hybrid_retrieval.indexer.chunking import CHUNKING_METHODS
+from hybrid_retrieval.engine.schema import CHUNKING_METHODS
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
