@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install into .venv and run the default test suite (slow, GPU, Docker and crash tests are deselected: .ci/run runs
-# all of them but the GPU tests).
+# all of them but the GPU tests); `--fast` runs the fast tier (no service started) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,4 +11,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     || echo "could not install chromium: the browser tests will skip"
 fi
 export BEIR_DATA="${BEIR_DATA:-../shared/data/beir}"
+# --fast: the developer's tier, the default suite without the tests that start the service (marker `server`)
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  exec .venv/bin/python -m pytest -q -m "not slow and not gpu and not docker and not crash and not server" "$@"
+fi
 exec .venv/bin/python -m pytest -q "$@"

@@ -4,12 +4,56 @@ import itertools
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from hybrid_retrieval.engine import serving
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The fast tier (`scripts/test.sh --fast`: the default suite without `server` tests) starts no service: a default
+# test that starts one, as a process or in this one, carries the `server` mark. The guards below hold every test to
+# that (tests the fast tier never runs, marked slow, crash, docker or gpu, may start one), so the tier stays fast.
+_running: list[pytest.Item] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _running[:] = [item]  # before its fixtures: a module's server fixture starts in its first test's setup
+
+
+NEVER_FAST = ("server", "slow", "crash", "docker", "gpu")  # marks the fast tier deselects
+
+
+def _refuse_unmarked(what: str) -> None:
+    item = _running[0] if _running else None
+    if item is not None and not any(item.get_closest_marker(mark) for mark in NEVER_FAST):
+        raise RuntimeError(f"{item.nodeid} starts {what}: mark it `server` (pytest.mark.server) so the fast tier leaves it out")
+
+
+class _MarkedPopen(subprocess.Popen):
+    """subprocess.Popen, refusing to start the service (or a command that serves) from a test not marked `server`."""
+
+    def __init__(self, args, *rest, **kwargs):
+        words = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        if any("hybrid_retrieval.app" in w or w.endswith("run.sh") or w == "serve" for w in words):
+            _refuse_unmarked(f"a service process ({' '.join(words)[:120]})")
+        super().__init__(args, *rest, **kwargs)
+
+
+subprocess.Popen = _MarkedPopen  # type: ignore[misc]
+_open_service = serving.Resources.__init__
+
+
+def _marked_resources(self, *args, **kwargs):
+    _refuse_unmarked("the service in process (create_app)")
+    _open_service(self, *args, **kwargs)
+
+
+serving.Resources.__init__ = _marked_resources  # type: ignore[method-assign]
 
 REPO = Path(__file__).resolve().parents[1]
 BEIR_DATA = Path(os.environ.get("BEIR_DATA", REPO.parent / "shared" / "data" / "beir"))

@@ -11,6 +11,8 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.corpus import read_corpus, split_queries
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 
 @pytest.fixture(scope="module")
 def client(scifact_slice_index):

@@ -19,6 +19,7 @@ def test_ann_comparison_measures_recall_against_flat(scifact_slice_index):
     assert all(0 < v["recall@10_vs_flat"] <= 1 for v in report.values())
 
 
+@pytest.mark.server
 def test_http_load_is_bounded_and_error_free(scifact_slice_index):
     report = http_load(scifact_slice_index, QUERIES, concurrency_levels=(1, 2), requests_per_level=6)
     assert set(report) == {"1 clients", "2 clients"}

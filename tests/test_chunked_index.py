@@ -115,6 +115,7 @@ def test_hits_show_their_best_passages(chunked, tiny_index):
     assert refused.value.field == "passages"
 
 
+@pytest.mark.server
 def test_the_service_shows_passages_and_groups(chunked, tiny_index):
     body = {"query": "myelination of white matter", "k": 3, "passages": 2, "group_by": {"field": "source", "size": 2}}
     with TestClient(create_app(Settings(index=chunked.path))) as client:

@@ -28,12 +28,14 @@ def test_index_command_reports_bad_corpus_line(tmp_path):
     assert not (tmp_path / "idx").exists()
 
 
+@pytest.mark.server
 def test_serve_refuses_a_damaged_data_directory_fast(tmp_path):
     (tmp_path / "aliases.json").write_text("{not json")
     result = hybrid("serve", "--data", tmp_path, "--port", free_port())
     assert result.returncode == 2 and "aliases.json is not valid JSON" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.server
 def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_path):
     import shutil
 
@@ -47,6 +49,7 @@ def test_serve_refuses_a_corrupted_index_with_a_clear_message(tiny_index, tmp_pa
     assert "docs.jsonl does not match its checksum in the manifest (corrupted)" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.server
 def test_serve_reports_invalid_settings_in_one_line(tiny_index, monkeypatch):
     monkeypatch.setenv("HYBRID_RERANK_WEIGHT", "1.5")
     result = hybrid("serve", "--index", tiny_index, "--port", free_port())

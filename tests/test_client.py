@@ -112,6 +112,7 @@ def kind(request):
     return request.param
 
 
+@pytest.mark.server
 def test_every_method_of_both_clients(server, kind, tmp_path):
     call = kind(server, api_key=WRITE)
     name = f"notes-{kind.__name__.lower()}"
@@ -194,6 +195,7 @@ def test_every_method_of_both_clients(server, kind, tmp_path):
         call.close()
 
 
+@pytest.mark.server
 def test_each_refusal_raises_its_error(server):
     with Client(server, api_key=WRITE) as client:
         client.create_collection("errors")
@@ -222,6 +224,7 @@ def test_each_refusal_raises_its_error(server):
         assert forbidden.value.status == 403
 
 
+@pytest.mark.server
 def test_busy_answers_are_retried_after_what_retry_after_says(server):
     """HYBRID_MAX_IN_FLIGHT is 1: while other clients keep batches of searches in flight, a search is answered 503 with
     Retry-After: 1; the client waits that long and tries again until it gets through."""
@@ -278,6 +281,7 @@ class LosesAnAnswer(httpx.HTTPTransport):
         return response
 
 
+@pytest.mark.server
 def test_a_retried_drop_whose_first_answer_was_lost_succeeds(server):
     """A drop answered 404 on its retry, after a try that reached the server, was done by that try: the caller is
     told it succeeded. A 404 on a first try is still NotFound."""
@@ -329,6 +333,7 @@ def test_the_retry_policy():
     assert policy.wait(read, 0, dated) == 0.0  # a date in the past
 
 
+@pytest.mark.server
 def test_a_bulk_load_draws_a_progress_bar(server, capsys):
     with Client(server, api_key=WRITE) as client:
         client.create_collection("progress")
@@ -338,6 +343,7 @@ def test_a_bulk_load_draws_a_progress_bar(server, capsys):
     assert "12/12" in bar and "docs/s" in bar
 
 
+@pytest.mark.server
 def test_framework_retrievers_return_what_search_returns(server):
     from hybrid_retrieval.client.langchain import HybridRetriever as LangChainRetriever
     from hybrid_retrieval.client.langchain import HybridVectorStore

@@ -13,6 +13,8 @@ import pytest
 from hybrid_retrieval.client import AsyncClient, Client, models
 from hybrid_retrieval.evaluation.server import running_server
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 # each route -> the client method that calls it (the unprefixed routes act on the default collection: collection=None)
 ROUTES = {
     ("GET", "/health"): "health",

@@ -19,6 +19,8 @@ from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from tests.conftest import sample_queries, with_metadata
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 WRITER = {"X-API-Key": "lifecycle-writer"}
 FILTERABLE = ["flag", "tags", "year"]
 SETTINGS = {"filterable": FILTERABLE, "bm25": {"k1": 1.2, "b": 0.75}}

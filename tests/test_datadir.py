@@ -121,6 +121,7 @@ def client(tmp_path):
         yield c
 
 
+@pytest.mark.server
 def test_defaults_changed_through_the_api_are_served_and_kept(tmp_path, client):
     assert client.post("/collections", json={"name": "notes"}, headers=WRITER).status_code == 201
     assert client.put("/collections/notes/documents?wait=true", json={"documents": DOCS}, headers=WRITER).status_code == 200
@@ -135,6 +136,7 @@ def test_defaults_changed_through_the_api_are_served_and_kept(tmp_path, client):
         assert (spec["mode"], spec["depth"]) == ("bm25", 40)  # across a compaction and a restart
 
 
+@pytest.mark.server
 def test_limits_and_bad_loads(client):
     for name in ("a", "b"):
         assert client.post("/collections", json={"name": name}, headers=WRITER).status_code == 201
@@ -168,6 +170,7 @@ def test_limits_and_bad_loads(client):
     assert 'collection="b"' not in metrics and 'collection="a"' in metrics
 
 
+@pytest.mark.server
 def test_a_service_of_one_folder_creates_no_collection(tiny_index):
     with TestClient(create_app(Settings(write_keys="w"), index=open_index(tiny_index))) as client:
         refused = client.post("/collections", json={"name": "notes"}, headers=WRITER)

@@ -56,6 +56,7 @@ def test_every_block_runs_or_says_why_not():
 
 
 @pytest.mark.parametrize("page", [page for page in PAGES if runnable(page).strip()])
+@pytest.mark.server
 def test_the_page_s_shell_blocks_run_in_order(page, demo_index, tmp_path):
     index = tmp_path / "indexes" / "demo"
     shutil.copytree(demo_index, index)

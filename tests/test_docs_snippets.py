@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hybrid_retrieval.evaluation.server import running_server
+
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)

@@ -291,12 +291,14 @@ def client(meta):
         ({"journal": ["Cell"]}, ["filter", "journal"]),
     ],
 )
+@pytest.mark.server
 def test_bad_filters_answer_422_naming_the_path(client, filter_, loc):
     response = client.post("/search", json={"query": "cancer", "filter": filter_})
     assert response.status_code == 422, response.text
     assert response.json()["detail"][0]["loc"] == ["body", *loc]
 
 
+@pytest.mark.server
 def test_api_filter_fields_facets_and_pages(client, meta):
     index, metadata = meta
     body = {
@@ -326,6 +328,7 @@ def test_api_filter_fields_facets_and_pages(client, meta):
     assert float_facet.status_code == 422 and "cannot be counted" in float_facet.text
 
 
+@pytest.mark.server
 def test_batch_answers_like_single_requests_and_rejects_a_bad_item_whole(client):
     searches = [
         {"query": "cancer", "k": 3},
@@ -344,6 +347,7 @@ def test_batch_answers_like_single_requests_and_rejects_a_bad_item_whole(client)
     assert too_many.status_code == 422
 
 
+@pytest.mark.server
 def test_highlights_in_the_api_mark_stemmed_terms(client):
     hits = client.post("/search", json={"query": "tumors", "k": 3, "mode": "bm25", "highlight": {"snippets": 2}}).json()["hits"]
     for hit in hits:
@@ -352,6 +356,7 @@ def test_highlights_in_the_api_mark_stemmed_terms(client):
         assert all(s["text"].count("<mark>") == len(s["matches"]) for s in snippets)
 
 
+@pytest.mark.server
 def test_semantic_highlight_for_a_purely_dense_match(client, meta):
     index, _ = meta
     query = "zzzunknownword physiology"  # one term no document has: dense hits without a term match exist

@@ -16,6 +16,8 @@ from hybrid_retrieval.indexer.store import open_index  # noqa: E402
 from hybrid_retrieval.search.hubness import HubnessParams  # noqa: E402
 from tests.conftest import LengthScorer  # noqa: E402
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 # what a schema-valid request may still name wrongly for the served index (its fields, its passages): a 422 is right
 INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults", "vector"}
 INDEX_FIELD_KEYS |= {"passages", "group_by", "passage_scoring"}

@@ -69,6 +69,7 @@ def loc_of(response):
         ('{"query": "cat", "k": Infinity}', ["body", "k"]),
     ],
 )
+@pytest.mark.server
 def test_numbers_beyond_float_range_are_422_naming_the_field(client, body, loc):
     assert loc_of(post_raw(client, "/search", body)) == loc
 
@@ -84,6 +85,7 @@ def test_numbers_beyond_float_range_are_422_naming_the_field(client, body, loc):
         ("/documents/delete", f'{{"ids": [{SURROGATE}]}}', ["body", "ids", 0]),
     ],
 )
+@pytest.mark.server
 def test_lone_surrogates_are_422_naming_the_field(client, path, body, loc):
     assert loc_of(post_raw(client, path, body)) == loc
 
@@ -98,6 +100,7 @@ def test_lone_surrogates_are_422_naming_the_field(client, path, body, loc):
         (f'{{"id": "a", "text": "x", "metadata": {{"n": {HUGE}}}}}', ["body", "documents", 0, "metadata", "n"]),
     ],
 )
+@pytest.mark.server
 def test_poison_values_in_writes_are_422_and_nothing_is_logged(client, document, loc):
     before = client.get("/stats").json()["last_sequence"]
     assert loc_of(put_raw(client, f'{{"documents": [{document}]}}')) == loc
@@ -106,6 +109,7 @@ def test_poison_values_in_writes_are_422_and_nothing_is_logged(client, document,
     assert put_raw(client, '{"documents": [{"id": "fine", "text": "still writable"}]}').json()["visible"] is True
 
 
+@pytest.mark.server
 def test_bodies_nested_thousands_deep_are_422_on_every_route(client):
     deep = "[" * 5000 + "]" * 5000
     assert loc_of(post_raw(client, "/search", f'{{"query": "cat", "filter": {deep}}}')) == ["body"]
@@ -115,6 +119,7 @@ def test_bodies_nested_thousands_deep_are_422_on_every_route(client):
     assert "nested too deeply" in post_raw(client, "/search", f'{{"query": "cat", "filter": {nested}}}').json()["detail"][0]["msg"]
 
 
+@pytest.mark.server
 def test_strings_are_normalised_to_nfc_so_one_text_is_one_id(client):
     composed, decomposed = "caf\u00e9", "cafe\u0301"
     put_raw(client, json.dumps({"documents": [{"id": decomposed, "text": "written decomposed", "metadata": {"kw": decomposed}}]}))
@@ -123,12 +128,14 @@ def test_strings_are_normalised_to_nfc_so_one_text_is_one_id(client):
     assert [hit["id"] for hit in hits] == [composed]
 
 
+@pytest.mark.server
 def test_a_chunked_search_body_over_the_limit_is_413(client):
     chunks = (b'{"query": "' + b"a" * 70_000 + b'"}',)
     response = client.post("/search", content=iter(chunks), headers={"content-type": "application/json"})  # no Content-Length
     assert response.status_code == 413 and "exceeds 65536 bytes" in response.json()["detail"]
 
 
+@pytest.mark.server
 def test_ids_with_a_slash_work_through_every_route_percent_encoded(client):
     assert put_raw(client, '{"documents": [{"id": "a/b", "text": "slashed id"}]}').status_code == 200
     assert client.get("/documents/a%2Fb").json()["id"] == "a/b"
@@ -142,6 +149,7 @@ def test_ids_with_a_slash_work_through_every_route_percent_encoded(client):
     assert client.delete("/documents/a%0Ab?wait=true", headers=WRITE).status_code == 200
 
 
+@pytest.mark.server
 def test_a_field_keeps_its_type_once_a_write_sets_it(client):
     assert put_raw(client, '{"documents": [{"id": "n1", "text": "x", "metadata": {"rating": 5}}]}').status_code == 200
     response = put_raw(client, '{"documents": [{"id": "n2", "text": "x", "metadata": {"rating": "five"}}]}')
@@ -151,18 +159,21 @@ def test_a_field_keeps_its_type_once_a_write_sets_it(client):
     assert [hit["id"] for hit in hits] == ["n1"]
 
 
+@pytest.mark.server
 def test_a_write_never_makes_a_field_that_is_not_filterable_filterable(client):
     put_raw(client, '{"documents": [{"id": "m", "text": "cats everywhere", "metadata": {"mixed": 4}}]}')
     response = client.post("/search", json={"query": "cats", "filter": {"mixed": 4}})
     assert response.status_code == 422 and "not filterable" in response.json()["detail"][0]["msg"]
 
 
+@pytest.mark.server
 def test_error_locations_keep_dotted_names_whole(client):
     assert loc_of(client.post("/search", json={"query": "cat", "filter": {"a.b": 1}})) == ["body", "filter", "a.b"]
     response = put_raw(client, '{"documents": [{"id": "d", "text": "x", "metadata": {"x.y": {"o": 1}}}]}')
     assert loc_of(response) == ["body", "documents", 0, "metadata", "x.y"]
 
 
+@pytest.mark.server
 def test_api_keys_are_trimmed_in_both_headers(mixed_index, tmp_path):
     shutil.copytree(mixed_index, tmp_path / "index")
     with TestClient(create_app(Settings(api_keys="KEY"), index=open_index(tmp_path / "index"))) as client:
@@ -171,6 +182,7 @@ def test_api_keys_are_trimmed_in_both_headers(mixed_index, tmp_path):
         assert client.post("/search", json={"query": "cat"}, headers={"X-API-Key": "KEY2"}).status_code == 403
 
 
+@pytest.mark.server
 def test_fusion_that_could_overflow_is_refused_and_scores_are_finite(client):
     response = client.post("/search", json={"query": "cat", "fusion": {"method": "rrf", "rrf_k": 0, "weights": [1.7e308, 1.7e308]}})
     assert loc_of(response) == ["body", "fusion", "weights"]
@@ -178,6 +190,7 @@ def test_fusion_that_could_overflow_is_refused_and_scores_are_finite(client):
     assert hits and all(math.isfinite(hit["score"]) for hit in hits)
 
 
+@pytest.mark.server
 def test_semantic_highlights_over_many_hits_are_refused_up_front(client):
     response = client.post("/search", json={"query": "cat", "k": 1000, "highlight": {"semantic": True}})
     assert loc_of(response) == ["body", "highlight", "semantic"] and "at most 100 hits" in response.json()["detail"][0]["msg"]
@@ -216,6 +229,7 @@ def _body(value) -> bytes:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(field=st.sampled_from(SEARCH_FIELDS), value=json_values, batch=st.booleans())
+@pytest.mark.server
 def test_any_json_in_any_search_field_is_never_a_5xx(client, field, value, batch):
     search = {"query": "cats", field: value}
     path, body = ("/search/batch", {"searches": [search]}) if batch else ("/search", search)
@@ -227,6 +241,7 @@ def test_any_json_in_any_search_field_is_never_a_5xx(client, field, value, batch
 @given(
     field=st.sampled_from(["id", "title", "text", "metadata", "extra"]), value=json_values, ndjson=st.booleans(), metadata_value=json_values
 )
+@pytest.mark.server
 def test_any_json_in_any_write_field_is_never_a_5xx(client, field, value, ndjson, metadata_value):
     document = {"id": "h", "text": "hypothesis", "metadata": {"m": metadata_value}, field: value}
     text = json.dumps(document, allow_nan=True) + "\n" if ndjson else json.dumps({"documents": [document]}, allow_nan=True)

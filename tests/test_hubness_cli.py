@@ -84,6 +84,7 @@ def test_bank_refuses_test_queries_and_unrestricted_queries(scifact, fitted_inde
     assert unrestricted.returncode == 2 and "--split-qrels" in unrestricted.stderr
 
 
+@pytest.mark.server
 def test_service_applies_the_fitted_default_and_per_request_choice(fitted_index):
     with TestClient(create_app(Settings(index=fitted_index))) as client:
         default = client.post("/search", json={"query": "vitamin D deficiency", "mode": "dense", "k": 5}).json()
@@ -110,6 +111,7 @@ def test_service_applies_the_fitted_default_and_per_request_choice(fitted_index)
         assert static["spec"]["hubness"] == {"method": "dbnorm", "dynamic": False} and len(static["hits"]) == 5
 
 
+@pytest.mark.server
 def test_unfitted_index_rejects_hubness_with_422(scifact_slice_index):
     with TestClient(create_app(Settings(index=scifact_slice_index))) as client:
         response = client.post("/search", json={"query": "vitamin D", "hubness": {"method": "qbnorm"}})

@@ -9,6 +9,8 @@ import pytest
 
 from hybrid_retrieval.evaluation.server import running_server
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 WRITER = {"X-API-Key": "language-writer"}
 DOCS = [
     "人工智能技术发展迅速，深度学习改变了计算机视觉。",

@@ -13,6 +13,8 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.indexer.store import open_index
 from tests.conftest import TINY_CORPUS
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 WRITE, READ = {"X-API-Key": "writer"}, {"X-API-Key": "reader"}
 
 

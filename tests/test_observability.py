@@ -17,12 +17,14 @@ def client(tiny_index):
         yield c
 
 
+@pytest.mark.server
 def test_request_id_is_echoed_or_generated(client):
     assert client.get("/health", headers={"X-Request-ID": "abc-123"}).headers["x-request-id"] == "abc-123"
     generated = client.get("/health", headers={"X-Request-ID": "bad id with spaces"}).headers["x-request-id"]
     assert len(generated) == 32 and generated != "bad id with spaces"
 
 
+@pytest.mark.server
 def test_metrics_expose_stage_histograms_status_counts_and_index(client):
     client.post("/search", json={"query": "cat on a mat", "k": 2})
     client.post("/search", json={"query": ""})

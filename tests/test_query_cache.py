@@ -67,6 +67,7 @@ def test_least_recently_used_goes_first_and_size_zero_keeps_nothing(embedder):
         Settings(query_cache_size=-1)
 
 
+@pytest.mark.server
 def test_the_service_counts_hits_in_metrics(tiny_index):
     with TestClient(create_app(Settings(query_cache_size=10), index=open_index(tiny_index))) as client:
         for _ in range(3):
@@ -77,6 +78,7 @@ def test_the_service_counts_hits_in_metrics(tiny_index):
     assert "hybrid_query_cache_hit_ratio 0.666" in text
 
 
+@pytest.mark.server
 def test_the_service_embeds_queries_with_the_precision_asked(tiny_index):
     int8 = OnnxEmbedder(tiny_index / MODEL_DIR, device="cpu", precision="int8").encode(["cat on a mat"])[0]
     fp32 = OnnxEmbedder(tiny_index / MODEL_DIR, device="cpu").encode(["cat on a mat"])[0]

@@ -18,6 +18,8 @@ import pytest
 
 from hybrid_retrieval.evaluation.server import free_port
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 ROOT = Path(__file__).resolve().parent.parent
 BASH_BLOCK = re.compile(r"```bash\n(.*?)```", re.DOTALL)
 

@@ -14,6 +14,8 @@ from hybrid_retrieval.evaluation.server import running_server
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from tests.conftest import TINY_CORPUS, write_jsonl
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 KEY = "reload-test-key"
 
 

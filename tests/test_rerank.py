@@ -89,6 +89,7 @@ def test_bad_rerank_requests_name_the_field(index, pipeline):
         index.pipeline({"rerank": {"depth": 500}}, cross_encoder=LengthScorer())
 
 
+@pytest.mark.server
 def test_http_rerank_and_explain(scifact_slice_index):
     app = create_app(
         Settings(index=scifact_slice_index, device="cpu", rerank_depth=10, rerank_by_default=False), cross_encoder=LengthScorer()
@@ -302,6 +303,7 @@ def test_evaluation_reranks_the_head_and_keeps_the_tail(index):
     assert Counting.pairs == 10 + min(10, len(rankings[1]))  # every pair came from the cache
 
 
+@pytest.mark.server
 def test_service_batches_only_when_asked_on_cpu(scifact_slice_index):
     for setting, batched in (("auto", False), ("on", True), ("off", False)):
         app = create_app(

@@ -5,6 +5,8 @@ from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.indexer.store import open_index
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 BODY = {"query": "cat on a mat", "k": 2, "mode": "bm25"}
 
 

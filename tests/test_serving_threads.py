@@ -69,6 +69,7 @@ def test_a_lone_search_gets_every_core_and_concurrent_ones_one_each():
     assert calls == ["alone", "concurrent"]
 
 
+@pytest.mark.server
 def test_concurrent_searches_use_single_threaded_sessions(tiny_index):
     """Under load every search runs the model on one core; the vectors equal the all-core session's."""
     index = open_index(tiny_index, device="cpu")
@@ -86,6 +87,7 @@ def test_concurrent_searches_use_single_threaded_sessions(tiny_index):
         np.testing.assert_allclose([h["score"] for h in answer["hits"]], [h["score"] for h in alone[query]["hits"]], atol=1e-5)
 
 
+@pytest.mark.server
 def test_searches_run_on_the_search_threads_with_the_request_id(tiny_index):
     """Log lines written during a search carry its request id (the request's context travels to the search thread)."""
     seen = []

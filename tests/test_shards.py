@@ -125,6 +125,7 @@ def test_a_sharded_index_checks_specs_like_the_whole_one(sharded_index):
         sharded.close()
 
 
+@pytest.mark.server
 def test_the_service_serves_a_sharded_index_with_hubness_read_only(whole_index, sharded_index, scifact):
     whole = TestClient(create_app(Settings(index=whole_index)))
     sharded = TestClient(create_app(Settings(index=sharded_index, write_keys="writer")))

@@ -149,6 +149,7 @@ def wait_visible(client: httpx.Client, collection: str, sequence: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.server
 def test_a_snapshot_under_writes_restores_exactly_the_acknowledged_writes(tmp_path):
     # small compaction thresholds: compactions run while the writer writes and the snapshots are taken
     env = env_for(tmp_path / "data", HYBRID_COMPACT_MIN_DOCS="40", HYBRID_COMPACT_FRACTION="0.2")
@@ -186,6 +187,7 @@ def test_a_snapshot_under_writes_restores_exactly_the_acknowledged_writes(tmp_pa
         assert [s["id"] for s in listed] == [s["id"] for s in snapshots]
 
 
+@pytest.mark.server
 def test_a_snapshot_moves_to_another_machine_and_damaged_files_change_nothing(tmp_path):
     docs = [
         {"id": f"d{i}", "title": f"title {i}", "text": text}
@@ -347,6 +349,7 @@ def test_files_that_are_not_snapshots_are_refused(tmp_path):
     assert not (tmp_path / "escape").exists()
 
 
+@pytest.mark.server
 def test_a_snapshot_references_its_model_unless_told_to_include_it(tmp_path):
     """A collection's model is most of its bytes (the int8 and fp32 MiniLM: about 114 MB): a snapshot references it by
     sha256 and restores where that model is; `model=include` copies it in, for a machine without it."""

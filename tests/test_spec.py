@@ -152,6 +152,7 @@ def _json_safe(value) -> bool:
 
 
 @pytest.mark.parametrize(("overrides", "field", "message"), [case for case in INVALID if _json_safe(case[0])])
+@pytest.mark.server
 def test_every_invalid_field_answers_422_naming_it(client, overrides, field, message):
     response = client.post("/search", json={"query": "cats", **overrides})
     assert response.status_code == 422, response.text
@@ -160,6 +161,7 @@ def test_every_invalid_field_answers_422_naming_it(client, overrides, field, mes
     assert detail["loc"][:2] == ["body", parts[0]] and (parts[-1] in detail["loc"] or parts[-1] in detail["msg"]), detail
 
 
+@pytest.mark.server
 def test_non_finite_numbers_answer_422_naming_the_field(client):
     for body, loc in [
         ('{"query": "cats", "min_score": Infinity}', ["body", "min_score"]),
@@ -169,6 +171,7 @@ def test_non_finite_numbers_answer_422_naming_the_field(client):
         assert response.status_code == 422 and response.json()["detail"][0]["loc"] == loc, response.text
 
 
+@pytest.mark.server
 def test_unservable_spec_answers_422(client):
     response = client.post("/search", json={"query": "cats", "hubness": {"method": "qbnorm"}})
     assert response.status_code == 422
@@ -176,6 +179,7 @@ def test_unservable_spec_answers_422(client):
     assert "no fitted hubness correction" in response.json()["detail"][0]["msg"]
 
 
+@pytest.mark.server
 def test_response_echoes_the_applied_spec(client):
     body = client.post(
         "/search", json={"query": "cats", "k": 3, "fusion": {"method": "cc", "alpha": 0.3}, "rerank": {"enabled": True, "depth": 4}}

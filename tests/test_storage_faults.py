@@ -16,6 +16,8 @@ import pytest
 
 from hybrid_retrieval.evaluation.server import running_server
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 KEY = {"X-API-Key": "w"}
 ENV = {"HYBRID_WRITE_KEYS": "w", "HYBRID_REFRESH_INTERVAL": "0.1", "HYBRID_VERIFY": "size"}
 

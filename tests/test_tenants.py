@@ -178,6 +178,7 @@ def shared(tmp_path_factory):
 # --- 1, 2, 9: crafted snapshots -------------------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_a_forged_snapshot_with_a_damaged_log_changes_nothing_and_the_service_restarts(tmp_path):
     env = keyed_env(tmp_path)
     with running_server(None, env) as (url, _), httpx.Client(base_url=url, headers=TENANT, timeout=120) as tenant:
@@ -215,6 +216,7 @@ def test_a_forged_snapshot_with_a_damaged_log_changes_nothing_and_the_service_re
     assert restored.returncode == 2 and not (tmp_path / "data" / "collections" / "poisoned").exists()
 
 
+@pytest.mark.server
 def test_a_sparse_member_is_refused_before_anything_is_written(shared, tmp_path):
     url, data, archive, server = shared
     members, trailer = unpack(archive)
@@ -235,6 +237,7 @@ def test_a_sparse_member_is_refused_before_anything_is_written(shared, tmp_path)
 
 
 @pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE])
+@pytest.mark.server
 def test_link_members_are_refused_by_restore_and_verify(shared, tmp_path, kind):
     url, _, archive, _ = shared
     members, trailer = unpack(archive)
@@ -248,6 +251,7 @@ def test_link_members_are_refused_by_restore_and_verify(shared, tmp_path, kind):
     assert hybrid("snapshot", "verify", str(tmp_path / "linked.snapshot")).returncode == 2
 
 
+@pytest.mark.server
 def test_a_referenced_model_file_outside_the_model_folder_is_refused(shared, tmp_path):
     url, data, archive, _ = shared
     members, trailer = unpack(archive)
@@ -262,6 +266,7 @@ def test_a_referenced_model_file_outside_the_model_folder_is_refused(shared, tmp
     assert listing(data / "collections") == before
 
 
+@pytest.mark.server
 def test_a_signed_server_restores_only_its_own_snapshots(tmp_path):
     env = keyed_env(tmp_path, HYBRID_SNAPSHOT_KEY="server-secret")
     with running_server(None, env) as (url, _), httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:
@@ -281,6 +286,7 @@ def test_a_signed_server_restores_only_its_own_snapshots(tmp_path):
 # --- a damaged collection on disk -------------------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_one_damaged_collection_never_stops_the_service(tmp_path):
     env = keyed_env(tmp_path)
     with running_server(None, env) as (url, _), httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:
@@ -316,6 +322,7 @@ def test_one_damaged_collection_never_stops_the_service(tmp_path):
 # --- 4, 5: per-collection reads and metrics -------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_stats_need_a_key_for_that_collection(shared):
     url, *_ = shared
     assert httpx.get(f"{url}/collections/tenant-a/stats").status_code == 401
@@ -325,6 +332,7 @@ def test_stats_need_a_key_for_that_collection(shared):
         assert refused.status_code == 403, (name, refused.text)
 
 
+@pytest.mark.server
 def test_metrics_show_a_collection_only_to_keys_that_may_use_it(shared):
     url, *_ = shared
 
@@ -346,6 +354,7 @@ def test_metrics_show_a_collection_only_to_keys_that_may_use_it(shared):
 AWKWARD = ["a/b", "%2F", "../tenant-b", "..a", "a/..", "a?b=c", "a#b", "ünïcødé 文字", "%", "a\\b", "./"]  # "." and "..": below
 
 
+@pytest.mark.server
 def test_every_awkward_id_reaches_the_server_as_itself(shared):
     url, *_ = shared
     with Client(url, api_key="admin-key") as client, httpx.Client(base_url=url, headers=ADMIN) as admin:
@@ -388,6 +397,7 @@ AWKWARD_NAMES = ["..", ".", "a/b", "../tenant-a", "a?b=c", "a#b", "%2F", "ünï"
 
 
 @pytest.mark.parametrize("awkward", AWKWARD_NAMES)
+@pytest.mark.server
 def test_every_client_method_sends_an_awkward_name_as_itself(shared, awkward, tmp_path):
     """Every method that puts a collection, alias, task or snapshot name in a path: the server answers about exactly
     that name (its 404 or 422 quotes it), and nothing else changed."""
@@ -430,6 +440,7 @@ def test_every_client_method_sends_an_awkward_name_as_itself(shared, awkward, tm
 # --- 7, 8, 10: status codes and strict types -------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_creates_racing_drops_never_answer_500(shared):
     url, *_ = shared
     statuses: list[int] = []
@@ -449,6 +460,7 @@ def test_creates_racing_drops_never_answer_500(shared):
     httpx.delete(f"{url}/collections/churn", headers=ADMIN)
 
 
+@pytest.mark.server
 def test_a_write_past_its_deadline_is_504_naming_the_write_timeout(tmp_path, scifact_slice):
     env = keyed_env(tmp_path, HYBRID_WRITE_TIMEOUT="0.001")
     with running_server(None, env) as (url, _), httpx.Client(base_url=url, headers=ADMIN, timeout=120) as admin:
@@ -468,6 +480,7 @@ def test_a_write_past_its_deadline_is_504_naming_the_write_timeout(tmp_path, sci
         ("/collections/tenant-a/search", {"query": "x", "k": "5"}, ["body", "k"]),
     ],
 )
+@pytest.mark.server
 def test_numbers_written_as_strings_are_refused(shared, path, body, loc):
     url, *_ = shared
     refused = httpx.post(f"{url}{path}", json=body, headers=ADMIN)
@@ -477,6 +490,7 @@ def test_numbers_written_as_strings_are_refused(shared, path, body, loc):
         assert refused.json()["detail"][0]["loc"] == loc
 
 
+@pytest.mark.server
 def test_a_vector_whose_norm_overflows_is_refused_saying_so(shared):
     url, *_ = shared
     refused = httpx.post(f"{url}/collections/tenant-a/search", json={"vector": [1e308] * DIMENSION, "mode": "dense"}, headers=ADMIN)
@@ -609,6 +623,7 @@ def restoring(request, tmp_path_factory):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(mutation=MUTATIONS)
+@pytest.mark.server
 def test_a_mutated_snapshot_is_refused_whole_or_restores_the_source(restoring, mutation):
     client, data, archive, source, key = restoring
     crafted = mutate(archive, mutation, key)
@@ -632,6 +647,7 @@ def test_a_mutated_snapshot_is_refused_whole_or_restores_the_source(restoring, m
     assert [p.name for p in (data / "collections").iterdir() if p.name.startswith(".")] == []  # no staging left
 
 
+@pytest.mark.server
 def test_a_forged_model_never_embeds_another_tenants_queries(tmp_path):
     """Model sessions and cached query embeddings are shared by the model files' content, not by the checksum a
     manifest claims: a restored collection whose manifest copies another tenant's model checksum over other weights

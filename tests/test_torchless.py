@@ -17,6 +17,8 @@ from tests.conftest import wait_until_ready
 
 SERVE_WITHOUT_TORCH = """
 import runpy, sys
+
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
 sys.modules["torch"] = None  # any import of them raises ImportError
 sys.modules["sentence_transformers"] = None
 sys.argv = ["hybrid", "--index", sys.argv[1], "--data", sys.argv[3], "--port", sys.argv[2], "--host", "127.0.0.1"]

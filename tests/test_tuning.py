@@ -205,6 +205,7 @@ def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, sci
             assert report["pipelines"][name][metric] == pytest.approx(value, abs=1e-4)
 
 
+@pytest.mark.server
 def test_eval_rows_are_what_the_service_serves(scifact, scifact_slice, scifact_slice_index, tmp_path):
     """`hybrid eval`'s pipelines merge onto the index's defaults exactly as a request does: `hybrid` scores
     the same as POST /search with nothing but the query, over HTTP."""

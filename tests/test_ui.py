@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import write_jsonl
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.server]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[dev]')")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

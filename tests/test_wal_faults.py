@@ -204,6 +204,7 @@ def test_a_record_that_cannot_be_applied_stops_the_replay_naming_it_and_repair_d
     assert reopened.get("a") is not None and reopened.get("d1") is None and reopened.get("bad") is None
 
 
+@pytest.mark.server
 def test_the_service_refuses_a_damaged_log_naming_file_and_offset_and_serves_all_after_repair(index_dir, tmp_path):
     collection = Collection(open_index(index_dir))
     for n in range(4):
