@@ -183,7 +183,7 @@ def build_index(
     return manifest
 
 
-def build_into(
+def build_into(  # noqa: PLR0913
     tmp: Path,
     source: Path,
     options: BuildOptions,

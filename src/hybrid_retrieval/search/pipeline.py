@@ -132,7 +132,7 @@ class SearchPipeline:
     on the page size. With an executor, the BM25 leg runs beside query embedding + dense search.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         bm25: BM25Index | LiveBM25,
         dense: DenseIndex | LiveDense,

@@ -49,7 +49,7 @@ class LiveDocument:
     passage_vectors: np.ndarray | None = None  # and their (m, dimension) unit vectors
 
     @classmethod
-    def analysed(
+    def analysed(  # noqa: PLR0913
         cls,
         doc_id: str,
         title: str,

@@ -216,7 +216,7 @@ class SearchSpec:
         return spec_to_string(self.to_dict())
 
 
-def spec_to_string(spec: dict[str, Any]) -> str:
+def spec_to_string(spec: dict[str, Any]) -> str:  # noqa: C901
     """The string form of a (possibly partial) dict form that names a mode: only the fields it names."""
     if "mode" not in spec:
         raise SpecError("mode", "the string form starts with the mode; this spec has none")
@@ -265,7 +265,7 @@ def spec_to_string(spec: dict[str, Any]) -> str:
     return "+".join(parts)
 
 
-def parse_spec_string(text: str) -> dict[str, Any]:
+def parse_spec_string(text: str) -> dict[str, Any]:  # noqa: C901
     """The partial dict form of a string form; unknown parts are errors that list the valid ones."""
     text, _, filter_text = text.partition("+filter:")
     first, *extras = text.split("+")

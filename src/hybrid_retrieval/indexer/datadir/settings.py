@@ -57,7 +57,7 @@ class CollectionSettings:
     synonyms: tuple[dict, ...] = ()
 
     @classmethod
-    def parse(cls, data: Any) -> CollectionSettings:
+    def parse(cls, data: Any) -> CollectionSettings:  # noqa: C901
         """The settings of a request body's `settings` object; SpecError naming the first invalid field."""
         if data is None:
             return cls()

@@ -258,7 +258,7 @@ class _HashingReader:
 # --- reading one --------------------------------------------------------------------------------------------------
 
 
-def read_info(path: Path, whole: bool = True, key: bytes | None = None) -> tuple[dict, int]:
+def read_info(path: Path, whole: bool = True, key: bytes | None = None) -> tuple[dict, int]:  # noqa: C901
     """A snapshot's trailer, checked against its own checksum, against `key` (its signature must be that key's) and
     (`whole`) against every archive byte: BadSnapshot when anything differs. The trailer and the offset of its header.
     Listing reads the trailer alone (a tar's headers are read by seeking past the files); a restore and `hybrid

@@ -66,7 +66,7 @@ class VectorRule:
     required: bool = False
 
 
-def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], vectors: VectorRule | None = None) -> list[dict]:
+def check_batch(documents, max_batch_docs: int, types: dict[str, str | None], vectors: VectorRule | None = None) -> list[dict]:  # noqa: C901
     """A write batch, checked whole and converted to what the log holds (so a logged record always applies):
     SpecError naming `documents[i].field` of the first problem. `types`: each metadata field's type in the collection
     (None: not filterable); a value its field cannot take is refused (decide_types settles the fields it adds).

@@ -90,7 +90,7 @@ def _evaluate(columns: MetadataColumns, node, path: Loc, depth: int) -> np.ndarr
     return mask
 
 
-def _condition(columns: MetadataColumns, name: str, condition, path: Loc) -> np.ndarray:
+def _condition(columns: MetadataColumns, name: str, condition, path: Loc) -> np.ndarray:  # noqa: C901
     column = columns.columns.get(name)
     if column is None:
         info = columns.fields.get(name)
