@@ -25,16 +25,18 @@ def served_quality(
     import httpx  # a dev dependency, like every server-starting benchmark
 
     queries, qrels = split_queries(dataset, split)
-    with running_server(index_dir, {"HYBRID_VERIFY": "size", **(env or {})}) as (url, _):
-        with httpx.Client(base_url=url, timeout=120) as client:
-            ready = client.get("/ready").json()
-            run, latencies_ms = {}, []
-            for qid, text in queries.items():
-                start = time.perf_counter()
-                response = client.post("/search", json={**(request or {}), "query": text, "k": k})
-                latencies_ms.append(round((time.perf_counter() - start) * 1000, 3))
-                response.raise_for_status()
-                run[qid] = {hit["id"]: hit["score"] for hit in response.json()["hits"]}
+    with (
+        running_server(index_dir, {"HYBRID_VERIFY": "size", **(env or {})}) as (url, _),
+        httpx.Client(base_url=url, timeout=120) as client,
+    ):
+        ready = client.get("/ready").json()
+        run, latencies_ms = {}, []
+        for qid, text in queries.items():
+            start = time.perf_counter()
+            response = client.post("/search", json={**(request or {}), "query": text, "k": k})
+            latencies_ms.append(round((time.perf_counter() - start) * 1000, 3))
+            response.raise_for_status()
+            run[qid] = {hit["id"]: hit["score"] for hit in response.json()["hits"]}
     metrics = {name: round(value, 4) for name, value in evaluate(run, qrels).items()}
     return {
         "split": split,

@@ -217,10 +217,11 @@ class _StudentSchedule(Schedule):
 
 
 def _train(
-    student, encoder: _Encoder, texts: list[str], targets, train: list[int], held: list[int], recipe: StudentRecipe, rng, progress: bool
+    student, encoder: _Encoder, texts: list[str], targets, rows: tuple[list[int], list[int]], recipe: StudentRecipe, rng, progress: bool
 ) -> TrainingRecord:
-    """Train `student` for `1 - cosine` to the teacher's `targets` on the `train` texts, keeping the epoch whose held-out
-    cosine was best (epoch 0: the teacher's layers as they are)."""
+    """Train `student` for `1 - cosine` to the teacher's `targets` on the texts of `rows`' first part, keeping the epoch
+    whose cosine on the second (held out) was best (epoch 0: the teacher's layers as they are)."""
+    train, held = rows
 
     def loss(rows: list[int]):
         vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
@@ -284,7 +285,7 @@ def distil_student(
     held = order[: min(recipe.held_out, len(texts) // 10 or 1)]
     train = order[len(held) :]
 
-    training = _train(student, encoder, texts, targets, train, held, recipe, rng, progress)
+    training = _train(student, encoder, texts, targets, (train, held), recipe, rng, progress)
     curve, best_epoch = list(training.held_out), training.best_epoch
     record = {
         "kind": STUDENT_KIND,

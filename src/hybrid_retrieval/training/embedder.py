@@ -176,29 +176,48 @@ def _contrastive_step(model, relevant: dict[str, frozenset[int]], doc_text, scal
     return loss
 
 
-def _fit(
-    model, index: OpenIndex, examples: list[Example], resample, relevant, held_out: HeldOut, options: EmbedderOptions, rng, device, progress
-) -> TrainingRecord:
-    """Train `model` on `examples`, then on a fresh `resample()` (new hard negatives) every epoch, keeping the epoch best on
-    the held-out queries (epoch 0: the base model) and stopping after `options.patience` epochs without a better one."""
+@dataclass(frozen=True)
+class _Prepared:
+    """What training needs besides the model: the mined training queries, the batches of examples, each training
+    query's relevant documents (masked out of its row), the held-out queries."""
+
+    mined: list[MinedQuery]
+    batches: Resampled[Example]
+    relevant: dict[str, frozenset[int]]
+    held_out: HeldOut
+
+
+def _prepare(
+    index: OpenIndex, queries, qrels, train_ids: list[str], dev_ids: list[str], options: EmbedderOptions, passages, progress
+) -> _Prepared:
+    """Mine `train_ids`' hard negatives, sample the first epoch's examples, pool the held-out `dev_ids`' documents."""
+    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
+    rng = random.Random(options.seed)
+    resample = lambda: sample_examples(mined, queries, options.hard_negatives, rng, passages)
     # drop_last: a short last batch would have few in-batch negatives
-    batches = Resampled(examples, resample, options.batch_size, rng, drop_last=True)
+    batches = Resampled(resample(), resample, options.batch_size, rng, drop_last=True)
+    if batches.steps_per_epoch == 0:
+        raise ConfigError(
+            f"{len(batches.first)} training examples, fewer than one batch of {options.batch_size}: "
+            "need more judged queries (or a smaller --batch-size)"
+        )
+    positions = index.doc_positions
+    relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
+    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
+    return _Prepared(mined, batches, relevant, held_out)
+
+
+def _fit(model, index: OpenIndex, prepared: _Prepared, options: EmbedderOptions, device: str, progress: bool) -> TrainingRecord:
+    """Train `model` on the prepared batches, fresh hard negatives every epoch after the first, keeping the epoch best on
+    the held-out queries (epoch 0: the base model) and stopping after `options.patience` epochs without a better one."""
+    batches, held_out = prepared.batches, prepared.held_out
     schedule = Schedule(options.epochs, batches.steps_per_epoch, options.learning_rate, options.weight_decay, options.warmup)
-    step = _contrastive_step(model, relevant, index.doc_text, options.scale, device)
+    step = _contrastive_step(model, prepared.relevant, index.doc_text, options.scale, device)
     return fit(model, step, batches, schedule, lambda: held_out.score(model), options.patience, progress=progress)
 
 
 def _record(
-    index: OpenIndex,
-    base,
-    options: EmbedderOptions,
-    data: dict,
-    examples,
-    mined,
-    held_out: HeldOut,
-    dev_ids,
-    device,
-    training: TrainingRecord,
+    index: OpenIndex, base, options: EmbedderOptions, data: dict, prepared: _Prepared, device: str, training: TrainingRecord
 ) -> dict:
     """The training record (training.json) but for its seconds. The loss curve is rounded, and each epoch's loss is the
     mean of its rounded steps (as the record always had it)."""
@@ -207,6 +226,7 @@ def _record(
     for epoch, losses in enumerate(training.losses, 1):
         rounded = [round(loss, 4) for loss in losses]
         per_epoch.append({"epoch": epoch, METRIC: training.held_out[epoch], "loss": sum(rounded) / len(rounded)})
+    held_out = prepared.held_out
     return {
         "kind": "embedder",
         "base_model": {"name": base.name, "checksum": base.checksum},
@@ -214,11 +234,11 @@ def _record(
         "data": {
             **data,
             "index": str(index.path),
-            "train_queries": len(mined),
-            "examples_per_epoch": len(examples),
-            "held_out_queries": len(dev_ids),
+            "train_queries": len(prepared.mined),
+            "examples_per_epoch": len(prepared.batches.first),
+            "held_out_queries": len(held_out.queries),
             "held_out_pool": len(held_out.pool),
-            "held_out_ids": sorted(dev_ids),
+            "held_out_ids": sorted(held_out.queries),
         },
         "device": device,
         "held_out": {
@@ -255,26 +275,15 @@ def fine_tune(
     if out.exists() and not (out / TRAINING_RECORD).is_file():
         raise ConfigError(f"{out} exists and is not a trained model folder: refusing to replace it")
     base = index_model(index.path)
-    mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
-    rng = random.Random(options.seed)
-    resample = lambda: sample_examples(mined, queries, options.hard_negatives, rng, passages)
-    examples = resample()
-    if len(examples) < options.batch_size:
-        raise ConfigError(
-            f"{len(examples)} training examples, fewer than one batch of {options.batch_size}: "
-            "need more judged queries (or a smaller --batch-size)"
-        )
-    positions = index.doc_positions
-    relevant = {queries[q]: frozenset(positions[d] for d, r in qrels[q].items() if r > 0 and d in positions) for q in train_ids}
-    held_out = HeldOut(index, {q: queries[q] for q in dev_ids}, {q: qrels[q] for q in dev_ids}, options.eval_depth, progress, passages)
-    prepared = time.perf_counter()
+    prepared = _prepare(index, queries, qrels, train_ids, dev_ids, options, passages, progress)
+    prepared_at = time.perf_counter()
 
     torch.manual_seed(options.seed)
     device = training_device(options.device)
     model = SentenceTransformer(str(base.path), device=device)
-    training = _fit(model, index, examples, resample, relevant, held_out, options, rng, device, progress)
-    record = _record(index, base, options, data, examples, mined, held_out, dev_ids, device, training)
-    record["seconds"] = {"preparation": round(prepared - started, 1), "training": round(time.perf_counter() - prepared, 1)}
+    training = _fit(model, index, prepared, options, device, progress)
+    record = _record(index, base, options, data, prepared, device, training)
+    record["seconds"] = {"preparation": round(prepared_at - started, 1), "training": round(time.perf_counter() - prepared_at, 1)}
     record["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
     out.parent.mkdir(parents=True, exist_ok=True)
     with publish_dir(out) as tmp:

@@ -27,6 +27,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -274,19 +275,6 @@ def _group_loss(model, tokenizer, queries: dict[str, str], doc_text, teacher, op
     return loss
 
 
-def _fit(
-    model, tokenizer, index: OpenIndex, queries: dict[str, str], mined, groups, options: TrainOptions, rng, device: str, progress: bool
-) -> TrainingRecord:
-    """Train `model` on `groups`, fresh negatives every epoch after the first (no held-out score: the model keeps its
-    last epoch's weights)."""
-    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
-    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
-    batches = Resampled(groups, lambda: sample_groups(mined, options.negatives, rng), options.groups_per_step, rng)
-    schedule = Schedule(options.epochs, batches.steps_per_epoch, options.learning_rate, options.weight_decay, options.warmup)
-    step = _group_loss(model, tokenizer, queries, doc_text, teacher, options, device)
-    return fit(model, step, batches, schedule, progress=progress)
-
-
 def _record(
     index: OpenIndex, base: ResolvedModel, options: TrainOptions, split: str, groups, dev_ids, device: str, training: TrainingRecord
 ) -> dict:
@@ -317,11 +305,14 @@ def _record(
     }
 
 
-def _publish(
-    out: Path, model, tokenizer, record: dict, index: OpenIndex, queries, qrels, dev_ids, options: TrainOptions, started: float
-) -> None:
-    """Save the model and its ONNX export at `out` atomically, with the interpolation weight tuned on the dev queries by
-    the exported model (the one the service runs); `record["seconds"]` gains each stage's and the total since `started`."""
+def _tune_exported(index: OpenIndex, dev_queries: dict[str, str], qrels: dict[str, dict[str, int]], device: str, onnx: Path) -> dict:
+    """The interpolation weight tuned on the dev queries by the exported model: the one the service will run."""
+    return tune_interpolation(index, load_cross_encoder(onnx, device=device), dev_queries, qrels)
+
+
+def _publish(out: Path, model, tokenizer, record: dict, tune: Callable[[Path], dict] | None, started: float) -> None:
+    """Save the model and its ONNX export at `out` atomically, with the interpolation weight `tune` gives for the export
+    (none without dev queries); `record["seconds"]` gains each stage's and the total since `started`."""
     trained = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     with publish_dir(out) as tmp:
@@ -332,9 +323,8 @@ def _publish(
         export_cross_encoder(ResolvedModel(name=str(out), path=tmp, checksum=weights_checksum(tmp)), target=tmp / ONNX_SUBDIR)
         exported = time.perf_counter()
         record["seconds"]["export"] = round(exported - trained, 1)
-        if dev_ids:
-            scorer = load_cross_encoder(tmp / ONNX_SUBDIR, device=options.device)
-            record["interpolation"] = tune_interpolation(index, scorer, {q: queries[q] for q in dev_ids}, qrels)
+        if tune is not None:
+            record["interpolation"] = tune(tmp / ONNX_SUBDIR)
             record["seconds"]["tuning"] = round(time.perf_counter() - exported, 1)
         record["seconds"]["total"] = round(time.perf_counter() - started, 1)
         (tmp / TRAINING_RECORD).write_text(json.dumps(record, indent=2))
@@ -359,16 +349,22 @@ def train_reranker(
     train_ids, dev_ids = split_dev(queries, qrels, options.dev_fraction, options.seed)
     mined = mine(index, queries, qrels, train_ids, options.mine_depth, progress)
     rng = random.Random(options.seed)
-    groups = sample_groups(mined, options.negatives, rng)
-    if not groups:
+    resample = lambda: sample_groups(mined, options.negatives, rng)  # fresh negatives for every epoch after the first
+    batches = Resampled(resample(), resample, options.groups_per_step, rng)
+    if not batches.first:
         raise ConfigError("no training groups: no judged query has a relevant document and enough negatives in this index")
     mined_at = time.perf_counter()
 
     torch.manual_seed(options.seed)
     device = training_device(options.device)
     tokenizer, model = _starting_model(base, options, device)
-    training = _fit(model, tokenizer, index, queries, mined, groups, options, rng, device, progress)
-    record = _record(index, base, options, split, groups, dev_ids, device, training)
+    doc_text = functools.lru_cache(maxsize=None)(index.doc_text)  # each document recurs in several groups
+    teacher = CachingCrossEncoder(load_cross_encoder(options.teacher, device=options.device)) if options.teacher else None
+    step = _group_loss(model, tokenizer, queries, doc_text, teacher, options, device)
+    schedule = Schedule(options.epochs, batches.steps_per_epoch, options.learning_rate, options.weight_decay, options.warmup)
+    training = fit(model, step, batches, schedule, progress=progress)  # no held-out score: the last epoch is kept
+    record = _record(index, base, options, split, batches.first, dev_ids, device, training)
     record["seconds"] = {"mining": round(mined_at - started, 1), "training": round(time.perf_counter() - mined_at, 1)}
-    _publish(out, model, tokenizer, record, index, queries, qrels, dev_ids, options, started)
+    tune = functools.partial(_tune_exported, index, {q: queries[q] for q in dev_ids}, qrels, options.device) if dev_ids else None
+    _publish(out, model, tokenizer, record, tune, started)
     return record
