@@ -124,7 +124,7 @@ def write_correction(folder: Path, correction: HubnessCorrection, banks: Banks, 
     faiss.write_index(augmented, str(folder / AUGMENTED_FAISS))
 
 
-def fit_hubness(
+def fit_hubness(  # noqa: PLR0913
     index: OpenIndex,
     bank_texts: list[str],
     bank_info: dict,

@@ -252,7 +252,7 @@ def _record(
     }
 
 
-def fine_tune(
+def fine_tune(  # noqa: PLR0913
     index: OpenIndex,
     queries: dict[str, str],
     qrels: dict[str, dict[str, int]],

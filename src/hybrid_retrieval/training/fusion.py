@@ -205,7 +205,7 @@ def pseudo_split(
     return pseudo.queries, pseudo.qrels, source_name(recipe, max_queries, filter_depth)
 
 
-def tune_fusion_on_index(
+def tune_fusion_on_index(  # noqa: PLR0913
     index_dir: Path,
     queries: dict[str, str],
     qrels: dict,

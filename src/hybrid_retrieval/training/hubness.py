@@ -50,7 +50,7 @@ class CrossFit:
     """The metric of dense retrieval over labelled bank queries with a correction fitted on the other folds
     (5-fold cross-fitting): no query is scored with a bank that contains it."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         bank: np.ndarray,
         bank_qids: list[str],
@@ -138,7 +138,7 @@ def scaled_params(spread: float, k: int = 1, **given) -> HubnessParams:
     return HubnessParams(**{name: given[name] if name in given else scale / spread for name, scale in BETA_PER_SPREAD.items()}, k=k)
 
 
-def fit_hubness_from_bank(
+def fit_hubness_from_bank(  # noqa: PLR0913
     index_dir: Path | str,
     bank: str | Path,
     candidate: HubnessSpec,
