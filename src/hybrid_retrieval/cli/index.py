@@ -36,6 +36,11 @@ from hybrid_retrieval.training.reembed import reembed_index
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_index(commands)
+    _register_maintenance(commands)
+
+
+def _register_index(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser("index", help="build an index from a BEIR folder or a JSONL corpus")
     p.add_argument("corpus", type=Path)
     where = p.add_mutually_exclusive_group(required=True)
@@ -78,6 +83,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     p.set_defaults(run=run_index)
 
+
+def _register_maintenance(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """shard, ingest, repair, reembed, download-beir: what is done to a built index, or before one is built."""
     p = commands.add_parser("shard", help="split a built index into N shards (corpus-wide BM25 statistics, hubness kept)")
     p.add_argument("index", type=Path)
     p.add_argument("--shards", type=int, required=True)
