@@ -11,14 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from hybrid_retrieval.evaluation.server import free_port
 from tests.conftest import wait_until_ready
 
+pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
+
 SERVE_WITHOUT_TORCH = """
 import runpy, sys
 
-pytestmark = pytest.mark.server  # each test talks to the service (a process, or create_app in this one)
 sys.modules["torch"] = None  # any import of them raises ImportError
 sys.modules["sentence_transformers"] = None
 sys.argv = ["hybrid", "--index", sys.argv[1], "--data", sys.argv[3], "--port", sys.argv[2], "--host", "127.0.0.1"]
