@@ -7,5 +7,6 @@ import sys
 
 import tomllib
 
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+with open(sys.argv[1], "rb") as pyproject:
+    project = tomllib.load(pyproject)["project"]
 print("\n".join(project["dependencies"] + [req for extra in sys.argv[2:] for req in project["optional-dependencies"][extra]]))

@@ -9,8 +9,9 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNKED_FLAG = re.compile(r"chunking\.enabled|passages is (not )?None|\.chunked\b|chunker is (not )?None")
