@@ -206,13 +206,14 @@ def _length_batches(texts: list[str], rows: list[int], batch_size: int, rng: ran
 
 
 class _StudentSchedule(Schedule):
-    """The student's learning rate: up over the first 5% of the steps counting the first as one, down to 0 over all of
-    them. Not the trainers' linear warm-up, so that a recipe makes the same student it always made (STUDENT_FORMAT)."""
+    """The student's learning rate: up over the first `warmup` share of the steps (at least one, counting the first as
+    one), times a fall to 0 over all of them. Not the trainers' linear warm-up, so that a recipe makes the same student
+    it always made (STUDENT_FORMAT)."""
 
     def scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
         import torch
 
-        steps, warmup = self.steps, max(1, int(0.05 * self.steps))
+        steps, warmup = self.steps, max(1, int(self.warmup * self.steps))
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: min(1.0, (k + 1) / warmup) * max(0.0, (steps - k) / steps))
 
 
@@ -223,15 +224,15 @@ def _train(
     whose cosine on the second (held out) was best (epoch 0: the teacher's layers as they are)."""
     train, held = rows
 
-    def loss(rows: list[int]):
-        vectors = encoder.forward(student, encoder.batch([texts[i] for i in rows]))
-        return (1 - (vectors * targets[rows]).sum(-1)).mean()
+    def loss(batch: list[int]):
+        vectors = encoder.forward(student, encoder.batch([texts[i] for i in batch]))
+        return (1 - (vectors * targets[batch]).sum(-1)).mean()
 
     def held_out_cosine() -> float:
         vectors = encoder.encode(student, [texts[i] for i in held], recipe.batch_size)
         return round(float((vectors * targets[held]).sum(-1).mean()), 4)
 
-    schedule = _StudentSchedule(recipe.epochs, math.ceil(len(train) / recipe.batch_size), recipe.learning_rate)
+    schedule = _StudentSchedule(recipe.epochs, math.ceil(len(train) / recipe.batch_size), recipe.learning_rate, warmup=0.05)
     batches = lambda epoch: _length_batches(texts, train, recipe.batch_size, rng)
     return fit(student, loss, batches, schedule, held_out_cosine, desc="distilling", progress=progress)
 
