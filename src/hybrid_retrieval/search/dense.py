@@ -120,6 +120,10 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
     if params.kind == "hnsw":
         index.hnsw.efConstruction = params.ef_construction  # type: ignore[attr-defined]  # faiss stubs: an Index, not its HNSW subclass
+    if params.kind == "ivfpq":
+        # the factory turns on polysemous training (codebooks reordered for Hamming filtering, which we never search
+        # with): same distances and rankings, but 50 times the training time
+        faiss.downcast_index(index).do_polysemous_training = False
     if use_gpu(device, params.kind):
         gpu_index = faiss.index_cpu_to_all_gpus(index)
         gpu_index.train(vectors)
