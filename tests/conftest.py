@@ -14,9 +14,10 @@ from hybrid_retrieval.engine import serving
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# The fast tier (`scripts/test.sh --fast`: the default suite without `server` tests) starts no service: a default
-# test that starts one, as a process or in this one, carries the `server` mark. The guards below hold every test to
-# that (tests the fast tier never runs, marked slow, crash, docker or gpu, may start one), so the tier stays fast.
+# The fast tier (`scripts/test.sh --fast`) starts no service, runs no command in another process and trains no model:
+# a default test that starts the service (as a process, or in this one) carries the `server` mark, one that runs a
+# `hybrid` command as a process the `cli` mark, one that trains or exports a model the `training` mark. The guards
+# below hold every test to the first two (tests the fast tier never runs may do anything), so the tier stays fast.
 _running: list[pytest.Item] = []
 
 
@@ -25,22 +26,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[:] = [item]  # before its fixtures: a module's server fixture starts in its first test's setup
 
 
-NEVER_FAST = ("server", "slow", "crash", "docker", "gpu")  # marks the fast tier deselects
+NEVER_FAST = ("server", "cli", "training", "slow", "crash", "docker", "gpu")  # marks the fast tier deselects
 
 
-def _refuse_unmarked(what: str) -> None:
+def _refuse_unmarked(what: str, mark: str) -> None:
     item = _running[0] if _running else None
-    if item is not None and not any(item.get_closest_marker(mark) for mark in NEVER_FAST):
-        raise RuntimeError(f"{item.nodeid} starts {what}: mark it `server` (pytest.mark.server) so the fast tier leaves it out")
+    if item is not None and not any(item.get_closest_marker(m) for m in NEVER_FAST):
+        raise RuntimeError(f"{item.nodeid} starts {what}: mark it `{mark}` (pytest.mark.{mark}) so the fast tier leaves it out")
 
 
 class _MarkedPopen(subprocess.Popen):
-    """subprocess.Popen, refusing to start the service (or a command that serves) from a test not marked `server`."""
+    """subprocess.Popen, refusing to start the service (or a command that serves) from a test not marked `server`,
+    and a `hybrid` command from one not marked `cli`."""
 
     def __init__(self, args, *rest, **kwargs):
         words = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
+        shown = " ".join(words)[:120]
         if any("hybrid_retrieval.app" in w or w.endswith("run.sh") or w == "serve" for w in words):
-            _refuse_unmarked(f"a service process ({' '.join(words)[:120]})")
+            _refuse_unmarked(f"a service process ({shown})", "server")
+        elif "hybrid_retrieval.cli" in words or any(Path(w).name == "hybrid" for w in words[:1]):
+            _refuse_unmarked(f"a command process ({shown})", "cli")
         super().__init__(args, *rest, **kwargs)
 
 
@@ -49,7 +54,7 @@ _open_service = serving.Resources.__init__
 
 
 def _marked_resources(self, *args, **kwargs):
-    _refuse_unmarked("the service in process (create_app)")
+    _refuse_unmarked("the service in process (create_app)", "server")
     _open_service(self, *args, **kwargs)
 
 

@@ -13,6 +13,7 @@ def hybrid(*args):
     return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.cli
 def test_search_command_prints_json(tiny_index):
     result = hybrid("search", tiny_index, "cat on a mat", "--mode", "bm25", "--k", "2", "--json")
     assert result.returncode == 0, result.stderr
@@ -20,6 +21,7 @@ def test_search_command_prints_json(tiny_index):
     assert body["hits"][0]["id"] == "d1" and len(body["hits"]) == 2
 
 
+@pytest.mark.cli
 def test_index_command_reports_bad_corpus_line(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [TINY_CORPUS[0], {"_id": "z"}])
     result = hybrid("index", bad, "--out", tmp_path / "idx", "--quiet")
@@ -69,6 +71,7 @@ def reranker_data(folder):
     return queries
 
 
+@pytest.mark.training
 def test_train_reranker_refuses_test_qrels_and_layers_the_model_lacks(tiny_index, tmp_path):
     queries = reranker_data(tmp_path)
     refused = hybrid(
@@ -212,6 +215,7 @@ def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, c
     assert main(index) == 0 and "indexed 3 documents" in capsys.readouterr().out
 
 
+@pytest.mark.cli
 def test_search_command_takes_a_spec_string(tiny_index):
     result = hybrid("search", tiny_index, "cat on a mat", "--spec", "hybrid+cc:zscore:0.3+depth:4", "--k", "3", "--json")
     assert result.returncode == 0, result.stderr
@@ -219,6 +223,7 @@ def test_search_command_takes_a_spec_string(tiny_index):
     assert spec["fusion"] == {"method": "cc", "alpha": 0.3, "norm": "zscore"} and spec["depth"] == 4
 
 
+@pytest.mark.cli
 def test_command_errors_are_one_line_with_exit_code_2(tiny_index, tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
     (tmp_path / "photos").mkdir()
@@ -237,6 +242,7 @@ def test_command_errors_are_one_line_with_exit_code_2(tiny_index, tmp_path):
     assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"not an index"
 
 
+@pytest.mark.cli
 def test_ingest_writes_the_log_that_search_and_the_service_read(tiny_index, tmp_path):
     import shutil
 
@@ -261,6 +267,7 @@ def test_the_cli_imports_without_the_dev_dependencies():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.cli
 def test_every_long_step_of_a_build_shows_its_progress_with_a_total(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
     result = hybrid("index", corpus, "--out", tmp_path / "index")

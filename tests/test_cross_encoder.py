@@ -12,6 +12,8 @@ from hybrid_retrieval.models.cross_encoder import OnnxCrossEncoder, TorchCrossEn
 from hybrid_retrieval.models.onnx_export import export_cross_encoder
 from hybrid_retrieval.models.registry import resolve_model
 
+pytestmark = pytest.mark.training  # a cross-encoder made and exported with torch
+
 
 @pytest.fixture(scope="module")
 def cross_encoder_dir(tmp_path_factory):

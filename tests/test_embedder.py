@@ -25,6 +25,7 @@ def scifact_texts(scifact, n):
         return [json.loads(line)["text"] for line in itertools.islice(fh, n)]
 
 
+@pytest.mark.training
 def test_onnx_matches_torch_on_real_text(model, onnx_embedder, scifact):
     texts = scifact_texts(scifact, 24) + ["vitamin D deficiency", "Does smoking cause lung cancer?"]
     onnx = onnx_embedder.encode(texts)

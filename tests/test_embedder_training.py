@@ -11,6 +11,8 @@ import pytest
 
 from tests.conftest import write_jsonl
 
+pytestmark = pytest.mark.training  # fine-tunes the encoder
+
 TOPICS = {
     "volcano": "lava magma eruption crater ash basalt caldera vent",
     "orchard": "apple pear blossom harvest cider graft pruning fruit",

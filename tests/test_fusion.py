@@ -59,6 +59,7 @@ def test_rrf_rejects_bad_weights():
         RRF(rrf_k=0, weights=(1.7e308, 1.0))
 
 
+@pytest.mark.slow  # ranx compiles its fusion with numba on first use: about 10 s
 def test_rrf_matches_ranx_on_random_runs():
     ranx = pytest.importorskip("ranx")
     rng = np.random.default_rng(7)
@@ -176,6 +177,7 @@ def _random_runs_over_same_docs(seed):
     return docs, rng.random(40) * 20, rng.random(40) * 2 - 1  # bm25-like and cosine-like scores
 
 
+@pytest.mark.slow  # as above
 @pytest.mark.parametrize("norm, ranx_norm", [("minmax", "min-max"), ("zscore", "zmuv")])
 def test_convex_combination_matches_ranx_wsum(norm, ranx_norm):
     ranx = pytest.importorskip("ranx")

@@ -12,6 +12,8 @@ from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.spec import HubnessSpec
 
+pytestmark = pytest.mark.cli  # the fixture fits with `hybrid hubness fit`
+
 
 def hybrid(*args):
     return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, timeout=600)

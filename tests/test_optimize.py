@@ -12,6 +12,8 @@ import pytest
 from tests.conftest import write_jsonl
 from tests.test_embedder_training import synthetic_corpus
 
+pytestmark = pytest.mark.training  # the optimizer trains a reranker
+
 
 @pytest.fixture(scope="module")
 def judged(tmp_path_factory):

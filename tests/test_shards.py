@@ -170,6 +170,7 @@ def test_split_refuses_what_it_cannot_split(whole_index, sharded_index, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.cli
 def test_shard_and_index_commands(tiny_index, tmp_path):
     def hybrid(*args):
         return subprocess.run(

@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import TINY_CORPUS, write_jsonl
 
+pytestmark = pytest.mark.training  # distils a student
+
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="distilling needs torch (the index extra)")
 
 DOCUMENTS = [

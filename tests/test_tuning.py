@@ -37,6 +37,7 @@ def test_tune_sweeps_every_configuration_and_picks_the_best(scifact_slice_index,
     assert set(result.singles) == {"bm25", "dense"} and all(0 < v <= 1 for v in result.singles.values())
 
 
+@pytest.mark.cli
 def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scifact_slice_index, train_split, tmp_path):
     index_dir = tmp_path / "index"
     shutil.copytree(scifact_slice_index, index_dir)
