@@ -5,6 +5,7 @@ import logging
 import numpy as np
 import pytest
 
+from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.models.embedder import OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import export_onnx
 from hybrid_retrieval.models.registry import ModelNotFoundError, resolve_model
@@ -81,6 +82,17 @@ def test_int8_vectors_do_not_depend_on_the_batch(model, scifact):
     int8 = OnnxEmbedder(export_onnx(model), device="cpu", precision="int8")
     texts = scifact_texts(scifact, 6) + ["vitamin D deficiency"]
     np.testing.assert_array_equal(int8.encode(texts, batch_size=32), np.stack([int8.encode([t])[0] for t in texts]))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_batches_side_by_side_embed_exactly_as_one_at_a_time(model, scifact, precision):
+    """A build embeds a batch a core on one session: the same vectors, bit for bit, as one batch at a time."""
+    texts = scifact_texts(scifact, 12) + ["vitamin D deficiency"]
+    alone = OnnxEmbedder(export_onnx(model), device="cpu", precision=precision).encode(texts, batch_size=4)
+    side_by_side = OnnxEmbedder(export_onnx(model), device="cpu", precision=precision, workers=3)
+    np.testing.assert_array_equal(side_by_side.encode(texts, batch_size=4), alone)
+    with pytest.raises(ConfigError, match="embedder workers must be at least 1"):
+        OnnxEmbedder(export_onnx(model), device="cpu", workers=0)
 
 
 @pytest.mark.slow

@@ -126,7 +126,7 @@ def _versions(analyzer: Analyzer) -> dict:
 def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
     if options.backend == "torch":
         return TorchEmbedder(model_path, device=options.device)
-    return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision)
+    return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision, workers=None)  # a batch a core
 
 
 def _write_documents(

@@ -66,7 +66,7 @@ def reembed(
             # the model first: distilling a student can take long, and writes meanwhile change only its sample
             started = time.perf_counter()
             onnx_folder = export_profile(resolved, profile, onnx_cache, documents, device, progress)
-            embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision)
+            embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision, workers=None)
             logged = _size(wal)  # before the documents are read: any write after it aborts the swap
             corpus, seq = _current(index, work)
             with contextlib.ExitStack() as swap, publish_dir(index_dir) as tmp:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -31,7 +29,15 @@ from hybrid_retrieval.models.onnx_export import (
     trained_max_length,
     training_record,
 )
-from hybrid_retrieval.models.providers import BACKENDS, encoding_feeds, load_tokenizer, onnx_providers, onnx_session, torch_device
+from hybrid_retrieval.models.providers import (
+    BACKENDS,
+    encoding_feeds,
+    load_tokenizer,
+    onnx_providers,
+    onnx_session,
+    session_runs,
+    torch_device,
+)
 from hybrid_retrieval.models.registry import resolve_model
 from hybrid_retrieval.search.rerank import check_weight
 
@@ -66,20 +72,16 @@ class OnnxCrossEncoder(_PairScorer):
         self.config = json.loads((folder / CROSS_ENCODER_CONFIG).read_text())
         if int(self.config["num_labels"]) != 1:
             raise ConfigError(f"{folder}: a reranker needs one output logit, this model has {self.config['num_labels']}")
-        for name, value in (("threads", threads), ("workers", workers)):
-            if value is not None and value < 1:
-                raise ConfigError(f"reranker {name} must be at least 1 (or unset for the default), got {value}")
         self.max_length = int(self.config["max_length"])
         self._inputs = list(self.config["inputs"])
         self._tokenizer = load_tokenizer(
             folder / TOKENIZER_FILE, self.max_length, int(self.config["pad_token_id"]), self.config["pad_token"]
         )
-        on_cpu = "CUDAExecutionProvider" not in onnx_providers(device)
-        self.precision = precision = resolve_precision(precision, folder, gpu=not on_cpu)
-        self.workers = (workers or len(os.sched_getaffinity(0))) if on_cpu else 1
-        self._session = onnx_session(model_file(folder, precision), device, threads or (1 if self.workers > 1 else None))
+        self._runs = runs = session_runs(device, workers, threads, "reranker")
+        self.workers = runs.workers
+        self.precision = precision = resolve_precision(precision, folder, gpu="CUDAExecutionProvider" in onnx_providers(device))
+        self._session = onnx_session(model_file(folder, precision), device, runs.threads)
         self.providers = self._session.get_providers()
-        self._runs = ThreadPoolExecutor(self.workers, thread_name_prefix="rerank") if self.workers > 1 else None
 
     def token_counts(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
         """Tokens of each (query, text) pair as the model reads it: truncated to max_length, unpadded."""
@@ -90,10 +92,7 @@ class OnnxCrossEncoder(_PairScorer):
             feeds = encoding_feeds(self._tokenizer.encode_batch(batch), self._inputs)
             return self._session.run(None, feeds)[0][:, 0]
 
-        size = sequence_batch(self.precision, batch_size)
-        if self._runs is None:
-            return length_sorted(batch_scores, pairs, size, np.empty(len(pairs), np.float32))
-        size = min(size, -(-len(pairs) // self.workers))  # every worker gets a share
+        size = min(sequence_batch(self.precision, batch_size), -(-len(pairs) // self.workers))  # every worker gets a share
         return length_sorted(batch_scores, pairs, max(1, size), np.empty(len(pairs), np.float32), self._runs.map)
 
 

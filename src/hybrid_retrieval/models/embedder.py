@@ -16,7 +16,7 @@ import numpy as np
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.models.batching import length_sorted, sequence_batch
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE, TOKENIZER_FILE, model_file, st_dimension
-from hybrid_retrieval.models.providers import encoding_feeds, load_tokenizer, onnx_session, torch_device
+from hybrid_retrieval.models.providers import encoding_feeds, load_tokenizer, onnx_session, session_runs, torch_device
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,10 @@ class NoEmbedder:
 class OnnxEmbedder:
     """Embeds with an exported ONNX graph (pooling and normalisation inside the graph)."""
 
-    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32"):
+    def __init__(self, folder: Path, device: str = "auto", threads: int | None = None, precision: str = "fp32", workers: int | None = 1):
+        """`workers`: batches run side by side on CPU (None: one per core), for offline embedding (a build, a
+        re-embedding); a service embeds one query on all its cores, and side by side only under load
+        (models.batching.LoadAwareEmbedder). A text's vector does not depend on which worker embeds it."""
         folder = Path(folder)
         self.config = json.loads((folder / CONFIG_FILE).read_text())
         self.dimension = int(self.config["dimension"])
@@ -70,7 +73,8 @@ class OnnxEmbedder:
         self._tokenizer = load_tokenizer(
             folder / TOKENIZER_FILE, int(self.config["max_seq_length"]), int(self.config["pad_token_id"]), self.config["pad_token"]
         )
-        self._session = onnx_session(model_file(folder, precision), device, threads)
+        self._runs = session_runs(device, workers, threads, "embedder")
+        self._session = onnx_session(model_file(folder, precision), device, self._runs.threads)
         self.providers = self._session.get_providers()
         self.precision = precision
 
@@ -80,7 +84,8 @@ class OnnxEmbedder:
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         batch_size = sequence_batch(self.precision, batch_size)
-        return length_sorted(self._encode_batch, texts, batch_size, np.empty((len(texts), self.dimension), np.float32))
+        out = np.empty((len(texts), self.dimension), np.float32)
+        return length_sorted(self._encode_batch, texts, batch_size, out, self._runs.map)
 
     def token_ids(self, texts: Sequence[str]) -> list[tuple[int, ...]]:
         """Each text as the model sees it (normalised, tokenised, truncated; no padding): the query cache's key."""

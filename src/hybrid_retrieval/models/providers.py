@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from hybrid_retrieval.common.devices import check_device
+from hybrid_retrieval.common.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,29 @@ def onnx_session(model_path, device: str = "auto", threads: int | None = None):
     if threads:
         options.intra_op_num_threads = threads
     return ort.InferenceSession(str(model_path), options, providers=onnx_providers(device))
+
+
+@dataclass(frozen=True)
+class SessionRuns:
+    """How one ONNX session's batches run: on CPU `workers` side by side (ONNX Runtime sessions run concurrently),
+    each on `threads` intra-op threads; on a GPU one at a time. `map` runs a function over the batches."""
+
+    workers: int
+    threads: int | None
+    map: Callable = map
+
+
+def session_runs(device: str, workers: int | None, threads: int | None, name: str) -> SessionRuns:
+    """`workers` None: one per core on CPU. `threads` None: 1 beside other workers, all cores alone. Small products
+    (one short sequence, one 128-token pair) split badly across cores, so side by side is the faster use of them."""
+    for what, value in (("threads", threads), ("workers", workers)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} {what} must be at least 1 (or unset for the default), got {value}")
+    on_cpu = "CUDAExecutionProvider" not in onnx_providers(device)
+    count = (workers or len(os.sched_getaffinity(0))) if on_cpu else 1
+    if count == 1:
+        return SessionRuns(1, threads)
+    return SessionRuns(count, threads or 1, ThreadPoolExecutor(count, thread_name_prefix=name).map)
 
 
 def load_tokenizer(path, max_length: int, pad_id: int, pad_token: str):

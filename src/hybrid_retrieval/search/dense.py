@@ -123,7 +123,7 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     if params.kind == "ivfpq":
         # the factory turns on polysemous training (codebooks reordered for Hamming filtering, which we never search
         # with): same distances and rankings, but 50 times the training time
-        faiss.downcast_index(index).do_polysemous_training = False
+        faiss.downcast_index(index).do_polysemous_training = False  # type: ignore[attr-defined]  # an IndexIVFPQ
     if use_gpu(device, params.kind):
         gpu_index = faiss.index_cpu_to_all_gpus(index)
         gpu_index.train(vectors)
