@@ -280,8 +280,8 @@ def test_the_service_reranks_with_the_index_reranker_unless_it_names_one(judged,
 
 
 def test_the_target_is_an_index_folder_or_a_collection_of_the_data_directory(judged, tmp_path):
-    from hybrid_retrieval.cli.optimize import index_folder
     from hybrid_retrieval.common.errors import NotFound
+    from hybrid_retrieval.engine.offline import index_folder
 
     assert index_folder(str(judged / "index"), None) == judged / "index"
     data = tmp_path / "data"

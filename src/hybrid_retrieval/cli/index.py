@@ -12,19 +12,21 @@ from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.common.names import check_name
+from hybrid_retrieval.engine.offline import (
+    DEFAULT_MAX_BATCH_DOCS,
+    check_shard_count,
+    data_dir,
+    log_folder,
+    new_collection_folder,
+    parse_analyzer,
+    repair_log,
+    split_index,
+    writer,
+)
 from hybrid_retrieval.evaluation.beir import ensure_dataset
 from hybrid_retrieval.indexer.build import BuildOptions, build_index, index_is_current
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import read_corpus
-from hybrid_retrieval.indexer.datadir.layout import DataDir
-from hybrid_retrieval.indexer.datadir.settings import parse_analyzer
-from hybrid_retrieval.indexer.live.collection import DEFAULT_MAX_BATCH_DOCS, Collection
-from hybrid_retrieval.indexer.live.log import LIVE_DIR
-from hybrid_retrieval.indexer.live.repair import repair_log
-from hybrid_retrieval.indexer.shards.layout import check_shard_count
-from hybrid_retrieval.indexer.shards.split import split_index
-from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.providers import BACKENDS
@@ -207,7 +209,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
 def run_ingest(args: argparse.Namespace) -> None:
     if args.documents is None and args.delete is None:
         raise ConfigError("nothing to do: give a documents file and/or --delete IDS_FILE")
-    collection = Collection(open_index(args.index, verify="size", device=args.device), max_batch_docs=args.batch_docs)
+    collection = writer(args.index, args.device, args.batch_docs)
     started, written, deleted = time.perf_counter(), 0, 0
     try:
         if args.documents is not None:
@@ -230,7 +232,7 @@ def run_ingest(args: argparse.Namespace) -> None:
         collection.close()
     print(
         f"{written} documents upserted, {deleted} ids deleted in {time.perf_counter() - started:.1f} s; logged up to "
-        f"sequence {collection.seq} in {args.index / LIVE_DIR} (a running service picks them up on restart or reload)"
+        f"sequence {collection.seq} in {log_folder(args.index)} (a running service picks them up on restart or reload)"
     )
 
 
@@ -300,15 +302,10 @@ def _field_list(text: str) -> tuple[str, ...]:
 
 def _collection_folder(args: argparse.Namespace) -> Path:
     """Where `--collection NAME` builds: the data directory's folder of that name, free unless --replace."""
-    data = DataDir(args.data or os.environ.get("HYBRID_DATA") or "data")
-    name = check_name(args.collection, "--collection")
-    if data.exists(name) and not args.replace and not args.skip_if_current:
-        raise ConfigError(f"collection {name!r} exists in {data.root}: pass --replace to rebuild it (its writes since are dropped)")
-    if name in data.aliases:
-        raise ConfigError(f"{name!r} is an alias in {data.root}: collections and aliases share names")
+    folder = new_collection_folder(data_dir(args.data), args.collection, replace=args.replace or args.skip_if_current)
     if args.shards is not None:
         raise ConfigError("--collection builds a whole index: a data directory's collections are not sharded")
-    return data.path(name)
+    return folder
 
 
 def run_index(args: argparse.Namespace) -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
-from hybrid_retrieval.common.errors import NotFound
-from hybrid_retrieval.indexer.datadir.layout import DataDir
+from hybrid_retrieval.engine.offline import index_folder
 from hybrid_retrieval.training.optimize import STEPS, OptimizeOptions, Optimizer
 from hybrid_retrieval.training.optimize_report import markdown
 
@@ -36,17 +34,6 @@ def register(commands) -> None:
     add_device(p, help="training and evaluation device")
     add_quiet(p)
     p.set_defaults(run=run_optimize)
-
-
-def index_folder(target: str, data: Path | None) -> Path:
-    """The target as an index folder: a path to one, or a collection of the data directory."""
-    path = Path(target)
-    if (path / "manifest.json").is_file():
-        return path
-    folder = DataDir(data or os.environ.get("HYBRID_DATA") or "data")
-    if not folder.exists(target):
-        raise NotFound(f"{target!r} is neither an index folder nor a collection of {folder.root}")
-    return folder.path(target)
 
 
 def run_optimize(args) -> None:

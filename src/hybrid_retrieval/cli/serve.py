@@ -10,9 +10,7 @@ from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_filter
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.indexer.live.collection import current_view
-from hybrid_retrieval.indexer.shards.coordinator import ShardedIndex
-from hybrid_retrieval.indexer.shards.open import open_any
+from hybrid_retrieval.engine.offline import search_view
 from hybrid_retrieval.models.cross_encoder import load_cross_encoder, rerank_weight
 from hybrid_retrieval.models.onnx_export import SERVED_PRECISIONS
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH
@@ -70,12 +68,11 @@ def run_search(args) -> None:
         spec["filter"] = args.filter
     if args.highlight:
         spec["highlight"] = True
-    index = open_any(args.index, verify="size", device=args.device)
+    view = search_view(args.index, args.device)  # with the writes of the API or `hybrid ingest`
     model, reranking = None, {}
     if args.reranker:
         model = load_cross_encoder(args.reranker, device=args.device, precision=args.reranker_precision)
         reranking = {"rerank": {"enabled": True, "weight": rerank_weight(args.reranker, args.rerank_weight)}}
-    view = index if isinstance(index, ShardedIndex) else current_view(index)  # with the writes of the API or `hybrid ingest`
     pipeline = view.pipeline(reranking, cross_encoder=model, cross_encoder_name=args.reranker or "")
     presenter = view.presenter()
     fields = presenter.check_fields(args.fields, "--fields")

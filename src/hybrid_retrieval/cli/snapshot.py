@@ -7,19 +7,16 @@ import json
 import os
 from pathlib import Path
 
-from hybrid_retrieval.common.errors import ConfigError, NotFound
-from hybrid_retrieval.common.publish import in_use
 from hybrid_retrieval.engine.collections import DEFAULT_MAX_SNAPSHOT_BYTES
-from hybrid_retrieval.indexer.datadir.layout import DataDir
-from hybrid_retrieval.indexer.datadir.snapshots import (
+from hybrid_retrieval.engine.offline import (
     SUFFIX,
-    SnapshotStore,
-    model_folders,
+    data_dir,
     read_info,
-    restore_into,
-    verify_file,
+    restore_snapshot,
+    snapshot_store,
+    take_snapshot,
+    verify_snapshot,
 )
-from hybrid_retrieval.indexer.live.log import log_path
 
 
 def register(commands) -> None:
@@ -80,53 +77,26 @@ def _key() -> bytes | None:
     return os.environ.get("HYBRID_SNAPSHOT_KEY", "").encode() or None
 
 
-def _data(args) -> DataDir:
-    return DataDir(args.data or os.environ.get("HYBRID_DATA") or "data")
-
-
-def _store(args, data: DataDir, keep: int = 0) -> SnapshotStore:
-    return SnapshotStore(args.snapshots or os.environ.get("HYBRID_SNAPSHOTS") or data.root / "snapshots", keep, _key())
-
-
 def run_create(args) -> None:
-    data = _data(args)
-    if not data.exists(args.name):
-        raise NotFound(f"no collection named {args.name!r} in {data.root}")
-    info = _store(args, data, args.keep).take(data.path(args.name), args.name, model="include" if args.include_model else "reference")
+    data = data_dir(args.data)
+    info = take_snapshot(data, args.name, snapshot_store(data, args.snapshots, args.keep, _key()), args.include_model)
     print(json.dumps(info.to_dict()))
 
 
 def run_restore(args) -> None:
-    data = _data(args)
+    data = data_dir(args.data)
     given = Path(args.snapshot)
-    source = given if given.is_file() else _store(args, data).path(args.snapshot.removesuffix(SUFFIX))
-    if args.replace and data.exists(args.name):
-        _check_not_written(data.path(args.name))
-    was_foreign = data.has_foreign_model(args.name)
-    data.set_model_origin(args.name, foreign=True)  # until it is known: a crash mid-restore lends nothing
-    try:
-        with data.replacing(args.name, args.replace) as replacement:
-            info = restore_into(source, replacement.folder, args.max_bytes, _key(), model_folders(data))
-            replacement.publish(args.replace)
-    except BaseException:
-        data.set_model_origin(args.name, foreign=was_foreign)
-        raise
-    data.set_model_origin(args.name, foreign=info.model == "included")
+    source = given if given.is_file() else snapshot_store(data, args.snapshots, key=_key()).path(args.snapshot.removesuffix(SUFFIX))
+    info = restore_snapshot(data, args.name, source, args.replace, args.max_bytes, _key())
     print(json.dumps({**info.to_dict(), "restored_as": args.name}))
 
 
-def _check_not_written(folder: Path) -> None:
-    """Refuse to replace a collection whose log a running service holds: it would go on writing the old one."""
-    if in_use(log_path(folder)):
-        raise ConfigError(f"a running service writes {folder.name!r}: restore through its API (POST .../snapshots/restore?replace=true)")
-
-
 def run_list(args) -> None:
-    for info in _store(args, _data(args)).infos(args.collection):
+    for info in snapshot_store(data_dir(args.data), args.snapshots, key=_key()).infos(args.collection):
         print(json.dumps(info.to_dict()))
 
 
 def run_verify(args) -> None:
-    verify_file(args.file, args.max_bytes, _key(), args.scratch, model_folders(_data(args)))
+    verify_snapshot(args.file, args.max_bytes, _key(), args.scratch, data_dir(args.data))
     trailer, _ = read_info(args.file, whole=False)
     print(json.dumps({key: value for key, value in trailer.items() if key != "files"} | {"files": len(trailer["files"])}))
