@@ -215,6 +215,26 @@ def test_index_skip_if_current_rebuilds_only_when_the_corpus_changed(tmp_path, c
     assert main(index) == 0 and "indexed 3 documents" in capsys.readouterr().out
 
 
+def test_index_into_a_collection_keeps_the_services_naming_rules(tmp_path, capsys):
+    from hybrid_retrieval.cli import main
+    from hybrid_retrieval.indexer.datadir.layout import DataDir
+
+    corpus, data = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS), tmp_path / "data"
+    index = ["index", str(corpus), "--data", str(data), "--quiet", "--collection"]
+    assert main([*index, "notes"]) == 0 and (data / "collections" / "notes" / "manifest.json").is_file()
+    DataDir(data).set_alias("latest", "notes")
+    capsys.readouterr()
+    refusals = {
+        "notes": f"collection 'notes' exists in {data}: pass --replace",
+        "latest": f"'latest' is an alias in {data}: collections and aliases share names",
+        "Not a name!": "--collection",
+    }
+    for name, error in refusals.items():
+        assert main([*index, name]) == 2 and error in capsys.readouterr().err
+    assert main([*index, "notes", "--replace", "--shards", "2"]) == 2 and "are not sharded" in capsys.readouterr().err
+    assert main([*index, "notes", "--replace"]) == 0 and "indexed 6 documents" in capsys.readouterr().out
+
+
 @pytest.mark.cli
 def test_search_command_takes_a_spec_string(tiny_index):
     result = hybrid("search", tiny_index, "cat on a mat", "--spec", "hybrid+cc:zscore:0.3+depth:4", "--k", "3", "--json")
