@@ -45,6 +45,7 @@ from hybrid_retrieval.indexer.manifest import (
     write_manifest,
 )
 from hybrid_retrieval.indexer.representation import VectorBuild, VectorSource, representation_of
+from hybrid_retrieval.models.batching import offline_workers
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import PRECISIONS
 from hybrid_retrieval.models.profiles import PRECISION_PROFILES, PROFILES, export_profile
@@ -126,7 +127,7 @@ def _versions(analyzer: Analyzer) -> dict:
 def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
     if options.backend == "torch":
         return TorchEmbedder(model_path, device=options.device)
-    return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision, workers=None)  # a batch a core
+    return OnnxEmbedder(onnx_folder, device=options.device, precision=options.precision, workers=offline_workers(options.precision))
 
 
 def _write_documents(

@@ -26,6 +26,7 @@ from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.representation import VectorSource
 from hybrid_retrieval.indexer.store import OpenIndex, carry_reranker, open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
+from hybrid_retrieval.models.batching import offline_workers
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.models.profiles import PRECISION_PROFILES, export_profile
@@ -66,7 +67,7 @@ def reembed(
             # the model first: distilling a student can take long, and writes meanwhile change only its sample
             started = time.perf_counter()
             onnx_folder = export_profile(resolved, profile, onnx_cache, documents, device, progress)
-            embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision, workers=None)
+            embedder = OnnxEmbedder(onnx_folder, device=device, precision=options.precision, workers=offline_workers(options.precision))
             logged = _size(wal)  # before the documents are read: any write after it aborts the swap
             corpus, seq = _current(index, work)
             with contextlib.ExitStack() as swap, publish_dir(index_dir) as tmp:

@@ -22,6 +22,13 @@ def sequence_batch(precision: str, batch_size: int) -> int:
     return 1 if precision == "int8" else batch_size
 
 
+def offline_workers(precision: str) -> int | None:
+    """Side-by-side runs for offline embedding (a build, a re-embedding): int8 runs one sequence at a time, which one
+    run cannot spread over the cores, so a sequence a core (None); fp32 batches spread well, and side by side would
+    hold a batch's activations per core (one run)."""
+    return None if precision == "int8" else 1
+
+
 def length_sorted(
     run_batch: Callable[[list], np.ndarray], texts: Sequence, batch_size: int, out: np.ndarray, map_batches: Callable = map
 ) -> np.ndarray:
