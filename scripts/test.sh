@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install into .venv and run the default test suite (slow, GPU, Docker and crash tests are deselected: .ci/run runs
-# all of them but the GPU tests); `--fast` runs the fast tier (no service, no command process, no training) instead.
+# all of them but the GPU tests); `--fast` runs the fast tier (no service, no other process, no training) instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,9 +12,9 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
 fi
 export BEIR_DATA="${BEIR_DATA:-../shared/data/beir}"
 # --fast: the developer's tier, the default suite without the tests that start the service (marker `server`), run
-# a command in another process (`cli`) or train a model (`training`)
+# Python in another process (`process`) or train a model (`training`)
 if [ "${1:-}" = "--fast" ]; then
   shift
-  exec .venv/bin/python -m pytest -q -m "not slow and not gpu and not docker and not crash and not server and not cli and not training" "$@"
+  exec .venv/bin/python -m pytest -q -m "not slow and not gpu and not docker and not crash and not server and not process and not training" "$@"
 fi
 exec .venv/bin/python -m pytest -q "$@"

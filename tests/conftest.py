@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,10 +15,11 @@ from hybrid_retrieval.engine import serving
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# The fast tier (`scripts/test.sh --fast`) starts no service, runs no command in another process and trains no model:
-# a default test that starts the service (as a process, or in this one) carries the `server` mark, one that runs a
-# `hybrid` command as a process the `cli` mark, one that trains or exports a model the `training` mark. The guards
-# below hold every test to the first two (tests the fast tier never runs may do anything), so the tier stays fast.
+# The fast tier (`scripts/test.sh --fast`) starts no service, runs the package in no other process and trains no
+# model: a default test that starts the service (as a process, or in this one) carries the `server` mark, one that
+# runs Python in another process (a `hybrid` command, a build to kill, a second writer: each loads its own model) the
+# `process` mark, one that trains or exports a model the `training` mark. The guards below hold every test to the
+# first two (tests the fast tier never runs may do anything), so the tier stays fast.
 _running: list[pytest.Item] = []
 
 
@@ -26,7 +28,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _running[:] = [item]  # before its fixtures: a module's server fixture starts in its first test's setup
 
 
-NEVER_FAST = ("server", "cli", "training", "slow", "crash", "docker", "gpu")  # marks the fast tier deselects
+NEVER_FAST = ("server", "process", "training", "slow", "crash", "docker", "gpu")  # marks the fast tier deselects
 
 
 def _refuse_unmarked(what: str, mark: str) -> None:
@@ -37,15 +39,15 @@ def _refuse_unmarked(what: str, mark: str) -> None:
 
 class _MarkedPopen(subprocess.Popen):
     """subprocess.Popen, refusing to start the service (or a command that serves) from a test not marked `server`,
-    and a `hybrid` command from one not marked `cli`."""
+    and Python or a `hybrid` command from one not marked `process`."""
 
     def __init__(self, args, *rest, **kwargs):
         words = [str(a) for a in (args if isinstance(args, (list, tuple)) else [args])]
         shown = " ".join(words)[:120]
         if any("hybrid_retrieval.app" in w or w.endswith("run.sh") or w == "serve" for w in words):
             _refuse_unmarked(f"a service process ({shown})", "server")
-        elif "hybrid_retrieval.cli" in words or any(Path(w).name == "hybrid" for w in words[:1]):
-            _refuse_unmarked(f"a command process ({shown})", "cli")
+        elif words and (words[0] == sys.executable or Path(words[0]).name in ("hybrid", "python", "python3")):
+            _refuse_unmarked(f"a Python process ({shown})", "process")
         super().__init__(args, *rest, **kwargs)
 
 

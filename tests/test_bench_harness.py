@@ -231,6 +231,7 @@ def test_without_a_gpu_the_gpu_case_refuses_clearly():
         check_gpu()
 
 
+@pytest.mark.process
 def test_bench_lists_its_cases_from_a_checkout():
     listed = subprocess.run([sys.executable, "-m", "bench", "list"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert listed.returncode == 0, listed.stderr

@@ -34,6 +34,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_killed_build_keeps_the_previous_index(tiny_index, tmp_path, point):
     out = tmp_path / "index"

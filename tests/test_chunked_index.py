@@ -344,7 +344,7 @@ def test_framework_retrievers_hand_on_the_best_passages():
     assert hit_text(whole) == "whole text" and "passages" not in hit_metadata(whole, "c")
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_the_search_command_shows_passages_and_bad_chunking_is_one_line(chunked, tmp_path):
     from tests.test_cli import hybrid
 

@@ -13,7 +13,7 @@ def hybrid(*args):
     return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_search_command_prints_json(tiny_index):
     result = hybrid("search", tiny_index, "cat on a mat", "--mode", "bm25", "--k", "2", "--json")
     assert result.returncode == 0, result.stderr
@@ -21,7 +21,7 @@ def test_search_command_prints_json(tiny_index):
     assert body["hits"][0]["id"] == "d1" and len(body["hits"]) == 2
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_index_command_reports_bad_corpus_line(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [TINY_CORPUS[0], {"_id": "z"}])
     result = hybrid("index", bad, "--out", tmp_path / "idx", "--quiet")
@@ -235,7 +235,7 @@ def test_index_into_a_collection_keeps_the_services_naming_rules(tmp_path, capsy
     assert main([*index, "notes", "--replace"]) == 0 and "indexed 6 documents" in capsys.readouterr().out
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_search_command_takes_a_spec_string(tiny_index):
     result = hybrid("search", tiny_index, "cat on a mat", "--spec", "hybrid+cc:zscore:0.3+depth:4", "--k", "3", "--json")
     assert result.returncode == 0, result.stderr
@@ -243,7 +243,7 @@ def test_search_command_takes_a_spec_string(tiny_index):
     assert spec["fusion"] == {"method": "cc", "alpha": 0.3, "norm": "zscore"} and spec["depth"] == 4
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_command_errors_are_one_line_with_exit_code_2(tiny_index, tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
     (tmp_path / "photos").mkdir()
@@ -262,7 +262,7 @@ def test_command_errors_are_one_line_with_exit_code_2(tiny_index, tmp_path):
     assert (tmp_path / "photos" / "cat.jpg").read_bytes() == b"not an index"
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_ingest_writes_the_log_that_search_and_the_service_read(tiny_index, tmp_path):
     import shutil
 
@@ -280,6 +280,7 @@ def test_ingest_writes_the_log_that_search_and_the_service_read(tiny_index, tmp_
     assert nothing.returncode == 2 and "nothing to do" in nothing.stderr
 
 
+@pytest.mark.process
 def test_the_cli_imports_without_the_dev_dependencies():
     """The docker image installs no dev extras: `hybrid` must start without httpx, ranx or pytest."""
     code = "import sys\nfor name in ('httpx', 'ranx', 'pytest', 'hypothesis'): sys.modules[name] = None\nimport hybrid_retrieval.cli"
@@ -287,7 +288,7 @@ def test_the_cli_imports_without_the_dev_dependencies():
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_every_long_step_of_a_build_shows_its_progress_with_a_total(tmp_path):
     corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
     result = hybrid("index", corpus, "--out", tmp_path / "index")

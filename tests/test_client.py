@@ -386,6 +386,7 @@ def test_framework_retrievers_return_what_search_returns(server):
         assert [d.page_content for d in store.similarity_search("quokka", k=2)] == ["a falcon over the harbor"]
 
 
+@pytest.mark.process
 def test_a_store_gives_a_text_the_same_id_in_every_process():
     """Ids made from Python's hash() differ between processes (PYTHONHASHSEED): the same document added by two runs
     of an app was stored twice. Without ids given, a text's id is a hash of its content and metadata."""

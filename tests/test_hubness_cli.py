@@ -12,7 +12,7 @@ from hybrid_retrieval.indexer.manifest import read_manifest
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.spec import HubnessSpec
 
-pytestmark = pytest.mark.cli  # the fixture fits with `hybrid hubness fit`
+pytestmark = pytest.mark.process  # the fixture fits with `hybrid hubness fit`
 
 
 def hybrid(*args):

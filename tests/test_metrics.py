@@ -21,6 +21,7 @@ def test_query_missing_from_run_counts_as_zero():
     assert evaluate({}, {"q1": {"a": 1}})["ndcg@10"] == 0.0
 
 
+@pytest.mark.slow  # ranx compiles its metrics with numba on first use: about 10 s
 def test_agrees_with_ranx_on_random_runs():
     ranx = pytest.importorskip("ranx")
     rng = np.random.default_rng(3)

@@ -78,6 +78,7 @@ class Table:
         return [self.pieces[t] for t in texts]
 
 
+@pytest.mark.training  # fits the table with torch
 def test_alignment_maps_the_whole_table_into_the_models_space():
     """Targets made by a linear map of the table: the closed-form stage recovers it, for every row, including the
     rows of pieces no fitted text has (the held-out texts are made of them)."""
@@ -96,6 +97,7 @@ def test_alignment_maps_the_whole_table_into_the_models_space():
     assert report["held_out_texts"] == 8 and report["held_out_cosine_linear"] == pytest.approx(1.0, abs=1e-4)
 
 
+@pytest.mark.training  # fits the table with torch
 def test_alignment_by_gradient_raises_the_cosine_on_texts_it_fits():
     """A target no linear map reaches (one coordinate flipped for half the texts): the epochs move the rows towards it."""
     from hybrid_retrieval.models.static import StaticRecipe, align_static

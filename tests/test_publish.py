@@ -197,6 +197,7 @@ with publish.publish_dir(target) as tmp:
     ("point", "expected"),
     [("body", OLD), ("fsync", OLD), ("exchange", OLD), ("rmtree", NEW), ("none", NEW)],
 )
+@pytest.mark.process
 def test_sigkill_leaves_old_or_complete_new(old_target: Path, point: str, expected: dict[str, str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.run(

@@ -170,7 +170,7 @@ def test_split_refuses_what_it_cannot_split(whole_index, sharded_index, tmp_path
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_shard_and_index_commands(tiny_index, tmp_path):
     def hybrid(*args):
         return subprocess.run(
@@ -197,6 +197,7 @@ def test_shard_and_index_commands(tiny_index, tmp_path):
     assert refused.returncode == 2 and "from 1 to" in refused.stderr
 
 
+@pytest.mark.process
 def test_bm25_files_do_not_depend_on_the_process(tmp_path):
     """bm25s numbers terms in set order, which string hashing salts per process: our build sorts them."""
     script = (

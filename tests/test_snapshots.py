@@ -278,7 +278,7 @@ def hybrid(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hybrid_retrieval.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_offline_snapshot_commands(tmp_path):
     data = DataDir(tmp_path / "data")
     data.create("notes", CollectionSettings.parse({"embedder": {"kind": "none", "dimension": 4}}))

@@ -37,7 +37,7 @@ def test_tune_sweeps_every_configuration_and_picks_the_best(scifact_slice_index,
     assert set(result.singles) == {"bm25", "dense"} and all(0 < v <= 1 for v in result.singles.values())
 
 
-@pytest.mark.cli
+@pytest.mark.process
 def test_tune_command_writes_default_fusion_and_refuses_test_split(scifact, scifact_slice_index, train_split, tmp_path):
     index_dir = tmp_path / "index"
     shutil.copytree(scifact_slice_index, index_dir)
@@ -190,6 +190,7 @@ def test_eval_tunes_on_train_reports_and_caches(scifact, scifact_slice, scifact_
     assert again["pipelines"] == report["pipelines"] and sorted((tmp_path / "out" / "cache").iterdir()) == cached
 
 
+@pytest.mark.slow  # ranx compiles its metrics with numba on first use: about 10 s
 def test_metrics_from_trec_run_files_agree_with_ranx(scifact, scifact_slice, scifact_slice_index, tmp_path):
     ranx = pytest.importorskip("ranx")
     from hybrid_retrieval.evaluation.suite import EvalConfig, evaluate_dataset
