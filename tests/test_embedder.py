@@ -90,6 +90,7 @@ def test_batches_side_by_side_embed_exactly_as_one_at_a_time(model, scifact, pre
     texts = scifact_texts(scifact, 12) + ["vitamin D deficiency"]
     alone = OnnxEmbedder(export_onnx(model), device="cpu", precision=precision).encode(texts, batch_size=4)
     side_by_side = OnnxEmbedder(export_onnx(model), device="cpu", precision=precision, workers=3)
+    assert side_by_side.workers == 3
     np.testing.assert_array_equal(side_by_side.encode(texts, batch_size=4), alone)
     with pytest.raises(ConfigError, match="embedder workers must be at least 1"):
         OnnxEmbedder(export_onnx(model), device="cpu", workers=0)

@@ -33,7 +33,6 @@ from hybrid_retrieval.models.providers import (
     BACKENDS,
     encoding_feeds,
     load_tokenizer,
-    onnx_providers,
     onnx_session,
     session_runs,
     torch_device,
@@ -79,7 +78,7 @@ class OnnxCrossEncoder(_PairScorer):
         )
         self._runs = runs = session_runs(device, workers, threads, "reranker")
         self.workers = runs.workers
-        self.precision = precision = resolve_precision(precision, folder, gpu="CUDAExecutionProvider" in onnx_providers(device))
+        self.precision = precision = resolve_precision(precision, folder, gpu=runs.gpu)
         self._session = onnx_session(model_file(folder, precision), device, runs.threads)
         self.providers = self._session.get_providers()
 

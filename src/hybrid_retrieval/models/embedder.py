@@ -74,6 +74,7 @@ class OnnxEmbedder:
             folder / TOKENIZER_FILE, int(self.config["max_seq_length"]), int(self.config["pad_token_id"]), self.config["pad_token"]
         )
         self._runs = session_runs(device, workers, threads, "embedder")
+        self.workers = self._runs.workers
         self._session = onnx_session(model_file(folder, precision), device, self._runs.threads)
         self.providers = self._session.get_providers()
         self.precision = precision

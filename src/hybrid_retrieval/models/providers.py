@@ -64,10 +64,11 @@ def onnx_session(model_path, device: str = "auto", threads: int | None = None):
 @dataclass(frozen=True)
 class SessionRuns:
     """How one ONNX session's batches run: on CPU `workers` side by side (ONNX Runtime sessions run concurrently),
-    each on `threads` intra-op threads; on a GPU one at a time. `map` runs a function over the batches."""
+    each on `threads` intra-op threads; on a GPU (`gpu`) one at a time. `map` runs a function over the batches."""
 
     workers: int
     threads: int | None
+    gpu: bool = False
     map: Callable = map
 
 
@@ -77,11 +78,11 @@ def session_runs(device: str, workers: int | None, threads: int | None, name: st
     for what, value in (("threads", threads), ("workers", workers)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} {what} must be at least 1 (or unset for the default), got {value}")
-    on_cpu = "CUDAExecutionProvider" not in onnx_providers(device)
-    count = (workers or len(os.sched_getaffinity(0))) if on_cpu else 1
+    gpu = "CUDAExecutionProvider" in onnx_providers(device)
+    count = 1 if gpu else (workers or len(os.sched_getaffinity(0)))
     if count == 1:
-        return SessionRuns(1, threads)
-    return SessionRuns(count, threads or 1, ThreadPoolExecutor(count, thread_name_prefix=name).map)
+        return SessionRuns(1, threads, gpu)
+    return SessionRuns(count, threads or 1, gpu, ThreadPoolExecutor(count, thread_name_prefix=name).map)
 
 
 def load_tokenizer(path, max_length: int, pad_id: int, pad_token: str):
