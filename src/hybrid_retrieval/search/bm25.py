@@ -1,7 +1,8 @@
 """BM25 retrieval.
 
 `BM25Index` is the serving engine: bm25s precomputes every term-document score into sparse
-CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files on disk).
+CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files on disk). Its top-k reads those
+columns with MaxScore pruning (search.maxscore); `scores` sums them all, the exhaustive reference.
 `ReferenceBM25` wraps rank-bm25, kept as the reference implementation for tests and benchmarks.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,14 @@ import numpy as np
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.maxscore import PostingList, score_documents, top_k_pruned
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+ScoreOf = Callable[[np.ndarray], np.ndarray]  # a query's scores of given (ascending) documents
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,10 @@ class BM25Index:
         self.analyzer = analyzer
         self._vocab: dict[str, int] = engine.vocab_dict
         self.num_docs = int(engine.scores["num_docs"])
+        # MaxScore needs entries >= 0 and no score outside the lists: not Robertson's idf (negative for common
+        # terms), nor bm25l/bm25+, which give every document a non-occurrence score
+        self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
+        self._bounds: dict[int, float] = {}
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params, progress: bool = False) -> BM25Index:
@@ -118,9 +125,28 @@ class BM25Index:
         scores: np.ndarray = self._engine.get_scores(ids)
         return scores
 
+    def posting_lists(self, query: str) -> list[PostingList]:
+        """The query terms' columns of the score matrix, in query order."""
+        data, indices, indptr = (self._engine.scores[name] for name in ("data", "indices", "indptr"))
+        lists = []
+        for term_id in self.query_token_ids(query):
+            start, stop = indptr[term_id], indptr[term_id + 1]
+            if (bound := self._bounds.get(term_id)) is None:
+                bound = self._bounds[term_id] = float(data[start:stop].max(initial=0.0))
+            lists.append(PostingList(indices[start:stop], data[start:stop], bound))
+        return lists
+
+    def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
+        """(the top `depth` documents that match a query term and the filter, the query's score of any documents)."""
+        if not self.prunable:
+            scores = self.scores(query)
+            return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
+        lists, dtype = self.posting_lists(query), np.dtype(self._engine.dtype)
+        return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
+
     def search(self, query: str, depth: int, allowed: Allowed | None = None) -> Ranking:
         """Top-`depth` documents that match at least one query term (and the filter, if any)."""
-        return self.ranking_from_scores(self.scores(query), depth, allowed)
+        return self.leg(query, depth, allowed)[0]
 
     @staticmethod
     def ranking_from_scores(scores: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:

@@ -201,12 +201,12 @@ class SearchPipeline:
         return check_group_by(value, self.metadata, path)
 
     def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None, scoring: PassageSpec | None = None):
-        """(every document's BM25 score, the top `depth` of the allowed ones): of the whole document, or in a chunked
-        index of its best passage when `scoring` (default: the defaults') says so."""
+        """(the query's BM25 score of any documents, the top `depth` of the allowed ones): of the whole document, or in
+        a chunked index of its best passage when `scoring` (default: the defaults') says so."""
         scoring = scoring or self.defaults.passage_scoring
         bm25 = self.passages.lexical if scoring.bm25 == "passages" and self.passages is not None else self.bm25
-        scores = clock.time("bm25", bm25.scores, query)
-        return scores, bm25.ranking_from_scores(scores, depth, allowed)
+        ranking, score_of = clock.time("bm25", bm25.leg, query, depth, allowed)
+        return score_of, ranking
 
     def dense_leg(
         self,
@@ -257,9 +257,9 @@ class SearchPipeline:
         if self.executor is not None:
             bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed, scoring)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
-            bm25_scores, bm25_ranking = bm25_future.result()
+            bm25_score_of, bm25_ranking = bm25_future.result()
         else:
-            bm25_scores, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring)
+            bm25_score_of, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
         if self.passages is not None:
             dense_scores, floors = (lambda idx: self.passages.scores(idx, vector, scoring)), None
@@ -273,7 +273,7 @@ class SearchPipeline:
             "candidates",
             Candidates.from_rankings,
             {"bm25": bm25_ranking, "dense": dense_ranking},
-            {"bm25": lambda idx: bm25_scores[idx], "dense": dense_scores},
+            {"bm25": bm25_score_of, "dense": dense_scores},
             floors,
         )
         return candidates, vector

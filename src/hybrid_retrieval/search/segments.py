@@ -22,10 +22,11 @@ from typing import Any, cast
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, ScoreOf
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.maxscore import PostingList, exhaustive_scores, score_documents, top_k_pruned
 from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
@@ -178,12 +179,12 @@ class LiveBM25:
         """This segment's statistics, with the document frequencies of `terms`."""
         return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
 
-    def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
-        """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches:
-        sum over query terms t of idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)) (search.postings), with the
-        document count, avgdl and document frequencies of `statistics` (default: of this segment)."""
+    def posting_lists(self, query: str, statistics: CorpusStatistics | None = None) -> list[PostingList]:
+        """Each query term's base and live entries, in query order: idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))
+        (search.postings), with the document count, avgdl and document frequencies of `statistics` (default: of this
+        segment). Deleted documents have none."""
         n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
-        out = np.zeros(self.num_docs, dtype=np.float64)
+        lists = []
         for term in self.analyzer.query_terms(query):  # a repeated query term counts again, as in bm25s and Lucene
             term_id = self._vocab.get(term)
             live_idx, live_tf = self.live.postings(term)
@@ -195,11 +196,24 @@ class LiveBM25:
                 continue
             idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
             if term_id is not None:
-                docs, weights = self._base_weights(term_id, avgdl)
-                out[docs] += idf * weights
+                docs, weights, bound = self._base_weights(term_id, avgdl)
+                lists.append(PostingList(docs, weights, idf * bound, idf))
             if len(live_idx):
-                out[self.base_docs + live_idx] += idf * live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
-        return out
+                weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
+                lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf))
+        return lists
+
+    def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
+        """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches: the
+        exhaustive reference of `leg`."""
+        return exhaustive_scores(self.posting_lists(query, statistics), self.num_docs, np.dtype(np.float64))
+
+    def leg(
+        self, query: str, depth: int, allowed: Allowed | None = None, statistics: CorpusStatistics | None = None
+    ) -> tuple[Ranking, ScoreOf]:
+        """As BM25Index.leg, over both segments (MaxScore: search.maxscore)."""
+        lists, dtype = self.posting_lists(query, statistics), np.dtype(np.float64)
+        return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 
     def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
         k1, b = self.params.k1, self.params.b
@@ -208,13 +222,14 @@ class LiveBM25:
             k1 * (1.0 - b + b * self.live.lengths.astype(np.float64) / avgdl),
         )
 
-    def _compute_base_weights(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
-        """The alive base documents holding the term and tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each."""
+    def _compute_base_weights(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """The alive base documents holding the term, tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each, the largest."""
         docs, tfs = self.postings.term(term_id)
         if not self._all_alive:
             keep = self.alive[docs]
             docs, tfs = docs[keep], tfs[keep]
-        return docs, tfs / (tfs + self._norms(avgdl)[0][docs])
+        weights = tfs / (tfs + self._norms(avgdl)[0][docs])
+        return docs, weights, float(weights.max(initial=0.0))
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 
@@ -230,6 +245,9 @@ class CorpusScoredBM25:
 
     def scores(self, query: str) -> np.ndarray:
         return self.bm25.scores(query, self.statistics)
+
+    def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
+        return self.bm25.leg(query, depth, allowed, self.statistics)
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 
@@ -345,6 +363,11 @@ class PassageBM25:
             docs, best = aggregate(passage_scores[hit], self.rows[hit], PassageSpec())
             out[docs] = best
         return out
+
+    def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
+        """Exhaustive: a document's best passage is a maximum, which MaxScore's sums do not bound."""
+        scores = self.scores(query)
+        return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
 
     ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 

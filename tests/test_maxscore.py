@@ -1,0 +1,128 @@
+"""MaxScore top-k (search.maxscore) equals the exhaustive scorer: same documents, same scores, same tie order, with
+filters, deletions and live documents; the exhaustive path (every posting summed) is the reference."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.analyzer import Analyzer
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
+from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.maxscore import PostingList, exhaustive_scores, score_documents, top_k_pruned
+from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.segments import LiveBM25, LiveDocument, LiveSegment
+
+
+def reference(scores: np.ndarray, depth: int, allowed: Allowed | None) -> Ranking:
+    return BM25Index.ranking_from_scores(scores, depth, allowed)
+
+
+def assert_same(pruned: Ranking, exhaustive: Ranking) -> None:
+    np.testing.assert_array_equal(pruned.doc_idx, exhaustive.doc_idx)
+    np.testing.assert_array_equal(pruned.scores, exhaustive.scores)  # bit-identical: the same additions in the same order
+    assert pruned.scores.dtype == exhaustive.scores.dtype
+
+
+@st.composite
+def posting_lists(draw):
+    """Up to 6 lists over up to 60 documents, with small integer weights: many exact ties, zero weights included."""
+    num_docs = draw(st.integers(1, 60))
+    lists = []
+    for _ in range(draw(st.integers(0, 6))):
+        docs = np.array(sorted(draw(st.sets(st.integers(0, num_docs - 1), max_size=num_docs))), dtype=np.int64)
+        values = np.array(draw(st.lists(st.integers(0, 4), min_size=len(docs), max_size=len(docs))), dtype=np.float64)
+        scale = draw(st.sampled_from([None, 0.5, 1.5]))
+        lists.append(PostingList(docs, values, float(values.max(initial=0.0)) * (scale or 1.0), scale))
+    return num_docs, lists
+
+
+@given(posting_lists(), st.integers(1, 20), st.data())
+@settings(max_examples=300, deadline=None)
+def test_pruned_top_k_equals_the_exhaustive_top_k(case, depth, data):
+    num_docs, lists = case
+    allowed = None
+    if data.draw(st.booleans()):
+        allowed = Allowed(np.array(data.draw(st.lists(st.booleans(), min_size=num_docs, max_size=num_docs)), dtype=bool))
+    scores = exhaustive_scores(lists, num_docs, np.dtype(np.float64))
+    assert_same(top_k_pruned(lists, depth, num_docs, np.dtype(np.float64), allowed), reference(scores, depth, allowed))
+    ids = np.flatnonzero(np.arange(num_docs) % 3 == 0)
+    np.testing.assert_array_equal(score_documents(lists, ids, np.dtype(np.float64)), scores[ids])
+
+
+def test_pruning_skips_what_cannot_reach_the_top():
+    # a rare term scoring 10 on 3 documents and a common one scoring at most 1: the top 2 are decided by the rare
+    # term; the common list is only probed for the rare term's documents (a NaN entry would show if it were summed)
+    common_docs = np.arange(1000, dtype=np.int64)
+    common = np.full(1000, np.nan)
+    common[[5, 7, 9]] = [1.0, 0.5, 0.25]
+    lists = [PostingList(common_docs, common, 1.0), PostingList(np.array([5, 7, 9], dtype=np.int64), np.array([10.0, 10.0, 9.0]), 10.0)]
+    ranking = top_k_pruned(lists, 2, 1000, np.dtype(np.float64))
+    assert ranking.doc_idx.tolist() == [5, 7] and ranking.scores.tolist() == [11.0, 10.5]
+
+
+@pytest.fixture(scope="module")
+def scifact_bm25(scifact):
+    analyzer = Analyzer()
+    with (scifact / "corpus.jsonl").open() as fh:
+        tokens = [analyzer.analyze(f"{d['title']} {d['text']}") for d in map(json.loads, fh)]
+    queries = [json.loads(line)["text"] for line in (scifact / "queries.jsonl").open()]
+    return BM25Index.build(tokens, analyzer, BM25Params()), queries[:400]
+
+
+@pytest.mark.parametrize("depth", [1, 10, 100])
+def test_scifact_rankings_equal_the_exhaustive_scorer(scifact_bm25, depth):
+    index, queries = scifact_bm25
+    rng = np.random.default_rng(depth)
+    selective = Allowed(rng.random(index.num_docs) < 0.01)  # a 1%-selective filter
+    for query in queries:
+        scores = index.scores(query)
+        for allowed in (None, selective):
+            ranking, score_of = index.leg(query, depth, allowed)
+            assert_same(ranking, reference(scores, depth, allowed))
+        ids = np.arange(0, index.num_docs, 7)
+        np.testing.assert_array_equal(score_of(ids), scores[ids])
+
+
+@pytest.mark.parametrize("method", ["robertson", "bm25l", "bm25+", "atire"])
+def test_other_bm25_variants_rank_as_their_exhaustive_scores(method):
+    analyzer = Analyzer(stopwords="none", stemmer="none")
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(30)]
+    tokens = [list(rng.choice(words, size=int(rng.integers(3, 12)), p=np.arange(30, 0, -1) / 465)) for _ in range(300)]
+    index = BM25Index.build(tokens, analyzer, BM25Params(method=method))
+    assert index.prunable == (method == "atire")  # Robertson's idf goes negative; bm25l/bm25+ score non-occurrence
+    for query in ["w0 w1", "w29 w3 w3", "w0", "w7 w12 w20 w0"]:
+        assert_same(index.leg(query, 10)[0], reference(index.scores(query), 10, None))
+
+
+def test_live_segments_and_deletions_rank_as_the_exhaustive_scorer(scifact_slice_index, scifact):
+    index = open_index(scifact_slice_index)
+    rng = np.random.default_rng(7)
+    alive = rng.random(index.num_docs) > 0.2  # a fifth of the base deleted
+    vocabulary: dict[str, int] = {}
+    written = []
+    with (scifact / "corpus.jsonl").open() as fh:
+        for i, line in enumerate(fh):
+            if i < 1000 or i % 4:  # documents the base does not hold
+                continue
+            doc = json.loads(line)
+            tokens = index.analyzer.analyze(f"{doc['title']} {doc['text']}")
+            written.append(LiveDocument.analysed(doc["_id"], doc["title"], doc["text"], {}, tokens, np.zeros(4), vocabulary))
+            if len(written) == 300:
+                break
+    live = LiveSegment(written, 4, vocabulary)
+    bm25 = LiveBM25(index.bm25, index.postings, index.manifest.bm25, alive, live)
+    assert bm25.num_docs == index.num_docs + 300
+    queries = [json.loads(line)["text"] for line in (scifact / "queries.jsonl").open()][:150]
+    mask = rng.random(bm25.num_docs) < 0.3
+    for query in queries:
+        scores = bm25.scores(query)
+        for depth in (10, 100):
+            for allowed in (None, Allowed(mask)):
+                assert_same(bm25.leg(query, depth, allowed)[0], reference(scores, depth, allowed))
