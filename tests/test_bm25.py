@@ -61,3 +61,26 @@ def test_invalid_parameters_are_rejected():
         BM25Params(method="tfidf")
     with pytest.raises(ValueError, match="0 <= b <= 1"):
         BM25Params(b=2.0)
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_the_score_matrix_is_the_one_bm25s_indexing_writes(tmp_path, method):
+    # BM25Index computes bm25s's score matrix over every entry at once; bm25s's own indexing (document by document,
+    # from token ids) must write the same files, byte for byte
+    import bm25s
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i:02d}" for i in range(60)]
+    tokens = [[str(w) for w in rng.choice(words, size=int(rng.integers(0, 40)), p=np.arange(60, 0, -1) / 1830)] for _ in range(400)]
+    tokens += [t for t in (ANALYZER.analyze(f"{d['title']} {d['text']}") for d in TINY_CORPUS)]
+    params = BM25Params(method=method, k1=1.2, b=0.7, delta=0.6)
+    ours = BM25Index.build(tokens, ANALYZER, params)
+    ours.save(tmp_path / "ours")
+    vocab = {term: i for i, term in enumerate(sorted({t for doc in tokens for t in doc}))}
+    engine = bm25s.BM25(method=method, k1=1.2, b=0.7, delta=0.6)
+    engine.index(bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in doc] for doc in tokens], vocab=vocab), show_progress=False)
+    engine.save(str(tmp_path / "bm25s"), show_progress=False)
+    files = sorted(p.name for p in (tmp_path / "bm25s").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "ours").iterdir() if p.name != "analyzer.json")
+    for name in files:
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "bm25s" / name).read_bytes(), name

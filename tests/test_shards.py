@@ -21,6 +21,7 @@ from hybrid_retrieval.indexer.shards.split import global_bm25, split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
+from hybrid_retrieval.search.postings import Postings
 from tests.conftest import REPO, sample_queries
 from tests.conftest import SHARDED_SLICE as SLICE
 
@@ -73,7 +74,7 @@ def test_global_bm25_uses_the_corpus_statistics_given():
     params = BM25Params(k1=1.2, b=0.75)
     tokens = [["apple", "pear", "apple"], ["pear"]]
     # the shard holds 2 documents of a 10-document corpus, average length 4; apple is in 5 documents, pear in 2
-    bm25 = global_bm25(tokens, analyzer, params, {"apple": 5, "pear": 2}, {"documents": 10, "avgdl": 4.0})
+    bm25 = global_bm25(*Postings.from_tokens(tokens), analyzer, params, {"apple": 5, "pear": 2}, {"documents": 10, "avgdl": 4.0})
     idf_apple, idf_pear = np.log(1 + (10 - 5 + 0.5) / (5 + 0.5)), np.log(1 + (10 - 2 + 0.5) / (2 + 0.5))
     norm0, norm1 = 1.2 * (1 - 0.75 + 0.75 * 3 / 4), 1.2 * (1 - 0.75 + 0.75 * 1 / 4)
     np.testing.assert_allclose(

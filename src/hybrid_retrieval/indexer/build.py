@@ -55,7 +55,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
 from hybrid_retrieval.search.filters.columns import MetadataCollector, check_filterable
-from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.postings import PostingsBuilder
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.search.synonyms import Synonyms
 
@@ -132,23 +132,23 @@ def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
 
 def _write_documents(
     source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector, progress: bool, allow_empty: bool
-) -> list[list[str]]:
+) -> PostingsBuilder:
     """Pass 1 over the corpus: validate, store, analyse, collect metadata. Cheap, so errors surface before embedding."""
     writer = store.DocStoreWriter(folder)
-    tokens = []
+    terms = PostingsBuilder()
     try:
         # counted first (a read of the file, cheap next to analysing it) so that the bar can tell the time left
         with progress_bar(count_records(source) if progress else None, "documents", "docs", progress) as bar:
             for doc in read_corpus(source):
                 writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
                 metadata.add(doc.metadata)
-                tokens.append(analyzer.analyze(doc.indexed_text))
+                terms.add(analyzer.analyze(doc.indexed_text))
                 bar.update()
     finally:
         writer.close()
-    if not tokens and not allow_empty:
+    if not len(terms) and not allow_empty:
         raise HybridError(f"{source}: corpus has no documents")
-    return tokens
+    return terms
 
 
 def corpus_documents(source: Path) -> Callable[[], Iterator[tuple[str, str]]]:
@@ -206,7 +206,7 @@ def build_into(  # noqa: PLR0913
     t = time.perf_counter()
     timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
     collector = MetadataCollector(options.filterable, decided=options.field_types)
-    tokens = _write_documents(source, tmp, options.analyzer, collector, options.progress, allow_empty=collection)
+    terms = _write_documents(source, tmp, options.analyzer, collector, options.progress, allow_empty=collection)
     metadata = collector.finish()
     if options.filterable is not None and not collection:
         check_filterable(metadata.fields, options.filterable)
@@ -215,11 +215,13 @@ def build_into(  # noqa: PLR0913
     checkpoint()
 
     t = time.perf_counter()
-    bm25 = BM25Index.build(tokens, options.analyzer, options.bm25, options.progress)
+    postings, vocabulary = terms.finish()
+    del terms
+    bm25 = BM25Index.from_postings(postings, vocabulary, options.analyzer, options.bm25)
     bm25.save(tmp / store.BM25_DIR)
-    Postings.from_tokens(tokens, bm25.vocabulary).save(tmp)  # BM25 with live statistics after writes
+    postings.save(tmp)  # BM25 with live statistics after writes
     timings["bm25_s"] = time.perf_counter() - t
-    del tokens
+    del postings
     checkpoint()
 
     t = time.perf_counter()

@@ -41,7 +41,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.passages import PassageIndex
-from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.postings import Postings, PostingsBuilder
 from hybrid_retrieval.search.segments import LIVE_METHOD, LiveSegment, PassageBM25
 
 EMBED_CHUNK = 1024  # documents read and embedded per step of a build
@@ -272,13 +272,13 @@ def _index_passage_terms(build: VectorBuild) -> None:
     """BM25 of a chunked index's passages: their vocabulary (bm25s) and postings, scored with live statistics."""
     where = build.folder / PASSAGES_DIR
     spans, rows = np.load(where / PASSAGE_SPANS), np.load(where / PASSAGE_ROWS)
-    tokens: list[list[str]] = []
+    terms = PostingsBuilder()
     doc: dict[str, Any] = {}
     row_of_doc = -1
     for (start, end), row in zip(spans.tolist(), rows.tolist()):
         if row != row_of_doc:
             doc, row_of_doc = build.documents.get(row), row
-        tokens.append(build.analyzer.analyze(indexed_text(doc["title"], doc["text"][start:end])))
-    bm25 = BM25Index.build(tokens, build.analyzer, build.bm25, build.progress)
-    bm25.save(where / BM25_DIR)
-    Postings.from_tokens(tokens, bm25.vocabulary).save(where)
+        terms.add(build.analyzer.analyze(indexed_text(doc["title"], doc["text"][start:end])))
+    postings, vocabulary = terms.finish()
+    BM25Index.from_postings(postings, vocabulary, build.analyzer, build.bm25).save(where / BM25_DIR)
+    postings.save(where)

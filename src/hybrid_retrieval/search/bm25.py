@@ -22,6 +22,7 @@ from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.maxscore import PostingList, score_documents, top_k_pruned
+from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
@@ -64,21 +65,57 @@ class BM25Index:
         self._bounds: dict[int, float] = {}
 
     @classmethod
-    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params, progress: bool = False) -> BM25Index:
-        import bm25s
+    def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
+        """Over analysed documents (term ids in sorted term order: the same files from every build of a corpus)."""
+        postings, vocabulary = Postings.from_tokens(corpus_tokens)
+        return cls.from_postings(postings, vocabulary, analyzer, params)
 
-        corpus_tokens = list(corpus_tokens)
-        # term ids in sorted term order: bm25s numbers terms by set iteration, which differs between processes
-        # (string hashing is salted), so two builds of one corpus would write different files
-        vocab = {term: i for i, term in enumerate(sorted({term for tokens in corpus_tokens for term in tokens}))}
+    @classmethod
+    def from_postings(cls, postings: Postings, vocabulary: dict[str, int], analyzer: Analyzer, params: BM25Params) -> BM25Index:
+        """The score matrix of the documents `postings` holds, vectorised over every entry: the arrays bm25s's own
+        indexing computes document by document (its formulas, dtypes and order of operations; tests compare the files
+        byte for byte), without the Python objects a term of a document costs there."""
+        import bm25s
+        from bm25s import scoring
+
         engine = bm25s.BM25(method=params.method, k1=params.k1, b=params.b, delta=params.delta)
+        n, df = postings.num_docs, np.diff(postings.indptr)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
-            # an empty collection (no documents, no terms): bm25s needs one vocabulary entry, and averages nothing
-            warnings.simplefilter("ignore", RuntimeWarning)
-            engine.index(
-                bm25s.tokenization.Tokenized(ids=[[vocab[t] for t in tokens] for tokens in corpus_tokens], vocab=vocab or {"": 0}),
-                show_progress=progress,  # bm25s's own bars: counting terms, then scoring them
+            warnings.simplefilter("ignore", RuntimeWarning)  # an empty collection averages nothing
+            avgdl = np.asarray(postings.lengths, dtype=np.int64).mean()
+        idf_of = scoring._select_idf_scorer(engine.idf_method)
+        counts, of_term = np.unique(df, return_inverse=True)  # one idf a distinct document frequency
+        idf = np.asarray([idf_of(int(c), N=n) if c else 0.0 for c in counts], dtype=engine.dtype)[of_term]
+        nonoccurrence = None
+        if params.method in engine.methods_requiring_nonoccurrence:
+            frequencies = {term: int(count) for term, count in enumerate(df)}
+            tfc_of = scoring._select_tfc_scorer(params.method)
+            nonoccurrence = scoring._build_nonoccurrence_array(
+                frequencies, n, idf_of, tfc_of, avgdl, avgdl, params.k1, params.b, params.delta, engine.dtype
             )
+        terms = postings.entry_terms()
+        tfc = scoring._select_tfc_scorer(params.method)(
+            tf_array=postings.tfs.astype(engine.dtype),
+            l_d=postings.lengths[postings.docs].astype(np.int64),
+            l_avg=avgdl,
+            k1=params.k1,
+            b=params.b,
+            delta=params.delta,
+        )
+        data = idf[terms] * tfc
+        if nonoccurrence is not None:
+            data -= nonoccurrence[terms]
+        engine.scores = {
+            "data": data.astype(engine.dtype),
+            "indices": postings.docs.astype(engine.int_dtype),
+            "indptr": postings.indptr.astype(np.int64),
+            "num_docs": n,
+        }
+        engine.nonoccurrence_array = nonoccurrence
+        # bm25s's vocabulary: an empty corpus still has one term, and "" follows the others unless a document had it
+        engine.vocab_dict = dict(vocabulary)
+        engine.vocab_dict.setdefault("", len(vocabulary))
+        engine.unique_token_ids_set = set(engine.vocab_dict.values())
         return cls(engine, analyzer)
 
     def save(self, folder: Path) -> None:

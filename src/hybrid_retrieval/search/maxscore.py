@@ -112,7 +112,7 @@ def top_k_pruned(lists: list[PostingList], depth: int, num_docs: int, dtype: np.
     return Ranking(candidates[matching][best.doc_idx], best.scores)
 
 
-def _essential(  # noqa: PLR0913
+def _essential(
     lists: list[PostingList],
     order: list[int],
     remaining: np.ndarray,

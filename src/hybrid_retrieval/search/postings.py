@@ -17,7 +17,9 @@ Term ids are the bm25s vocabulary's. The Lucene variant (bm25s "lucene", the def
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -37,22 +39,12 @@ class Postings:
         return len(self.lengths)
 
     @classmethod
-    def from_tokens(cls, corpus_tokens: list[list[str]], vocab: dict[str, int]) -> Postings:
-        """Postings of analysed documents over `vocab` (term -> id); terms outside it are counted in lengths only."""
-        terms, docs, tfs = [], [], []
-        lengths = np.zeros(len(corpus_tokens), dtype=np.int32)
-        for doc, tokens in enumerate(corpus_tokens):
-            lengths[doc] = len(tokens)
-            for term, tf in Counter(tokens).items():
-                if term in vocab:
-                    terms.append(vocab[term])
-                    docs.append(doc)
-                    tfs.append(tf)
-        terms_a = np.asarray(terms, dtype=np.int64)
-        order = np.lexsort((np.asarray(docs, dtype=np.int64), terms_a))  # by term, then document
-        indptr = np.zeros(len(vocab) + 1, dtype=np.int64)
-        np.add.at(indptr, terms_a + 1, 1)
-        return cls(np.cumsum(indptr), np.asarray(docs, dtype=np.int32)[order], np.asarray(tfs, dtype=np.int32)[order], lengths)
+    def from_tokens(cls, corpus_tokens: Iterable[list[str]]) -> tuple[Postings, dict[str, int]]:
+        """Postings of analysed documents, and their vocabulary (term -> id, ids in sorted term order)."""
+        builder = PostingsBuilder()
+        for tokens in corpus_tokens:
+            builder.add(tokens)
+        return builder.finish()
 
     def document_frequency(self, alive: np.ndarray | None = None) -> np.ndarray:
         """Per term, how many (alive) documents contain it."""
@@ -60,6 +52,10 @@ class Postings:
             return np.diff(self.indptr)
         terms = np.repeat(np.arange(len(self.indptr) - 1), np.diff(self.indptr))
         return np.bincount(terms[alive[self.docs]], minlength=len(self.indptr) - 1)
+
+    def entry_terms(self) -> np.ndarray:
+        """The term of each entry (entries are term-major)."""
+        return np.repeat(np.arange(len(self.indptr) - 1, dtype=np.int32), np.diff(self.indptr))
 
     def term(self, term_id: int) -> tuple[np.ndarray, np.ndarray]:
         start, stop = self.indptr[term_id], self.indptr[term_id + 1]
@@ -76,3 +72,38 @@ class Postings:
         where = folder / POSTINGS_DIR
         # np.asarray: plain arrays over the mapping (np.memmap's per-slice overhead dominates a query's cost)
         return cls(*(np.asarray(np.load(where / f"{name}.npy", mmap_mode="r" if mmap else None)) for name in _PARTS))
+
+
+class PostingsBuilder:
+    """Analysed documents collected one at a time into compact arrays (8 bytes a distinct term of a document, instead
+    of a Python string a token): what lets a build of a million documents hold its terms in memory."""
+
+    def __init__(self) -> None:
+        self._vocabulary: dict[str, int] = {}  # term -> id in order of first appearance
+        self._terms, self._tfs = array("i"), array("i")  # each document's distinct terms and their frequencies
+        self._lengths, self._distinct = array("q"), array("q")  # each document's tokens and distinct terms
+
+    def __len__(self) -> int:
+        return len(self._lengths)
+
+    def add(self, tokens: list[str]) -> None:
+        counts = Counter(tokens)
+        vocabulary = self._vocabulary
+        self._terms.extend([vocabulary.setdefault(term, len(vocabulary)) for term in counts])
+        self._tfs.extend(counts.values())
+        self._lengths.append(len(tokens))
+        self._distinct.append(len(counts))
+
+    def finish(self) -> tuple[Postings, dict[str, int]]:
+        """The postings, term-major with documents ascending within a term, over the vocabulary in sorted term order
+        (term ids that do not depend on the order documents came in)."""
+        terms = sorted(self._vocabulary)
+        new_id = np.empty(len(terms), dtype=np.int32)
+        new_id[[self._vocabulary[t] for t in terms]] = np.arange(len(terms), dtype=np.int32)
+        entry_terms = new_id[np.frombuffer(self._terms, dtype=np.int32)] if len(self._terms) else np.empty(0, np.int32)
+        lengths = np.frombuffer(self._lengths, dtype=np.int64)
+        entry_docs = np.repeat(np.arange(len(lengths), dtype=np.int32), np.frombuffer(self._distinct, dtype=np.int64))
+        order = np.argsort(entry_terms, kind="stable")  # by term; documents stay ascending within one
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
+        tfs = np.frombuffer(self._tfs, dtype=np.int32)[order] if len(self._tfs) else np.empty(0, np.int32)
+        return Postings(indptr, entry_docs[order], tfs, lengths.astype(np.int32)), {t: i for i, t in enumerate(terms)}

@@ -37,7 +37,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index
 from hybrid_retrieval.search.hubness import HubnessCorrection, augment_documents
-from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.postings import Postings, PostingsBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -126,17 +126,18 @@ def _write_shard(
     """One shard's folder: its documents, BM25 with corpus-wide statistics, vectors, FAISS, metadata, hubness."""
     manifest = index.manifest
     writer = store.DocStoreWriter(folder)
-    tokens = []
+    terms = PostingsBuilder()
     try:
         for position in positions:
             doc = index.docs.get(int(position))
             writer.add(doc["id"], doc["title"], doc["text"], doc["metadata"])
-            tokens.append(index.analyzer.analyze(indexed_text(doc["title"], doc["text"])))
+            terms.add(index.analyzer.analyze(indexed_text(doc["title"], doc["text"])))
     finally:
         writer.close()
-    bm25 = global_bm25(tokens, index.analyzer, manifest.bm25, df, stats)
+    postings, vocabulary = terms.finish()
+    bm25 = global_bm25(postings, vocabulary, index.analyzer, manifest.bm25, df, stats)
     bm25.save(folder / store.BM25_DIR)
-    Postings.from_tokens(tokens, bm25.vocabulary).save(folder)  # what writes score with (search.segments.LiveBM25)
+    postings.save(folder)  # what writes score with (search.segments.LiveBM25)
     np.save(folder / POSITIONS, positions)
     vectors = np.ascontiguousarray(index.embeddings[positions], dtype=np.float32)
     np.save(folder / store.EMBEDDINGS, vectors)
@@ -176,24 +177,19 @@ def _write_hubness(full: HubnessCorrection, positions: np.ndarray, vectors: np.n
     faiss.write_index(augmented, str(folder / store.AUGMENTED_FAISS))
 
 
-def global_bm25(tokens: list[list[str]], analyzer: Analyzer, params: BM25Params, df: dict[str, int], stats: dict[str, float]) -> BM25Index:
-    """BM25 (Lucene variant) over `tokens` whose scores use the whole corpus's statistics: `df` (term -> document
-    frequency), stats["documents"] and stats["avgdl"]. bm25s lays out the sparse matrix; its values are replaced by
+def global_bm25(
+    postings: Postings, vocabulary: dict[str, int], analyzer: Analyzer, params: BM25Params, df: dict[str, int], stats: dict[str, float]
+) -> BM25Index:
+    """BM25 (Lucene variant) over `postings` whose scores use the whole corpus's statistics: `df` (term -> document
+    frequency), stats["documents"] and stats["avgdl"]. The score matrix's entries are the postings' (same order):
         idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)),   idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))."""
-    bm25 = BM25Index.build(tokens, analyzer, params)
-    engine = bm25.engine
-    postings = Postings.from_tokens(tokens, bm25.vocabulary)
-    indptr = np.asarray(engine.scores["indptr"])  # bm25s's vocabulary ends with "", which has no column
-    if not np.array_equal(indptr, postings.indptr[: len(indptr)]) or not np.array_equal(
-        np.asarray(engine.scores["indices"]), postings.docs
-    ):
-        raise HybridError("bm25s laid out its score matrix in an unexpected order: cannot apply corpus-wide statistics")
-    terms = sorted(bm25.vocabulary, key=lambda term: bm25.vocabulary[term])[: len(indptr) - 1]
+    bm25 = BM25Index.from_postings(postings, vocabulary, analyzer, params)
+    terms = sorted(vocabulary, key=vocabulary.__getitem__)
     n, avgdl = stats["documents"], stats["avgdl"]
     term_df = np.array([df[t] for t in terms], dtype=np.float64)
     idf = np.log(1.0 + (n - term_df + 0.5) / (term_df + 0.5))
     tf = postings.tfs.astype(np.float64)
     lengths = postings.lengths.astype(np.float64)[postings.docs]
     norm = params.k1 * (1.0 - params.b + params.b * lengths / avgdl)
-    engine.scores["data"] = (np.repeat(idf, np.diff(indptr)) * tf / (tf + norm)).astype(np.float32)
+    bm25.engine.scores["data"] = (np.repeat(idf, np.diff(postings.indptr)) * tf / (tf + norm)).astype(np.float32)
     return bm25
