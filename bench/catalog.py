@@ -13,6 +13,7 @@ from bench import (
     live_bench,
     longdocs,
     measure,
+    million_bench,
     optimize_bench,
     peers_bench,
     profiles_bench,
@@ -45,6 +46,7 @@ CASES: list[Case] = [  # a section renders where its first case is
     *optimize_bench.CASES,
     *profiles_bench.CASES,
     *capacity.CASES,
+    *million_bench.CASES,
     *scale_bench.CASES,
     *shard_write_bench.CASES,
 ]

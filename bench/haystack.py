@@ -97,7 +97,7 @@ class Haystack:
         """`count` generated queries: 4-12 words of a random real document each."""
         _, _, flat, offsets, _, _ = self._words
         words = self._words[0]
-        rng = np.random.default_rng([self.seed, -1])
+        rng = np.random.default_rng([self.seed, 2**32 - 1])  # a stream no block uses
         out = []
         for topic in rng.integers(0, len(self.real), count):
             start, stop = offsets[topic], offsets[topic + 1]

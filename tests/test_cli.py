@@ -298,5 +298,4 @@ def test_every_long_step_of_a_build_shows_its_progress_with_a_total(tmp_path):
     # each bar ends at its total, so it could tell the time left all along: documents, embeddings, the vector index
     for step, unit in (("documents", "docs"), ("embeddings", "docs"), ("vector index", "vectors")):
         assert f"{step}: 100%" in bars and f"{n}/{n}" in bars and f" {unit}/s]" in bars, step
-    assert "BM25S Count Tokens" in bars  # bm25s's own bars for the lexical index
     assert "documents:" not in hybrid("index", corpus, "--out", tmp_path / "quiet", "--quiet").stderr  # --quiet: no bars

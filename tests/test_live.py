@@ -297,7 +297,7 @@ def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_in
     collection.upsert([{"id": "n1", "text": "quantum cat market"}])
     manifest = (tmp_path / "index" / "manifest.json").read_bytes()
     building, later_stages = threading.Event(), []
-    real_bm25 = build.BM25Index.build
+    real_bm25 = build.BM25Index.from_postings
 
     def bm25_until_closed(*args, **kwargs):
         building.set()
@@ -306,7 +306,7 @@ def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_in
             time.sleep(0.01)
         return real_bm25(*args, **kwargs)
 
-    monkeypatch.setattr(build.BM25Index, "build", bm25_until_closed)
+    monkeypatch.setattr(build.BM25Index, "from_postings", bm25_until_closed)
     monkeypatch.setattr(build, "build_faiss_index", lambda *a, **k: later_stages.append("faiss"))
     collection.on_compact = lambda *_: later_stages.append("on_compact")
     compaction, outcome = _compact_in_background(collection)

@@ -8,6 +8,7 @@ columns with MaxScore pruning (search.maxscore); `scores` sums them all, the exh
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import warnings
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
 ScoreOf = Callable[[np.ndarray], np.ndarray]  # a query's scores of given (ascending) documents
 
 
@@ -62,7 +64,7 @@ class BM25Index:
         # MaxScore needs entries >= 0 and no score outside the lists: not Robertson's idf (negative for common
         # terms), nor bm25l/bm25+, which give every document a non-occurrence score
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
-        self._bounds: dict[int, float] = {}
+        self._bound = functools.lru_cache(maxsize=TERM_CACHE)(self._largest_score)
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
@@ -80,6 +82,8 @@ class BM25Index:
 
         engine = bm25s.BM25(method=params.method, k1=params.k1, b=params.b, delta=params.delta)
         n, df = postings.num_docs, np.diff(postings.indptr)
+        if len(df) > 1 and vocabulary.get("") == len(df) - 1 and df[-1] == 0:
+            df = df[:-1]  # the "" bm25s adds after the corpus's terms has no column (it has one when it is alone)
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore", RuntimeWarning)  # an empty collection averages nothing
             avgdl = np.asarray(postings.lengths, dtype=np.int64).mean()
@@ -108,13 +112,11 @@ class BM25Index:
         engine.scores = {
             "data": data.astype(engine.dtype),
             "indices": postings.docs.astype(engine.int_dtype),
-            "indptr": postings.indptr.astype(np.int64),
+            "indptr": postings.indptr[: len(df) + 1].astype(np.int64),
             "num_docs": n,
         }
         engine.nonoccurrence_array = nonoccurrence
-        # bm25s's vocabulary: an empty corpus still has one term, and "" follows the others unless a document had it
         engine.vocab_dict = dict(vocabulary)
-        engine.vocab_dict.setdefault("", len(vocabulary))
         engine.unique_token_ids_set = set(engine.vocab_dict.values())
         return cls(engine, analyzer)
 
@@ -168,10 +170,12 @@ class BM25Index:
         lists = []
         for term_id in self.query_token_ids(query):
             start, stop = indptr[term_id], indptr[term_id + 1]
-            if (bound := self._bounds.get(term_id)) is None:
-                bound = self._bounds[term_id] = float(data[start:stop].max(initial=0.0))
-            lists.append(PostingList(indices[start:stop], data[start:stop], bound))
+            lists.append(PostingList(indices[start:stop], data[start:stop], self._bound(term_id)))
         return lists
+
+    def _largest_score(self, term_id: int) -> float:
+        indptr = self._engine.scores["indptr"]
+        return float(self._engine.scores["data"][indptr[term_id] : indptr[term_id + 1]].max(initial=0.0))
 
     def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents)."""

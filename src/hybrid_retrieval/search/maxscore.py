@@ -1,20 +1,23 @@
 """BM25 top-k without scoring every posting: MaxScore dynamic pruning, exact.
 
-A query's score is a sum over its terms' posting lists; a list's entries never exceed its `bound` (the largest
-entry). Processed term-at-a-time in decreasing bound order (MaxScore, Turtle & Flood, "Query evaluation: strategies
-and optimizations", IP&M 1995; the term-at-a-time form of Lucene's MaxScoreBulkScorer and PISA's maxscore):
+A query's score is a sum over its terms' posting lists; a list's entries never exceed its `bound`. MaxScore (Turtle
+& Flood, "Query evaluation: strategies and optimizations", IP&M 1995; Lucene's MaxScoreBulkScorer and PISA's
+maxscore follow it) splits the lists, by decreasing bound, into essential ones and the rest: once the bounds of the
+rest sum to less than theta, a score that k documents are known to reach, a document found in none of the essential
+lists cannot enter the top k. So:
 
-  1. essential lists: add each list's entries into an accumulator, until the bounds of the lists not yet read sum
-     to less than theta, the k-th best partial score so far. Partial scores only grow, so theta never exceeds the
-     final k-th score, and a document in none of the lists read cannot reach the top k.
-  2. the rest: look the surviving candidates up in each remaining list (binary search in its ascending document
-     numbers), dropping every candidate whose partial score plus the remaining bounds falls below theta.
-  3. the survivors' exact scores, summed in query order with the same arithmetic as the exhaustive scorer, so
-     scores are bit-identical to it and ties break the same way (the lower document first: search.ranking).
+  1. theta: the rarest lists (highest bounds, shortest) are read into an accumulator until k documents are seen;
+     the k best of them by partial score are scored exactly (looked up in every list), and the lowest of those exact
+     scores is theta: k documents reach it. It is refreshed the same way after each further essential list.
+  2. essential lists: read whole, until the bounds of the lists left sum to less than theta.
+  3. the rest: the candidates (documents of the essential lists) are looked up in each remaining list (binary search
+     in its ascending documents), every candidate whose partial score plus the bounds left falls below theta dropped.
+  4. the survivors' exact scores, summed in query order with the exhaustive scorer's arithmetic: scores are
+     bit-identical to it and ties break the same way (the lower document first: search.ranking).
 
-Frequent terms (low idf, long lists) are the ones step 2 only probes, which is where scoring every posting costs
-most. Entries must be non-negative (every BM25 variant but Robertson's idf); theta is compared with a relative
-margin, so float rounding in partial sums can keep an extra candidate but never drop one that belongs.
+Frequent terms (low idf, long lists) are the ones step 3 only probes, which is where scoring every posting costs
+most. Entries must be non-negative (every BM25 variant but Robertson's idf); theta is compared with a relative margin,
+so rounding in partial sums can keep an extra candidate but never drop one that belongs.
 """
 
 from __future__ import annotations
@@ -27,14 +30,13 @@ import numpy as np
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
-MARGIN = 1e-5  # relative: partial sums (float64, any order) against final ones (query order, maybe float32)
+MARGIN = 1e-5  # relative: partial sums (float64, any order) against exact ones (query order, maybe float32)
 
 
 @dataclass(frozen=True)
 class PostingList:
-    """One query term's entries in one segment: ascending document numbers, each one's contribution
-    (`values`, times `scale` when given: an idf applied lazily, so a probed entry costs one multiplication), and an
-    upper bound of the contributions."""
+    """One query term's entries in one segment: ascending document numbers, each one's contribution (`values`, times
+    `scale` when given: an idf applied lazily, as the exhaustive scorer applies it), and the largest contribution."""
 
     docs: np.ndarray
     values: np.ndarray
@@ -47,7 +49,7 @@ class PostingList:
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(which of the ascending `ids` are in this list, their positions in it)."""
-        positions = np.searchsorted(self.docs, ids)
+        positions = np.searchsorted(self.docs, ids.astype(self.docs.dtype, copy=False))  # same dtype: no copy of docs
         found = positions < len(self.docs)
         found[found] = self.docs[positions[found]] == ids[found]
         return found, positions[found]
@@ -71,8 +73,8 @@ def score_documents(lists: list[PostingList], ids: np.ndarray, dtype: np.dtype) 
 
 
 class _Scratch(threading.local):
-    """A per-thread accumulator over every document, cleared after each query where it was touched (allocating and
-    zeroing one per query would cost as much as scoring a rare term's postings)."""
+    """A per-thread accumulator over every document, cleared where a query touched it (allocating and zeroing one per
+    query would cost more than reading a rare term's postings)."""
 
     partial: np.ndarray = np.zeros(0)
     seen: np.ndarray = np.zeros(0, dtype=bool)
@@ -86,67 +88,72 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
+class _Reader:
+    """Lists read whole into the accumulator, in the order given: the documents seen (the allowed ones) so far."""
+
+    def __init__(self, lists: list[PostingList], num_docs: int, allowed: Allowed | None):
+        self.lists, self.allowed = lists, allowed
+        self.partial, self.seen = _scratch.reserve(num_docs)
+        self.touched: list[np.ndarray] = []
+        self.found: list[np.ndarray] = []
+        self.count = 0
+
+    def read(self, posting: PostingList) -> None:
+        new = posting.docs[~self.seen[posting.docs]]
+        self.seen[new] = True
+        self.touched.append(new)
+        self.partial[posting.docs] += posting.contributions()
+        admitted = new if self.allowed is None else new[self.allowed.mask[new]]
+        self.found.append(admitted)
+        self.count += len(admitted)
+
+    def candidates(self) -> np.ndarray:
+        found = np.concatenate(self.found) if self.found else np.empty(0, dtype=np.int64)
+        self.found = [found]
+        return found.astype(np.int64, copy=False)
+
+    def theta(self, depth: int, dtype: np.dtype) -> float:
+        """The lowest exact score of the `depth` best documents seen by partial score (-inf: fewer seen)."""
+        candidates = self.candidates()
+        if len(candidates) < depth:
+            return -np.inf
+        best = candidates[np.argpartition(-self.partial[candidates], depth - 1)[:depth]]
+        return float(score_documents(self.lists, np.sort(best), dtype).min())
+
+    def clear(self) -> None:
+        for docs in self.touched:
+            self.partial[docs], self.seen[docs] = 0.0, False
+
+
 def top_k_pruned(lists: list[PostingList], depth: int, num_docs: int, dtype: np.dtype, allowed: Allowed | None = None) -> Ranking:
     """The top `depth` documents by the sum of `lists` (among `allowed`), exactly those of exhaustive_scores with
     search.ranking.top_k over the matching (non-zero) ones."""
     order = sorted(range(len(lists)), key=lambda i: -lists[i].bound)
     remaining = np.concatenate([np.cumsum([lists[i].bound for i in order][::-1], dtype=np.float64)[::-1], [0.0]])
-    partial, seen = _scratch.reserve(num_docs)
-    touched: list[np.ndarray] = []
+    reader = _Reader(lists, num_docs, allowed)
+    theta, read = -np.inf, 0
     try:
-        candidates, theta, read = _essential(lists, order, remaining, depth, partial, seen, touched, allowed)
-        scores = partial[candidates]
+        while read < len(order) and (reader.count < depth or remaining[read] >= _floor(theta)):
+            reader.read(lists[order[read]])
+            read += 1
+            if reader.count >= depth and read < len(order) and remaining[read] >= _floor(theta):
+                theta = max(theta, reader.theta(depth, dtype))
+        candidates = np.sort(reader.candidates())
+        scores = reader.partial[candidates]
     finally:
-        for docs in touched:
-            partial[docs], seen[docs] = 0.0, False
+        reader.clear()
     for j in range(read, len(order)):  # probe the rest for the candidates still able to reach the top k
-        keep = scores + remaining[j] >= theta - MARGIN * abs(theta)
+        keep = scores + remaining[j] >= _floor(theta)
         candidates, scores = candidates[keep], scores[keep]
         found, positions = lists[order[j]].find(candidates)
         scores[found] += lists[order[j]].contributions(positions)
-        theta = max(theta, _kth(scores, depth))
-    candidates = candidates[scores + MARGIN * abs(theta) >= theta]
+    candidates = candidates[scores >= _floor(theta)]
     exact = score_documents(lists, candidates, dtype)
     matching = exact != 0  # a document that shares no term with the query (or only zero-weight ones) is no match
     best = top_k(exact[matching], depth)
     return Ranking(candidates[matching][best.doc_idx], best.scores)
 
 
-def _essential(
-    lists: list[PostingList],
-    order: list[int],
-    remaining: np.ndarray,
-    depth: int,
-    partial: np.ndarray,
-    seen: np.ndarray,
-    touched: list[np.ndarray],
-    allowed: Allowed | None,
-) -> tuple[np.ndarray, float, int]:
-    """Read lists in `order` into `partial` until the unread ones cannot lift a new document into the top `depth`:
-    (the allowed documents seen, ascending; theta; how many lists were read)."""
-    found: list[np.ndarray] = []
-    theta, read = -np.inf, 0
-    while read < len(order):
-        posting = lists[order[read]]
-        new = posting.docs[~seen[posting.docs]]
-        seen[new] = True
-        touched.append(new)
-        partial[posting.docs] += posting.contributions()
-        found.append(new if allowed is None else new[allowed.mask[new]])
-        read += 1
-        if read == len(order):
-            break
-        candidates = np.concatenate(found)
-        found = [candidates]
-        theta = max(theta, _kth(partial[candidates], depth))
-        if remaining[read] < theta - MARGIN * abs(theta):
-            break
-    candidates = np.sort(np.concatenate(found)) if found else np.empty(0, dtype=np.int64)
-    return candidates.astype(np.int64, copy=False), theta, read
-
-
-def _kth(scores: np.ndarray, k: int) -> float:
-    """The k-th largest score (-inf when there are fewer)."""
-    if len(scores) < k:
-        return -np.inf
-    return float(np.partition(scores, len(scores) - k)[len(scores) - k])
+def _floor(theta: float) -> float:
+    """What a candidate's bound must reach: theta less the margin (-inf before theta is known)."""
+    return theta - MARGIN * abs(theta) if np.isfinite(theta) else -np.inf

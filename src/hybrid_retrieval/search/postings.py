@@ -96,8 +96,12 @@ class PostingsBuilder:
 
     def finish(self) -> tuple[Postings, dict[str, int]]:
         """The postings, term-major with documents ascending within a term, over the vocabulary in sorted term order
-        (term ids that do not depend on the order documents came in)."""
+        (term ids that do not depend on the order documents came in), then "" unless a document had it (bm25s's
+        vocabulary always holds "": search.bm25)."""
         terms = sorted(self._vocabulary)
+        if "" not in self._vocabulary:
+            self._vocabulary[""] = len(self._vocabulary)
+            terms.append("")
         new_id = np.empty(len(terms), dtype=np.int32)
         new_id[[self._vocabulary[t] for t in terms]] = np.arange(len(terms), dtype=np.int32)
         entry_terms = new_id[np.frombuffer(self._terms, dtype=np.int32)] if len(self._terms) else np.empty(0, np.int32)

@@ -196,8 +196,8 @@ class LiveBM25:
                 continue
             idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
             if term_id is not None:
-                docs, weights, bound = self._base_weights(term_id, avgdl)
-                lists.append(PostingList(docs, weights, idf * bound, idf))
+                docs, weights, largest = self._base_weights(term_id, avgdl)
+                lists.append(PostingList(docs, weights, idf * largest, idf))
             if len(live_idx):
                 weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
                 lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf))

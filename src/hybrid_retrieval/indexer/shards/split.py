@@ -186,7 +186,7 @@ def global_bm25(
     bm25 = BM25Index.from_postings(postings, vocabulary, analyzer, params)
     terms = sorted(vocabulary, key=vocabulary.__getitem__)
     n, avgdl = stats["documents"], stats["avgdl"]
-    term_df = np.array([df[t] for t in terms], dtype=np.float64)
+    term_df = np.array([df.get(t, 0) for t in terms], dtype=np.float64)  # "" (bm25s's) has no entries
     idf = np.log(1.0 + (n - term_df + 0.5) / (term_df + 0.5))
     tf = postings.tfs.astype(np.float64)
     lengths = postings.lengths.astype(np.float64)[postings.docs]
