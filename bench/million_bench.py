@@ -38,7 +38,9 @@ def growth_exponent(sizes: list[int], values: list[float]) -> float:
     return round(float(np.polyfit(np.log(sizes), np.log(values), 1)[0]), 3)
 
 
-def analysed_haystacks(haystack: Haystack, sizes: tuple[int, ...], analyzer: Analyzer) -> tuple[dict[int, PostingsBuilder], list[str], float]:
+def analysed_haystacks(
+    haystack: Haystack, sizes: tuple[int, ...], analyzer: Analyzer
+) -> tuple[dict[int, PostingsBuilder], list[str], float]:
     """Each size's documents analysed into postings (each document analysed once, the smaller sizes being prefixes),
     every document id, and the seconds it took."""
     builders = {size: PostingsBuilder() for size in sizes}
