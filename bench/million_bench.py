@@ -66,13 +66,13 @@ def bm25_at_size(index: BM25Index, queries: list[str], test: dict[str, str], qre
     for depth in DEPTHS:
         for label, allowed in (("", None), (", 1% filter", selective)):
             exhaustive = lambda q, d=depth, a=allowed: index.ranking_from_scores(index.scores(q), d, a)
-            pruned = lambda q, d=depth, a=allowed: index.leg(q, d, a)[0]
+            pruned = lambda q, d=depth, a=allowed: index.leg(q, d, a, prune=True)[0]
             times = interleaved({"exhaustive": exhaustive, "maxscore": pruned}, queries)
             differing += sum(not identical(exhaustive(q), pruned(q)) for q in queries)
             row[f"top-{depth}{label}"] = {name: percentiles(t) for name, t in times.items()}
     run = {}
     for qid, text in test.items():
-        ranking = index.leg(text, 100)[0]
+        ranking = index.leg(text, 100, prune=True)[0]
         run[qid] = {ids[i]: float(s) for i, s in zip(ranking.doc_idx.tolist(), ranking.scores.tolist())}
     quality = evaluate(run, qrels, ("ndcg@10", "recall@100"))
     return {"latency": row, "differing_rankings": differing, "compared": len(queries) * len(DEPTHS) * 2, "quality": quality}

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
+from hybrid_retrieval.search import maxscore
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.maxscore import PostingList, score_documents, top_k_pruned
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+PRUNE_FROM = 200_000  # documents from which MaxScore beats summing every posting (docs/BENCHMARKS.md "A million documents")
 TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
 ScoreOf = Callable[[np.ndarray], np.ndarray]  # a query's scores of given (ascending) documents
 
@@ -65,6 +67,8 @@ class BM25Index:
         # terms), nor bm25l/bm25+, which give every document a non-occurrence score
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
         self._bound = functools.lru_cache(maxsize=TERM_CACHE)(self._largest_score)
+        if self.prunable and self.num_docs >= PRUNE_FROM:
+            maxscore.warm()
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
@@ -167,19 +171,21 @@ class BM25Index:
     def posting_lists(self, query: str) -> list[PostingList]:
         """The query terms' columns of the score matrix, in query order."""
         data, indices, indptr = (self._engine.scores[name] for name in ("data", "indices", "indptr"))
+        matrix = (indices, data)  # what every column is a slice of: the lists go to MaxScore without a copy
         lists = []
         for term_id in self.query_token_ids(query):
             start, stop = indptr[term_id], indptr[term_id + 1]
-            lists.append(PostingList(indices[start:stop], data[start:stop], self._bound(term_id)))
+            lists.append(PostingList(indices[start:stop], data[start:stop], self._bound(term_id), within=matrix, start=int(start)))
         return lists
 
     def _largest_score(self, term_id: int) -> float:
         indptr = self._engine.scores["indptr"]
         return float(self._engine.scores["data"][indptr[term_id] : indptr[term_id + 1]].max(initial=0.0))
 
-    def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
-        """(the top `depth` documents that match a query term and the filter, the query's score of any documents)."""
-        if not self.prunable:
+    def leg(self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None) -> tuple[Ranking, ScoreOf]:
+        """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
+        `prune`: by MaxScore (search.maxscore) or every posting summed; None: MaxScore from PRUNE_FROM documents."""
+        if not self.prunable or not (self.num_docs >= PRUNE_FROM if prune is None else prune):
             scores = self.scores(query)
             return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
         lists, dtype = self.posting_lists(query), np.dtype(self._engine.dtype)

@@ -1,36 +1,38 @@
-"""BM25 top-k without scoring every posting: MaxScore dynamic pruning, exact.
+"""BM25 top-k without scoring every posting: MaxScore dynamic pruning, document at a time, exact.
 
-A query's score is a sum over its terms' posting lists; a list's entries never exceed its `bound`. MaxScore (Turtle
-& Flood, "Query evaluation: strategies and optimizations", IP&M 1995; Lucene's MaxScoreBulkScorer and PISA's
-maxscore follow it) splits the lists, by decreasing bound, into essential ones and the rest: once the bounds of the
-rest sum to less than theta, a score that k documents are known to reach, a document found in none of the essential
-lists cannot enter the top k. So:
+A query's score is a sum over its terms' posting lists, and a list's entries never exceed its `bound`. MaxScore
+(Turtle & Flood, "Query evaluation: strategies and optimizations", IP&M 1995; the algorithm of Lucene's
+MaxScoreBulkScorer and PISA's `maxscore`) keeps the lists sorted by bound and splits them, once k documents are in
+the heap, into the non-essential ones, whose bounds sum to less than theta (the heap's lowest score), and the
+essential rest. A document in none of the essential lists cannot enter the top k, so only the essential lists are
+walked; each document found there is looked up in the non-essential lists, highest bound first (galloping search),
+and dropped as soon as its score so far plus the bounds left cannot reach theta. As theta rises, more lists become
+non-essential: the frequent terms (low idf, long lists) are the ones only looked up, where scoring every posting
+costs most.
 
-  1. theta: the rarest lists (highest bounds, shortest) are read into an accumulator until k documents are seen;
-     the k best of them by partial score are scored exactly (looked up in every list), and the lowest of those exact
-     scores is theta: k documents reach it. It is refreshed the same way after each further essential list.
-  2. essential lists: read whole, until the bounds of the lists left sum to less than theta.
-  3. the rest: the candidates (documents of the essential lists) are looked up in each remaining list (binary search
-     in its ascending documents), every candidate whose partial score plus the bounds left falls below theta dropped.
-  4. the survivors' exact scores, summed in query order with the exhaustive scorer's arithmetic: scores are
-     bit-identical to it and ties break the same way (the lower document first: search.ranking).
+Exactness: a document that passes is scored by adding its contributions in query order, in the scorer's dtype, from
+zero: the additions of the exhaustive scorer (`exhaustive_scores`), so scores are bit-identical to it. Documents
+come in ascending order and a newcomer must beat the heap's lowest score strictly, so among equal scores the lower
+document stays, the tie order of search.ranking.top_k. Bounds are compared with a relative margin, so float
+rounding can keep a document needlessly, never drop one that belongs. Entries must be non-negative (every BM25
+variant but Robertson's idf).
 
-Frequent terms (low idf, long lists) are the ones step 3 only probes, which is where scoring every posting costs
-most. Entries must be non-negative (every BM25 variant but Robertson's idf); theta is compared with a relative margin,
-so rounding in partial sums can keep an extra candidate but never drop one that belongs.
+The loop runs compiled (numba; `cache=True` keeps the machine code beside this module after the first call).
 """
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.ranking import Ranking, top_k
+from hybrid_retrieval.search.ranking import Ranking
 
-MARGIN = 1e-5  # relative: partial sums (float64, any order) against exact ones (query order, maybe float32)
+SEED_POOL = 16  # theta's first value: the exact scores of this many times k of the rarest lists' best entries
+MARGIN = 1e-5  # relative: bounds summed in float64 against scores summed in the scorer's dtype
+_NO_FILTER = np.ones(0, dtype=np.bool_)
 
 
 @dataclass(frozen=True)
@@ -42,17 +44,14 @@ class PostingList:
     values: np.ndarray
     bound: float
     scale: float | None = None
+    # when docs and values are slices of larger arrays (an index's whole score matrix): those, and where they start;
+    # lists of one such pair go to the kernel without being copied
+    within: tuple[np.ndarray, np.ndarray] | None = None
+    start: int = 0
 
     def contributions(self, positions: np.ndarray | None = None) -> np.ndarray:
         values = self.values if positions is None else self.values[positions]
         return values if self.scale is None else self.scale * values
-
-    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(which of the ascending `ids` are in this list, their positions in it)."""
-        positions = np.searchsorted(self.docs, ids.astype(self.docs.dtype, copy=False))  # same dtype: no copy of docs
-        found = positions < len(self.docs)
-        found[found] = self.docs[positions[found]] == ids[found]
-        return found, positions[found]
 
 
 def exhaustive_scores(lists: list[PostingList], num_docs: int, dtype: np.dtype) -> np.ndarray:
@@ -67,93 +66,180 @@ def score_documents(lists: list[PostingList], ids: np.ndarray, dtype: np.dtype) 
     """The scores of the ascending documents `ids`, bit-identical to exhaustive_scores's (same order of additions)."""
     out = np.zeros(len(ids), dtype=dtype)
     for posting in lists:
-        found, positions = posting.find(ids)
-        out[found] += posting.contributions(positions)
+        positions = np.searchsorted(posting.docs, ids.astype(posting.docs.dtype, copy=False))  # same dtype: no copy
+        found = positions < len(posting.docs)
+        found[found] = posting.docs[positions[found]] == ids[found]
+        out[found] += posting.contributions(positions[found])
     return out
-
-
-class _Scratch(threading.local):
-    """A per-thread accumulator over every document, cleared where a query touched it (allocating and zeroing one per
-    query would cost more than reading a rare term's postings)."""
-
-    partial: np.ndarray = np.zeros(0)
-    seen: np.ndarray = np.zeros(0, dtype=bool)
-
-    def reserve(self, num_docs: int) -> tuple[np.ndarray, np.ndarray]:
-        if len(self.partial) < num_docs:
-            self.partial, self.seen = np.zeros(num_docs), np.zeros(num_docs, dtype=bool)
-        return self.partial, self.seen
-
-
-_scratch = _Scratch()
-
-
-class _Reader:
-    """Lists read whole into the accumulator, in the order given: the documents seen (the allowed ones) so far."""
-
-    def __init__(self, lists: list[PostingList], num_docs: int, allowed: Allowed | None):
-        self.lists, self.allowed = lists, allowed
-        self.partial, self.seen = _scratch.reserve(num_docs)
-        self.touched: list[np.ndarray] = []
-        self.found: list[np.ndarray] = []
-        self.count = 0
-
-    def read(self, posting: PostingList) -> None:
-        new = posting.docs[~self.seen[posting.docs]]
-        self.seen[new] = True
-        self.touched.append(new)
-        self.partial[posting.docs] += posting.contributions()
-        admitted = new if self.allowed is None else new[self.allowed.mask[new]]
-        self.found.append(admitted)
-        self.count += len(admitted)
-
-    def candidates(self) -> np.ndarray:
-        found = np.concatenate(self.found) if self.found else np.empty(0, dtype=np.int64)
-        self.found = [found]
-        return found.astype(np.int64, copy=False)
-
-    def theta(self, depth: int, dtype: np.dtype) -> float:
-        """The lowest exact score of the `depth` best documents seen by partial score (-inf: fewer seen)."""
-        candidates = self.candidates()
-        if len(candidates) < depth:
-            return -np.inf
-        best = candidates[np.argpartition(-self.partial[candidates], depth - 1)[:depth]]
-        return float(score_documents(self.lists, np.sort(best), dtype).min())
-
-    def clear(self) -> None:
-        for docs in self.touched:
-            self.partial[docs], self.seen[docs] = 0.0, False
 
 
 def top_k_pruned(lists: list[PostingList], depth: int, num_docs: int, dtype: np.dtype, allowed: Allowed | None = None) -> Ranking:
     """The top `depth` documents by the sum of `lists` (among `allowed`), exactly those of exhaustive_scores with
     search.ranking.top_k over the matching (non-zero) ones."""
-    order = sorted(range(len(lists)), key=lambda i: -lists[i].bound)
-    remaining = np.concatenate([np.cumsum([lists[i].bound for i in order][::-1], dtype=np.float64)[::-1], [0.0]])
-    reader = _Reader(lists, num_docs, allowed)
-    theta, read = -np.inf, 0
-    try:
-        while read < len(order) and (reader.count < depth or remaining[read] >= _floor(theta)):
-            reader.read(lists[order[read]])
-            read += 1
-            if reader.count >= depth and read < len(order) and remaining[read] >= _floor(theta):
-                theta = max(theta, reader.theta(depth, dtype))
-        candidates = np.sort(reader.candidates())
-        scores = reader.partial[candidates]
-    finally:
-        reader.clear()
-    for j in range(read, len(order)):  # probe the rest for the candidates still able to reach the top k
-        keep = scores + remaining[j] >= _floor(theta)
-        candidates, scores = candidates[keep], scores[keep]
-        found, positions = lists[order[j]].find(candidates)
-        scores[found] += lists[order[j]].contributions(positions)
-    candidates = candidates[scores >= _floor(theta)]
-    exact = score_documents(lists, candidates, dtype)
-    matching = exact != 0  # a document that shares no term with the query (or only zero-weight ones) is no match
-    best = top_k(exact[matching], depth)
-    return Ranking(candidates[matching][best.doc_idx], best.scores)
+    if not lists:
+        return Ranking(np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype))
+    lengths = np.array([len(p.docs) for p in lists], dtype=np.int64)
+    whole = lists[0].within
+    if whole is not None and whole[1].dtype == dtype and all(p.within is whole for p in lists):
+        docs, values = whole
+        starts = np.array([p.start for p in lists], dtype=np.int64)
+    else:  # the lists end to end (a live collection's: cached weights and the live segment's)
+        docs = np.concatenate([p.docs.astype(np.int64, copy=False) for p in lists])
+        values = np.concatenate([np.asarray(p.values, dtype=dtype) for p in lists])
+        starts = np.cumsum(lengths) - lengths
+    ends = starts + lengths
+    scales = np.array([1.0 if p.scale is None else p.scale for p in lists], dtype=dtype)
+    bounds = np.array([p.bound for p in lists], dtype=np.float64)
+    mask = _NO_FILTER if allowed is None else allowed.mask
+    theta = _theta_seed(lists, depth, dtype, allowed)
+    found, scores = _maxscore((docs, values, starts, ends), scales, bounds, depth, mask, np.zeros(1, dtype=dtype), theta, MARGIN)
+    ranked = np.lexsort((found, -scores))
+    return Ranking(found[ranked], scores[ranked])
 
 
-def _floor(theta: float) -> float:
-    """What a candidate's bound must reach: theta less the margin (-inf before theta is known)."""
-    return theta - MARGIN * abs(theta) if np.isfinite(theta) else -np.inf
+def warm() -> None:
+    """Compile (or load from numba's cache) the kernel for the lists an index serves: an index's score matrix
+    (int32 documents, float32 scores) and a live collection's lists end to end (int64, float64), so that no search
+    waits for it."""
+    for docs, values in ((np.array([0], np.int32), np.array([1.0], np.float32)), (np.array([0], np.int64), np.array([1.0]))):
+        top_k_pruned([PostingList(docs, values, 1.0, within=(docs, values))], 1, 1, values.dtype)
+        top_k_pruned([PostingList(docs, values, 1.0)], 1, 1, values.dtype)
+
+
+def _theta_seed(lists: list[PostingList], depth: int, dtype: np.dtype, allowed: Allowed | None) -> float:
+    """A score `depth` documents are known to reach (-inf: none known), so that pruning starts at the first document
+    instead of once the heap is full of whatever came first: the exact scores of the best SEED_POOL * depth entries
+    of the rarest lists (the highest bounds), the documents most likely to rank first."""
+    pool: list[np.ndarray] = []
+    for posting in sorted(lists, key=lambda p: -p.bound):
+        docs = posting.docs if allowed is None else posting.docs[allowed.mask[posting.docs]]
+        if len(docs) > SEED_POOL * depth:
+            values = posting.values if allowed is None else posting.values[allowed.mask[posting.docs]]
+            docs = docs[np.argpartition(-values, SEED_POOL * depth - 1)[: SEED_POOL * depth]]
+        pool.append(docs)
+        if sum(map(len, pool)) >= depth:
+            break
+    seeds = np.unique(np.concatenate(pool)) if pool else np.empty(0, dtype=np.int64)
+    if len(seeds) < depth:
+        return -np.inf
+    exact = score_documents(lists, seeds.astype(np.int64), dtype)
+    return float(np.partition(exact, len(exact) - depth)[len(exact) - depth])
+
+
+@numba.njit(cache=True, nogil=True)
+def _maxscore(source, scales, bounds, depth, allowed, zero, theta, margin):
+    """`source`: every list's entries end to end (documents, values) and each list's [start, end) there."""
+    starts = source[2]
+    n = len(starts)
+    order = np.argsort(bounds)  # ascending bound: order[:essential] are the non-essential lists
+    prefix = np.zeros(n + 1)  # prefix[k]: the bounds of order[:k] summed
+    for k in range(n):
+        prefix[k + 1] = prefix[k] + bounds[order[k]]
+    cursor = starts.copy()
+    contribution = np.zeros(n, dtype=zero.dtype)  # the current document's, list by list
+    heap_docs, heap_scores = np.empty(depth, dtype=np.int64), np.empty(depth, dtype=zero.dtype)
+    size, floor, essential = 0, theta - margin * abs(theta), 0
+    while essential < n and prefix[essential + 1] < floor:
+        essential += 1
+    while True:
+        doc, partial = _read_essential(source, scales, order, essential, cursor, contribution)
+        if doc < 0:
+            break
+        if len(allowed) and not allowed[doc]:
+            continue
+        if floor > -np.inf and not _probe_rest(source, scales, order, essential, prefix, cursor, contribution, doc, partial, floor):
+            continue
+        score = zero[0]
+        for i in range(n):  # in query order, as the exhaustive scorer adds
+            score += contribution[i]
+        if score == 0 or not _offer(heap_docs, heap_scores, size, doc, score):
+            continue
+        size = min(size + 1, depth)
+        if size == depth and heap_scores[_last(heap_docs, heap_scores, size)] > theta:
+            theta = heap_scores[_last(heap_docs, heap_scores, size)]
+            floor = theta - margin * abs(theta)
+            while essential < n and prefix[essential + 1] < floor:
+                essential += 1
+    return heap_docs[:size], heap_scores[:size]
+
+
+@numba.njit(cache=True, nogil=True)
+def _read_essential(source, scales, order, essential, cursor, contribution):
+    """(the next document of the essential lists, or -1; the sum of its contributions there), their cursors moved
+    past it and `contribution` holding each list's (0 elsewhere)."""
+    docs, values, _, ends = source
+    doc = -1
+    for k in range(essential, len(order)):
+        i = order[k]
+        if cursor[i] < ends[i] and (doc < 0 or docs[cursor[i]] < doc):
+            doc = docs[cursor[i]]
+    contribution[:] = 0
+    partial = 0.0
+    if doc < 0:
+        return doc, partial
+    for k in range(essential, len(order)):
+        i = order[k]
+        if cursor[i] < ends[i] and docs[cursor[i]] == doc:
+            contribution[i] = scales[i] * values[cursor[i]]
+            partial += contribution[i]
+            cursor[i] += 1
+    return doc, partial
+
+
+@numba.njit(cache=True, nogil=True)
+def _probe_rest(source, scales, order, essential, prefix, cursor, contribution, doc, partial, floor):  # noqa: PLR0913  # arrays: what a compiled kernel takes
+    """Whether `doc` can still reach `floor`: looked up in the non-essential lists, highest bound first, until its
+    score so far plus the bounds left falls short (its contributions found go to `contribution`)."""
+    docs, values, _, ends = source
+    if partial + prefix[essential] < floor:
+        return False
+    for k in range(essential - 1, -1, -1):
+        i = order[k]
+        cursor[i] = _seek(docs, cursor[i], ends[i], doc)
+        if cursor[i] < ends[i] and docs[cursor[i]] == doc:
+            contribution[i] = scales[i] * values[cursor[i]]
+            partial += contribution[i]
+        if partial + prefix[k] < floor:
+            return False
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _offer(heap_docs, heap_scores, size, doc, score):
+    """Put `doc` in the heap (of `size` entries, room for len(heap_docs)) if it ranks in: whether it did."""
+    if size < len(heap_docs):
+        heap_docs[size], heap_scores[size] = doc, score
+        return True
+    last = _last(heap_docs, heap_scores, size)
+    if score <= heap_scores[last]:  # equal: the lower document, already in, stays
+        return False
+    heap_docs[last], heap_scores[last] = doc, score
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def _last(heap_docs, heap_scores, size):
+    """The heap entry that ranks last: the lowest score, the highest document among equal ones."""
+    last = 0
+    for j in range(1, size):
+        if heap_scores[j] < heap_scores[last] or (heap_scores[j] == heap_scores[last] and heap_docs[j] > heap_docs[last]):
+            last = j
+    return last
+
+
+@numba.njit(cache=True, nogil=True)
+def _seek(docs, start, end, doc):
+    """The first position in [start, end) whose document is >= `doc`, else `end` (galloping, then binary search)."""
+    step, low, high = 1, start, start
+    while high < end and docs[high] < doc:
+        low = high + 1
+        high = start + step
+        step *= 2
+    high = min(high, end)
+    while low < high:
+        middle = (low + high) // 2
+        if docs[middle] < doc:
+            low = middle + 1
+        else:
+            high = middle
+    return low

@@ -22,7 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, ScoreOf
+from hybrid_retrieval.search.bm25 import PRUNE_FROM, BM25Index, BM25Params, ScoreOf
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
@@ -200,7 +200,8 @@ class LiveBM25:
                 lists.append(PostingList(docs, weights, idf * largest, idf))
             if len(live_idx):
                 weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
-                lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf))
+                docs = (self.base_docs + live_idx).astype(np.int32)  # as the base's (search.maxscore takes one type)
+                lists.append(PostingList(docs, weights, idf * float(weights.max()), idf))
         return lists
 
     def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
@@ -209,10 +210,18 @@ class LiveBM25:
         return exhaustive_scores(self.posting_lists(query, statistics), self.num_docs, np.dtype(np.float64))
 
     def leg(
-        self, query: str, depth: int, allowed: Allowed | None = None, statistics: CorpusStatistics | None = None
+        self,
+        query: str,
+        depth: int,
+        allowed: Allowed | None = None,
+        statistics: CorpusStatistics | None = None,
+        prune: bool | None = None,
     ) -> tuple[Ranking, ScoreOf]:
-        """As BM25Index.leg, over both segments (MaxScore: search.maxscore)."""
+        """As BM25Index.leg, over both segments."""
         lists, dtype = self.posting_lists(query, statistics), np.dtype(np.float64)
+        if not (self.num_docs >= PRUNE_FROM if prune is None else prune):
+            scores = exhaustive_scores(lists, self.num_docs, dtype)
+            return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 
     def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
