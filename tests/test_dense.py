@@ -3,6 +3,7 @@ import pytest
 
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
+from hybrid_retrieval.search.filters.language import Allowed
 
 
 def unit_vectors(n, dim, seed):
@@ -118,3 +119,23 @@ def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact(count, dim, pq
         assert list(ranking.scores) == sorted(ranking.scores, reverse=True)
     with pytest.raises(ConfigError, match="does not divide"):
         build_faiss_index(docs, FaissParams(kind="ivfpq", pq_m=10), "cpu")
+
+
+@pytest.mark.parametrize("kind, factory", [("sq8", "SQ8"), ("hnsw_sq8", "HNSW32,SQ8")])
+def test_scalar_quantized_kinds_keep_a_byte_a_dimension_and_rescore_to_the_exact_ranking(kind, factory):
+    import faiss
+
+    params = FaissParams(kind=kind, pq_refine=4)
+    index = build_faiss_index(DOCS, params, "cpu")
+    assert params.factory(len(DOCS)) == factory
+    codes = faiss.downcast_index(index.storage if kind == "hnsw_sq8" else index)  # type: ignore[attr-defined]
+    assert codes.code_size == DOCS.shape[1]  # a byte a dimension, vs 4 for float32
+    expected_idx, expected_scores = brute_force_top_k(QUERIES, DOCS, 10)
+    refined = DenseIndex(index, params, "cpu", vectors=DOCS).search_batch(QUERIES, 10)
+    for ranking, idx, scores in zip(refined, expected_idx, expected_scores):  # 40 candidates rescored: the exact top 10
+        assert ranking.doc_idx.tolist() == idx.tolist()
+        np.testing.assert_allclose(ranking.scores, scores, rtol=1e-6)
+    allowed = Allowed(np.arange(len(DOCS)) % 2 == 0)  # 1,000 allowed: the index is searched with a selector
+    filtered = DenseIndex(index, params, "cpu", vectors=DOCS).search(QUERIES[0], 10, allowed)
+    assert all(i % 2 == 0 for i in filtered.doc_idx)
+    np.testing.assert_allclose(filtered.scores, DOCS[filtered.doc_idx] @ QUERIES[0], rtol=1e-6)

@@ -144,3 +144,23 @@ def test_refuses_to_replace_a_folder_that_is_not_an_index(tmp_path):
     with pytest.raises(HybridError, match="is not an index: refusing to replace it"):
         build_index(corpus, tmp_path / "precious", BuildOptions(progress=False))
     assert (tmp_path / "precious" / "thesis.txt").read_text() == "years of work"
+
+
+def test_an_sq8_index_keeps_codes_and_serves_the_flat_rankings(tiny_index, tmp_path):
+    # the same documents built with 8-bit codes: dense.faiss a quarter of flat's vector bytes, and every dense and
+    # hybrid search rescored from the stored vectors to the flat index's ranking
+    from hybrid_retrieval.search.dense import FaissParams
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", TINY_CORPUS)
+    build_index(corpus, tmp_path / "sq8", BuildOptions(faiss=FaissParams(kind="sq8"), progress=False))
+    flat, sq8 = open_index(tiny_index), open_index(tmp_path / "sq8")
+    assert sq8.manifest.faiss.factory == "SQ8"
+    n, dimension = flat.embeddings.shape
+    # a byte a dimension a document, plus the quantizer's range (two float32 a dimension) and a header
+    assert (tmp_path / "sq8" / store.FAISS_FILE).stat().st_size <= n * dimension + 2 * 4 * dimension + 256
+    for query in ["cat", "stock markets", "healthy pets and exercise"]:
+        for mode in ("dense", "hybrid"):
+            a = flat.pipeline().search(query, 5, {"mode": mode}).ranking
+            b = sq8.pipeline().search(query, 5, {"mode": mode}).ranking
+            assert a.doc_idx.tolist() == b.doc_idx.tolist()
+            np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5)

@@ -162,7 +162,7 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         "--pq-refine",
         type=int,
         default=default(FaissParams, "pq_refine"),
-        help="ivfpq: candidates fetched per result and rescored exactly with the stored vectors",
+        help="ivfpq, sq8, hnsw_sq8: candidates fetched per result and rescored exactly with the stored vectors",
     )
     g.add_argument("--ef-search", type=int, default=default(FaissParams, "ef_search"))
     g.add_argument("--bm25-method", choices=BM25_METHODS, default=default(BM25Params, "method"))

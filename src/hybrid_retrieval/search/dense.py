@@ -18,8 +18,13 @@ from hybrid_retrieval.search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
 
-FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
+FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq", "sq8", "hnsw_sq8")
 IVF_KINDS = ("ivf", "ivfpq")
+HNSW_KINDS = ("hnsw", "hnsw_sq8")
+# kinds that keep codes, not vectors, in memory (product-quantized, or 8-bit scalar: a byte a dimension); their
+# candidates (`pq_refine` a result) are rescored with the stored full-precision vectors, memory-mapped from disk
+COMPRESSED_KINDS = ("ivfpq", "sq8", "hnsw_sq8")
+SCAN_KINDS = ("flat", "sq8")  # every vector scored, no walk: exact (flat) or near it (sq8, then rescored)
 FLAT_GATHER_CUTOFF = 1_000
 TIE_MARGIN = 8  # results a dense search asks FAISS for beyond its cut, to see whether a tie crosses it (_past_ties)
 ADD_CHUNK = 65_536  # vectors added to a FAISS index at a time on a CPU (a step of the build's progress)
@@ -33,7 +38,7 @@ class FaissParams:
     nprobe: int = 16  # ivf: clusters visited per query
     hnsw_m: int = 32  # hnsw: links per node
     pq_m: int = 48  # ivfpq: sub-quantizers, each coding dimension / pq_m dimensions in one byte (must divide the dimension)
-    pq_refine: int = 4  # ivfpq: candidates fetched per result, rescored exactly with the stored vectors
+    pq_refine: int = 4  # ivfpq, sq8, hnsw_sq8: candidates fetched per result, rescored exactly with the stored vectors
     ef_construction: int = 200
     ef_search: int = 128
     # A filtered search whose filter admits at most this many documents scores them all exactly (brute force)
@@ -78,6 +83,10 @@ class FaissParams:
             return f"IVF{self.resolved_nlist(num_vectors)},PQ{self.pq_m}x8"
         if self.kind == "hnsw":
             return f"HNSW{self.hnsw_m},Flat"
+        if self.kind == "sq8":
+            return "SQ8"
+        if self.kind == "hnsw_sq8":
+            return f"HNSW{self.hnsw_m},SQ8"
         return "Flat"
 
     def resolved_nlist(self, num_vectors: int) -> int:
@@ -100,11 +109,10 @@ def use_gpu(device: str, kind: str) -> bool:
     if check_device(device) == "cpu":
         return False
     available = gpu_count() > 0
-    if kind == "hnsw" or not available:
+    if kind in HNSW_KINDS or kind == "sq8" or not available:
         if device == "gpu":
-            logger.warning(
-                "FAISS GPU requested but %s: using CPU", "HNSW has no GPU version" if available else "no GPU is visible to faiss"
-            )
+            why = f"FAISS has no GPU version of {kind}" if available else "no GPU is visible to faiss"
+            logger.warning("FAISS GPU requested but %s: using CPU", why)
         return False
     return True
 
@@ -118,7 +126,7 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     params.check_dimension(dim)
     params = params.built_for(n)
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
-    if params.kind == "hnsw":
+    if params.kind in HNSW_KINDS:
         index.hnsw.efConstruction = params.ef_construction  # type: ignore[attr-defined]  # faiss stubs: an Index, not its HNSW subclass
     if params.kind == "ivfpq":
         # the factory turns on polysemous training (codebooks reordered for Hamming filtering, which we never search
@@ -142,19 +150,19 @@ class DenseIndex:
     """Searches a FAISS index; queries are unit vectors from the index's own embedder."""
 
     def __init__(self, index: Any, params: FaissParams, device: str = "auto", vectors: np.ndarray | None = None) -> None:
-        """`vectors`: the stored document vectors, with which an ivfpq index's approximate candidates (`pq_refine` per
-        result) are rescored exactly, so its scores are cosines like every other kind's."""
+        """`vectors`: the stored document vectors, with which a compressed index's approximate candidates (`pq_refine`
+        per result) are rescored exactly, so its scores are cosines like every other kind's."""
         import faiss
 
         params = params.built_for(index.ntotal)
         self.params = params
-        self.refine = params.pq_refine if params.kind == "ivfpq" and vectors is not None else 1
+        self.refine = params.pq_refine if params.kind in COMPRESSED_KINDS and vectors is not None else 1
         self.vectors = vectors
         self.num_docs = index.ntotal
         self.dimension = index.d
         if params.kind in IVF_KINDS:
             faiss.extract_index_ivf(index).nprobe = params.nprobe
-        if params.kind == "hnsw":
+        if params.kind in HNSW_KINDS:
             index.hnsw.efSearch = params.ef_search
         self.on_gpu = use_gpu(device, params.kind)
         self._index = faiss.index_cpu_to_all_gpus(index) if self.on_gpu else index
@@ -218,7 +226,7 @@ class DenseIndex:
         scan is exact and beats gathering the vectors above about FLAT_GATHER_CUTOFF documents (docs/BENCHMARKS.md,
         "Filters, highlights, batches")."""
         cutoff = self.params.flat_search_cutoff
-        if self.params.kind == "flat":
+        if self.params.kind in SCAN_KINDS:
             cutoff = min(cutoff, FLAT_GATHER_CUTOFF)
         return self.on_gpu or allowed.count <= cutoff
 
@@ -231,7 +239,7 @@ class DenseIndex:
         if self.params.kind in IVF_KINDS:
             nlist = faiss.extract_index_ivf(self._index).nlist
             return faiss.SearchParametersIVF(sel=selector, nprobe=min(nlist, math.ceil(self.params.nprobe * boost)))  # type: ignore[call-arg]  # faiss stubs lack SWIG keyword arguments
-        if self.params.kind == "hnsw":
+        if self.params.kind in HNSW_KINDS:
             ef = min(self.num_docs, math.ceil(max(self.params.ef_search, depth) * boost))
             return faiss.SearchParametersHNSW(sel=selector, efSearch=max(ef, depth))  # type: ignore[attr-defined]  # missing from faiss stubs
         return faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]  # faiss stubs lack SWIG keyword arguments

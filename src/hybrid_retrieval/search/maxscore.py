@@ -2,9 +2,10 @@
 
 A query's score is a sum over its terms' posting lists, and a list's entries never exceed its `bound`. MaxScore
 (Turtle & Flood, "Query evaluation: strategies and optimizations", IP&M 1995; the algorithm of Lucene's
-MaxScoreBulkScorer and PISA's `maxscore`) keeps the lists sorted by bound and splits them, once k documents are in
-the heap, into the non-essential ones, whose bounds sum to less than theta (the heap's lowest score), and the
-essential rest. A document in none of the essential lists cannot enter the top k, so only the essential lists are
+MaxScoreBulkScorer and PISA's `maxscore`) keeps the lists sorted by bound and splits them into the non-essential
+ones, whose bounds sum to less than theta, a score k documents are known to reach, and the essential rest. Theta
+starts from a seed (the exact scores of the rarest lists' best entries, the likeliest top documents) and rises
+with the heap's lowest score. A document in none of the essential lists cannot enter the top k, so only the essential lists are
 walked; each document found there is looked up in the non-essential lists, highest bound first (galloping search),
 and dropped as soon as its score so far plus the bounds left cannot reach theta. As theta rises, more lists become
 non-essential: the frequent terms (low idf, long lists) are the ones only looked up, where scoring every posting

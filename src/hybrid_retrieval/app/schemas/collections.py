@@ -103,9 +103,9 @@ class VectorSettings(Strict):
     exact_below: Int = Field(default=EXACT_BELOW, ge=0, description="below this many documents the vector index is exact (Flat)")
     nlist: Int | None = Field(default=None, ge=1, description="ivf, ivfpq: clusters (default ~4*sqrt(n))")
     nprobe: Int = Field(default=16, ge=1, le=65536, description="ivf, ivfpq: clusters visited per query")
-    hnsw_m: Int = Field(default=32, ge=2, le=256, description="hnsw: links per node")
+    hnsw_m: Int = Field(default=32, ge=2, le=256, description="hnsw, hnsw_sq8: links per node")
     pq_m: Int = Field(default=48, ge=1, le=1024, description="ivfpq: bytes a vector (must divide the dimension)")
-    pq_refine: Int = Field(default=4, ge=1, le=64, description="ivfpq: candidates rescored exactly per result")
+    pq_refine: Int = Field(default=4, ge=1, le=64, description="ivfpq, sq8, hnsw_sq8: candidates rescored exactly per result")
     ef_construction: Int = Field(default=200, ge=1, le=65536)
     ef_search: Int = Field(default=128, ge=1, le=65536)
     flat_search_cutoff: Int = Field(
