@@ -46,3 +46,29 @@ def test_document_frequency_counts_only_alive_documents():
     assert postings.document_frequency(alive)[cat] == 2
     docs, tfs = postings.term(cat)
     assert docs.tolist() == [0, 1, 5] and tfs.tolist() == [3, 1, 1]  # "Cats", "cat", "Cats" in d1
+
+
+def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():
+    # a compaction merges the base's postings (its alive documents) with the written documents' counts; the result must
+    # be what analysing the surviving documents again gives: same vocabulary (a term only deleted documents held is
+    # gone, a new term is in), same arrays
+    from collections import Counter
+
+    from hybrid_retrieval.search.postings import merged_postings
+
+    base_docs = [["cat", "mat", "cat"], ["dog"], ["yak", "dog"], ["cat", "bird"]]
+    written = [["zebra", "cat"], ["dog", "dog", "yak"]]
+    keep = np.array([True, True, False, True])  # "yak"'s only base document is deleted; a written one has it again
+    base, base_vocabulary = Postings.from_tokens(base_docs)
+    written_vocabulary: dict[str, int] = {}
+    counts = []
+    for tokens in written:
+        tally = Counter(tokens)
+        ids = np.array([written_vocabulary.setdefault(t, len(written_vocabulary)) for t in tally])
+        counts.append((ids, np.array(list(tally.values())), len(tokens)))
+    merged, vocabulary = merged_postings(base, base_vocabulary, keep, counts, sorted(written_vocabulary, key=written_vocabulary.get))
+    fresh, fresh_vocabulary = Postings.from_tokens([d for d, k in zip(base_docs, keep) if k] + written)
+    assert vocabulary == fresh_vocabulary and list(vocabulary)[-1] == ""
+    for name in ("indptr", "docs", "tfs", "lengths"):
+        np.testing.assert_array_equal(getattr(merged, name), getattr(fresh, name), err_msg=name)
+        assert getattr(merged, name).dtype == getattr(fresh, name).dtype, name

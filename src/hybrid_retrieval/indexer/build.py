@@ -55,7 +55,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
 from hybrid_retrieval.search.filters.columns import MetadataCollector, check_filterable
-from hybrid_retrieval.search.postings import PostingsBuilder
+from hybrid_retrieval.search.postings import Postings, PostingsBuilder
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.search.synonyms import Synonyms
 
@@ -131,24 +131,36 @@ def _make_embedder(options: BuildOptions, onnx_folder: Path, model_path: Path):
 
 
 def _write_documents(
-    source: Path, folder: Path, analyzer: Analyzer, metadata: MetadataCollector, progress: bool, allow_empty: bool
-) -> PostingsBuilder:
-    """Pass 1 over the corpus: validate, store, analyse, collect metadata. Cheap, so errors surface before embedding."""
+    source: Path,
+    folder: Path,
+    analyzer: Analyzer,
+    metadata: MetadataCollector,
+    progress: bool,
+    allow_empty: bool,
+    analysed: tuple[Postings, dict[str, int]] | None,
+) -> tuple[Postings, dict[str, int]]:
+    """Pass 1 over the corpus: validate, store, analyse (unless `analysed` holds its postings already), collect
+    metadata. Cheap, so errors surface before embedding."""
     writer = store.DocStoreWriter(folder)
     terms = PostingsBuilder()
+    stored = 0
     try:
         # counted first (a read of the file, cheap next to analysing it) so that the bar can tell the time left
         with progress_bar(count_records(source) if progress else None, "documents", "docs", progress) as bar:
             for doc in read_corpus(source):
                 writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
                 metadata.add(doc.metadata)
-                terms.add(analyzer.analyze(doc.indexed_text))
+                if analysed is None:
+                    terms.add(analyzer.analyze(doc.indexed_text))
+                stored += 1
                 bar.update()
     finally:
         writer.close()
-    if not len(terms) and not allow_empty:
+    if not stored and not allow_empty:
         raise HybridError(f"{source}: corpus has no documents")
-    return terms
+    if analysed is not None and analysed[0].num_docs != stored:
+        raise HybridError(f"{source}: {stored} documents, but postings of {analysed[0].num_docs} were given")
+    return analysed if analysed is not None else terms.finish()
 
 
 def corpus_documents(source: Path) -> Callable[[], Iterator[tuple[str, str]]]:
@@ -195,18 +207,21 @@ def build_into(  # noqa: PLR0913
     started: float | None = None,
     collection: bool = False,
     checkpoint: Callable[[], None] = lambda: None,
+    analysed: tuple[Postings, dict[str, int]] | None = None,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     The documents' vectors come from `vectors` (indexer.representation: embedded, or as given), in the index's
     representation (whole documents, or passages: options.chunking). `collection`: the base of a collection (created
     empty, or compacted), which may be empty and may declare filterable fields no document has yet; else an empty
     corpus or such a field is an error. `checkpoint` runs between stages: what it raises ends the build (a compaction
-    whose collection is being closed stops at the next stage instead of finishing a base nobody takes)."""
+    whose collection is being closed stops at the next stage instead of finishing a base nobody takes). `analysed`: the
+    documents' postings and vocabulary when the caller has them (a compaction merges its segments'), in corpus order:
+    the documents are not analysed again."""
     started = time.perf_counter() if started is None else started
     t = time.perf_counter()
     timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
     collector = MetadataCollector(options.filterable, decided=options.field_types)
-    terms = _write_documents(source, tmp, options.analyzer, collector, options.progress, allow_empty=collection)
+    postings, vocabulary = _write_documents(source, tmp, options.analyzer, collector, options.progress, collection, analysed)
     metadata = collector.finish()
     if options.filterable is not None and not collection:
         check_filterable(metadata.fields, options.filterable)
@@ -215,8 +230,6 @@ def build_into(  # noqa: PLR0913
     checkpoint()
 
     t = time.perf_counter()
-    postings, vocabulary = terms.finish()
-    del terms
     bm25 = BM25Index.from_postings(postings, vocabulary, options.analyzer, options.bm25)
     bm25.save(tmp / store.BM25_DIR)
     postings.save(tmp)  # BM25 with live statistics after writes

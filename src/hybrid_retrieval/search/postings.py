@@ -111,3 +111,36 @@ class PostingsBuilder:
         indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
         tfs = np.frombuffer(self._tfs, dtype=np.int32)[order] if len(self._tfs) else np.empty(0, np.int32)
         return Postings(indptr, entry_docs[order], tfs, lengths.astype(np.int32)), {t: i for i, t in enumerate(terms)}
+
+
+def merged_postings(
+    base: Postings,
+    base_vocabulary: dict[str, int],
+    keep: np.ndarray,
+    added: list[tuple[np.ndarray, np.ndarray, int]],
+    added_terms: list[str],
+) -> tuple[Postings, dict[str, int]]:
+    """The postings of the `keep` documents of `base` followed by the `added` ones ((term ids into `added_terms`,
+    their frequencies, length) each), over the terms they hold: what PostingsBuilder makes of the same documents
+    analysed again (a compaction merges, it does not analyse a collection twice)."""
+    renumber = np.cumsum(keep) - 1  # a kept base document's number in the merge
+    held = keep[base.docs]
+    base_terms, base_docs, base_tfs = base.entry_terms()[held], renumber[base.docs[held]], base.tfs[held]
+    counts = np.array([len(term_ids) for term_ids, _, _ in added], dtype=np.int64)
+    added_ids = np.concatenate([t for t, _, _ in added]).astype(np.int64) if added else np.empty(0, np.int64)
+    added_docs = np.repeat(np.arange(len(added), dtype=np.int64) + int(keep.sum()), counts)
+    by_base_id = sorted(base_vocabulary, key=base_vocabulary.__getitem__)
+    present = {by_base_id[t] for t in np.unique(base_terms).tolist()} | {added_terms[t] for t in np.unique(added_ids).tolist()}
+    terms = sorted(present)
+    if "" not in present:
+        terms.append("")
+    vocabulary = {t: i for i, t in enumerate(terms)}
+    base_map = np.array([vocabulary.get(t, -1) for t in by_base_id], dtype=np.int64)
+    added_map = np.array([vocabulary.get(t, -1) for t in added_terms], dtype=np.int64)
+    entry_terms = np.concatenate([base_map[base_terms], added_map[added_ids]])
+    order = np.argsort(entry_terms, kind="stable")  # by term; base documents (ascending) before added ones (in order)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
+    docs = np.concatenate([base_docs, added_docs]).astype(np.int32)[order]
+    tfs = np.concatenate([base_tfs, np.concatenate([f for _, f, _ in added]) if added else np.empty(0)]).astype(np.int32)[order]
+    lengths = np.concatenate([base.lengths[keep], np.array([n for _, _, n in added], dtype=np.int64)]).astype(np.int32)
+    return Postings(indptr, docs, tfs, lengths), vocabulary

@@ -23,6 +23,7 @@ from hybrid_retrieval.indexer.representation import VectorSource
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
+from hybrid_retrieval.search.postings import Postings, merged_postings
 from hybrid_retrieval.search.segments import LiveDocument
 
 OnCompact = Callable[[ReadView, Manifest, Path], None]  # what else goes into the new base folder before its manifest
@@ -53,12 +54,22 @@ def build_compacted(
         vectors=VectorSource(documents=vectors, passages=index.representation.carried(index.passages, state.base_alive, state.live)),
         collection=True,
         checkpoint=checkpoint,
+        analysed=merged_terms(state),
     )
     checkpoint()
     _carry_over(state, manifest, folder, vectors)
     if on_compact is not None:
         on_compact(state, manifest, folder)
     write_manifest(folder, manifest)
+
+
+def merged_terms(state: ReadView) -> tuple[Postings, dict[str, int]]:
+    """The postings of current_corpus's documents, merged from the base's (its alive documents) and the live
+    segment's: the documents' terms as a fresh analysis gives them, without analysing the collection again."""
+    live = state.live
+    by_id = sorted(live.vocabulary, key=live.vocabulary.__getitem__)
+    written = [(doc.term_ids, doc.tfs, doc.length) for doc in live.docs]
+    return merged_postings(state.index.postings, state.index.bm25.vocabulary, state.base_alive, written, by_id)
 
 
 def link_log(path: Path, folder: Path) -> None:
