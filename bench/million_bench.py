@@ -7,8 +7,9 @@ each size, side by side in one run:
   BM25: the index built from the analysed haystack (search.bm25, the bytes it holds a document); top-10 and top-100
   p50 of the exhaustive scorer (every posting of every query term summed) against MaxScore (search.maxscore),
   interleaved query by query over the test queries and 1,000 generated ones, unfiltered and with a 1%-selective
-  filter; every pruned ranking checked identical to the exhaustive one (ids, scores, order); the test queries'
-  nDCG@10 and Recall@100. Each cost's growth is the exponent of a power law fitted over the sizes.
+  filter, and as served (search.bm25.worth_pruning picks one of the two); every pruned ranking checked identical to
+  the exhaustive one (ids, scores, order); the test queries' nDCG@10 and Recall@100. Each cost's growth is the
+  exponent of a power law fitted over the sizes.
 
   Compressed vectors: the dataset's untuned index searched with its vectors as flat, sq8 and hnsw_sq8 indexes
   (8-bit codes, candidates rescored from the stored vectors): bytes a vector in memory, the dense leg's recall@10
@@ -74,7 +75,8 @@ def bm25_at_size(index: BM25Index, queries: list[str], test: dict[str, str], qre
         for label, allowed in (("", None), (", 1% filter", selective)):
             exhaustive = lambda q, d=depth, a=allowed: index.ranking_from_scores(index.scores(q), d, a)
             pruned = lambda q, d=depth, a=allowed: index.leg(q, d, a, prune=True)[0]
-            times = interleaved({"exhaustive": exhaustive, "maxscore": pruned}, queries)
+            served = lambda q, d=depth, a=allowed: index.leg(q, d, a)[0]  # search.bm25.worth_pruning chooses
+            times = interleaved({"exhaustive": exhaustive, "maxscore": pruned, "served": served}, queries)
             differing += sum(not identical(exhaustive(q), pruned(q)) for q in queries)
             row[f"top-{depth}{label}"] = {name: percentiles(t) for name, t in times.items()}
     run = {}
@@ -114,7 +116,7 @@ def _bm25(ctx) -> list[Table]:
 def _tables(results: dict, sizes: tuple[int, ...], queries: int, analyse_s: float, haystack: Haystack) -> list[Table]:
     latency_rows = []
     for key in results[sizes[0]]["latency"]:
-        for name in ("exhaustive", "maxscore"):
+        for name in ("exhaustive", "maxscore", "served"):
             p50s = [results[s]["latency"][key][name]["p50_ms"] for s in sizes]
             latency_rows.append(
                 {

@@ -31,7 +31,11 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-PRUNE_FROM = 200_000  # documents from which MaxScore beats summing every posting (docs/BENCHMARKS.md "A million documents")
+# MaxScore beats summing every posting from about this many documents a result asked for, and when a filter admits at
+# least PRUNE_ADMITTED of them (docs/BENCHMARKS.md, "A million documents": top 10 from 100k documents, top 100 from 1M;
+# a 1% filter leaves MaxScore few documents to raise its threshold with, while the sum then ranks only the admitted)
+PRUNE_DOCS_PER_RESULT = 10_000
+PRUNE_ADMITTED = 0.25
 TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
 ScoreOf = Callable[[np.ndarray], np.ndarray]  # a query's scores of given (ascending) documents
 
@@ -53,6 +57,11 @@ class BM25Params:
         return asdict(self)
 
 
+def worth_pruning(num_docs: int, depth: int, allowed: Allowed | None) -> bool:
+    """Whether MaxScore is expected to beat summing every posting for a top-`depth` among `allowed` (None: all)."""
+    return num_docs >= PRUNE_DOCS_PER_RESULT * depth and (allowed is None or allowed.fraction >= PRUNE_ADMITTED)
+
+
 class BM25Index:
     """Sparse precomputed BM25 scores over analysed documents."""
 
@@ -67,7 +76,7 @@ class BM25Index:
         # terms), nor bm25l/bm25+, which give every document a non-occurrence score
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
         self._bound = functools.lru_cache(maxsize=TERM_CACHE)(self._largest_score)
-        if self.prunable and self.num_docs >= PRUNE_FROM:
+        if self.prunable and worth_pruning(self.num_docs, 1, None):
             maxscore.warm()
 
     @classmethod
@@ -184,8 +193,8 @@ class BM25Index:
 
     def leg(self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
-        `prune`: by MaxScore (search.maxscore) or every posting summed; None: MaxScore from PRUNE_FROM documents."""
-        if not self.prunable or not (self.num_docs >= PRUNE_FROM if prune is None else prune):
+        `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says."""
+        if not self.prunable or not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
             scores = self.scores(query)
             return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
         lists, dtype = self.posting_lists(query), np.dtype(self._engine.dtype)

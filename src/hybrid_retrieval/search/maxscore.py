@@ -139,7 +139,7 @@ def _maxscore(source, scales, bounds, depth, allowed, zero, theta, margin):
     cursor = starts.copy()
     contribution = np.zeros(n, dtype=zero.dtype)  # the current document's, list by list
     heap_docs, heap_scores = np.empty(depth, dtype=np.int64), np.empty(depth, dtype=zero.dtype)
-    size, floor, essential = 0, theta - margin * abs(theta), 0
+    size, last, floor, essential = 0, 0, theta - margin * abs(theta), 0
     while essential < n and prefix[essential + 1] < floor:
         essential += 1
     while True:
@@ -153,11 +153,13 @@ def _maxscore(source, scales, bounds, depth, allowed, zero, theta, margin):
         score = zero[0]
         for i in range(n):  # in query order, as the exhaustive scorer adds
             score += contribution[i]
-        if score == 0 or not _offer(heap_docs, heap_scores, size, doc, score):
+        if score == 0 or not _offer(heap_docs, heap_scores, size, last, doc, score):
             continue
         size = min(size + 1, depth)
-        if size == depth and heap_scores[_last(heap_docs, heap_scores, size)] > theta:
-            theta = heap_scores[_last(heap_docs, heap_scores, size)]
+        if size == depth:  # the entry that ranks last moves only when one comes in
+            last = _last(heap_docs, heap_scores, size)
+        if size == depth and heap_scores[last] > theta:
+            theta = heap_scores[last]
             floor = theta - margin * abs(theta)
             while essential < n and prefix[essential + 1] < floor:
                 essential += 1
@@ -206,12 +208,12 @@ def _probe_rest(source, scales, order, essential, prefix, cursor, contribution, 
 
 
 @numba.njit(cache=True, nogil=True)
-def _offer(heap_docs, heap_scores, size, doc, score):
-    """Put `doc` in the heap (of `size` entries, room for len(heap_docs)) if it ranks in: whether it did."""
+def _offer(heap_docs, heap_scores, size, last, doc, score):
+    """Put `doc` in the heap (of `size` entries, room for len(heap_docs); `last`: the one that ranks last when it is
+    full) if it ranks in: whether it did."""
     if size < len(heap_docs):
         heap_docs[size], heap_scores[size] = doc, score
         return True
-    last = _last(heap_docs, heap_scores, size)
     if score <= heap_scores[last]:  # equal: the lower document, already in, stays
         return False
     heap_docs[last], heap_scores[last] = doc, score

@@ -22,7 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.search.bm25 import PRUNE_FROM, BM25Index, BM25Params, ScoreOf
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, ScoreOf, worth_pruning
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
@@ -219,7 +219,7 @@ class LiveBM25:
     ) -> tuple[Ranking, ScoreOf]:
         """As BM25Index.leg, over both segments."""
         lists, dtype = self.posting_lists(query, statistics), np.dtype(np.float64)
-        if not (self.num_docs >= PRUNE_FROM if prune is None else prune):
+        if not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
             scores = exhaustive_scores(lists, self.num_docs, dtype)
             return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
