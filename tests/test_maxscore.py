@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search import maxscore
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.filters.language import Allowed
@@ -42,15 +43,29 @@ def posting_lists(draw):
     return num_docs, lists
 
 
-@given(posting_lists(), st.integers(1, 20), st.data())
+@pytest.fixture(scope="module", autouse=True)
+def always_walk():
+    """The compiled walk for every query here, however many postings it would read (tests choose the other path
+    themselves)."""
+    saved, maxscore.WALK_LIMIT = maxscore.WALK_LIMIT, 1.0
+    yield
+    maxscore.WALK_LIMIT = saved
+
+
+@given(posting_lists(), st.integers(1, 20), st.sampled_from([1.0, 0.0]), st.data())
 @settings(max_examples=400, deadline=None)
-def test_pruned_top_k_equals_the_exhaustive_top_k(case, depth, data):
+def test_pruned_top_k_equals_the_exhaustive_top_k(case, depth, walk_limit, data):
     num_docs, lists = case
     allowed = None
     if data.draw(st.booleans()):
         allowed = Allowed(np.array(data.draw(st.lists(st.booleans(), min_size=num_docs, max_size=num_docs)), dtype=bool))
     scores = exhaustive_scores(lists, num_docs, np.dtype(np.float64))
-    assert_same(top_k_pruned(lists, depth, num_docs, np.dtype(np.float64), allowed), reference(scores, depth, allowed))
+    saved, maxscore.WALK_LIMIT = maxscore.WALK_LIMIT, walk_limit  # 1: the walk; 0: the sum it falls back to
+    try:
+        pruned = top_k_pruned(lists, depth, num_docs, np.dtype(np.float64), allowed)
+    finally:
+        maxscore.WALK_LIMIT = saved
+    assert_same(pruned, reference(scores, depth, allowed))
     ids = np.flatnonzero(np.arange(num_docs) % 3 == 0)
     np.testing.assert_array_equal(score_documents(lists, ids, np.dtype(np.float64)), scores[ids])
 

@@ -23,9 +23,9 @@ from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search import maxscore
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.maxscore import PostingList, score_documents, top_k_pruned
+from hybrid_retrieval.search.maxscore import PostingList, score_documents, top_k_pruned, top_matches
 from hybrid_retrieval.search.postings import Postings
-from hybrid_retrieval.search.ranking import Ranking, top_k
+from hybrid_retrieval.search.ranking import Ranking
 
 logger = logging.getLogger(__name__)
 
@@ -204,12 +204,7 @@ class BM25Index:
         """Top-`depth` documents that match at least one query term (and the filter, if any)."""
         return self.leg(query, depth, allowed)[0]
 
-    @staticmethod
-    def ranking_from_scores(scores: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
-        # A document that shares no term with the query scores exactly 0 and is not a match.
-        if allowed is None:
-            return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
-        return top_k(scores, depth, candidates=allowed.ids[scores[allowed.ids] != 0])
+    ranking_from_scores = staticmethod(top_matches)  # a document that shares no term with the query scores 0: no match
 
 
 class ReferenceBM25:

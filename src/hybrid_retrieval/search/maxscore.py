@@ -29,9 +29,10 @@ import numba
 import numpy as np
 
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.ranking import Ranking, top_k
 
 SEED_POOL = 16  # theta's first value: the exact scores of this many times k of the rarest lists' best entries
+WALK_LIMIT = 0.5  # above this share of the postings essential at the seed, the exhaustive sum runs instead
 MARGIN = 1e-5  # relative: bounds summed in float64 against scores summed in the scorer's dtype
 _NO_FILTER = np.ones(0, dtype=np.bool_)
 
@@ -93,9 +94,29 @@ def top_k_pruned(lists: list[PostingList], depth: int, num_docs: int, dtype: np.
     bounds = np.array([p.bound for p in lists], dtype=np.float64)
     mask = _NO_FILTER if allowed is None else allowed.mask
     theta = _theta_seed(lists, depth, dtype, allowed)
+    if _essential_share(lists, theta) > WALK_LIMIT:  # the walk would read most postings: the vectorised sum is faster
+        return top_matches(exhaustive_scores(lists, num_docs, dtype), depth, allowed)
     found, scores = _maxscore((docs, values, starts, ends), scales, bounds, depth, mask, np.zeros(1, dtype=dtype), theta, MARGIN)
     ranked = np.lexsort((found, -scores))
     return Ranking(found[ranked], scores[ranked])
+
+
+def top_matches(scores: np.ndarray, depth: int, allowed: Allowed | None = None) -> Ranking:
+    """The top `depth` of the documents that match (a non-zero score) and are allowed."""
+    if allowed is None:
+        return top_k(scores, depth, candidates=np.flatnonzero(scores != 0))
+    return top_k(scores, depth, candidates=allowed.ids[scores[allowed.ids] != 0])
+
+
+def _essential_share(lists: list[PostingList], theta: float) -> float:
+    """The share of the postings in the lists theta leaves essential (the walk reads them whole)."""
+    by_bound = sorted(lists, key=lambda p: p.bound)
+    floor, summed, total = theta - MARGIN * abs(theta), 0.0, sum(len(p.docs) for p in lists)
+    for k, posting in enumerate(by_bound):
+        summed += posting.bound
+        if summed >= floor:
+            return sum(len(p.docs) for p in by_bound[k:]) / max(1, total)
+    return 0.0
 
 
 def warm() -> None:
