@@ -141,7 +141,7 @@ def _tables(results: dict, sizes: tuple[int, ...], queries: int, analyse_s: floa
         for s in sizes
     ]
     note = (
-        f"{queries} queries (the test split's and generated ones), one at a time on one thread, the two scorers interleaved "
+        f"{queries} queries (the test split's and generated ones), one at a time on one thread, the scorers interleaved "
         f"query by query; the haystack's {haystack.vocabulary_size:,}-word vocabulary, analysis of all "
         f"{sizes[-1]:,} documents took {analyse_s:.0f} s."
     )
