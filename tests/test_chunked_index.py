@@ -319,7 +319,7 @@ def test_bm25_on_passages_scores_each_document_by_its_best_passage(chunked, tiny
     for row, (start, end) in zip(passages.rows.tolist(), passages.spans.tolist()):
         doc = chunked.docs.get(row)
         texts.append(indexed_text(doc["title"], doc["text"][start:end]))
-    reference = BM25Index.build([chunked.analyzer.analyze(t) for t in texts], chunked.analyzer, chunked.manifest.bm25)  # bm25s
+    reference = BM25Index.build([chunked.analyzer.analyze(t) for t in texts], chunked.analyzer, chunked.manifest.bm25)  # bm25s's scores
     scores = reference.scores(query)
     hit = np.flatnonzero(scores)
     docs, best = aggregate(scores[hit], passages.rows[hit], PassageSpec())
