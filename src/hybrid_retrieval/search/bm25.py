@@ -12,7 +12,7 @@ import functools
 import json
 import logging
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search import maxscore
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.maxscore import PostingList, score_documents, top_k_pruned, top_matches
+from hybrid_retrieval.search.maxscore import PostingList, ScoreOf, exhaustive_leg, score_documents, top_k_pruned, top_matches
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking
 
@@ -31,13 +31,13 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-# MaxScore beats summing every posting from about this many documents a result asked for, and when a filter admits at
-# least PRUNE_ADMITTED of them (docs/BENCHMARKS.md, "A million documents": top 10 from 100k documents, top 100 from 1M;
-# a 1% filter leaves MaxScore few documents to raise its threshold with, while the sum then ranks only the admitted)
+# MaxScore beats summing every posting from about this many documents a result asked for (docs/BENCHMARKS.md, "A million
+# documents": top 10 from 100k documents, top 100 from 1M). A 1% filter leaves it few documents to raise its threshold
+# with (3.6 times slower at 1M) while the sum then ranks only the admitted; between 1% and no filter nothing was
+# measured, so a filter must admit a quarter of the documents: a cautious cut, not a measured crossover
 PRUNE_DOCS_PER_RESULT = 10_000
 PRUNE_ADMITTED = 0.25
 TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
-ScoreOf = Callable[[np.ndarray], np.ndarray]  # a query's scores of given (ascending) documents
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,6 @@ class BM25Index:
         # terms), nor bm25l/bm25+, which give every document a non-occurrence score
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
         self._bound = functools.lru_cache(maxsize=TERM_CACHE)(self._largest_score)
-        if self.prunable and worth_pruning(self.num_docs, 1, None):
-            maxscore.warm()
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
@@ -149,7 +147,10 @@ class BM25Index:
                 f"{folder}: its terms were made by another analyzer than the manifest names (differs in {', '.join(changed)}); "
                 "queries would not match them: rebuild the index with the analyzer you want"
             )
-        return cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
+        index = cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
+        if index.prunable and worth_pruning(index.num_docs, 1, None):
+            maxscore.warm()  # at open, so that no search waits for the kernel
+        return index
 
     @property
     def engine(self) -> Any:
@@ -195,8 +196,7 @@ class BM25Index:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
         `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says."""
         if not self.prunable or not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
-            scores = self.scores(query)
-            return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
+            return exhaustive_leg(self.scores(query), depth, allowed)
         lists, dtype = self.posting_lists(query), np.dtype(self._engine.dtype)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 

@@ -23,6 +23,7 @@ The loop runs compiled (numba; `cache=True` keeps the machine code beside this m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba
@@ -35,6 +36,7 @@ SEED_POOL = 16  # theta's first value: the exact scores of this many times k of 
 WALK_LIMIT = 0.5  # above this share of the postings essential at the seed, the exhaustive sum runs instead
 MARGIN = 1e-5  # relative: bounds summed in float64 against scores summed in the scorer's dtype
 _NO_FILTER = np.ones(0, dtype=np.bool_)
+ScoreOf = Callable[[np.ndarray], np.ndarray]  # a query's scores of given (ascending) documents
 
 
 @dataclass(frozen=True)
@@ -123,9 +125,14 @@ def warm() -> None:
     """Compile (or load from numba's cache) the kernel for the lists an index serves: an index's score matrix
     (int32 documents, float32 scores) and a live collection's lists end to end (int64, float64), so that no search
     waits for it."""
-    for docs, values in ((np.array([0], np.int32), np.array([1.0], np.float32)), (np.array([0], np.int64), np.array([1.0]))):
-        top_k_pruned([PostingList(docs, values, 1.0, within=(docs, values))], 1, 1, values.dtype)
-        top_k_pruned([PostingList(docs, values, 1.0)], 1, 1, values.dtype)
+    docs, values = np.array([0], np.int32), np.array([1.0], np.float32)
+    top_k_pruned([PostingList(docs, values, 1.0, within=(docs, values))], 1, 1, values.dtype)
+    top_k_pruned([PostingList(docs, np.array([1.0]), 1.0)], 1, 1, np.dtype(np.float64))
+
+
+def exhaustive_leg(scores: np.ndarray, depth: int, allowed: Allowed | None) -> tuple[Ranking, ScoreOf]:
+    """A BM25 leg from every document's scores: the top `depth` matches, and the score of any documents."""
+    return top_matches(scores, depth, allowed), scores.__getitem__
 
 
 def _theta_seed(lists: list[PostingList], depth: int, dtype: np.dtype, allowed: Allowed | None) -> float:
@@ -134,9 +141,11 @@ def _theta_seed(lists: list[PostingList], depth: int, dtype: np.dtype, allowed: 
     of the rarest lists (the highest bounds), the documents most likely to rank first."""
     pool: list[np.ndarray] = []
     for posting in sorted(lists, key=lambda p: -p.bound):
-        docs = posting.docs if allowed is None else posting.docs[allowed.mask[posting.docs]]
+        docs, values = posting.docs, posting.values
+        if allowed is not None:
+            admitted = allowed.mask[docs]
+            docs, values = docs[admitted], values[admitted]
         if len(docs) > SEED_POOL * depth:
-            values = posting.values if allowed is None else posting.values[allowed.mask[posting.docs]]
             docs = docs[np.argpartition(-values, SEED_POOL * depth - 1)[: SEED_POOL * depth]]
         pool.append(docs)
         if sum(map(len, pool)) >= depth:

@@ -99,11 +99,10 @@ class PostingsBuilder:
         (term ids that do not depend on the order documents came in), then "" unless a document had it (bm25s's
         vocabulary always holds "": search.bm25)."""
         terms = sorted(self._vocabulary)
-        if "" not in self._vocabulary:
-            self._vocabulary[""] = len(self._vocabulary)
-            terms.append("")
         new_id = np.empty(len(terms), dtype=np.int32)
         new_id[[self._vocabulary[t] for t in terms]] = np.arange(len(terms), dtype=np.int32)
+        if "" not in self._vocabulary:
+            terms.append("")
         entry_terms = new_id[np.frombuffer(self._terms, dtype=np.int32)] if len(self._terms) else np.empty(0, np.int32)
         lengths = np.frombuffer(self._lengths, dtype=np.int64)
         entry_docs = np.repeat(np.arange(len(lengths), dtype=np.int32), np.frombuffer(self._distinct, dtype=np.int64))

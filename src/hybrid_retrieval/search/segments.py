@@ -22,11 +22,11 @@ from typing import Any, cast
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, ScoreOf, worth_pruning
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, worth_pruning
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.maxscore import PostingList, exhaustive_scores, score_documents, top_k_pruned
+from hybrid_retrieval.search.maxscore import PostingList, ScoreOf, exhaustive_leg, exhaustive_scores, score_documents, top_k_pruned
 from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
@@ -200,8 +200,7 @@ class LiveBM25:
                 lists.append(PostingList(docs, weights, idf * largest, idf))
             if len(live_idx):
                 weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
-                docs = (self.base_docs + live_idx).astype(np.int32)  # as the base's (search.maxscore takes one type)
-                lists.append(PostingList(docs, weights, idf * float(weights.max()), idf))
+                lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf))
         return lists
 
     def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
@@ -220,8 +219,7 @@ class LiveBM25:
         """As BM25Index.leg, over both segments."""
         lists, dtype = self.posting_lists(query, statistics), np.dtype(np.float64)
         if not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
-            scores = exhaustive_scores(lists, self.num_docs, dtype)
-            return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
+            return exhaustive_leg(exhaustive_scores(lists, self.num_docs, dtype), depth, allowed)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 
     def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
@@ -240,8 +238,6 @@ class LiveBM25:
         weights = tfs / (tfs + self._norms(avgdl)[0][docs])
         return docs, weights, float(weights.max(initial=0.0))
 
-    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
-
     def with_statistics(self, statistics: CorpusStatistics) -> CorpusScoredBM25:
         return CorpusScoredBM25(self, statistics)
 
@@ -257,8 +253,6 @@ class CorpusScoredBM25:
 
     def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
         return self.bm25.leg(query, depth, allowed, self.statistics)
-
-    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
 
 
 class LiveVectors:
@@ -375,10 +369,7 @@ class PassageBM25:
 
     def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
         """Exhaustive: a document's best passage is a maximum, which MaxScore's sums do not bound."""
-        scores = self.scores(query)
-        return self.ranking_from_scores(scores, depth, allowed), lambda ids: scores[ids]
-
-    ranking_from_scores = staticmethod(BM25Index.ranking_from_scores)
+        return exhaustive_leg(self.scores(query), depth, allowed)
 
 
 def live_passages(base: PassageIndex, live: LiveSegment, terms: LiveSegment, base_alive: np.ndarray) -> PassageIndex:
