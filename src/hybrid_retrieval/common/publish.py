@@ -288,6 +288,22 @@ def write_atomic(path: Path | str, data: bytes | str, *, mode: int = 0o644) -> N
 
 TEMPORARY_SUFFIX = ".tmp"
 
+# The errors that say "this filesystem cannot link these two paths"; anything else (a missing source, a full disk) is
+# a real failure.
+_CANNOT_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
+def link_or_copy(source: str | Path, target: str | Path) -> None:
+    """Hard-link a file that is never changed in place (every writer here replaces files whole), copying it where
+    the filesystem cannot link; a `shutil.copytree` copy_function. Folders of one model or one index then share the
+    bytes on disk."""
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_LINK:
+            raise
+        shutil.copy2(source, target)
+
 
 def sweep_temporary(folder: Path | str) -> list[Path]:
     """Remove the temporary files of write_atomic that killed writers left in `folder` (those no process holds);

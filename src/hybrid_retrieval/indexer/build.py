@@ -27,7 +27,7 @@ import onnxruntime
 from hybrid_retrieval.common.devices import check_device
 from hybrid_retrieval.common.errors import ConfigError, HybridError
 from hybrid_retrieval.common.progress import progress_bar
-from hybrid_retrieval.common.publish import publish_dir
+from hybrid_retrieval.common.publish import link_or_copy, publish_dir
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.chunking import (
     ChunkingParams,
@@ -102,14 +102,6 @@ class BuildOptions:
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
         Synonyms(list(self.synonyms), self.analyzer.analyze)  # refused here, naming the rule, not after the build
-
-
-def _link_or_copy(source: str, target: str) -> None:
-    """Model files are never changed in place: collections of one model share them by hard links where they can."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
 
 
 def _versions(analyzer: Analyzer) -> dict:
@@ -249,7 +241,7 @@ def build_into(  # noqa: PLR0913
     timings["faiss_s"] = time.perf_counter() - t
 
     if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)
-        shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=_link_or_copy)
+        shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=link_or_copy)
     manifest = _manifest(tmp, source, options, embedder_spec, len(document_vectors), bm25.vocabulary_size, passage_count, metadata.fields)
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},

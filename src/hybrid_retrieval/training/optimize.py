@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError, HybridError
-from hybrid_retrieval.common.publish import publish_dir, write_atomic
+from hybrid_retrieval.common.publish import link_or_copy, publish_dir, write_atomic
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
 from hybrid_retrieval.indexer.reembed import reembed
@@ -278,16 +278,13 @@ def copy_index(source: Path, target: Path) -> None:
     """A working copy of an index folder: immutable files hard-linked (every writer replaces files whole), the live
     log copied (it is appended in place), this module's work folder left out."""
 
-    def link_or_copy(src: str, dst: str) -> None:
+    def link_or_copy_file(src: str, dst: str) -> None:
         if Path(src).name == WAL_FILE:
             shutil.copy2(src, dst)
         else:
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
+            link_or_copy(src, dst)
 
-    shutil.copytree(source, target, copy_function=link_or_copy, ignore=lambda folder, names: [WORK] if Path(folder) == source else [])
+    shutil.copytree(source, target, copy_function=link_or_copy_file, ignore=lambda folder, names: [WORK] if Path(folder) == source else [])
 
 
 def install_reranker(model: Path, index_dir: Path) -> None:

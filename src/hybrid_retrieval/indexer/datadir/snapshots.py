@@ -34,7 +34,6 @@ archive is then written from the links with nothing held.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import hashlib
 import hmac
@@ -55,7 +54,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, cast
 
 from hybrid_retrieval.common.errors import BadSnapshot, ConfigError, HybridError, SnapshotNotFound, StorageError
-from hybrid_retrieval.common.publish import fsync_path, in_use, scratch_dir
+from hybrid_retrieval.common.publish import fsync_path, in_use, link_or_copy, scratch_dir
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE, log_path
@@ -122,12 +121,7 @@ def stage(folder: Path, staging: Path, model: str = "reference") -> None:
 
 def _link(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, target)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        shutil.copy2(source, target)
+    link_or_copy(source, target)
 
 
 def finish_log(staging: Path, length: int | None = None, expected_seq: int | None = None) -> int:

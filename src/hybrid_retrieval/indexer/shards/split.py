@@ -16,7 +16,7 @@ import faiss
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError, HybridError
-from hybrid_retrieval.common.publish import publish_dir, write_atomic
+from hybrid_retrieval.common.publish import link_or_copy, publish_dir, write_atomic
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.collection import current_view
@@ -69,7 +69,8 @@ def split_index(source: Path | str, out: Path | str, shards: int, verify: str = 
                     {"folder": shard_folder(i), "documents": len(positions), "positions_sha256": store.sha256_file(folder / POSITIONS)}
                 )
                 logger.info("shard %d of %d: %d documents", i + 1, shards, len(positions))
-            shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR)  # what the coordinator embeds queries with
+            # what the coordinator embeds queries with
+            shutil.copytree(index.path / store.MODEL_DIR, tmp / store.MODEL_DIR, copy_function=link_or_copy)
             info = {
                 "format": SHARDS_FORMAT,
                 "format_version": SHARDS_FORMAT_VERSION,
@@ -142,7 +143,7 @@ def _write_shard(
     vectors = np.ascontiguousarray(index.embeddings[positions], dtype=np.float32)
     np.save(folder / store.EMBEDDINGS, vectors)
     faiss.write_index(build_faiss_index(vectors, manifest.faiss.params, "cpu"), str(folder / store.FAISS_FILE))
-    shutil.copytree(index.path / store.MODEL_DIR, folder / store.MODEL_DIR)
+    shutil.copytree(index.path / store.MODEL_DIR, folder / store.MODEL_DIR, copy_function=link_or_copy)
     if index.metadata is not None:
         index.metadata.take(positions).save(folder)
     if index.hubness is not None and manifest.hubness is not None:  # loaded together (indexer.store)
