@@ -1,5 +1,7 @@
 import pytest
+import Stemmer
 
+from hybrid_retrieval.search import analyzer as analyzer_module
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 
 
@@ -16,6 +18,16 @@ def test_single_characters_are_terms_and_english_stems_with_porter():
 def test_an_index_built_with_the_earlier_defaults_keeps_its_terms():
     earlier = Analyzer.from_dict({**Analyzer().to_dict(), "stemmer": "english", "token_pattern": r"(?u)\b\w\w+\b"})
     assert earlier.analyze("a b c vitamin d, dying generously") == ["vitamin", "die", "generous"]
+
+
+@pytest.mark.parametrize("remembered", [0, 3, 10_000])
+def test_remembered_stems_are_snowballs_whether_or_not_the_memory_is_full(monkeypatch, remembered):
+    monkeypatch.setattr(analyzer_module, "STEM_CACHE_WORDS", remembered)
+    words = "running runs runner studies studying ran running generously studies dying dying".split()
+    analyzer = Analyzer(stopwords="none")
+    snowball = Stemmer.Stemmer("porter").stemWords
+    for batch in (words, words[::-1], words[3:] + ["novel", "running"], []):
+        assert analyzer.analyze(" ".join(batch)) == snowball(batch)
 
 
 def test_plain_analyzer_keeps_everything_but_case():

@@ -110,6 +110,28 @@ def _fold(text: str) -> str:
     return unicodedata.normalize("NFC", "".join(c for c in decomposed if not unicodedata.combining(c)))
 
 
+STEM_CACHE_WORDS = 200_000  # distinct words whose stems an analyzer remembers (tens of MB at most)
+
+
+def _remembering(stem_words: Callable[[list[str]], list[str]]) -> Callable[[list[str]], list[str]]:
+    """`stem_words` with the stems of the first STEM_CACHE_WORDS distinct words remembered: a corpus repeats its
+    words, and a dictionary lookup costs a fraction of Snowball's stemming (which was half of analysing a document)."""
+    known: dict[str, str] = {}
+
+    def stem(words: list[str]) -> list[str]:
+        try:
+            return [known[word] for word in words]
+        except KeyError:
+            pass
+        new = list(dict.fromkeys(word for word in words if word not in known))
+        stems = dict(zip(new, stem_words(new), strict=True))
+        if len(known) < STEM_CACHE_WORDS:
+            known.update(stems)
+        return [stems[word] if word in stems else known[word] for word in words]
+
+    return stem
+
+
 @dataclass(frozen=True)
 class Analyzer:
     lowercase: bool = True
@@ -181,8 +203,7 @@ class Analyzer:
             return None
         import Stemmer
 
-        stem: Callable[[list[str]], list[str]] = Stemmer.Stemmer(self.stemmer).stemWords
-        return stem
+        return _remembering(Stemmer.Stemmer(self.stemmer).stemWords)
 
     def analyze(self, text: str) -> list[str]:
         """The terms BM25 indexes for a text (a document's, or a query's before synonyms)."""
@@ -220,7 +241,7 @@ class Analyzer:
 
     def _stretches(self, text: str) -> Iterator[tuple[int, str, bool]]:
         """(offset, stretch, is a CJK run) covering the text in order."""
-        if self.cjk == "none":
+        if self.cjk == "none" or text.isascii():  # isascii: a fast C scan, where most texts need no regex search
             yield 0, text, False
             return
         at = 0
