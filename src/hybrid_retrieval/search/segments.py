@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -24,8 +24,9 @@ import numpy as np
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, worth_pruning
 from hybrid_retrieval.search.dense import DenseIndex
-from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataColumns, ValueColumn
+from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataCollector, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.maxscore import PostingList, ScoreOf, exhaustive_leg, exhaustive_scores, score_documents, top_k_pruned
 from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.postings import Postings
@@ -83,26 +84,108 @@ _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
 TERM_WEIGHT_CACHE = 16_384  # terms whose base weights a snapshot keeps
 
 
-class LiveSegment:
-    """Immutable arrays over a list of live documents: term postings (by term id, CSC), lengths, vectors. Built in
-    a few vectorised passes: a refresh rebuilds it while writes wait."""
+_ColumnsKey = tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]  # field types, the base's fields
 
-    def __init__(self, docs: list[LiveDocument], dimension: int, vocabulary: dict[str, int]):
-        self.docs, self.vocabulary = docs, vocabulary  # the vocabulary only grows: terms added later have no postings here
-        self.lengths = np.array([d.length for d in docs], dtype=np.int64)
-        self.vectors = np.stack([d.vector for d in docs]).astype(np.float32) if docs else np.empty((0, dimension), np.float32)
+
+class _Rows:
+    """Rows appended to a buffer that grows by doubling: a segment reads its first `n` rows, which never change, so a
+    segment extended from it shares the buffer instead of copying every row at each refresh."""
+
+    def __init__(self, rows: np.ndarray):
+        self.buffer, self.length = rows, len(rows)
+
+    def append(self, rows: np.ndarray) -> np.ndarray:
+        """`rows` after the ones so far; all of them (a view of the buffer)."""
+        end = self.length + len(rows)
+        if end > len(self.buffer):
+            grown = np.empty((max(end, 2 * len(self.buffer), 64), *self.buffer.shape[1:]), dtype=self.buffer.dtype)
+            grown[: self.length] = self.buffer[: self.length]
+            self.buffer = grown  # the segments that read the old buffer keep it
+        self.buffer[self.length : end] = rows
+        self.length = end
+        return self.buffer[:end]
+
+
+@dataclass(frozen=True)
+class _TermChunk:
+    """The postings of documents [first, first + count) of a segment, by term id (CSC: indptr over the vocabulary
+    as it was when the chunk was made; later terms have no entries here)."""
+
+    first: int
+    count: int
+    indptr: np.ndarray
+    docs: np.ndarray  # segment positions
+    tfs: np.ndarray
+
+    @classmethod
+    def of(cls, docs: list[LiveDocument], first: int, vocabulary_size: int) -> _TermChunk:
         term_ids = np.concatenate([d.term_ids for d in docs]) if docs else np.empty(0, np.int64)
         tfs = np.concatenate([d.tfs for d in docs]) if docs else np.empty(0, np.int64)
-        doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), [len(d.term_ids) for d in docs])
+        doc_of = np.repeat(np.arange(first, first + len(docs), dtype=np.int64), [len(d.term_ids) for d in docs])
         order = np.argsort(term_ids, kind="stable")  # by term, then document
-        self._docs, self._tfs = doc_of[order], tfs[order]
-        self._indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=len(vocabulary)))])
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=vocabulary_size))])
+        return cls(first, len(docs), indptr, doc_of[order], tfs[order])
+
+    def merged(self, after: _TermChunk) -> _TermChunk:
+        """This chunk and the one of the documents right after it, as one."""
+        terms = max(len(self.indptr), len(after.indptr)) - 1
+        term_ids = np.concatenate([_term_of_entries(self.indptr), _term_of_entries(after.indptr)])
+        order = np.argsort(term_ids, kind="stable")  # two sorted runs: merged in linear time; by term, then document
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=terms))])
+        docs, tfs = np.concatenate([self.docs, after.docs])[order], np.concatenate([self.tfs, after.tfs])[order]
+        return _TermChunk(self.first, self.count + after.count, indptr, docs, tfs)
+
+    def postings(self, term_id: int) -> tuple[np.ndarray, np.ndarray]:
+        if term_id + 1 >= len(self.indptr):
+            return _NO_POSTINGS
+        start, end = self.indptr[term_id], self.indptr[term_id + 1]
+        return self.docs[start:end], self.tfs[start:end]
+
+
+def _term_of_entries(indptr: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(len(indptr) - 1, dtype=np.int64), np.diff(indptr))
+
+
+class LiveSegment:
+    """Immutable arrays over the live documents: term postings (by term id), lengths, vectors, a chunked index's
+    passages. A refresh that only added documents extends the previous segment (`extended`): the new documents'
+    postings become one more chunk (neighbouring chunks of similar size merged, so there are a few), their vectors
+    are appended to a shared buffer; only a refresh after a live document was deleted or replaced rebuilds it."""
+
+    def __init__(self, docs: list[LiveDocument], dimension: int, vocabulary: dict[str, int]):
+        self.docs, self.vocabulary, self.dimension = docs, vocabulary, dimension  # the vocabulary only grows
+        self._chunks = (_TermChunk.of(docs, 0, len(vocabulary)),) if docs else ()
+        self.lengths = np.array([d.length for d in docs], dtype=np.int64)
+        self._rows = _Rows(np.stack([d.vector for d in docs]).astype(np.float32) if docs else np.empty((0, dimension), np.float32))
+        self.vectors = self._rows.buffer[: len(docs)]
+        self.fields = frozenset(name for doc in docs for name in doc.metadata)  # the metadata fields the documents hold
         # a chunked index's passages of these documents: each one's document (its position here), span and vector
-        chunked = [d for d in docs if d.passage_spans is not None]
-        counts = [len(d.passage_spans) for d in chunked]  # type: ignore[arg-type]  # chunked: spans set
-        self.passage_rows = np.repeat(np.array([i for i, d in enumerate(docs) if d.passage_spans is not None], np.int64), counts)
-        self.passage_spans = np.concatenate([d.passage_spans for d in chunked]) if chunked else np.empty((0, 2), np.int64)
-        self.passage_vectors = np.concatenate([d.passage_vectors for d in chunked]) if chunked else np.empty((0, dimension), np.float32)
+        self.passage_rows, self.passage_spans, self.passage_vectors = _passages(docs, 0, dimension)
+        self._previous: LiveSegment | None = None  # what this one extends (its cached results are reused)
+        self._columns: dict[_ColumnsKey, MetadataColumns | None] = {}
+
+    def extended(self, added: list[LiveDocument]) -> LiveSegment:
+        """This segment's documents followed by `added` (every segment before it stays as it is)."""
+        if not added:
+            return self
+        segment = LiveSegment.__new__(LiveSegment)
+        segment.docs, segment.vocabulary, segment.dimension = self.docs + added, self.vocabulary, self.dimension
+        chunks = [*self._chunks, _TermChunk.of(added, len(self.docs), len(self.vocabulary))]
+        while len(chunks) > 1 and chunks[-2].count <= 2 * chunks[-1].count:  # like sizes merge: O(log) chunks
+            chunks[-2:] = [chunks[-2].merged(chunks[-1])]
+        segment._chunks = tuple(chunks)
+        segment.lengths = np.concatenate([self.lengths, [d.length for d in added]]).astype(np.int64)
+        rows = self._rows if self._rows.length == len(self.docs) else _Rows(self.vectors.copy())  # extended once: shared
+        segment._rows = rows
+        segment.vectors = rows.append(np.stack([d.vector for d in added]).astype(np.float32))
+        segment.fields = self.fields | {name for doc in added for name in doc.metadata}
+        rows_added, spans, vectors = _passages(added, len(self.docs), self.dimension)
+        segment.passage_rows = np.concatenate([self.passage_rows, rows_added])
+        segment.passage_spans = np.concatenate([self.passage_spans, spans])
+        segment.passage_vectors = np.concatenate([self.passage_vectors, vectors])
+        segment._previous, segment._columns = self, {}
+        self._previous = None  # a chain of one: older segments are not kept alive by newer ones
+        return segment
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -110,10 +193,56 @@ class LiveSegment:
     def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
         """(live document positions, term frequencies) of `term`."""
         term_id = self.vocabulary.get(term)
-        if term_id is None or term_id + 1 >= len(self._indptr):
+        if term_id is None:
             return _NO_POSTINGS
-        start, end = self._indptr[term_id], self._indptr[term_id + 1]
-        return self._docs[start:end], self._tfs[start:end]
+        parts = [chunk.postings(term_id) for chunk in self._chunks]
+        parts = [part for part in parts if len(part[0])]
+        if len(parts) < 2:
+            return parts[0] if parts else _NO_POSTINGS
+        return np.concatenate([docs for docs, _ in parts]), np.concatenate([tfs for _, tfs in parts])
+
+    def columns(self, types: dict[str, str | None], base_fields: Collection[str]) -> MetadataColumns | None:
+        """The filterable metadata columns of these documents, each field of the type the collection decided for it
+        (None: not filterable, never a column from writes), and a column for each filterable field that writes added
+        to the base's (`base_fields`), held by no document or not; made once, from the previous segment's columns
+        and the added documents' when this segment extends one (a field's type, once decided, never changes)."""
+        key = (tuple(sorted(types.items())), tuple(sorted(base_fields)))
+        if key in self._columns:
+            return self._columns[key]
+        previous = self._previous
+        if previous is not None and key in previous._columns:
+            added = _live_columns(types, self.docs[len(previous) :], base_fields)
+            made = concat_columns(previous._columns[key], added, len(previous), len(self) - len(previous))
+        else:
+            made = _live_columns(types, self.docs, base_fields)
+        self._columns[key] = made
+        return made
+
+
+def _passages(docs: list[LiveDocument], first: int, dimension: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(each passage's document position, its span, its vector) over the chunked documents among `docs`."""
+    chunked = [(i, d) for i, d in enumerate(docs, first) if d.passage_spans is not None]
+    counts = [len(d.passage_spans) for _, d in chunked]  # type: ignore[arg-type]  # chunked: spans set
+    rows = np.repeat(np.array([i for i, _ in chunked], np.int64), counts)
+    spans = np.concatenate([d.passage_spans for _, d in chunked]) if chunked else np.empty((0, 2), np.int64)
+    vectors = np.concatenate([d.passage_vectors for _, d in chunked]) if chunked else np.empty((0, dimension), np.float32)
+    return rows, spans, vectors
+
+
+def _live_columns(types: dict[str, str | None], docs: list[LiveDocument], base_fields: Collection[str]) -> MetadataColumns | None:
+    filterable = {name: kind for name, kind in types.items() if kind is not None}
+    added = [name for name in filterable if name not in base_fields]
+    if not docs and not added:
+        return None
+    collector = MetadataCollector(types=filterable)
+    for doc in docs:
+        collector.add({name: value for name, value in doc.metadata.items() if name in filterable})
+    columns = collector.finish()
+    for name in added:
+        if name not in columns.columns:
+            columns.columns[name] = collector.empty_column(filterable[name])
+            columns.fields[name] = FieldInfo(filterable[name], 0, 0 if filterable[name] == "keyword" else None)
+    return columns if columns.columns else None
 
 
 LIVE_METHOD = "lucene"  # the BM25 variant live statistics are computed for (search.postings)

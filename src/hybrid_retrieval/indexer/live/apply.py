@@ -35,6 +35,11 @@ class LiveState:
         self.base_alive = np.ones(index.num_docs, dtype=bool)
         self.live: dict[str, LiveDocument] = {}
         self.vocabulary: dict[str, int] = {}  # terms of the live documents (search.segments.LiveSegment)
+        # the segments the last freeze made, the documents written since, and whether one of the live documents was
+        # deleted or replaced since (then the next freeze rebuilds them; else it extends them)
+        self.frozen: tuple[LiveSegment, LiveSegment | None] | None = None
+        self.added: list[str] = []
+        self.live_removed = False
         # a chunked index: each live document's passages, analysed for passage BM25, and their own vocabulary
         self.passage_terms: dict[str, list[LiveDocument]] = {}
         self.passage_vocabulary: dict[str, int] = {}
@@ -73,6 +78,7 @@ class LiveState:
                     doc.get("position", -1),
                     passages,
                 )
+                self.added.append(doc["id"])
                 self.last_position = max(self.last_position, doc.get("position", -1))
                 self.keys[doc["id"]], self.next_key = self.next_key, self.next_key + 1
             if self.hubness is not None:
@@ -90,6 +96,7 @@ class LiveState:
         """Forget the document's current version; its key (None: it did not exist)."""
         self.passage_terms.pop(doc_id, None)
         if self.live.pop(doc_id, None) is not None:
+            self.live_removed = True
             return self.keys.pop(doc_id)
         idx = self.base_idx.get(doc_id)
         if idx is None or not self.base_alive[idx]:
@@ -113,14 +120,27 @@ class LiveState:
 
     def freeze(self) -> ReadView:
         """The current state, as searches read it."""
-        live = LiveSegment(list(self.live.values()), self.index.dense.dimension, self.vocabulary)
+        live, terms = self._segments()
         hubness = None
         if self.hubness is not None:
             hubness = self.hubness.view(
                 self.index.embeddings, self.base_alive, np.array(list(self.keys.values()), dtype=np.int64), live.vectors, self.key_of
             )
-        terms = None
-        if self.index.passages is not None:
-            passage_docs = [passage for doc_id in self.live for passage in self.passage_terms[doc_id]]
-            terms = LiveSegment(passage_docs, self.index.dense.dimension, self.passage_vocabulary)
         return ReadView(self.index, live, self.base_alive.copy(), self.seq, dict(self.field_types), hubness, terms)
+
+    def _segments(self) -> tuple[LiveSegment, LiveSegment | None]:
+        """The live documents' segment, and a chunked index's segment of their passages' terms: the last freeze's
+        extended by the documents written since, or made anew when a live document was deleted or replaced."""
+        dimension, chunked = self.index.dense.dimension, self.index.passages is not None
+        if self.frozen is None or self.live_removed:
+            live = LiveSegment(list(self.live.values()), dimension, self.vocabulary)
+            passages = [passage for doc_id in self.live for passage in self.passage_terms[doc_id]] if chunked else []
+            terms = LiveSegment(passages, dimension, self.passage_vocabulary) if chunked else None
+        else:
+            previous, previous_terms = self.frozen
+            live = previous.extended([self.live[doc_id] for doc_id in self.added])
+            terms = None
+            if previous_terms is not None:
+                terms = previous_terms.extended([passage for doc_id in self.added for passage in self.passage_terms[doc_id]])
+        self.frozen, self.added, self.live_removed = (live, terms), [], False
+        return live, terms

@@ -12,8 +12,7 @@ import numpy as np
 
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.store import OpenIndex, best_passage_text
-from hybrid_retrieval.search.filters.columns import MetadataCollector, MetadataColumns
-from hybrid_retrieval.search.filters.types import FieldInfo
+from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.live_hubness import LiveHubnessView
 from hybrid_retrieval.search.passages import PassageIndex
@@ -67,7 +66,7 @@ class ReadView:
         """The filterable columns over both segments, built once per view (its pipeline and presenter share them)."""
         if not self.changed:
             return self.index.metadata
-        live = _live_columns(self.field_types, self.live, self.index.manifest.metadata)
+        live = self.live.columns(self.field_types, self.index.manifest.metadata)
         return concat_columns(self.index.metadata, live, len(self.base_alive), len(self.live))
 
     @functools.cached_property
@@ -125,26 +124,7 @@ class ReadView:
         )
 
     def presenter(self, embedder=None) -> Presenter:
-        fields = set(self.index.manifest.metadata) | {name for doc in self.live.docs for name in doc.metadata}
+        fields = set(self.index.manifest.metadata) | self.live.fields
         return Presenter(
             self.document, self.index.analyzer, embedder or self.index.embedder, sorted(fields), self.metadata, passages=self.passages
         )
-
-
-def _live_columns(types: dict[str, str | None], live: LiveSegment, base_fields: dict):
-    """The filterable columns of the written documents, each field of the type the collection decided for it: a field
-    that is not filterable in the collection (None) never gets a column from writes, so a filter is exact or refused.
-    A field a write added keeps its column when no document holds it any more (its type stays decided)."""
-    filterable = {name: kind for name, kind in types.items() if kind is not None}
-    added = [name for name in filterable if name not in base_fields]
-    if not live.docs and not added:
-        return None
-    collector = MetadataCollector(types=filterable)
-    for doc in live.docs:
-        collector.add({name: value for name, value in doc.metadata.items() if name in filterable})
-    columns = collector.finish()
-    for name in added:
-        if name not in columns.columns:
-            columns.columns[name] = collector.empty_column(filterable[name])
-            columns.fields[name] = FieldInfo(filterable[name], 0, 0 if filterable[name] == "keyword" else None)
-    return columns if columns.columns else None
