@@ -27,6 +27,7 @@ from hybrid_retrieval.indexer.live.fence import Closed
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.indexer.wal import WriteAheadLog
+from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.hubness import HubnessParams
 from tests.conftest import write_jsonl
 
@@ -316,6 +317,31 @@ def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_in
     assert isinstance(outcome[0], HybridError) and "dropped" in str(outcome[0]) and later_stages == []
     assert (tmp_path / "index" / "manifest.json").read_bytes() == manifest
     assert sorted(p.name for p in tmp_path.joinpath("index").parent.iterdir()) == ["index"]  # no build folder left
+
+
+def test_writes_logged_during_a_compaction_are_not_analysed_again_on_the_new_base(base_index, tmp_path, monkeypatch):
+    """The documents written while a compaction built were analysed when written: the new base takes their terms as
+    they are, and ranks as a reopen (which analyses the log) does."""
+    shutil.copytree(base_index, tmp_path / "index")
+    collection = Collection(open_index(tmp_path / "index"))
+    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
+    analysed: list[str] = []
+
+    def write_while_building(*_) -> None:
+        collection.upsert([{"id": "q", "text": "a quokka market"}, {"id": "n1", "text": "quantum dog market again"}])
+        analyze = Analyzer.analyze
+        monkeypatch.setattr(Analyzer, "analyze", lambda self, text: analysed.append(text) or analyze(self, text))
+
+    collection.on_compact = write_while_building
+    compacted = collection.compact()
+    assert analysed == [] and len(compacted.live) == 2 and compacted.index.num_docs == len(BASE) + 1
+    monkeypatch.undo()
+    collection.close()
+    reopened = Collection(open_index(tmp_path / "index"))
+    for query in [*QUERIES, "quokka market", "quantum dog"]:
+        ids = lambda view: lambda i: view.document(i)["id"]
+        assert ranked(compacted.pipeline(), query, {}, ids(compacted)) == ranked(reopened.view.pipeline(), query, {}, ids(reopened.view))
+    reopened.close()
 
 
 def test_writes_logged_during_a_compaction_apply_to_the_new_base_whatever_it_holds(base_index, tmp_path):

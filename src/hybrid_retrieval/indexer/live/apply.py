@@ -8,6 +8,7 @@ write lock guards it.
 from __future__ import annotations
 
 import base64
+from dataclasses import replace
 
 import numpy as np
 
@@ -25,24 +26,30 @@ class LiveState:
 
     def __init__(self, index: OpenIndex, seq: int):
         self.last_position = -1  # in a shard: the largest position a written document was given (kept across bases)
+        # terms of the live documents (search.segments.LiveSegment), and a chunked index's passages': kept across
+        # bases (they only grow), so that documents analysed on one base keep their term ids on the next
+        self.vocabulary: dict[str, int] = {}
+        self.passage_vocabulary: dict[str, int] = {}
+        self.live: dict[str, LiveDocument] = {}
+        self.passage_terms: dict[str, list[LiveDocument]] = {}
         self.start(index, seq)
 
     def start(self, index: OpenIndex, seq: int) -> None:
-        """Begin on `index` as base, holding the writes up to `seq`, with nothing written on top of it yet."""
+        """Begin on `index` as base, holding the writes up to `seq`, with nothing written on top of it yet. The
+        documents written on the previous base are remembered analysed until `forget_previous`: replaying their
+        writes on the new base (a compaction's) reuses their terms instead of analysing them again."""
+        self.previous = self.live
         self.index, self.seq = index, seq
         self.dirty = False  # writes applied that no read view holds yet
         self.base_idx = index.doc_positions
         self.base_alive = np.ones(index.num_docs, dtype=bool)
-        self.live: dict[str, LiveDocument] = {}
-        self.vocabulary: dict[str, int] = {}  # terms of the live documents (search.segments.LiveSegment)
+        self.live = {}
         # the segments the last freeze made, the documents written since, and whether one of the live documents was
         # deleted or replaced since (then the next freeze rebuilds them; else it extends them)
         self.frozen: tuple[LiveSegment, LiveSegment | None] | None = None
         self.added: list[str] = []
         self.live_removed = False
-        # a chunked index: each live document's passages, analysed for passage BM25, and their own vocabulary
-        self.passage_terms: dict[str, list[LiveDocument]] = {}
-        self.passage_vocabulary: dict[str, int] = {}
+        self.passage_terms = {}  # a chunked index: each live document's passages, analysed for passage BM25
         # keys of documents for the hubness state: base index, or num_docs + a serial for written ones (search.live_hubness)
         self.keys: dict[str, int] = {}
         self.next_key = index.num_docs
@@ -63,21 +70,10 @@ class LiveState:
             vectors = []
             for doc in record["documents"]:
                 vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
-                tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
                 passages = decode_passages(doc["passages"], doc["text"], self.index.dense.dimension) if "passages" in doc else None
                 if passages is not None:
                     self.passage_terms[doc["id"]] = self._passage_terms(doc, *passages)
-                self.live[doc["id"]] = LiveDocument.analysed(
-                    doc["id"],
-                    doc["title"],
-                    doc["text"],
-                    doc["metadata"],
-                    tokens,
-                    vectors[-1],
-                    self.vocabulary,
-                    doc.get("position", -1),
-                    passages,
-                )
+                self.live[doc["id"]] = self._analysed(doc, vectors[-1], passages)
                 self.added.append(doc["id"])
                 self.last_position = max(self.last_position, doc.get("position", -1))
                 self.keys[doc["id"]], self.next_key = self.next_key, self.next_key + 1
@@ -86,6 +82,22 @@ class LiveState:
                 self.hubness.add(np.array([self.keys[i] for i in ids], dtype=np.int64), prepared)
         self.seq = record["seq"]
         self.dirty = True
+
+    def _analysed(self, doc: dict, vector: np.ndarray, passages: tuple[np.ndarray, np.ndarray] | None) -> LiveDocument:
+        position = doc.get("position", -1)
+        known = self.previous.get(doc["id"])
+        if known is not None and (known.title, known.text) == (doc["title"], doc["text"]):  # analysed on the previous base
+            spans, passage_vectors = passages or (None, None)
+            return replace(
+                known, metadata=doc["metadata"], vector=vector, position=position, passage_spans=spans, passage_vectors=passage_vectors
+            )
+        tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
+        metadata, vocabulary = doc["metadata"], self.vocabulary
+        return LiveDocument.analysed(doc["id"], doc["title"], doc["text"], metadata, tokens, vector, vocabulary, position, passages)
+
+    def forget_previous(self) -> None:
+        """Drop the previous base's analysed documents (start): their writes are replayed."""
+        self.previous = {}
 
     def _passage_terms(self, doc: dict, spans: np.ndarray, vectors: np.ndarray) -> list[LiveDocument]:
         texts = [indexed_text(doc["title"], doc["text"][start:end]) for start, end in spans.tolist()]

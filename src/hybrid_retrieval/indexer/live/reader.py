@@ -76,6 +76,7 @@ class Reader:
                     if r["seq"] > state.seq and (up_to is None or r["seq"] <= up_to)
                 ]
                 if not records or records[0]["seq"] == state.seq + 1:
-                    replay_records(state, records)
+                    replay_records(state, records)  # the documents analysed on the old base are not analysed again
                     break
+            state.forget_previous()
         return self.refresh()

@@ -110,7 +110,8 @@ class Writer:
         try:
             self.state.start(index, applied)
             newer = [r for r in WriteAheadLog.replay(log_path(index.path)) if r["seq"] > applied]
-            replay_records(self.state, newer)
+            replay_records(self.state, newer)  # the documents analysed on the old base are not analysed again
+            self.state.forget_previous()
         except Exception as exc:  # the state is half rebuilt: no write may be numbered on top of it
             self.refuse(f"the compacted base could not take the writes logged meanwhile ({exc}): reload the collection")
             raise
