@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from hybrid_retrieval.common.memory import release_free_memory
 from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.live.compaction import OnCompact, build_compacted, current_corpus, link_log, reopen
@@ -57,7 +58,10 @@ class Compactor:
             self._build_and_swap(state)
         logger.info("compacted %s: %d documents up to sequence %d", state.index.path, self.reader.view.documents, state.seq)
         remove_leftovers(state.index.path)
-        return self.reader.refresh()
+        view = self.reader.refresh()
+        del state  # the old base and live documents, once no search holds them
+        release_free_memory()
+        return view
 
     def _build_and_swap(self, state: ReadView) -> None:
         """(compaction lock held) Build the new base of `state` beside the folder and publish it in its place, the
