@@ -11,6 +11,15 @@ each size, side by side in one run:
   the exhaustive one (ids, scores, order); the test queries' nDCG@10 and Recall@100. Each cost's growth is the
   exponent of a power law fitted over the sizes.
 
+  API load: one service process and one client fill a collection with its own 64-number vectors (reproducible
+  random unit vectors: what is measured is storage, not ranking), the haystack's text and the issue's metadata (`year`,
+  and `tag` of 100 values: one `tag` is a 1%-selective filter), in bodies of 1,000 documents, to each size in turn.
+  Between bodies one hybrid and one BM25 search run (what a search costs while the load and its background
+  compactions run). At each size: the load rate of that stretch, the server's resident memory after it, a forced
+  compaction's time and the memory after it, hybrid / BM25 / filtered p50 of the compacted collection, a single
+  write's time to visible, the folder's bytes a document, then a restart: the time until the service is ready and its
+  memory after searching.
+
   Compressed vectors: the dataset's untuned index searched with its vectors as flat, sq8 and hnsw_sq8 indexes
   (8-bit codes, candidates rescored from the stored vectors): bytes a vector in memory, the dense leg's recall@10
   against flat, and nDCG@10 / Recall@100 of the dense and hybrid modes.
@@ -19,7 +28,9 @@ each size, side by side in one run:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -151,6 +162,183 @@ def _tables(results: dict, sizes: tuple[int, ...], queries: int, analyse_s: floa
     ]
 
 
+LOAD_BODY = 1_000
+LOAD_DIMENSION = 64
+LOAD_KEY = "million-bench"
+LOAD_QUERIES = 200
+
+
+def _vectors(first: int, count: int) -> list[list[float]]:
+    """Unit vectors of the documents at positions [first, first + count) (the same in every run)."""
+    vectors = np.random.default_rng([7, first]).standard_normal((count, LOAD_DIMENSION))
+    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).round(6).tolist()
+
+
+def _memory_mib(pid: int) -> dict[str, float]:
+    """The process's resident memory now and its peak since it started (VmHWM), MiB."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {name: round(int(status[key].split()[0]) / 1024, 1) for name, key in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+class _Loader:
+    """One client of one collection in the service at `url`."""
+
+    def __init__(self, url: str, name: str):
+        import httpx
+
+        self.client = httpx.Client(base_url=url, timeout=3600, headers={"X-API-Key": LOAD_KEY})
+        self.name = name
+
+    def load(self, documents: list[dict], first: int, queries: list[str]) -> tuple[float, dict[str, list[float]]]:
+        """Seconds to write `documents` (positions first, ...) in bodies, and the searches' milliseconds between them."""
+        during: dict[str, list[float]] = {"hybrid": [], "bm25": []}
+        started, spent = time.perf_counter(), 0.0
+        for at in range(0, len(documents), LOAD_BODY):
+            body = documents[at : at + LOAD_BODY]
+            for doc, vector in zip(body, _vectors(first + at, len(body))):
+                doc["vector"] = vector
+            self.client.put(f"/collections/{self.name}/documents", json={"documents": body}).raise_for_status()
+            searched = time.perf_counter()
+            query = queries[(at // LOAD_BODY) % len(queries)]
+            during["hybrid"].append(self.search(query, {"mode": "hybrid"}, first + at))
+            during["bm25"].append(self.search(query, {"mode": "bm25"}, first + at))
+            spent += time.perf_counter() - searched
+        return time.perf_counter() - started - spent, during
+
+    def search(self, query: str, spec: dict, seed: int) -> float:
+        started = time.perf_counter()
+        self.client.post(
+            f"/collections/{self.name}/search", json={"query": query, "vector": _vectors(seed, 1)[0], "k": 10, **spec}
+        ).raise_for_status()
+        return (time.perf_counter() - started) * 1000
+
+    def searches(self, queries: list[str]) -> dict[str, dict[str, float]]:
+        specs = {"hybrid": {"mode": "hybrid"}, "bm25": {"mode": "bm25"}, "hybrid, 1% filter": {"mode": "hybrid", "filter": {"tag": "t7"}}}
+        calls = {name: (lambda i, spec=spec: self.search(queries[i], spec, i)) for name, spec in specs.items()}
+        return {name: percentiles(times) for name, times in interleaved(calls, range(len(queries))).items()}
+
+    def visible_ms(self, samples: int, seed: int) -> list[float]:
+        """A single document's write until a search finds it, `samples` times, each written at a random point of the
+        refresh interval (as independent writers are)."""
+        out, pause = [], np.random.default_rng(seed)
+        for i in range(samples):
+            time.sleep(pause.uniform(0, 1.0))
+            token = f"vis{seed}x{i}q"
+            doc = {"id": f"visible-{seed}-{i}", "text": f"{token} probe", "vector": _vectors(2**40 + seed * 100 + i, 1)[0]}
+            self.client.put(f"/collections/{self.name}/documents", json={"documents": [doc]}).raise_for_status()
+            acked = time.perf_counter()
+            while not self.client.post(f"/collections/{self.name}/search", json={"query": token, "mode": "bm25", "k": 1}).json()["hits"]:
+                time.sleep(0.005)
+            out.append((time.perf_counter() - acked) * 1000)
+        return out
+
+    def compact_s(self) -> float:
+        started = time.perf_counter()
+        self.client.post(f"/collections/{self.name}/compact").raise_for_status()
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _api_load(ctx) -> list[Table]:
+    import tempfile
+
+    from hybrid_retrieval.evaluation.server import running_server
+
+    sizes = QUICK_SIZES if ctx.quick else SIZES
+    haystack = Haystack(ctx.data / "corpus.jsonl")
+    queries = haystack.queries(ctx.size(LOAD_QUERIES, 20))
+    rng = np.random.default_rng(0)
+    results: dict[int, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="million-load-", dir=ctx.work) as tmp:
+        data = Path(tmp) / "data"
+        env = {"HYBRID_DATA": str(data), "HYBRID_WRITE_KEYS": LOAD_KEY}
+        documents = haystack.documents(sizes[-1])
+        loaded, name = 0, "haystack"
+        server = running_server(None, env)
+        url, process = server.__enter__()
+        try:
+            client = _Loader(url, name)
+            client.client.post(
+                "/collections", json={"name": name, "settings": {"embedder": {"kind": "none", "dimension": LOAD_DIMENSION}}}
+            ).raise_for_status()
+            for size in sizes:
+                batch = [
+                    {
+                        "id": d["_id"],
+                        "title": d["title"],
+                        "text": d["text"],
+                        "metadata": {"year": int(rng.integers(1990, 2025)), "tag": f"t{int(rng.integers(100))}"},
+                    }
+                    for d in itertools.islice(documents, size - loaded)
+                ]
+                load_s, during = client.load(batch, loaded, queries)
+                loaded = size
+                row: dict = {"load_docs_per_s": round(len(batch) / load_s, 1), "during": {k: percentiles(v) for k, v in during.items()}}
+                row["after_load"] = _memory_mib(process.pid)
+                row["compaction_s"] = round(client.compact_s(), 1)
+                row["after_compaction"] = _memory_mib(process.pid)
+                row["compacted"] = client.searches(queries)
+                row["visible"] = percentiles(client.visible_ms(ctx.size(10, 3), size))
+                loaded += ctx.size(10, 3)  # the probes are documents too
+                row["disk_bytes_per_doc"] = round(_folder_bytes(data / "collections") / loaded, 1)
+                client.close()
+                server.__exit__(None, None, None)
+                started = time.perf_counter()
+                server = running_server(None, env)
+                url, process = server.__enter__()
+                row["restart_s"] = round(time.perf_counter() - started, 2)
+                client = _Loader(url, name)
+                client.searches(queries)
+                row["after_restart"] = _memory_mib(process.pid)
+                results[size] = row
+            client.close()
+        finally:
+            server.__exit__(None, None, None)
+    return _load_tables(results, sizes)
+
+
+def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
+    def by_size(label: str, value, exponent: bool = False) -> dict:
+        values = [value(results[s]) for s in sizes]
+        row = {"measurement": label, **{f"{s:,}": v for s, v in zip(sizes, values)}}
+        if exponent:
+            row["growth exponent"] = growth_exponent(list(sizes), values)
+        return row
+
+    rows = [
+        by_size("API load, documents/s (that stretch)", lambda r: r["load_docs_per_s"], exponent=True),
+        by_size("hybrid p50 ms while loading", lambda r: r["during"]["hybrid"]["p50_ms"]),
+        by_size("BM25 p50 ms while loading", lambda r: r["during"]["bm25"]["p50_ms"]),
+        by_size("hybrid p50 ms, compacted", lambda r: r["compacted"]["hybrid"]["p50_ms"], exponent=True),
+        by_size("BM25 p50 ms, compacted", lambda r: r["compacted"]["bm25"]["p50_ms"], exponent=True),
+        by_size("hybrid with a 1% filter p50 ms, compacted", lambda r: r["compacted"]["hybrid, 1% filter"]["p50_ms"], exponent=True),
+        by_size(
+            "hybrid p50 while loading / compacted", lambda r: round(r["during"]["hybrid"]["p50_ms"] / r["compacted"]["hybrid"]["p50_ms"], 2)
+        ),
+        by_size("memory after the load, MiB", lambda r: r["after_load"]["rss"]),
+        by_size("memory after a compaction, MiB", lambda r: r["after_compaction"]["rss"]),
+        by_size("memory after a restart and the searches, MiB", lambda r: r["after_restart"]["rss"], exponent=True),
+        by_size("after the load / after a restart", lambda r: round(r["after_load"]["rss"] / r["after_restart"]["rss"], 2)),
+        by_size("peak memory since the last start, MiB", lambda r: r["after_compaction"]["peak"]),
+        by_size("compaction s", lambda r: r["compaction_s"], exponent=True),
+        by_size("write to visible p50 ms", lambda r: r["visible"]["p50_ms"]),
+        by_size("restart until ready s", lambda r: r["restart_s"], exponent=True),
+        by_size("disk bytes a document", lambda r: r["disk_bytes_per_doc"]),
+    ]
+    note = (
+        f"One `hybrid serve` process (data directory, background compaction as configured by default) and one client; "
+        f"bodies of {LOAD_BODY:,} documents with {LOAD_DIMENSION}-number vectors; searches of generated queries, each "
+        "with a random vector; memory is the server's resident set (VmRSS, VmHWM for the peak)."
+    )
+    return [Table("A collection filled through the API, by size", rows, note)]
+
+
 VECTOR_KINDS = ("flat", "sq8", "hnsw_sq8")
 
 
@@ -195,6 +383,12 @@ CASES = [
         "BM25 at scale",
         "the dataset plus generated distractors at 100k, 300k and 1M documents: BM25 exhaustive vs MaxScore, quality by size",
         _bm25,
+    ),
+    Case(
+        "A million documents",
+        "API load at scale",
+        "one service filled through the API to 100k, 300k and 1M documents: load rate, memory, compaction, restart, searches",
+        _api_load,
     ),
     Case(
         "A million documents",
