@@ -7,7 +7,7 @@ import pytest
 from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer import store
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
-from hybrid_retrieval.indexer.corpus import CorpusError
+from hybrid_retrieval.indexer.corpus import CorpusError, read_corpus
 from hybrid_retrieval.indexer.manifest import FORMAT_VERSION, Manifest
 from hybrid_retrieval.indexer.store import IndexOpenError, open_index
 from hybrid_retrieval.search.spec import HubnessSpec, SearchSpec
@@ -46,6 +46,16 @@ def index_copy(tiny_index, tmp_path):
     target = tmp_path / "copy"
     shutil.copytree(tiny_index, target)
     return target
+
+
+def test_stored_lines_are_copied_as_a_corpus_of_the_same_documents(tiny_index, tmp_path):
+    index = open_index(tiny_index)
+    chosen = np.array([0, 2, 3, index.num_docs - 1])
+    with (tmp_path / "corpus.jsonl").open("wb") as fh:
+        index.docs.copy_lines(chosen, fh)
+        index.docs.copy_lines(chosen[:0], fh)
+    copied = [{"id": d.doc_id, "title": d.title, "text": d.text, "metadata": d.metadata} for d in read_corpus(tmp_path / "corpus.jsonl")]
+    assert copied == [index.docs.get(int(i)) for i in chosen]
 
 
 def test_corrupted_file_fails_checksum(index_copy):

@@ -159,7 +159,10 @@ def check_against_fresh_build(base_index, root, ops):
     # Identical texts make identical vectors: which of them is a bank member's top-k (so activated) is a tie.
     specs = SPECS if has_duplicates(documents) else {**SPECS, **HUBNESS_SPECS}
     compare(snapshot, fresh, specs)
-    compare(collection.compact(), fresh, specs)  # and after merging everything into a new base (with the correction)
+    compacted = collection.compact()
+    compare(compacted, fresh, specs)  # and after merging everything into a new base (with the correction)
+    stored = {doc["id"]: doc for doc in map(compacted.index.docs.get, range(compacted.index.num_docs))}
+    assert stored == {i: {"id": i, "title": d["title"], "text": d["text"], "metadata": d["metadata"]} for i, d in documents.items()}
     collection.close()
 
 

@@ -130,24 +130,30 @@ def _write_documents(
     progress: bool,
     allow_empty: bool,
     analysed: tuple[Postings, dict[str, int]] | None,
+    stored_lines: bool,
 ) -> tuple[Postings, dict[str, int]]:
     """Pass 1 over the corpus: validate, store, analyse (unless `analysed` holds its postings already), collect
-    metadata. Cheap, so errors surface before embedding."""
-    writer = store.DocStoreWriter(folder)
+    metadata. Cheap, so errors surface before embedding. `stored_lines`: the corpus's lines are the store's as they
+    are (store.document_line): the file is adopted as the store instead of written again."""
+    writer = None if stored_lines else store.DocStoreWriter(folder)
     terms = PostingsBuilder()
     stored = 0
     try:
         # counted first (a read of the file, cheap next to analysing it) so that the bar can tell the time left
         with progress_bar(count_records(source) if progress else None, "documents", "docs", progress) as bar:
             for doc in read_corpus(source):
-                writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
+                if writer is not None:
+                    writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
                 metadata.add(doc.metadata)
                 if analysed is None:
                     terms.add(analyzer.analyze(doc.indexed_text))
                 stored += 1
                 bar.update()
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
+    if stored_lines and store.adopt_lines(source, folder) != stored:
+        raise HybridError(f"{source}: not a document store's lines (a line holds no document)")
     if not stored and not allow_empty:
         raise HybridError(f"{source}: corpus has no documents")
     if analysed is not None and analysed[0].num_docs != stored:
@@ -200,6 +206,7 @@ def build_into(  # noqa: PLR0913
     collection: bool = False,
     checkpoint: Callable[[], None] = lambda: None,
     analysed: tuple[Postings, dict[str, int]] | None = None,
+    stored_lines: bool = False,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     The documents' vectors come from `vectors` (indexer.representation: embedded, or as given), in the index's
@@ -208,12 +215,13 @@ def build_into(  # noqa: PLR0913
     corpus or such a field is an error. `checkpoint` runs between stages: what it raises ends the build (a compaction
     whose collection is being closed stops at the next stage instead of finishing a base nobody takes). `analysed`: the
     documents' postings and vocabulary when the caller has them (a compaction merges its segments'), in corpus order:
-    the documents are not analysed again."""
+    the documents are not analysed again. `stored_lines`: the corpus is written as the document store keeps it (a
+    compaction's current_corpus): adopted as the store, not written again."""
     started = time.perf_counter() if started is None else started
     t = time.perf_counter()
     timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
     collector = MetadataCollector(options.filterable, decided=options.field_types)
-    postings, vocabulary = _write_documents(source, tmp, options.analyzer, collector, options.progress, collection, analysed)
+    postings, vocabulary = _write_documents(source, tmp, options.analyzer, collector, options.progress, collection, analysed, stored_lines)
     metadata = collector.finish()
     if options.filterable is not None and not collection:
         check_filterable(metadata.fields, options.filterable)

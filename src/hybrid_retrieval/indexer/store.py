@@ -11,11 +11,13 @@ import shutil
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import BinaryIO
 
 import faiss
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
+from hybrid_retrieval.common.publish import link_or_copy
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.files import BM25_DIR, DOC_OFFSETS, DOCS, EMBEDDINGS, FAISS_FILE, MODEL_DIR, RERANKER_DIR
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
@@ -74,6 +76,9 @@ def carry_reranker(old: Path, new: Path, files: dict[str, dict]) -> None:
     files.update(file_inventory(Path(new) / RERANKER_DIR, prefix=f"{RERANKER_DIR}/"))
 
 
+COPY_CHUNK = 16 * 1024 * 1024  # bytes of stored documents read at a time when they are copied
+
+
 class DocStore:
     """Random access to stored documents by internal index, without loading the file."""
 
@@ -89,6 +94,17 @@ class DocStore:
         assert self._fd is not None, "read after close"
         return json.loads(os.pread(self._fd, end - start, start))  # pread: safe across threads
 
+    def copy_lines(self, doc_idx: np.ndarray, out: BinaryIO) -> None:
+        """Write the stored lines of the documents `doc_idx` (ascending) to `out` as they are, run by run of
+        consecutive documents: JSON lines a corpus reader takes (`id`, `title`, `text`, `metadata`)."""
+        assert self._fd is not None, "read after close"
+        for run in np.split(doc_idx, np.flatnonzero(np.diff(doc_idx) != 1) + 1) if len(doc_idx) else []:
+            at, end = int(self._offsets[run[0]]), int(self._offsets[run[-1] + 1])
+            while at < end:
+                chunk = os.pread(self._fd, min(end - at, COPY_CHUNK), at)
+                out.write(chunk)
+                at += len(chunk)
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -98,6 +114,26 @@ class DocStore:
         self.close()
 
 
+def document_line(doc_id: str, title: str, text: str, metadata: dict) -> bytes:
+    """A document as the store keeps it: one JSON line (which a corpus reader also takes)."""
+    return json.dumps({"id": doc_id, "title": title, "text": text, "metadata": metadata}, ensure_ascii=False).encode() + b"\n"
+
+
+def adopt_lines(source: Path, folder: Path) -> int:
+    """Make the file `source`, of document_line lines only, the document store of `folder` (hard-linked where the
+    filesystem allows: not written again); the number of documents."""
+    link_or_copy(source, folder / DOCS)
+    ends = [np.zeros(1, dtype=np.int64)]
+    with (folder / DOCS).open("rb") as fh:
+        at = 0
+        while chunk := fh.read(COPY_CHUNK):
+            ends.append(np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == ord("\n")) + at + 1)
+            at += len(chunk)
+    offsets = np.concatenate(ends)
+    np.save(folder / DOC_OFFSETS, offsets)
+    return len(offsets) - 1
+
+
 class DocStoreWriter:
     def __init__(self, folder: Path):
         self._fh = (folder / DOCS).open("wb")
@@ -105,8 +141,7 @@ class DocStoreWriter:
         self._folder = folder
 
     def add(self, doc_id: str, title: str, text: str, metadata: dict) -> None:
-        line = json.dumps({"id": doc_id, "title": title, "text": text, "metadata": metadata}, ensure_ascii=False)
-        data = line.encode() + b"\n"
+        data = document_line(doc_id, title, text, metadata)
         self._fh.write(data)
         self._offsets.append(self._offsets[-1] + len(data))
 

@@ -20,7 +20,7 @@ from hybrid_retrieval.indexer.live.validate import filterable_fields
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.representation import VectorSource
-from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, file_inventory, open_index
+from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, document_line, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.postings import Postings, merged_postings
@@ -55,6 +55,7 @@ def build_compacted(
         collection=True,
         checkpoint=checkpoint,
         analysed=merged_terms(state),
+        stored_lines=True,
     )
     checkpoint()
     _carry_over(state, manifest, folder, vectors)
@@ -93,19 +94,15 @@ def reopen(index: OpenIndex) -> OpenIndex:
 
 
 def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
-    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors."""
+    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors.
+    Its lines are those of the document store (the base's copied as they are), so that the new base adopts the file
+    as its store (build_into's `stored_lines`)."""
     corpus = work / "corpus.jsonl"
     alive = np.flatnonzero(base_alive)
-    with corpus.open("w", encoding="utf-8") as fh:
-        for i in alive:
-            doc = index.docs.get(int(i))
-            fh.write(
-                json.dumps({"_id": doc["id"], "title": doc["title"], "text": doc["text"], "metadata": doc["metadata"]}, ensure_ascii=False)
-                + "\n"
-            )
+    with corpus.open("wb") as fh:
+        index.docs.copy_lines(alive, fh)
         for written in live:
-            record = {"_id": written.doc_id, "title": written.title, "text": written.text, "metadata": written.metadata}
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+            fh.write(document_line(written.doc_id, written.title, written.text, written.metadata))
     vectors = np.concatenate(
         [
             np.asarray(index.embeddings[alive], dtype=np.float32),
