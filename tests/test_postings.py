@@ -46,6 +46,11 @@ def test_document_frequency_counts_only_alive_documents():
     assert postings.document_frequency(alive)[cat] == 2
     docs, tfs = postings.term(cat)
     assert docs.tolist() == [0, 1, 5] and tfs.tolist() == [3, 1, 1]  # "Cats", "cat", "Cats" in d1
+    rng = np.random.default_rng(0)
+    for _ in range(20):  # every term, against counting the alive documents that hold it
+        alive = rng.random(len(tokens)) < rng.random()
+        expected = [sum(bool(alive[i]) and term in tokens[i] for i in range(len(tokens))) for term in vocab]
+        assert postings.document_frequency(alive).tolist() == expected
 
 
 def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():

@@ -47,11 +47,13 @@ class Postings:
         return builder.finish()
 
     def document_frequency(self, alive: np.ndarray | None = None) -> np.ndarray:
-        """Per term, how many (alive) documents contain it."""
-        if alive is None:
-            return np.diff(self.indptr)
-        terms = np.repeat(np.arange(len(self.indptr) - 1), np.diff(self.indptr))
-        return np.bincount(terms[alive[self.docs]], minlength=len(self.indptr) - 1)
+        """Per term, how many (alive) documents contain it: every list's length, less the entries of the documents
+        not alive (found without materialising each entry's term: a live collection computes this at every refresh)."""
+        every = np.diff(self.indptr)
+        if alive is None or alive.all():
+            return every
+        gone = np.flatnonzero(~alive[self.docs])
+        return every - np.bincount(np.searchsorted(self.indptr, gone, side="right") - 1, minlength=len(every))
 
     def entry_terms(self) -> np.ndarray:
         """The term of each entry (entries are term-major)."""
