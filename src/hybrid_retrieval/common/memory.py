@@ -10,11 +10,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import logging
 import sys
 from collections.abc import Callable
-
-logger = logging.getLogger(__name__)
 
 
 @functools.cache
