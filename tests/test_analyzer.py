@@ -15,6 +15,12 @@ def test_single_characters_are_terms_and_english_stems_with_porter():
     assert Analyzer.for_language("en") == Analyzer()
 
 
+def test_a_word_porter_stems_to_nothing_is_no_term():
+    assert Stemmer.Stemmer("porter").stemWord("s") == ""  # what Porter makes of a lone "s"
+    assert Analyzer().analyze("S vitamin s's") == ["vitamin"]
+    assert [term for term, _, _ in Analyzer().spans("S vitamin s")] == ["vitamin"]
+
+
 def test_an_index_built_with_the_earlier_defaults_keeps_its_terms():
     earlier = Analyzer.from_dict({**Analyzer().to_dict(), "stemmer": "english", "token_pattern": r"(?u)\b\w\w+\b"})
     assert earlier.analyze("a b c vitamin d, dying generously") == ["vitamin", "die", "generous"]

@@ -46,6 +46,8 @@ def test_unknown_words_and_stopwords_give_empty_ranking():
     index = BM25Index.build(TOKENS, ANALYZER, BM25Params())
     assert len(index.search("zzyzx", depth=10)) == 0
     assert len(index.search("the of and", depth=10)) == 0
+    for prune in (False, True):  # "s", which Porter stems to "": bm25s's vocabulary holds "" without a column
+        assert len(index.leg("S", depth=10, prune=prune)[0]) == 0
 
 
 def test_save_and_memory_mapped_load_give_same_scores(tmp_path):

@@ -231,13 +231,15 @@ class Analyzer:
                     start, end = origin[start], origin[end - 1] + 1
                 found.append((token, offset + start, offset + end))
         kept = [token for token in found if token[0] not in self._stopset]
-        terms = self._terms([token for token, _, _ in kept], stopped=True)
-        return [(term, start, end) for term, (_, start, end) in zip(terms, kept, strict=True)]
+        words = [token for token, _, _ in kept]
+        terms = self._stem(words) if self._stem is not None else words
+        return [(term, start, end) for term, (_, start, end) in zip(terms, kept, strict=True) if term]
 
-    def _terms(self, tokens: list[str], stopped: bool = False) -> list[str]:
-        if not stopped:
-            tokens = [t for t in tokens if t not in self._stopset]
-        return self._stem(tokens) if self._stem is not None else tokens
+    def _terms(self, tokens: list[str]) -> list[str]:
+        tokens = [t for t in tokens if t not in self._stopset]
+        if self._stem is None:
+            return tokens
+        return [term for term in self._stem(tokens) if term]  # Porter stems "s" to "": no term, nothing can match it
 
     def _stretches(self, text: str) -> Iterator[tuple[int, str, bool]]:
         """(offset, stretch, is a CJK run) covering the text in order."""
