@@ -58,6 +58,26 @@ def test_stored_lines_are_copied_as_a_corpus_of_the_same_documents(tiny_index, t
     assert copied == [index.docs.get(int(i)) for i in chosen]
 
 
+@pytest.mark.parametrize("rows", [3, store.ID_ROWS])
+def test_ids_are_read_in_bulk_as_decoding_each_document_gives_them(tmp_path, monkeypatch, rows):
+    monkeypatch.setattr(store, "ID_ROWS", rows)
+    window = store.ID_WINDOW
+    ids = ["d1", "", 'q"uote', "back\\slash", 'x", "title": "y', "café 中文 🙂", "new\nline", "é" * (window // 2), "é" * (window // 2 + 1)]
+    ids += ["a" * (window - 1), "a" * window, "a" * (window + 1), "last"]
+    writer = store.DocStoreWriter(tmp_path)
+    for i, doc_id in enumerate(ids):
+        writer.add(doc_id, "title", "text " * i, {"n": i})
+    writer.close()
+    assert store.DocStore(tmp_path).ids() == ids
+    # a line of another layout (the id not first) is decoded whole
+    lines = (tmp_path / store.DOCS).read_bytes().splitlines(keepends=True)
+    lines[1] = json.dumps({"title": "t", "id": "moved", "text": "", "metadata": {}}).encode() + b"\n"
+    (tmp_path / store.DOCS).write_bytes(b"".join(lines))
+    np.save(tmp_path / store.DOC_OFFSETS, np.cumsum([0] + [len(line) for line in lines]))
+    assert store.DocStore(tmp_path).ids() == [ids[0], "moved", *ids[2:]]
+    assert store.DocStore(tmp_path).ids() == [json.loads(line)["id"] for line in lines]
+
+
 def test_corrupted_file_fails_checksum(index_copy):
     data = bytearray((index_copy / "embeddings.npy").read_bytes())
     data[-1] ^= 0xFF
