@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search import maxscore
+from hybrid_retrieval.search import maxscore, segments
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.filters.language import Allowed
@@ -142,3 +142,21 @@ def test_live_segments_and_deletions_rank_as_the_exhaustive_scorer(scifact_slice
         for depth in (10, 100):
             for allowed in (None, Allowed(mask)):
                 assert_same(bm25.leg(query, depth, allowed, prune=True)[0], reference(scores, depth, allowed))
+
+
+def test_base_weights_kept_stay_within_their_byte_budget_and_score_alike(scifact_slice_index, scifact, monkeypatch):
+    index = open_index(scifact_slice_index)
+    alive = np.ones(index.num_docs, dtype=bool)
+    alive[::5] = False  # deletions: the kept weights own their documents too
+    queries = [json.loads(line)["text"] for line in (scifact / "queries.jsonl").open()][:40]
+    nothing = LiveSegment([], 4, {})
+    roomy = LiveBM25(index.bm25, index.postings, index.manifest.bm25, alive, nothing)
+    expected = [roomy.scores(query) for query in queries]
+    budget = 4096  # a few terms' weights at a time
+    monkeypatch.setattr(segments, "WEIGHT_CACHE_BYTES", budget)
+    tight = LiveBM25(index.bm25, index.postings, index.manifest.bm25, alive, nothing)
+    for _ in range(2):
+        for query, scores in zip(queries, expected, strict=True):
+            np.testing.assert_array_equal(tight.scores(query), scores)
+            assert 0 < tight._base_weights.nbytes <= budget
+    assert roomy._base_weights.nbytes > 10 * budget

@@ -77,3 +77,10 @@ def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():
     for name in ("indptr", "docs", "tfs", "lengths"):
         np.testing.assert_array_equal(getattr(merged, name), getattr(fresh, name), err_msg=name)
         assert getattr(merged, name).dtype == getattr(fresh, name).dtype, name
+
+
+def test_frequencies_are_kept_in_the_narrowest_type_that_holds_them():
+    for repeats, dtype in [(255, np.uint8), (256, np.uint16), (65_535, np.uint16), (65_536, np.int32)]:
+        postings, vocabulary = Postings.from_tokens([["cat"] * repeats + ["dog"], ["dog"]])
+        assert postings.tfs.dtype == dtype and postings.term(vocabulary["cat"])[1].tolist() == [repeats]
+        assert postings.term(vocabulary["dog"])[1].tolist() == [1, 1]

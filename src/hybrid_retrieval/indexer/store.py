@@ -28,7 +28,7 @@ from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Index
-from hybrid_retrieval.search.dense import DenseIndex
+from hybrid_retrieval.search.dense import DenseIndex, flat_vectors
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
@@ -342,8 +342,11 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
         bm25 = BM25Index.load(folder / BM25_DIR, manifest.analyzer)
     except AnalyzerError as exc:
         raise IndexOpenError(str(exc)) from None
-    embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
-    dense = DenseIndex(faiss.read_index(str(folder / FAISS_FILE)), manifest.faiss.params, device, embeddings)
+    vectors = faiss.read_index(str(folder / FAISS_FILE), faiss.IO_FLAG_MMAP_IFC)  # a flat or 8-bit index's codes mapped
+    embeddings = flat_vectors(vectors)  # a flat index holds the stored vectors: one copy serves both
+    if embeddings is None:
+        embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
+    dense = DenseIndex(vectors, manifest.faiss.params, device, embeddings)
     docs = DocStore(folder)
     counts = {
         "documents": manifest.documents,

@@ -245,6 +245,27 @@ class DenseIndex:
         return faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]  # faiss stubs lack SWIG keyword arguments
 
 
+class _Borrowed:
+    """A FAISS index's memory as an array's base: the array keeps the index (and its mapping) alive."""
+
+    def __init__(self, index: Any, address: int, shape: tuple[int, int]):
+        self.index = index
+        self.__array_interface__ = {"data": (address, True), "shape": shape, "typestr": "<f4", "version": 3}
+
+
+def flat_vectors(index: Any) -> np.ndarray | None:
+    """The vectors a flat FAISS index holds, as a read-only array over its own memory (memory-mapped when it was read
+    with IO_FLAG_MMAP_IFC), or None for any other kind: what the stored vectors would be read for (rescoring, fusion)
+    without a second copy of them in memory."""
+    import faiss
+
+    flat = faiss.downcast_index(index)
+    if not isinstance(flat, faiss.IndexFlat) or flat.ntotal == 0:
+        return None
+    address = faiss.rev_swig_ptr(flat.get_xb(), 1).__array_interface__["data"][0]
+    return np.asarray(_Borrowed(index, address, (flat.ntotal, flat.d)))  # `index` owns the memory (`flat` is a proxy)
+
+
 def faiss_selector(allowed: Allowed) -> Any:  # a faiss.IDSelectorBitmap
     """An IDSelectorBitmap over the allowed mask (the packed bitmap lives as long as `allowed`)."""
     import faiss

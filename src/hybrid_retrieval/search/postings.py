@@ -7,7 +7,7 @@ does in Lucene until a merge), so the index also keeps raw term frequencies:
 
     postings/indptr.npy   int64 (V + 1,)  term t's entries are [indptr[t], indptr[t + 1])
     postings/docs.npy     int32           document of each entry, ascending within a term
-    postings/tfs.npy      int32           term frequency of each entry
+    postings/tfs.npy      uint8 (uint16, int32 where a frequency needs it)  term frequency of each entry
     postings/lengths.npy  int32 (n,)      analysed length of each document
 
 Term ids are the bm25s vocabulary's. The Lucene variant (bm25s "lucene", the default):
@@ -26,6 +26,13 @@ import numpy as np
 
 POSTINGS_DIR = "postings"
 _PARTS = ("indptr", "docs", "tfs", "lengths")
+
+
+def narrowest(tfs: np.ndarray) -> np.ndarray:
+    """Term frequencies in the smallest dtype that holds them: nearly every frequency is below 256, and a byte an
+    entry instead of four is a quarter of what a large collection's frequencies keep on disk and in memory."""
+    largest = int(tfs.max(initial=0))
+    return tfs.astype(np.uint8 if largest <= np.iinfo(np.uint8).max else np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32)
 
 
 class Postings:
@@ -110,7 +117,7 @@ class PostingsBuilder:
         entry_docs = np.repeat(np.arange(len(lengths), dtype=np.int32), np.frombuffer(self._distinct, dtype=np.int64))
         order = np.argsort(entry_terms, kind="stable")  # by term; documents stay ascending within one
         indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
-        tfs = np.frombuffer(self._tfs, dtype=np.int32)[order] if len(self._tfs) else np.empty(0, np.int32)
+        tfs = narrowest(np.frombuffer(self._tfs, dtype=np.int32)[order] if len(self._tfs) else np.empty(0, np.int32))
         return Postings(indptr, entry_docs[order], tfs, lengths.astype(np.int32)), {t: i for i, t in enumerate(terms)}
 
 
@@ -142,6 +149,6 @@ def merged_postings(
     order = np.argsort(entry_terms, kind="stable")  # by term; base documents (ascending) before added ones (in order)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
     docs = np.concatenate([base_docs, added_docs]).astype(np.int32)[order]
-    tfs = np.concatenate([base_tfs, np.concatenate([f for _, f, _ in added]) if added else np.empty(0)]).astype(np.int32)[order]
+    tfs = narrowest(np.concatenate([base_tfs, np.concatenate([f for _, f, _ in added]) if added else np.empty(0)]).astype(np.int32)[order])
     lengths = np.concatenate([base.lengths[keep], np.array([n for _, _, n in added], dtype=np.int64)]).astype(np.int32)
     return Postings(indptr, docs, tfs, lengths), vocabulary

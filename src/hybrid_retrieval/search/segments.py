@@ -14,8 +14,9 @@ Deleted base documents are excluded by an alive mask that the pipeline intersect
 from __future__ import annotations
 
 import functools
-from collections import Counter
-from collections.abc import Collection, Iterable
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -81,7 +82,7 @@ class LiveDocument:
 
 
 _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
-TERM_WEIGHT_CACHE = 16_384  # terms whose base weights a snapshot keeps
+WEIGHT_CACHE_BYTES = 128 * 2**20  # base weights a snapshot keeps (in bytes: a frequent term's are megabytes)
 
 
 _ColumnsKey = tuple[tuple[tuple[str, str | None], ...], tuple[str, ...]]  # field types, the base's fields
@@ -297,7 +298,7 @@ class LiveBM25:
         # Per average length (this snapshot's, or a corpus's that a shard is given), the length normalisation of every
         # document, k1 * (1 - b + b * |d| / avgdl), and a term's base weights: the same for every query until it changes.
         self._norms = functools.lru_cache(maxsize=2)(self._compute_norms)
-        self._base_weights = functools.lru_cache(maxsize=TERM_WEIGHT_CACHE)(self._compute_base_weights)
+        self._base_weights = _WeightCache(self._compute_base_weights)
 
     def df(self, term: str) -> int:
         """Documents that exist and contain `term`."""
@@ -369,6 +370,41 @@ class LiveBM25:
 
     def with_statistics(self, statistics: CorpusStatistics) -> CorpusScoredBM25:
         return CorpusScoredBM25(self, statistics)
+
+
+class _WeightCache:
+    """A term's base weights at an average length, the least recently used dropped past WEIGHT_CACHE_BYTES: memory
+    bounded whatever the queries (a bound on the number of terms let a million-document collection keep ~470 MB)."""
+
+    def __init__(self, compute: Callable[[int, float], tuple[np.ndarray, np.ndarray, float]]):
+        self._compute = compute
+        self._entries: OrderedDict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray, float]:
+        key = (term_id, avgdl)
+        with self._lock:
+            if (found := self._entries.get(key)) is not None:
+                self._entries.move_to_end(key)
+                return found
+        found = self._compute(term_id, avgdl)
+        size = _owned_bytes(found)
+        with self._lock:
+            if key not in self._entries and size <= WEIGHT_CACHE_BYTES:
+                self._entries[key], self._bytes = found, self._bytes + size
+                while self._bytes > WEIGHT_CACHE_BYTES:
+                    self._bytes -= _owned_bytes(self._entries.popitem(last=False)[1])
+        return found
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+def _owned_bytes(weights: tuple[np.ndarray, np.ndarray, float]) -> int:
+    """What an entry holds in memory of its own (its documents may be a view of the memory-mapped postings)."""
+    return sum(array.nbytes for array in weights[:2] if array.flags.owndata)
 
 
 class CorpusScoredBM25:
