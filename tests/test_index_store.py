@@ -78,6 +78,24 @@ def test_ids_are_read_in_bulk_as_decoding_each_document_gives_them(tmp_path, mon
     assert store.DocStore(tmp_path).ids() == [json.loads(line)["id"] for line in lines]
 
 
+@pytest.mark.parametrize("colliding", [False, True])
+def test_positions_by_id_find_every_stored_id_and_nothing_else(tmp_path, monkeypatch, colliding):
+    if colliding:  # every id of one length shares a hash: the stored documents tell them apart
+        monkeypatch.setattr(store, "hash", len, raising=False)
+    ids = ["b", "a", "ab", "ba", "中", "x" * 70, "", "zz"]
+    writer = store.DocStoreWriter(tmp_path)
+    for doc_id in ids:
+        writer.add(doc_id, "", "", {})
+    writer.close()
+    positions = store.IdPositions(store.DocStore(tmp_path))
+    assert dict(positions) == {doc_id: i for i, doc_id in enumerate(ids)} and len(positions) == len(ids)
+    assert [positions.get(doc_id) for doc_id in ids] == list(range(len(ids)))
+    for absent in ("c", "abc", "xx", 3, None):
+        assert absent not in positions and positions.get(absent, -1) == -1
+    with pytest.raises(KeyError):
+        positions["c"]
+
+
 def test_corrupted_file_fails_checksum(index_copy):
     data = bytearray((index_copy / "embeddings.npy").read_bytes())
     data[-1] ^= 0xFF

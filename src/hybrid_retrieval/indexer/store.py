@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -140,6 +141,44 @@ class DocStore:
 
     def __del__(self):  # a reloaded-away index is released when its last request finishes
         self.close()
+
+
+class IdPositions(Mapping[str, int]):
+    """Internal index by external document id in 16 bytes a document (a dict of a million ids held ~140 MB): the
+    ids' hashes, sorted, beside their positions; a hash found is confirmed against the stored document, so ids of
+    equal hash are told apart. Hashes are this process's (Python randomises them per process): never stored."""
+
+    def __init__(self, docs: DocStore):
+        ids = docs.ids()
+        hashes = np.fromiter(map(hash, ids), dtype=np.int64, count=len(ids))
+        self._positions = np.argsort(hashes, kind="stable")
+        self._hashes, self._docs = hashes[self._positions], docs
+
+    def get(self, doc_id: object, default: int | None = None) -> int | None:  # type: ignore[override]  # Mapping's overloads
+        if not isinstance(doc_id, str):
+            return default
+        wanted = hash(doc_id)
+        at = int(np.searchsorted(self._hashes, wanted))
+        while at < len(self._hashes) and self._hashes[at] == wanted:
+            position = int(self._positions[at])
+            if self._docs.get(position)["id"] == doc_id:
+                return position
+            at += 1
+        return default
+
+    def __getitem__(self, doc_id: str) -> int:
+        if (position := self.get(doc_id)) is None:
+            raise KeyError(doc_id)
+        return position
+
+    def __contains__(self, doc_id: object) -> bool:
+        return self.get(doc_id) is not None
+
+    def __len__(self) -> int:
+        return len(self._hashes)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._docs.ids())
 
 
 def document_line(doc_id: str, title: str, text: str, metadata: dict) -> bytes:
@@ -275,9 +314,9 @@ class OpenIndex:
         return self.docs.ids()
 
     @functools.cached_property
-    def doc_positions(self) -> dict[str, int]:
+    def doc_positions(self) -> IdPositions:
         """Internal index by external document id (built once, on first use)."""
-        return {doc_id: i for i, doc_id in enumerate(self.doc_ids)}
+        return IdPositions(self.docs)
 
     def document_by_id(self, doc_id: str) -> dict | None:
         idx = self.doc_positions.get(doc_id)
