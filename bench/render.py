@@ -156,7 +156,7 @@ def with_provenance(lines: list[str]) -> list[str]:
         if len(cpus) > 1
         else "."
     )
-    table_end = next((i for i, line in enumerate(lines) if i and lines[i - 1].startswith("| ") and not line.startswith("| ")), 0)
+    table_end = next((i for i, line in enumerate(lines) if i and lines[i - 1].startswith("|") and not line.startswith("|")), 0)
     out = lines[:table_end] + ["", note] + lines[table_end:]
     return _section_warnings(out, cpu_of, first_cpu)
 

@@ -242,6 +242,7 @@ def test_the_header_counts_runs_and_a_section_mixing_cpus_says_so():
     text = render_benchmarks(_record())
     cpu = _record()["stamp"]["machine"]["cpu_model"]
     assert f"Rendered from 1 run on {cpu}." in text and "different CPUs" not in text
+    assert "| run | |\n|---|---|\n" in text  # the note goes after the run table, not inside it
     other = _partial_record()
     other["stamp"]["machine"]["cpu_model"] = "Other CPU 9000"
     other["stamp"]["commit"] = "0123456789ab"
@@ -249,6 +250,7 @@ def test_the_header_counts_runs_and_a_section_mixing_cpus_says_so():
     updated = update_benchmarks(text, other, order)
     first, second = sorted([cpu, "Other CPU 9000"])
     assert f"Rendered from 2 runs on {first} and {second}: figures compare only within a case" in updated
+    assert "| run | |\n|---|---|\n" in updated
     speed = updated[updated.index("## Speed") : updated.index("### ok")]
     assert "measured on different CPUs" in speed and "Other CPU 9000: new, broken" in speed and f"{cpu}: ok" in speed
     late = updated[updated.index("## Late") :]
