@@ -48,7 +48,8 @@ def test_stemming_matches_the_snowball_reference(language):
     text = " ".join([SENTENCES[language], *listed])
     words = WORD.findall(text.lower())
     analyzer = Analyzer(stemmer=language, stopwords="none", cjk="none")
-    assert analyzer.analyze(text) == snowballstemmer.stemmer(language).stemWords(words)
+    stems = snowballstemmer.stemmer(language).stemWords(words)
+    assert analyzer.analyze(text) == [stem for stem in stems if stem]  # a word stemmed to nothing is no term
     assert len(set(analyzer.analyze(SENTENCES[language])) - set(WORD.findall(SENTENCES[language].lower()))) >= 3  # it stems
 
 

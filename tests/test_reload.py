@@ -64,7 +64,9 @@ def test_reload_needs_the_key_and_survives_a_broken_index(server):
     url, index_dir, _ = server
     assert httpx.post(f"{url}/admin/reload").status_code == 401
     assert httpx.post(f"{url}/admin/reload", headers={"X-API-Key": "wrong"}).status_code == 403
-    (index_dir / "dense.faiss").write_bytes(b"corrupted")
+    # a file replaced by a broken one (a served index's files are memory-mapped: they are never changed in place)
+    (index_dir / "dense.faiss.new").write_bytes(b"corrupted")
+    (index_dir / "dense.faiss.new").replace(index_dir / "dense.faiss")
     response = httpx.post(f"{url}/admin/reload", headers={"X-API-Key": KEY}, timeout=60)
     assert response.status_code == 409 and "still serving the previous index" in response.json()["detail"]
     assert httpx.post(f"{url}/search", json={"query": "cat"}, headers={"X-API-Key": KEY}).status_code == 200
