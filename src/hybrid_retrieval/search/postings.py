@@ -117,7 +117,7 @@ class PostingsBuilder:
         entry_docs = np.repeat(np.arange(len(lengths), dtype=np.int32), np.frombuffer(self._distinct, dtype=np.int64))
         order = np.argsort(entry_terms, kind="stable")  # by term; documents stay ascending within one
         indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
-        tfs = narrowest(np.frombuffer(self._tfs, dtype=np.int32)[order] if len(self._tfs) else np.empty(0, np.int32))
+        tfs = narrowest(np.frombuffer(self._tfs, dtype=np.int32))[order] if len(self._tfs) else np.empty(0, np.uint8)
         return Postings(indptr, entry_docs[order], tfs, lengths.astype(np.int32)), {t: i for i, t in enumerate(terms)}
 
 
@@ -149,6 +149,6 @@ def merged_postings(
     order = np.argsort(entry_terms, kind="stable")  # by term; base documents (ascending) before added ones (in order)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
     docs = np.concatenate([base_docs, added_docs]).astype(np.int32)[order]
-    tfs = narrowest(np.concatenate([base_tfs, np.concatenate([f for _, f, _ in added]) if added else np.empty(0)]).astype(np.int32)[order])
+    tfs = narrowest(np.concatenate([base_tfs, *(f for _, f, _ in added)]))[order]  # narrowed before it is permuted
     lengths = np.concatenate([base.lengths[keep], np.array([n for _, _, n in added], dtype=np.int64)]).astype(np.int32)
     return Postings(indptr, docs, tfs, lengths), vocabulary

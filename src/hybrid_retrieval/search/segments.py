@@ -374,7 +374,8 @@ class LiveBM25:
 
 class _WeightCache:
     """A term's base weights at an average length, the least recently used dropped past WEIGHT_CACHE_BYTES: memory
-    bounded whatever the queries (a bound on the number of terms let a million-document collection keep ~470 MB)."""
+    bounded whatever the queries (a bound on the number of terms let a large collection's frequent terms take hundreds
+    of MB)."""
 
     def __init__(self, compute: Callable[[int, float], tuple[np.ndarray, np.ndarray, float]]):
         self._compute = compute
