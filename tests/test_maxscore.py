@@ -3,7 +3,9 @@ filters, deletions and live documents; the exhaustive path (every posting summed
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import numpy as np
 import pytest
@@ -160,3 +162,26 @@ def test_base_weights_kept_stay_within_their_byte_budget_and_score_alike(scifact
             np.testing.assert_array_equal(tight.scores(query), scores)
             assert 0 < tight._base_weights.nbytes <= budget
     assert roomy._base_weights.nbytes > 10 * budget
+
+
+def test_scorers_are_freed_without_the_cycle_collector(scifact_slice_index, scifact):
+    """A refresh makes a new LiveBM25; one its own caches kept in a reference cycle lived, with its weights, segment and
+    documents, until a full garbage collection (gigabytes during a bulk load at 1M)."""
+    index = open_index(scifact_slice_index)
+    query = json.loads((scifact / "queries.jsonl").open().readline())["text"]
+    alive = np.ones(index.num_docs, dtype=bool)
+    alive[::3] = False
+    vocabulary: dict[str, int] = {}
+    written = [LiveDocument.analysed("new", "", query, {}, index.analyzer.analyze(query), np.zeros(4), vocabulary)]
+    gc.disable()
+    try:
+        live = LiveSegment(written, 4, vocabulary)
+        bm25 = LiveBM25(index.bm25, index.postings, index.manifest.bm25, alive, live)
+        own = BM25Index.build([index.analyzer.analyze(query), ["other"]] * 300, index.analyzer, BM25Params())
+        assert bm25.leg(query, 10, prune=True)[0].doc_idx[0] == index.num_docs  # the caches hold entries now
+        assert own.leg(query, 1, prune=True)[0].scores[0] > 0
+        freed = [weakref.ref(bm25), weakref.ref(live), weakref.ref(own)]
+        del bm25, live, own
+        assert [ref() for ref in freed] == [None, None, None]
+    finally:
+        gc.enable()

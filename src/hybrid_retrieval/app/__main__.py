@@ -15,6 +15,7 @@ from hybrid_retrieval.app.observability import JsonFormatter
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.devices import DEVICES
 from hybrid_retrieval.common.errors import HybridError
+from hybrid_retrieval.common.memory import limit_heap_growth
 from hybrid_retrieval.engine.collections import check_data_dir
 from hybrid_retrieval.engine.schema import VERIFY_MODES
 from hybrid_retrieval.engine.serving import open_folder
@@ -43,6 +44,7 @@ def parse_settings(argv: list[str] | None = None, parser: argparse.ArgumentParse
 
 
 def main(argv: list[str] | None = None) -> int:
+    limit_heap_growth()  # before any thread starts
     settings, args = parse_settings(argv)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:  # opened here, not in the app's lifespan, so a bad index fails with one line and exit code 2

@@ -75,7 +75,8 @@ class BM25Index:
         # MaxScore needs entries >= 0 and no score outside the lists: not Robertson's idf (negative for common
         # terms), nor bm25l/bm25+, which give every document a non-occurrence score
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
-        self._bound = functools.lru_cache(maxsize=TERM_CACHE)(self._largest_score)
+        # over the arrays, not a method of self: a cache of a bound method is a cycle, freed only by a full collection
+        self._bound = functools.lru_cache(maxsize=TERM_CACHE)(functools.partial(_largest_score, engine.scores))
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
@@ -188,10 +189,6 @@ class BM25Index:
             lists.append(PostingList(indices[start:stop], data[start:stop], self._bound(term_id), within=matrix, start=int(start)))
         return lists
 
-    def _largest_score(self, term_id: int) -> float:
-        indptr = self._engine.scores["indptr"]
-        return float(self._engine.scores["data"][indptr[term_id] : indptr[term_id + 1]].max(initial=0.0))
-
     def leg(self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
         `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says."""
@@ -221,3 +218,9 @@ class ReferenceBM25:
 
     def search(self, query: str, depth: int) -> Ranking:
         return BM25Index.ranking_from_scores(self.scores(query), depth)
+
+
+def _largest_score(matrix: dict[str, Any], term_id: int) -> float:
+    """A term's largest entry in a bm25s score matrix."""
+    indptr = matrix["indptr"]
+    return float(matrix["data"][indptr[term_id] : indptr[term_id + 1]].max(initial=0.0))

@@ -294,11 +294,13 @@ class LiveBM25:
         self.total_length = int(postings.lengths[base_alive].sum()) + int(live.lengths.sum())
         self.avgdl = self.total_length / max(1, self.collection_size)
         self._base_df = postings.document_frequency(base_alive)
-        self._all_alive = bool(base_alive.all())
         # Per average length (this snapshot's, or a corpus's that a shard is given), the length normalisation of every
         # document, k1 * (1 - b + b * |d| / avgdl), and a term's base weights: the same for every query until it changes.
-        self._norms = functools.lru_cache(maxsize=2)(self._compute_norms)
-        self._base_weights = _WeightCache(self._compute_base_weights)
+        # The caches wrap functions of the arrays, not methods of self: a cycle through self would keep each refresh's
+        # segment, weights and documents until a full garbage collection (gigabytes during a bulk load at 1M).
+        self._norms = functools.lru_cache(maxsize=2)(functools.partial(_length_norms, params, postings.lengths, live.lengths))
+        alive = None if base_alive.all() else base_alive
+        self._base_weights = _WeightCache(functools.partial(_base_weights, postings, alive, self._norms))
 
     def df(self, term: str) -> int:
         """Documents that exist and contain `term`."""
@@ -352,24 +354,30 @@ class LiveBM25:
             return exhaustive_leg(exhaustive_scores(lists, self.num_docs, dtype), depth, allowed)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 
-    def _compute_norms(self, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
-        k1, b = self.params.k1, self.params.b
-        return (
-            k1 * (1.0 - b + b * np.asarray(self.postings.lengths, dtype=np.float64) / avgdl),
-            k1 * (1.0 - b + b * self.live.lengths.astype(np.float64) / avgdl),
-        )
-
-    def _compute_base_weights(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray, float]:
-        """The alive base documents holding the term, tf / (tf + k1 * (1 - b + b * |d| / avgdl)) of each, the largest."""
-        docs, tfs = self.postings.term(term_id)
-        if not self._all_alive:
-            keep = self.alive[docs]
-            docs, tfs = docs[keep], tfs[keep]
-        weights = tfs / (tfs + self._norms(avgdl)[0][docs])
-        return docs, weights, float(weights.max(initial=0.0))
-
     def with_statistics(self, statistics: CorpusStatistics) -> CorpusScoredBM25:
         return CorpusScoredBM25(self, statistics)
+
+
+def _length_norms(params: BM25Params, base_lengths: np.ndarray, live_lengths: np.ndarray, avgdl: float) -> tuple[np.ndarray, np.ndarray]:
+    """k1 * (1 - b + b * |d| / avgdl) of every base and every live document."""
+    k1, b = params.k1, params.b
+    return (
+        k1 * (1.0 - b + b * np.asarray(base_lengths, dtype=np.float64) / avgdl),
+        k1 * (1.0 - b + b * live_lengths.astype(np.float64) / avgdl),
+    )
+
+
+def _base_weights(
+    postings: Postings, alive: np.ndarray | None, norms: Callable[[float], tuple[np.ndarray, np.ndarray]], term_id: int, avgdl: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """The alive base documents holding the term (`alive` None: all are), tf / (tf + k1 * (1 - b + b * |d| / avgdl))
+    of each, the largest."""
+    docs, tfs = postings.term(term_id)
+    if alive is not None:
+        keep = alive[docs]
+        docs, tfs = docs[keep], tfs[keep]
+    weights = tfs / (tfs + norms(avgdl)[0][docs])
+    return docs, weights, float(weights.max(initial=0.0))
 
 
 class _WeightCache:
