@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -166,6 +167,8 @@ LOAD_BODY = 1_000
 LOAD_DIMENSION = 64
 LOAD_KEY = "million-bench"
 LOAD_QUERIES = 200
+LOAD_CLIENTS = 16
+LOAD_SECONDS = 30
 
 
 def _vectors(first: int, count: int) -> list[list[float]]:
@@ -215,6 +218,18 @@ class _Loader:
             f"/collections/{self.name}/search", json={"query": query, "vector": _vectors(seed, 1)[0], "k": 10, **spec}
         ).raise_for_status()
         return (time.perf_counter() - started) * 1000
+
+    def throughput(self, url: str, queries: list[str], seconds: float) -> dict:
+        """Hybrid searches from LOAD_CLIENTS connections at once, as fast as answered, for `seconds`."""
+        from bench.loadgen import closed_loop
+
+        bodies = [
+            json.dumps({"query": query, "vector": _vectors(i, 1)[0], "k": 10, "mode": "hybrid"}).encode() for i, query in enumerate(queries)
+        ]
+        result = closed_loop(url, bodies, LOAD_CLIENTS, 10**9, seconds, f"/collections/{self.name}/search", {"X-API-Key": LOAD_KEY})
+        if result["errors"]:
+            raise RuntimeError(f"{result['errors']} of {result['requests']} searches from {LOAD_CLIENTS} clients failed")
+        return result
 
     def searches(self, queries: list[str]) -> dict[str, dict[str, float]]:
         specs = {"hybrid": {"mode": "hybrid"}, "bm25": {"mode": "bm25"}, "hybrid, 1% filter": {"mode": "hybrid", "filter": {"tag": "t7"}}}
@@ -284,6 +299,7 @@ def _api_load(ctx) -> list[Table]:
                 row["compaction_s"] = round(client.compact_s(), 1)
                 row["after_compaction"] = _memory_mib(process.pid)
                 row["compacted"] = client.searches(queries)
+                row["clients"] = client.throughput(url, queries, ctx.size(LOAD_SECONDS, 3))
                 row["visible"] = percentiles(client.visible_ms(ctx.size(10, 3), size))
                 loaded += ctx.size(10, 3)  # the probes are documents too
                 row["disk_bytes_per_doc"] = round(_folder_bytes(data / "collections") / loaded, 1)
@@ -317,6 +333,8 @@ def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
         by_size("BM25 p50 ms while loading", lambda r: r["during"]["bm25"]["p50_ms"]),
         by_size("hybrid p50 ms, compacted", lambda r: r["compacted"]["hybrid"]["p50_ms"], exponent=True),
         by_size("BM25 p50 ms, compacted", lambda r: r["compacted"]["bm25"]["p50_ms"], exponent=True),
+        by_size(f"hybrid req/s, {LOAD_CLIENTS} clients, compacted", lambda r: r["clients"]["throughput_rps"], exponent=True),
+        by_size(f"hybrid p50 ms, {LOAD_CLIENTS} clients", lambda r: r["clients"]["p50_ms"]),
         by_size("hybrid with a 1% filter p50 ms, compacted", lambda r: r["compacted"]["hybrid, 1% filter"]["p50_ms"], exponent=True),
         by_size(
             "hybrid p50 while loading / compacted", lambda r: round(r["during"]["hybrid"]["p50_ms"] / r["compacted"]["hybrid"]["p50_ms"], 2)
@@ -332,9 +350,10 @@ def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
         by_size("disk bytes a document", lambda r: r["disk_bytes_per_doc"]),
     ]
     note = (
-        f"One `hybrid serve` process (data directory, background compaction as configured by default) and one client; "
-        f"bodies of {LOAD_BODY:,} documents with {LOAD_DIMENSION}-number vectors; searches of generated queries, each "
-        "with a random vector; memory is the server's resident set (VmRSS, VmHWM for the peak)."
+        f"One `hybrid serve` process (data directory, background compaction as configured by default) and one client "
+        f"loading; bodies of {LOAD_BODY:,} documents with {LOAD_DIMENSION}-number vectors; searches of generated queries, "
+        f"each with a random vector, from one client (p50) or {LOAD_CLIENTS} at once for {LOAD_SECONDS} s (req/s); memory "
+        "is the server's resident set (VmRSS, VmHWM for the peak)."
     )
     return [Table("A collection filled through the API, by size", rows, note)]
 
