@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from hybrid_retrieval.common.errors import HybridError, SpecError
 from hybrid_retrieval.common.publish import publish_dir
-from hybrid_retrieval.indexer import wal
+from hybrid_retrieval.indexer import build_process, wal
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.hubness import fit_hubness
 from hybrid_retrieval.indexer.live.collection import Collection
@@ -249,6 +250,66 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     assert reopened.view.documents == len(BASE) and len(reopened.view.live) == 1
     assert [r["seq"] for r in WriteAheadLog.replay(tmp_path / "index" / LIVE_DIR / WAL_FILE)] == [3]
     reopened.close()
+
+
+def _compacted_files(base_index: Path, folder: Path) -> dict:
+    """The checksums of the files of a compaction of these writes on a copy of `base_index` at `folder`."""
+    shutil.copytree(base_index, folder)
+    collection = Collection(open_index(folder))
+    collection.upsert([{"id": "n1", "text": "quantum cat market", "metadata": {"year": 2021, "journal": "Cell"}}])
+    collection.upsert([{"id": "b2", "text": "replaced body about dogs", "metadata": {"year": 1999}}, {"id": "n3", "text": "pets"}])
+    collection.delete(["b0", "b5"])
+    files = collection.compact().index.manifest.files
+    collection.close()
+    return {re.sub(r"^hubness-[^/]+/", "hubness/", name): entry["sha256"] for name, entry in files.items()}  # a time in the name
+
+
+@pytest.mark.process
+def test_a_compaction_built_in_a_child_process_writes_the_same_base(base_index, tmp_path, monkeypatch):
+    """A large collection's compaction builds in a niced child process (indexer.build_process): byte for byte the base
+    an in-process build writes, hubness correction and all."""
+    in_process = _compacted_files(base_index, tmp_path / "here")
+    children = []
+    popen = build_process.subprocess.Popen
+    monkeypatch.setattr(build_process, "CHILD_ABOVE", 0)
+    monkeypatch.setattr(build_process.subprocess, "Popen", lambda *a, **k: children.append(popen(*a, **k)) or children[-1])
+    in_child = _compacted_files(base_index, tmp_path / "child")
+    assert len(children) == 1 and children[0].returncode == 0
+    assert in_child == in_process and "hubness/bank_query.npy" in in_child
+
+
+@pytest.mark.process
+def test_a_child_build_is_killed_when_its_checkpoint_stops_it(base_index, tmp_path, monkeypatch):
+    """A collection closed while its compaction builds in a child process: the parent's next poll stops the build and
+    kills the child, and the folder gets nothing more."""
+    children = []
+    popen = build_process.subprocess.Popen
+    monkeypatch.setattr(build_process.subprocess, "Popen", lambda *a, **k: children.append(popen(*a, **k)) or children[-1])
+    (tmp_path / "work").mkdir()
+    (tmp_path / "new").mkdir()
+    np.save(tmp_path / "vectors.npy", np.zeros((1, 4), np.float32))
+
+    def closed() -> None:
+        raise Closed("collection 'x' was dropped")
+
+    with pytest.raises(Closed, match="dropped"):
+        build_process.build_given(
+            tmp_path / "new", base_index / "docs.jsonl", BuildOptions(), None, {}, tmp_path / "vectors.npy",
+            work=tmp_path / "work", documents=build_process.CHILD_ABOVE, checkpoint=closed,
+        )  # fmt: skip
+    assert children[0].returncode == -signal.SIGKILL and list((tmp_path / "new").iterdir()) == []
+
+
+@pytest.mark.process
+def test_a_failed_child_build_says_why(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "new").mkdir()
+    np.save(tmp_path / "vectors.npy", np.zeros((1, 4), np.float32))
+    with pytest.raises(HybridError, match=r"the build process failed \(exit code 1\): .*missing\.jsonl"):
+        build_process.build_given(
+            tmp_path / "new", tmp_path / "missing.jsonl", BuildOptions(), None, {}, tmp_path / "vectors.npy",
+            work=tmp_path / "work", documents=build_process.CHILD_ABOVE,
+        )  # fmt: skip
 
 
 def _compact_in_background(collection: Collection) -> tuple[threading.Thread, list]:

@@ -280,6 +280,11 @@ class Analyzer:
         """The distributions whose versions decide this analyzer's terms (recorded in the manifest at build)."""
         return (("PyStemmer",) if self.stemmer != "none" else ()) + ((SEGMENTERS[self.cjk].package,) if self.cjk in SEGMENTERS else ())
 
+    def __reduce__(self) -> tuple[Callable[[dict[str, Any]], Analyzer], tuple[dict[str, Any]]]:
+        """Pickled as its fields (a build in another process analyses alike): its caches are made again there, and
+        its query-time synonyms stay behind."""
+        return Analyzer.from_dict, (self.to_dict(),)
+
     def to_dict(self) -> dict[str, Any]:
         spec = asdict(self)
         spec["stopword_list"] = list(self.stopword_list)

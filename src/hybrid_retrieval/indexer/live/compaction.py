@@ -13,52 +13,56 @@ from pathlib import Path
 
 import numpy as np
 
-from hybrid_retrieval.indexer.build import BuildOptions, build_into
+from hybrid_retrieval.indexer.build import BuildOptions
+from hybrid_retrieval.indexer.build_process import build_given
 from hybrid_retrieval.indexer.hubness import correction_folder_name, write_correction
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.live.validate import filterable_fields
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
-from hybrid_retrieval.indexer.representation import VectorSource
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, document_line, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.postings import Postings, merged_postings
 from hybrid_retrieval.search.segments import LiveDocument
 
+VECTOR_CHUNK = 65_536  # vectors copied into the compaction's file at a time
 OnCompact = Callable[[ReadView, Manifest, Path], None]  # what else goes into the new base folder before its manifest
 
 
 def build_compacted(
     state: ReadView,
     corpus: Path,
-    vectors: np.ndarray,
+    vectors: Path,
     folder: Path,
     on_compact: OnCompact | None = None,
     checkpoint: Callable[[], None] = lambda: None,
 ) -> None:
-    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus; what
-    its representation carries as it is: a chunked index's passages), with what it keeps of the old base and what
-    `on_compact(state, manifest, folder)` adds; the manifest is written last. `checkpoint` runs between stages and may
-    stop the build (build_into)."""
+    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus's files;
+    what its representation carries as it is: a chunked index's passages), with what it keeps of the old base and what
+    `on_compact(state, manifest, folder)` adds; the manifest is written last. The build runs in a child process when
+    the collection is large (indexer.build_process). `checkpoint` runs between stages and may stop the build."""
     checkpoint()  # after current_corpus, as long as a stage for a large collection
     index = state.index
     options = replace(build_options_of(index), field_types=dict(state.field_types))
     model = index.path / MODEL_DIR if index.manifest.embedder.document_backend != NO_MODEL else None
-    manifest = build_into(
+    manifest = build_given(
         folder,
         corpus,
         options,
         model,
         json.loads((model / CONFIG_FILE).read_text()) if model is not None else no_model_spec(index.manifest.embedder.dimension),
-        vectors=VectorSource(documents=vectors, passages=index.representation.carried(index.passages, state.base_alive, state.live)),
-        collection=True,
-        checkpoint=checkpoint,
+        vectors,
+        work=corpus.parent,
+        documents=state.documents,
+        passages=index.representation.carried(index.passages, state.base_alive, state.live),
         analysed=merged_terms(state),
+        collection=True,
         stored_lines=True,
+        checkpoint=checkpoint,
     )
     checkpoint()
-    _carry_over(state, manifest, folder, vectors)
+    _carry_over(state, manifest, folder, np.load(vectors, mmap_mode="r"))
     if on_compact is not None:
         on_compact(state, manifest, folder)
     write_manifest(folder, manifest)
@@ -93,22 +97,24 @@ def reopen(index: OpenIndex) -> OpenIndex:
     )
 
 
-def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, np.ndarray]:
-    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors.
-    Its lines are those of the document store (the base's copied as they are), so that the new base adopts the file
-    as its store (build_into's `stored_lines`)."""
-    corpus = work / "corpus.jsonl"
+def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, Path]:
+    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors
+    (an .npy file), in `work`. The corpus's lines are those of the document store (the base's copied as they are), so
+    that the new base adopts the file as its store (build_into's `stored_lines`)."""
+    corpus, vectors = work / "corpus.jsonl", work / "vectors.npy"
     alive = np.flatnonzero(base_alive)
     with corpus.open("wb") as fh:
         index.docs.copy_lines(alive, fh)
         for written in live:
             fh.write(document_line(written.doc_id, written.title, written.text, written.metadata))
-    vectors = np.concatenate(
-        [
-            np.asarray(index.embeddings[alive], dtype=np.float32),
-            np.stack([doc.vector for doc in live]) if live else np.empty((0, index.dense.dimension), np.float32),
-        ]
-    )
+    out = np.lib.format.open_memmap(vectors, mode="w+", dtype=np.float32, shape=(len(alive) + len(live), index.dense.dimension))
+    for start in range(0, len(alive), VECTOR_CHUNK):
+        chunk = alive[start : start + VECTOR_CHUNK]
+        out[start : start + len(chunk)] = index.embeddings[chunk]
+    if live:
+        out[len(alive) :] = np.stack([doc.vector for doc in live])
+    out.flush()
+    del out
     return corpus, vectors
 
 

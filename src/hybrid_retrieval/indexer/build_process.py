@@ -1,0 +1,138 @@
+"""An index build in a child process at low priority: how a service builds while it serves (a compaction).
+
+Built in the service's own process, a compaction held the interpreter lock through every Python step of the build
+(each stored document read for its metadata, each line adopted), so searches and writes queued behind it, and its
+garbage stayed in the service's heap. A child process has its own lock and heap, and runs niced, so the service's
+threads come first on the cores. The job (build_into's arguments) and its result travel as files in the build's work
+folder; the vectors and postings as arrays the child maps.
+
+Builds of fewer than CHILD_ABOVE documents stay in the calling process: starting Python and importing the engine
+costs about a second.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hybrid_retrieval.common.errors import HybridError
+from hybrid_retrieval.indexer.build import BuildOptions, build_into
+from hybrid_retrieval.indexer.manifest import Manifest
+from hybrid_retrieval.indexer.representation import PassageArrays, VectorSource
+from hybrid_retrieval.search.postings import Postings
+
+CHILD_ABOVE = 20_000
+NICENESS = 10  # the child's priority below the service's (0 .. 19: lowest)
+POLL_S = 0.1  # how often the parent runs `checkpoint` while the child builds
+
+
+@dataclass(frozen=True)
+class _Job:
+    folder: Path
+    source: Path
+    options: BuildOptions
+    onnx_folder: Path | None
+    embedder_spec: dict
+    vectors: Path  # .npy of one vector per document
+    passages: PassageArrays | None
+    postings: Path | None  # a folder holding postings/ (Postings.save)
+    vocabulary: dict[str, int] | None
+    collection: bool
+    stored_lines: bool
+
+
+def build_given(  # noqa: PLR0913
+    folder: Path,
+    source: Path,
+    options: BuildOptions,
+    onnx_folder: Path | None,
+    embedder_spec: dict,
+    vectors: Path,
+    *,
+    work: Path,
+    documents: int,
+    passages: PassageArrays | None = None,
+    analysed: tuple[Postings, dict[str, int]] | None = None,
+    collection: bool = False,
+    stored_lines: bool = False,
+    checkpoint: Callable[[], None] = lambda: None,
+) -> Manifest:
+    """build_into `folder` of the corpus `source` with the given document `vectors` (an .npy file) and `passages`,
+    in a child process when `documents` reach CHILD_ABOVE (its scratch files in `work`). `checkpoint` runs between
+    stages in process, and every POLL_S while a child builds; what it raises stops the child (killed) and the build."""
+    if documents < CHILD_ABOVE:
+        given = VectorSource(documents=np.load(vectors, mmap_mode="r"), passages=passages)
+        return build_into(
+            folder,
+            source,
+            options,
+            onnx_folder,
+            embedder_spec,
+            vectors=given,
+            collection=collection,
+            checkpoint=checkpoint,
+            analysed=analysed,
+            stored_lines=stored_lines,
+        )
+    postings, vocabulary = None, None
+    if analysed is not None:
+        postings = work / "terms"
+        postings.mkdir()
+        analysed[0].save(postings)
+        vocabulary = analysed[1]
+    job = _Job(folder, source, options, onnx_folder, embedder_spec, vectors, passages, postings, vocabulary, collection, stored_lines)
+    job_file, result_file, log_file = work / "build-job.pickle", work / "build-result.pickle", work / "build.log"
+    job_file.write_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+    with log_file.open("wb") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(job_file), str(result_file)], stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    try:
+        while True:
+            try:
+                code = child.wait(POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                checkpoint()
+    finally:
+        if child.poll() is None:  # checkpoint raised (or this thread was interrupted): the build is not wanted
+            child.kill()
+            child.wait()
+    if code != 0 or not result_file.is_file():
+        why = log_file.read_text(errors="replace").strip().splitlines()
+        raise HybridError(f"the build process failed (exit code {code}): {why[-1] if why else 'no message'}")
+    manifest: Manifest = pickle.loads(result_file.read_bytes())
+    return manifest
+
+
+def _run(job_file: Path, result_file: Path) -> None:
+    """The child's side: the job's build, its manifest written to `result_file` once the build is complete."""
+    os.nice(NICENESS)
+    job: _Job = pickle.loads(job_file.read_bytes())
+    analysed = None
+    if job.postings is not None:
+        assert job.vocabulary is not None  # saved with the postings
+        analysed = (Postings.load(job.postings), job.vocabulary)
+    manifest = build_into(
+        job.folder,
+        job.source,
+        job.options,
+        job.onnx_folder,
+        job.embedder_spec,
+        vectors=VectorSource(documents=np.load(job.vectors, mmap_mode="r"), passages=job.passages),
+        collection=job.collection,
+        analysed=analysed,
+        stored_lines=job.stored_lines,
+    )
+    result_file.write_bytes(pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+if __name__ == "__main__":
+    _run(Path(sys.argv[1]), Path(sys.argv[2]))
