@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from hybrid_retrieval.evaluation.server import running_server
+from hybrid_retrieval.indexer.store import stored_vectors
 from hybrid_retrieval.models.embedder import OnnxEmbedder
 from tests.conftest import sample_queries, with_metadata
 
@@ -161,7 +162,7 @@ def lifecycle(scifact, tmp_path, count: int) -> None:
         own = {"name": "scifact-vectors", "settings": {**SETTINGS, "embedder": {"kind": "none", "dimension": 384}}}
         assert client.post("/collections", json=own).status_code == 201
         offline = data / "collections" / "scifact-offline"
-        exported = np.load(offline / "embeddings.npy")
+        exported = stored_vectors(offline)
         with_vectors = [{**doc, "vector": vector.tolist()} for doc, vector in zip(docs, exported)]
         assert {task["state"] for task in load(client, "scifact-vectors", with_vectors, per_request=500)} == {"succeeded"}
         assert_same_vector_rankings(client, "scifact-vectors", "scifact-offline", queries, OnnxEmbedder(offline / "model"))

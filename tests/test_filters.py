@@ -17,7 +17,7 @@ from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.corpus import read_queries
 from hybrid_retrieval.indexer.hubness import fit_hubness
 from hybrid_retrieval.indexer.manifest import read_manifest
-from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.indexer.store import open_index, stored_vectors
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.fusion import RRF, Candidates, ConvexCombination, fuse
 from hybrid_retrieval.search.hubness import HubnessParams
@@ -62,7 +62,7 @@ def meta(scifact_slice, scifact_slice_index, tmp_path_factory):
     with scifact_slice.open() as fh:
         docs = [json.loads(line) for line in fh]
     write_jsonl(root / "corpus.jsonl", [{**doc, "metadata": synthetic_metadata(doc["_id"])} for doc in docs])
-    vectors = np.load(scifact_slice_index / "embeddings.npy")
+    vectors = np.array(stored_vectors(scifact_slice_index))
     build_index(root / "corpus.jsonl", root / "index", BuildOptions(progress=False), embed=lambda *_: vectors)
     index = open_index(root / "index")
     assert index.doc_ids == open_index(scifact_slice_index).doc_ids  # the same documents in the same order

@@ -25,7 +25,8 @@ def test_manifest_describes_the_build(tiny_index):
     assert manifest["analyzer"]["stemmer"] == "porter"
     assert manifest["bm25"] == {"engine": "bm25s", "method": "lucene", "k1": 1.5, "b": 0.75, "delta": 0.5}
     assert manifest["faiss"]["factory"] == "Flat"
-    assert {"docs.jsonl", "embeddings.npy", "dense.faiss", "model/model.onnx"} <= set(manifest["files"])
+    assert {"docs.jsonl", "dense.faiss", "model/model.onnx"} <= set(manifest["files"])
+    assert "embeddings.npy" not in manifest["files"]  # the flat index holds the vectors: no second copy
     for rel, entry in manifest["files"].items():
         assert entry["sha256"] == store.sha256_file(tiny_index / rel)
 
@@ -34,7 +35,7 @@ def test_open_index_reads_documents_and_vectors(tiny_index):
     index = open_index(tiny_index, verify="full")
     assert index.num_docs == len(TINY_CORPUS)
     assert index.docs.get(4) == {"id": "d5", "title": "Running", "text": TINY_CORPUS[4]["text"], "metadata": {"lang": "en"}}
-    vectors = np.load(tiny_index / "embeddings.npy")
+    vectors = store.stored_vectors(tiny_index)
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
     # Stored vectors are what the index's own embedder produces for the same text.
     again = index.embedder.encode(["Cats The cat sat on the mat. Cats like warm mats."])
@@ -97,10 +98,10 @@ def test_positions_by_id_find_every_stored_id_and_nothing_else(tmp_path, monkeyp
 
 
 def test_corrupted_file_fails_checksum(index_copy):
-    data = bytearray((index_copy / "embeddings.npy").read_bytes())
+    data = bytearray((index_copy / "dense.faiss").read_bytes())
     data[-1] ^= 0xFF
-    (index_copy / "embeddings.npy").write_bytes(bytes(data))
-    with pytest.raises(IndexOpenError, match="embeddings.npy does not match its checksum"):
+    (index_copy / "dense.faiss").write_bytes(bytes(data))
+    with pytest.raises(IndexOpenError, match="dense.faiss does not match its checksum"):
         open_index(index_copy)
 
 
@@ -212,3 +213,23 @@ def test_an_sq8_index_keeps_codes_and_serves_the_flat_rankings(tiny_index, tmp_p
             b = sq8.pipeline().search(query, 5, {"mode": mode}).ranking
             assert a.doc_idx.tolist() == b.doc_idx.tolist()
             np.testing.assert_allclose(a.scores, b.scores, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("kind", "second_copy"), [("flat", False), ("hnsw", False), ("sq8", True), ("ivf", True)])
+def test_the_vectors_are_stored_once_at_full_precision(tmp_path, kind, second_copy):
+    """A flat or hnsw index holds the vectors whole: the folder keeps no embeddings.npy beside it. Every other kind
+    keeps them there (compressed codes, or vectors in cluster order), and the index reads the same vectors either way."""
+    from hybrid_retrieval.indexer.build import build_into
+    from hybrid_retrieval.indexer.representation import VectorSource
+    from hybrid_retrieval.models.embedder import no_model_spec
+    from hybrid_retrieval.search.dense import FaissParams
+
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"_id": f"d{i}", "text": f"word{i} common"} for i in range(200)])
+    vectors = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    options = BuildOptions(backend="none", faiss=FaissParams(kind=kind, nlist=2), progress=False)
+    (tmp_path / "index").mkdir()
+    manifest = build_into(tmp_path / "index", corpus, options, None, no_model_spec(8), vectors=VectorSource(documents=vectors))
+    assert ("embeddings.npy" in manifest.files) == second_copy == (tmp_path / "index" / "embeddings.npy").exists()
+    np.testing.assert_array_equal(store.stored_vectors(tmp_path / "index"), vectors)
+    np.testing.assert_array_equal(open_index(tmp_path / "index").embeddings, vectors)

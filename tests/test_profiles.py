@@ -183,17 +183,18 @@ def test_a_fast_index_records_its_profile_and_ranks_by_its_vectors(distilled, tm
 def test_reembed_moves_an_index_between_profiles_and_back(distilled, tiny_index, tmp_path):
     from hybrid_retrieval.indexer.manifest import read_manifest
     from hybrid_retrieval.indexer.reembed import reembed
+    from hybrid_retrieval.indexer.store import stored_vectors
 
     _, _, cache = distilled
     index = tmp_path / "index"
     shutil.copytree(tiny_index, index)
-    before = np.load(index / "embeddings.npy")
+    before = np.array(stored_vectors(index))
     fast = reembed(index, profile="fast", onnx_cache=cache, progress=False)
     assert (fast.embedder.profile, fast.embedder.dimension) == ("fast", 384)  # aligned on the index's documents
     assert fast.build["reembedded_from"]["profile"] == "full"
     back = reembed(index, profile="full", progress=False)
     assert (back.embedder.profile, back.embedder.dimension, read_manifest(index).embedder.recipe) == ("full", 384, None)
-    np.testing.assert_allclose(np.load(index / "embeddings.npy"), before, atol=1e-6)
+    np.testing.assert_allclose(stored_vectors(index), before, atol=1e-6)
 
 
 @pytest.mark.slow  # distils the bundled model first (about 10 s)

@@ -166,6 +166,7 @@ def test_a_collection_takes_a_students_folder_as_its_small_model(student, tmp_pa
 def test_a_small_build_distils_on_its_corpus_once_and_reembed_moves_to_it(tmp_path):
     from hybrid_retrieval.indexer.build import BuildOptions, build_index
     from hybrid_retrieval.indexer.reembed import reembed
+    from hybrid_retrieval.indexer.store import stored_vectors
 
     documents = [{**d, "_id": f"{d['_id']}-{i}", "text": f"{d['text']} Note {i}."} for i in range(20) for d in TINY_CORPUS]
     corpus = write_jsonl(tmp_path / "corpus.jsonl", documents)
@@ -182,7 +183,7 @@ def test_a_small_build_distils_on_its_corpus_once_and_reembed_moves_to_it(tmp_pa
     moved = reembed(tmp_path / "c", profile="small", onnx_cache=cache, device="cpu", progress=False)
     assert moved.embedder.profile == "small" and moved.build["reembedded_from"]["profile"] == "full"
     assert sorted(cache.glob("student*/training.json")) == records  # the same documents: the same student
-    np.testing.assert_allclose(np.load(tmp_path / "c" / "embeddings.npy"), np.load(tmp_path / "a" / "embeddings.npy"), atol=1e-5)
+    np.testing.assert_allclose(stored_vectors(tmp_path / "c"), stored_vectors(tmp_path / "a"), atol=1e-5)
 
 
 @needs_torch

@@ -44,7 +44,7 @@ from hybrid_retrieval.indexer.manifest import (
     read_manifest,
     write_manifest,
 )
-from hybrid_retrieval.indexer.representation import VectorBuild, VectorSource, representation_of
+from hybrid_retrieval.indexer.representation import VectorBuild, VectorSource, drop_second_copy, representation_of
 from hybrid_retrieval.models.batching import offline_workers
 from hybrid_retrieval.models.embedder import NO_MODEL, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import PRECISIONS
@@ -246,6 +246,7 @@ def build_into(  # noqa: PLR0913
     t = time.perf_counter()
     faiss_index = build_faiss_index(document_vectors, options.faiss, options.device, options.progress)
     faiss.write_index(faiss_index, str(tmp / store.FAISS_FILE))
+    drop_second_copy(tmp / store.EMBEDDINGS, options.faiss, len(document_vectors))
     timings["faiss_s"] = time.perf_counter() - t
 
     if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)

@@ -5,8 +5,8 @@ Layout (all paths relative to the index folder, all listed with size and sha256 
     docs.jsonl             one stored document per line, in internal index order
     docs.offsets.npy       byte offset of each line (n + 1 entries) for O(1) random access
     bm25/                  bm25s sparse score matrix (memory-mapped .npy) and vocabulary
-    embeddings.npy         float32 unit document vectors, (n, dimension)
-    dense.faiss            FAISS inner-product index over those vectors
+    embeddings.npy         float32 unit document vectors, (n, dimension), unless dense.faiss holds them whole
+    dense.faiss            FAISS inner-product index over those vectors (flat or hnsw: their only copy)
     model/                 the ONNX query/document embedder the index was built with
     postings/              term frequencies and document lengths (search.postings): BM25 with live statistics
     metadata/              filterable metadata columns (search.filters), when the documents have any

@@ -24,8 +24,8 @@ from hybrid_retrieval.search.hubness import HubnessParams
 from hybrid_retrieval.search.spec import SearchSpec
 
 FORMAT = "hybrid-retrieval-index"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 3: a flat or hnsw index holds the document vectors; no embeddings.npy beside it
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 
 

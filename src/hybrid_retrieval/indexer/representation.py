@@ -39,7 +39,7 @@ from hybrid_retrieval.indexer.manifest import IndexOpenError, Manifest
 from hybrid_retrieval.models.embedder import Embedder
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
-from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
+from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index, flat_vectors
 from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.postings import Postings, PostingsBuilder
 from hybrid_retrieval.search.segments import LIVE_METHOD, LiveSegment, PassageBM25
@@ -119,6 +119,13 @@ class Representation(Protocol):
     def carried(self, passages: PassageIndex | None, base_alive: np.ndarray, live: LiveSegment) -> PassageArrays | None:
         """What a compaction gives the new base as it is, in the order of the documents it keeps then the written ones."""
         ...
+
+
+def drop_second_copy(vectors: Path, params: FaissParams, count: int) -> None:
+    """Remove the .npy of `count` vectors once their vector index, built with `params`, holds them whole (flat, hnsw):
+    they are read from it (store.stored_vectors)."""
+    if params.holds_vectors(count):
+        vectors.unlink()
 
 
 def representation_of(chunking: ChunkingParams, model_folder: Path | None, dimension: int) -> Representation:
@@ -206,17 +213,20 @@ class Passages:
         where = build.folder / PASSAGES_DIR
         passage_vectors = np.load(where / PASSAGE_EMBEDDINGS)
         faiss.write_index(build_faiss_index(passage_vectors, build.faiss, build.device, build.progress), str(where / PASSAGE_FAISS))
+        drop_second_copy(where / PASSAGE_EMBEDDINGS, build.faiss, len(passage_vectors))
         np.save(build.folder / EMBEDDINGS, vectors)
         return vectors, len(passage_vectors)
 
     def load(self, folder: Path, manifest: Manifest, device: str) -> PassageIndex:
         where = folder / PASSAGES_DIR
-        vectors = np.asarray(np.load(where / PASSAGE_EMBEDDINGS, mmap_mode="r"))
+        index = faiss.read_index(str(where / PASSAGE_FAISS), faiss.IO_FLAG_MMAP_IFC)
+        held = flat_vectors(index)
+        vectors = held if held is not None else np.asarray(np.load(where / PASSAGE_EMBEDDINGS, mmap_mode="r"))
         rows, spans = np.load(where / PASSAGE_ROWS), np.load(where / PASSAGE_SPANS)
         counts = {"manifest": manifest.counts.get("passages", 0), "rows": len(rows), "vectors": len(vectors), "spans": len(spans)}
         if len(set(counts.values())) != 1 or (len(rows) and (rows[-1] >= manifest.documents or np.any(np.diff(rows) < 0))):
             raise IndexOpenError(f"{where}: passages disagree with the documents ({counts}, {manifest.documents} documents)")
-        dense = DenseIndex(faiss.read_index(str(where / PASSAGE_FAISS)), manifest.faiss.params, device, vectors)
+        dense = DenseIndex(index, manifest.faiss.params, device, vectors)
         lexical = None
         if manifest.bm25.method == LIVE_METHOD and (where / BM25_DIR).is_dir():  # scored with live statistics: lucene only
             bm25 = BM25Index.load(where / BM25_DIR, manifest.analyzer)

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import faiss
 import numpy as np
@@ -365,6 +365,15 @@ def model_identity(manifest: Manifest) -> str:
     return hashlib.sha256(json.dumps(model_files).encode()).hexdigest()
 
 
+def stored_vectors(folder: Path, index: Any = None) -> np.ndarray:
+    """The documents' vectors an index folder stores, in document order, memory-mapped: those its vector index holds
+    whole (a flat or hnsw one: format 3 keeps no other copy), else embeddings.npy. `index`: its dense.faiss, read."""
+    if index is None:
+        index = faiss.read_index(str(folder / FAISS_FILE), faiss.IO_FLAG_MMAP_IFC)
+    held = flat_vectors(index)
+    return held if held is not None else np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array: see BM25Index
+
+
 def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None, query_precision: str = "auto") -> OpenIndex:
     """Open and verify an index; queries will use the analyzer and embedder it was built with, at `query_precision`
     (auto: int8 on CPU, fp32 on a GPU; see resolve_precision).
@@ -382,9 +391,7 @@ def open_index(folder: Path | str, verify: str = "full", device: str = "auto", e
     except AnalyzerError as exc:
         raise IndexOpenError(str(exc)) from None
     vectors = faiss.read_index(str(folder / FAISS_FILE), faiss.IO_FLAG_MMAP_IFC)  # a flat or 8-bit index's codes mapped
-    embeddings = flat_vectors(vectors)  # a flat index holds the stored vectors: one copy serves both
-    if embeddings is None:
-        embeddings = np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array over the mapping: see BM25Index
+    embeddings = stored_vectors(folder, vectors)
     dense = DenseIndex(vectors, manifest.faiss.params, device, embeddings)
     docs = DocStore(folder)
     counts = {

@@ -24,6 +24,9 @@ HNSW_KINDS = ("hnsw", "hnsw_sq8")
 # kinds that keep codes, not vectors, in memory (product-quantized, or 8-bit scalar: a byte a dimension); their
 # candidates (`pq_refine` a result) are rescored with the stored full-precision vectors, memory-mapped from disk
 COMPRESSED_KINDS = ("ivfpq", "sq8", "hnsw_sq8")
+# kinds whose index holds the vectors whole, in document order (a flat index, or an HNSW graph's flat storage): the
+# stored vectors are read from it (flat_vectors), and an index folder keeps no second copy of them
+WHOLE_KINDS = ("flat", "hnsw")
 SCAN_KINDS = ("flat", "sq8")  # every vector scored, no walk: exact (flat) or near it (sq8, then rescored)
 FLAT_GATHER_CUTOFF = 1_000
 TIE_MARGIN = 8  # results a dense search asks FAISS for beyond its cut, to see whether a tie crosses it (_past_ties)
@@ -73,6 +76,10 @@ class FaissParams:
         if self.kind != "flat" and (num_vectors < self.exact_below or (self.kind in IVF_KINDS and num_vectors < 39)):
             return replace(self, kind="flat")
         return self
+
+    def holds_vectors(self, num_vectors: int) -> bool:
+        """Whether an index of `num_vectors` built with these parameters holds them whole (flat_vectors reads them)."""
+        return self.built_for(num_vectors).kind in WHOLE_KINDS
 
     def factory(self, num_vectors: int) -> str:
         if self.built_for(num_vectors).kind == "flat":
@@ -254,14 +261,18 @@ class _Borrowed:
 
 
 def flat_vectors(index: Any) -> np.ndarray | None:
-    """The vectors a flat FAISS index holds, as a read-only array over its own memory (memory-mapped when it was read
-    with IO_FLAG_MMAP_IFC), or None for any other kind: what the stored vectors would be read for (rescoring, fusion)
-    without a second copy of them in memory."""
+    """The vectors a FAISS index holds whole (WHOLE_KINDS: flat, or an HNSW graph's flat storage), as a read-only
+    array over its own memory (memory-mapped when it was read with IO_FLAG_MMAP_IFC), or None for any other kind: what
+    the stored vectors are read for (rescoring, fusion) without a second copy of them."""
     import faiss
 
     flat = faiss.downcast_index(index)
-    if not isinstance(flat, faiss.IndexFlat) or flat.ntotal == 0:
+    if isinstance(flat, faiss.IndexHNSWFlat):
+        flat = faiss.downcast_index(flat.storage)
+    if not isinstance(flat, faiss.IndexFlat):
         return None
+    if flat.ntotal == 0:
+        return np.empty((0, flat.d), dtype=np.float32)
     address = faiss.rev_swig_ptr(flat.get_xb(), 1).__array_interface__["data"][0]
     return np.asarray(_Borrowed(index, address, (flat.ntotal, flat.d)))  # `index` owns the memory (`flat` is a proxy)
 

@@ -141,8 +141,9 @@ def _write_shard(
     postings.save(folder)  # what writes score with (search.segments.LiveBM25)
     np.save(folder / POSITIONS, positions)
     vectors = np.ascontiguousarray(index.embeddings[positions], dtype=np.float32)
-    np.save(folder / store.EMBEDDINGS, vectors)
     faiss.write_index(build_faiss_index(vectors, manifest.faiss.params, "cpu"), str(folder / store.FAISS_FILE))
+    if not manifest.faiss.params.holds_vectors(len(vectors)):  # else the shard's vector index is where they are stored
+        np.save(folder / store.EMBEDDINGS, vectors)
     shutil.copytree(index.path / store.MODEL_DIR, folder / store.MODEL_DIR, copy_function=link_or_copy)
     if index.metadata is not None:
         index.metadata.take(positions).save(folder)
