@@ -125,7 +125,7 @@ def drop_second_copy(vectors: Path, params: FaissParams, count: int) -> None:
     """Remove the .npy of `count` vectors once their vector index, built with `params`, holds them whole (flat, hnsw):
     they are read from it (store.stored_vectors)."""
     if params.holds_vectors(count):
-        vectors.unlink()
+        vectors.unlink(missing_ok=True)  # given vectors it was never written
 
 
 def representation_of(chunking: ChunkingParams, model_folder: Path | None, dimension: int) -> Representation:
@@ -152,7 +152,8 @@ class WholeDocuments:
             if source.embedder is None:
                 raise ConfigError("an index without a model takes its documents' vectors as given")
             return _embed_documents(build, source.embedder), 0
-        np.save(build.folder / EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+        if not build.faiss.holds_vectors(len(vectors)):  # else the vector index will be their only copy
+            np.save(build.folder / EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
         return vectors, 0
 
     def load(self, folder: Path, manifest: Manifest, device: str) -> None:
@@ -214,7 +215,8 @@ class Passages:
         passage_vectors = np.load(where / PASSAGE_EMBEDDINGS)
         faiss.write_index(build_faiss_index(passage_vectors, build.faiss, build.device, build.progress), str(where / PASSAGE_FAISS))
         drop_second_copy(where / PASSAGE_EMBEDDINGS, build.faiss, len(passage_vectors))
-        np.save(build.folder / EMBEDDINGS, vectors)
+        if not build.faiss.holds_vectors(len(vectors)):
+            np.save(build.folder / EMBEDDINGS, vectors)
         return vectors, len(passage_vectors)
 
     def load(self, folder: Path, manifest: Manifest, device: str) -> PassageIndex:
