@@ -96,6 +96,11 @@ class Context:
         return self._index(self.data.name + "-untuned")
 
     @cached_property
+    def fast_index(self) -> Path:
+        """The dataset indexed with the fast profile (the static model distilled from the default one, aligned on it)."""
+        return self._index(self.data.name + "-fast", "--profile", "fast")
+
+    @cached_property
     def index(self) -> Path:
         """The served configuration: the fusion tuned on the train split, hubness corrections fitted on train queries
         (QB-Norm's beta by cross-fitting, DBNorm keeping it)."""

@@ -16,16 +16,20 @@ for quality: they have no judgments) take 4-12 words of a random real document.
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from hybrid_retrieval.indexer.corpus import indexed_text
+
 TOPICAL = 0.5
 BLOCK = 10_000
+EMBED_BATCH = 256
 WORD = re.compile(r"\w+(?:[-']\w+)*")
 
 
@@ -103,3 +107,29 @@ class Haystack:
             start, stop = offsets[topic], offsets[topic + 1]
             out.append(" ".join(words[flat[rng.integers(start, stop, int(rng.integers(4, 13)))]]))
         return out
+
+
+def haystack_vectors(haystack: Haystack, size: int, real: np.ndarray, embed: Callable[[list[str]], np.ndarray], cache: Path) -> np.ndarray:
+    """The unit vectors of `haystack.documents(size)`, memory-mapped from `cache` (an .npy made on the first call):
+    the real documents' are `real` (in corpus order: an index of the dataset's), the distractors' are `embed`ded
+    (indexed_text, as a build embeds them), one BLOCK at a time."""
+    if not cache.is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_name(cache.name + ".partial")
+        out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(size, real.shape[1]))
+        out[: len(real)] = real
+        documents = haystack.documents(size)
+        for _ in range(len(real)):
+            next(documents)
+        at = len(real)
+        while at < size:
+            texts = [indexed_text(doc["title"], doc["text"]) for _, doc in zip(range(BLOCK), documents)]
+            out[at : at + len(texts)] = embed(texts)
+            at += len(texts)
+        out.flush()
+        del out
+        os.replace(partial, cache)
+    vectors = np.load(cache, mmap_mode="r")
+    if vectors.shape[0] != size:
+        raise ValueError(f"{cache} holds {vectors.shape[0]} vectors, not {size}: remove it to embed again")
+    return vectors

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import Case, Table, interleaved, percentiles
-from bench.haystack import Haystack
+from bench.haystack import EMBED_BATCH, Haystack, haystack_vectors
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.quality.metrics import evaluate
@@ -44,8 +44,10 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.filters.language import Allowed
+from hybrid_retrieval.search.fusion import Candidates, fuse
 from hybrid_retrieval.search.postings import PostingsBuilder
 from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.spec import SearchSpec
 
 SIZES = (100_000, 300_000, 1_000_000)
 QUICK_SIZES = (6_000, 8_000, 12_000)
@@ -99,12 +101,62 @@ def bm25_at_size(index: BM25Index, queries: list[str], test: dict[str, str], qre
     return {"latency": row, "differing_rankings": differing, "compared": len(queries) * len(DEPTHS) * 2, "quality": quality}
 
 
+VECTOR_KINDS_BY_SIZE = ("flat", "sq8")  # an HNSW graph of a million 384-number vectors takes this machine most of an hour
+
+
+def _haystack_vectors(ctx, haystack: Haystack, size: int, test_queries: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The haystack's document vectors (the real documents' from the dataset's untuned index, the distractors' from
+    the fast profile: the static model distilled from the same model and aligned on the dataset), cached in the work
+    folder; and the test queries' vectors, embedded as the untuned index serves them."""
+    from hybrid_retrieval.models.embedder import OnnxEmbedder
+
+    untuned = open_index(ctx.untuned_index, verify="size")
+    if untuned.doc_ids != [doc["_id"] for doc in haystack.real]:
+        raise RuntimeError(f"{ctx.untuned_index} does not hold the dataset's documents in corpus order")
+    fast = OnnxEmbedder(ctx.fast_index / "model")
+    embed = lambda texts: fast.encode(texts, batch_size=EMBED_BATCH)
+    vectors = haystack_vectors(haystack, size, np.asarray(untuned.embeddings), embed, ctx.work / "haystack" / f"vectors-{size}.npy")
+    return vectors, untuned.query_embedder.encode(test_queries)
+
+
+def quality_by_mode(
+    bm25: BM25Index, vectors: np.ndarray, query_vectors: np.ndarray, test: dict[str, str], qrels: dict, ids: list[str]
+) -> dict:
+    """nDCG@10 / Recall@100 of the test queries in the dense and hybrid modes (the default spec's fusion, as an untuned
+    index serves it) with each vector index kind of VECTOR_KINDS_BY_SIZE, and each kind's dense recall@10 against flat."""
+    fusion = SearchSpec().fusion
+    depth = SearchSpec().depth
+    out: dict = {}
+    flat_top: dict[str, set] = {}
+    for kind in VECTOR_KINDS_BY_SIZE:
+        params = FaissParams(kind=kind)
+        dense = DenseIndex(build_faiss_index(vectors, params, "cpu"), params, "cpu", vectors)
+        runs: dict[str, dict] = {"dense": {}, "hybrid": {}}
+        overlap = []
+        for (qid, text), vector in zip(test.items(), query_vectors, strict=True):
+            lexical, score_of = bm25.leg(text, depth)
+            semantic = dense.search(vector, depth)
+            candidates = Candidates.from_rankings(
+                {"bm25": lexical, "dense": semantic}, {"bm25": score_of, "dense": lambda idx, v=vector: vectors[idx] @ v}
+            )
+            for mode, ranking in (("dense", semantic), ("hybrid", fuse(candidates, fusion).ranking())):
+                runs[mode][qid] = {ids[i]: float(score) for i, score in zip(ranking.doc_idx.tolist(), ranking.scores.tolist())}
+            top = set(semantic.doc_idx[:10].tolist())
+            flat_top.setdefault(qid, top)
+            overlap.append(len(top & flat_top[qid]) / max(1, len(flat_top[qid])))
+        out[kind] = {mode: evaluate(run, qrels, ("ndcg@10", "recall@100")) for mode, run in runs.items()}
+        out[kind]["recall@10 vs flat"] = float(np.mean(overlap))
+        del dense
+    return out
+
+
 def _bm25(ctx) -> list[Table]:
     sizes = QUICK_SIZES if ctx.quick else SIZES
     haystack = Haystack(ctx.data / "corpus.jsonl")
     test, qrels = split_queries(ctx.data, "test")
     queries = list(test.values()) + haystack.queries(ctx.size(GENERATED_QUERIES, 50))
     analyzer = Analyzer()
+    vectors, query_vectors = _haystack_vectors(ctx, haystack, max(sizes), list(test.values()))
     builders, ids, analyse_s = analysed_haystacks(haystack, sizes, analyzer)
     results = {}
     for size in sizes:
@@ -120,6 +172,7 @@ def _bm25(ctx) -> list[Table]:
             "score_matrix_bytes_per_doc": round(matrix / size, 1),
             "postings_bytes_per_doc": round(held / size, 1),
             **bm25_at_size(index, queries, test, qrels, ids, np.random.default_rng(size)),
+            "modes": quality_by_mode(index, np.asarray(vectors[:size]), query_vectors, test, qrels, ids),
         }
         del index
     return _tables(results, sizes, len(queries), analyse_s, haystack)
@@ -157,9 +210,29 @@ def _tables(results: dict, sizes: tuple[int, ...], queries: int, analyse_s: floa
         f"query by query; the haystack's {haystack.vocabulary_size:,}-word vocabulary, analysis of all "
         f"{sizes[-1]:,} documents took {analyse_s:.0f} s."
     )
+    mode_rows = [
+        {
+            "documents": f"{s:,}",
+            "vectors": kind,
+            "dense recall@10 vs flat": round(results[s]["modes"][kind]["recall@10 vs flat"], 4),
+            **{
+                f"{mode} {metric}": round(results[s]["modes"][kind][mode][metric], 4)
+                for mode in ("dense", "hybrid")
+                for metric in ("ndcg@10", "recall@100")
+            },
+        }
+        for s in sizes
+        for kind in VECTOR_KINDS_BY_SIZE
+    ]
+    mode_note = (
+        "The test queries on the haystack: the real documents embedded with the default model, the distractors with the "
+        "fast profile (its static model, aligned on the dataset), the queries as the untuned index embeds them; hybrid is "
+        "the default spec's fusion of the BM25 and dense top-100, as an untuned index serves it."
+    )
     return [
         Table("BM25 top-k: exhaustive vs MaxScore as the collection grows", latency_rows, note),
         Table("BM25 index and quality by size", size_rows),
+        Table("Dense and hybrid quality by size", mode_rows, mode_note),
     ]
 
 
