@@ -54,11 +54,19 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="replace only the record's cases in the existing document (and the headline if the record has it)",
     )
+    sizing = commands.add_parser("sizing", help="write docs/sizing.md from records of the million-document cases")
+    sizing.add_argument("records", type=Path, nargs="+")
+    sizing.add_argument("--out", type=Path, default=Path("docs/sizing.md"))
     commands.add_parser("list", help="list the cases")
     args = parser.parse_args(argv)
     if args.command == "list":
         for case in CASES:
             print(f"{case.section} / {case.name}{' (needs ' + ', '.join(case.needs) + ')' if case.needs else ''}: {case.measures}")
+    elif args.command == "sizing":
+        from bench.sizing import render_sizing
+
+        args.out.write_text(render_sizing([json.loads(path.read_text()) for path in args.records]))
+        print(f"[bench] wrote {args.out}")
     elif args.command == "prepare":
         Context(args.data, args.work).prepare()
     elif args.command == "run":

@@ -260,6 +260,26 @@ def _folder_bytes(folder: Path) -> int:
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
 
 
+DISK_PARTS = {  # a collection folder's top-level names, by what they hold
+    "documents": ("docs.jsonl", "docs.offsets.npy"),
+    "BM25 score matrix": ("bm25",),
+    "postings": ("postings",),
+    "vectors": ("dense.faiss", "embeddings.npy"),
+    "metadata columns": ("metadata",),
+    "write-ahead log": ("live",),
+}
+
+
+def _bytes_by_part(folder: Path) -> dict[str, int]:
+    """The folder's bytes by DISK_PARTS (the rest: `other`)."""
+    part_of = {name: part for part, names in DISK_PARTS.items() for name in names}
+    out = dict.fromkeys([*DISK_PARTS, "other"], 0)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            out[part_of.get(path.relative_to(folder).parts[0], "other")] += path.stat().st_size
+    return out
+
+
 class _Loader:
     """One client of one collection in the service at `url`."""
 
@@ -378,6 +398,7 @@ def _api_load(ctx) -> list[Table]:
                 row["visible"] = percentiles(client.visible_ms(ctx.size(10, 3), size))
                 loaded += ctx.size(10, 3)  # the probes are documents too
                 row["disk_bytes_per_doc"] = round(_folder_bytes(data / "collections") / loaded, 1)
+                row["disk_by_part"] = {part: round(n / loaded, 1) for part, n in _bytes_by_part(data / "collections" / name).items()}
                 client.close()
                 server.__exit__(None, None, None)
                 started = time.perf_counter()
@@ -424,6 +445,10 @@ def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
         by_size("write to visible p50 ms", lambda r: r["visible"]["p50_ms"]),
         by_size("restart until ready s", lambda r: r["restart_s"], exponent=True),
         by_size("disk bytes a document", lambda r: r["disk_bytes_per_doc"]),
+        *(
+            by_size(f"disk bytes a document: {part}", lambda r, p=part: r.get("disk_by_part", {}).get(p, ""))
+            for part in [*DISK_PARTS, "other"]
+        ),
     ]
     note = (
         f"One `hybrid serve` process (data directory, background compaction as configured by default) and one client "

@@ -256,3 +256,25 @@ def test_the_header_counts_runs_and_a_section_mixing_cpus_says_so():
     late = updated[updated.index("## Late") :]
     assert "different CPUs" not in late  # one case, one run
     assert update_benchmarks(updated, other, order) == updated  # rendering again adds nothing
+
+
+def test_the_sizing_page_fits_memory_and_disk_a_document_from_the_load_case():
+    from bench.sizing import render_sizing
+
+    sizes = [100_000, 300_000, 1_000_000]
+    memory_mib = [(200 * 2**20 + 1_500 * n) / 2**20 for n in sizes]  # 200 MiB + 1,500 bytes a document, exactly
+    rows = [
+        {"measurement": "memory after a restart and the searches, MiB", **{f"{n:,}": m for n, m in zip(sizes, memory_mib)}},
+        {"measurement": "disk bytes a document", **{f"{n:,}": 3_000.0 for n in sizes}},
+        {"measurement": "disk bytes a document: vectors", **{f"{n:,}": 256.0 for n in sizes}},
+        {"measurement": "hybrid p50 ms, compacted", **{f"{n:,}": 10.0 + n / 1e5 for n in sizes}},
+    ]
+    stamp = {"date": "2026-11-28T00:00:00", "commit": "abc", "machine": {"cpu_count": 2, "cpu_model": "X"}}
+    case = {"section": "A million documents", "name": "API load at scale", "status": "ran", "tables": [{"title": "t", "rows": rows}]}
+    page = render_sizing([{"stamp": stamp, "cases": [case]}])
+    assert "**200 MiB** (the process and its libraries) plus **1,500 bytes a document**" in page
+    assert f"| 1,000,000 | {round((200 * 2**20 + 1_500 * 10**6) / 10**6):,} | 3,000 |" in page
+    assert f"| 8 | {int((8 * 2**30 * 0.75 - 200 * 2**20) / 1_500):,} | 1,000,000 |" in page
+    assert "| vectors | 256 |" in page
+    with pytest.raises(ValueError, match="API load at scale"):
+        render_sizing([{"stamp": stamp, "cases": []}])
