@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[bench] record: {args.out}")
     else:
         record = json.loads(args.record.read_text())
+        if record["context"].get("quick"):
+            raise SystemExit(f"{args.record} is a quick run's: its smoke-sized figures do not go into {args.benchmarks}")
         if args.update:
             order = [(case.section, case.name) for case in CASES]
             args.benchmarks.write_text(update_benchmarks(args.benchmarks.read_text(), record, order))
