@@ -15,6 +15,7 @@ from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.errors import ConfigError, SpecError
 from hybrid_retrieval.evaluation.server import running_server
+from hybrid_retrieval.indexer import build_process
 from hybrid_retrieval.indexer.build import BuildOptions, build_index
 from hybrid_retrieval.indexer.chunking import ChunkingParams
 from hybrid_retrieval.indexer.corpus import indexed_text, split_queries
@@ -202,6 +203,26 @@ def test_writes_replace_all_of_a_documents_passages_and_rank_as_a_fresh_build(ch
         after = dense_hits(compacted.pipeline(), query, lambda i: compacted.document(i)["id"])
         built = dense_hits(fresh.pipeline(), query, lambda i: fresh.doc_ids[i])
         assert after.keys() == built.keys() and all(after[d] == pytest.approx(built[d], abs=1e-4) for d in built)
+
+
+@pytest.mark.process
+def test_a_chunked_collection_compacted_in_a_child_process_writes_the_same_base(chunked, scifact, tmp_path, monkeypatch):
+    """The passages a compaction carries reach a child build as files it maps: the same base as an in-process build."""
+    written = long_documents(scifact, 100, 1)[0]
+
+    def compacted(folder) -> dict[str, str]:
+        shutil.copytree(chunked.path, folder)
+        collection = Collection(open_index(folder, device="cpu", query_precision="int8"))
+        collection.upsert([{"id": written["_id"], "title": written["title"], "text": written["text"], "metadata": written["metadata"]}])
+        collection.delete(["long-3"])
+        files = collection.compact().index.manifest.files
+        collection.close()
+        return {name: entry["sha256"] for name, entry in files.items()}
+
+    in_process = compacted(tmp_path / "here")
+    monkeypatch.setattr(build_process, "CHILD_ABOVE", 0)
+    in_child = compacted(tmp_path / "child")
+    assert in_child == in_process and any(name.startswith("passages/") for name in in_child)
 
 
 def test_a_chunked_collection_takes_no_vectors(chunked, tmp_path):

@@ -17,7 +17,7 @@ import pickle
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +31,7 @@ from hybrid_retrieval.search.postings import Postings
 CHILD_ABOVE = 20_000
 NICENESS = 10  # the child's priority below the service's (0 .. 19: lowest)
 POLL_S = 0.1  # how often the parent runs `checkpoint` while the child builds
+PASSAGE_PARTS = tuple(field.name for field in fields(PassageArrays))
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class _Job:
     onnx_folder: Path | None
     embedder_spec: dict
     vectors: Path  # .npy of one vector per document
-    passages: PassageArrays | None
+    passages: Path | None  # a folder of a chunked index's passages as PASSAGE_PARTS .npy files
     postings: Path | None  # a folder holding postings/ (Postings.save)
     vocabulary: dict[str, int] | None
     collection: bool
@@ -81,13 +82,18 @@ def build_given(  # noqa: PLR0913
             analysed=analysed,
             stored_lines=stored_lines,
         )
-    postings, vocabulary = None, None
+    postings, vocabulary, passage_folder = None, None, None
+    if passages is not None:  # arrays the size of the passages' vectors: files the child maps, not a pickle
+        passage_folder = work / "passages"
+        passage_folder.mkdir()
+        for name in PASSAGE_PARTS:
+            np.save(passage_folder / f"{name}.npy", getattr(passages, name))
     if analysed is not None:
         postings = work / "terms"
         postings.mkdir()
         analysed[0].save(postings)
         vocabulary = analysed[1]
-    job = _Job(folder, source, options, onnx_folder, embedder_spec, vectors, passages, postings, vocabulary, collection, stored_lines)
+    job = _Job(folder, source, options, onnx_folder, embedder_spec, vectors, passage_folder, postings, vocabulary, collection, stored_lines)
     job_file, result_file, log_file = work / "build-job.pickle", work / "build-result.pickle", work / "build.log"
     job_file.write_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
     with log_file.open("wb") as log:
@@ -116,7 +122,9 @@ def _run(job_file: Path, result_file: Path) -> None:
     """The child's side: the job's build, its manifest written to `result_file` once the build is complete."""
     os.nice(NICENESS)
     job: _Job = pickle.loads(job_file.read_bytes())
-    analysed = None
+    analysed, passages = None, None
+    if job.passages is not None:
+        passages = PassageArrays(*(np.load(job.passages / f"{name}.npy", mmap_mode="r") for name in PASSAGE_PARTS))
     if job.postings is not None:
         assert job.vocabulary is not None  # saved with the postings
         analysed = (Postings.load(job.postings), job.vocabulary)
@@ -126,7 +134,7 @@ def _run(job_file: Path, result_file: Path) -> None:
         job.options,
         job.onnx_folder,
         job.embedder_spec,
-        vectors=VectorSource(documents=np.load(job.vectors, mmap_mode="r"), passages=job.passages),
+        vectors=VectorSource(documents=np.load(job.vectors, mmap_mode="r"), passages=passages),
         collection=job.collection,
         analysed=analysed,
         stored_lines=job.stored_lines,
