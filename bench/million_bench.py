@@ -9,7 +9,9 @@ each size, side by side in one run:
   interleaved query by query over the test queries and 1,000 generated ones, unfiltered and with a 1%-selective
   filter, and as served (search.bm25.worth_pruning picks one of the two); every pruned ranking checked identical to
   the exhaustive one (ids, scores, order); the test queries' nDCG@10 and Recall@100. Each cost's growth is the
-  exponent of a power law fitted over the sizes.
+  exponent of a power law fitted over the sizes. Then the dense and hybrid modes' quality at each size, with real
+  embeddings (the dataset's documents by the default model, the distractors by the fast profile, cached in the work
+  folder), over flat and sq8 vector indexes, and sq8's dense recall@10 against flat.
 
   API load: one service process and one client fill a collection with its own 64-number vectors (reproducible
   random unit vectors: what is measured is storage, not ranking), the haystack's text and the issue's metadata (`year`,
@@ -501,13 +503,15 @@ CASES = [
     Case(
         "A million documents",
         "BM25 at scale",
-        "the dataset plus generated distractors at 100k, 300k and 1M documents: BM25 exhaustive vs MaxScore, quality by size",
+        "the dataset plus generated distractors at 100k, 300k and 1M documents: BM25 exhaustive vs MaxScore; BM25, dense and "
+        "hybrid quality by size",
         _bm25,
     ),
     Case(
         "A million documents",
         "API load at scale",
-        "one service filled through the API to 100k, 300k and 1M documents: load rate, memory, compaction, restart, searches",
+        "one service filled through the API to 100k, 300k and 1M documents: load rate, memory, compaction, restart, disk by "
+        "part, searches from 1 and 16 clients",
         _api_load,
     ),
     Case(
