@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import tempfile
 import time
 from pathlib import Path
 
 from hybrid_retrieval.cli.args import add_device, add_quiet, default
 from hybrid_retrieval.common.errors import ConfigError
+from hybrid_retrieval.common.memory import peak_memory_mib
 from hybrid_retrieval.engine.offline import (
     DEFAULT_MAX_BATCH_DOCS,
     check_shard_count,
@@ -329,7 +329,7 @@ def run_index(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory(prefix=f".{args.out.name}.whole-", dir=args.out.resolve().parent) as work:
             manifest = build_index(args.corpus, Path(work) / "index", build_options(args), embed=embed)
             split_index(Path(work) / "index", args.out, args.shards, verify="size")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    peak = peak_memory_mib()
     into = f"{args.out} ({args.shards} shards)" if args.shards else args.out
     print(
         f"indexed {manifest.documents} documents into {into} in {time.perf_counter() - started:.1f} s "

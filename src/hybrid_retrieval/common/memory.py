@@ -14,6 +14,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters (malloc.h)
 ARENAS = 2
@@ -61,3 +62,18 @@ def release_free_memory() -> bool:
         return False
     trim(0)
     return True
+
+
+def peak_memory_mib() -> float:
+    """This process's peak resident memory, MiB: its address space's high-water mark (VmHWM), which an exec starts
+    afresh, where /proc has it. getrusage's ru_maxrss otherwise: on Linux it keeps the forking parent's peak across
+    the exec, so a child build started by a large service reported the service's peak as its own."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB

@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +25,7 @@ import onnxruntime
 
 from hybrid_retrieval.common.devices import check_device
 from hybrid_retrieval.common.errors import ConfigError, HybridError
+from hybrid_retrieval.common.memory import peak_memory_mib
 from hybrid_retrieval.common.progress import progress_bar
 from hybrid_retrieval.common.publish import link_or_copy, publish_dir
 from hybrid_retrieval.indexer import store
@@ -255,7 +255,7 @@ def build_into(  # noqa: PLR0913
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},
         "total_s": round(time.perf_counter() - started, 3),
-        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),  # Linux: KiB
+        "peak_rss_mib": peak_memory_mib(),
         "cpu_count": os.cpu_count(),
     }
     write_manifest(tmp, manifest)

@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import random
-import resource
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from tqdm import tqdm
 
 from hybrid_retrieval.common.devices import check_device
 from hybrid_retrieval.common.errors import ConfigError
+from hybrid_retrieval.common.memory import peak_memory_mib
 from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.store import OpenIndex, index_model
 from hybrid_retrieval.models.onnx_export import TRAINING_RECORD
@@ -284,7 +284,7 @@ def fine_tune(  # noqa: PLR0913
     training = _fit(model, index, prepared, options, device, progress)
     record = _record(index, base, options, data, prepared, device, training)
     record["seconds"] = {"preparation": round(prepared_at - started, 1), "training": round(time.perf_counter() - prepared_at, 1)}
-    record["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+    record["peak_rss_mib"] = peak_memory_mib()
     out.parent.mkdir(parents=True, exist_ok=True)
     with publish_dir(out) as tmp:
         model.to("cpu").save(str(tmp))

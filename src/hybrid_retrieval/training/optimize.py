@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import resource
 import shutil
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError, HybridError
+from hybrid_retrieval.common.memory import peak_memory_mib
 from hybrid_retrieval.common.publish import link_or_copy, publish_dir, write_atomic
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.manifest import read_manifest, update_manifest
@@ -266,10 +266,6 @@ class State:
         return {s.name for s in self.steps}
 
 
-def _peak_rss_mib() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
-
-
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
@@ -377,7 +373,7 @@ class Optimizer:
             step_started = time.perf_counter()
             result = getattr(self, f"_step_{name}")(state)
             result.seconds = round(time.perf_counter() - step_started, 1)
-            result.peak_rss_mib = _peak_rss_mib()
+            result.peak_rss_mib = peak_memory_mib()
             state.steps.append(result)
             state.spent_seconds = round(state.spent_seconds + result.seconds, 1)
             state.save(self.state_path)
