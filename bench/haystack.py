@@ -15,6 +15,7 @@ for quality: they have no judgments) take 4-12 words of a random real document.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -118,12 +119,10 @@ def haystack_vectors(haystack: Haystack, size: int, real: np.ndarray, embed: Cal
         partial = cache.with_name(cache.name + ".partial")
         out = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(size, real.shape[1]))
         out[: len(real)] = real
-        documents = haystack.documents(size)
-        for _ in range(len(real)):
-            next(documents)
+        distractors = itertools.islice(haystack.documents(size), len(real), None)
         at = len(real)
         while at < size:
-            texts = [indexed_text(doc["title"], doc["text"]) for _, doc in zip(range(BLOCK), documents)]
+            texts = [indexed_text(doc["title"], doc["text"]) for doc in itertools.islice(distractors, BLOCK)]
             out[at : at + len(texts)] = embed(texts)
             at += len(texts)
         out.flush()

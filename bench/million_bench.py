@@ -126,17 +126,16 @@ def quality_by_mode(
 ) -> dict:
     """nDCG@10 / Recall@100 of the test queries in the dense and hybrid modes (the default spec's fusion, as an untuned
     index serves it) with each vector index kind of VECTOR_KINDS_BY_SIZE, and each kind's dense recall@10 against flat."""
-    fusion = SearchSpec().fusion
-    depth = SearchSpec().depth
+    fusion, depth = SearchSpec().fusion, SearchSpec().depth
+    lexical_legs = [bm25.leg(text, depth) for text in test.values()]  # the same for every vector kind
     out: dict = {}
-    flat_top: dict[str, set] = {}
+    flat_top: dict[str, set] = {}  # the first kind's (flat's) dense top-10 of each query
     for kind in VECTOR_KINDS_BY_SIZE:
         params = FaissParams(kind=kind)
         dense = DenseIndex(build_faiss_index(vectors, params, "cpu"), params, "cpu", vectors)
         runs: dict[str, dict] = {"dense": {}, "hybrid": {}}
         overlap = []
-        for (qid, text), vector in zip(test.items(), query_vectors, strict=True):
-            lexical, score_of = bm25.leg(text, depth)
+        for qid, vector, (lexical, score_of) in zip(test, query_vectors, lexical_legs, strict=True):
             semantic = dense.search(vector, depth)
             candidates = Candidates.from_rankings(
                 {"bm25": lexical, "dense": semantic}, {"bm25": score_of, "dense": lambda idx, v=vector: vectors[idx] @ v}

@@ -2,9 +2,9 @@
 and on disk, what a node holds, and what searches and writes cost, by collection size
 (`python -m bench sizing RECORD ...`; the latest run of each case among the records is used).
 
-Only measured figures and arithmetic on them: memory and disk a document are the slopes of straight lines fitted
-over the measured sizes, and documents a node holds follow from those lines; latencies are shown at the sizes
-measured, never extrapolated.
+Only measured figures and arithmetic on them: memory a document is the slope of a straight line fitted over the
+measured sizes, and documents a node holds follow from that line; disk a document and latencies are shown at the
+sizes measured, never extrapolated.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import ctypes.util
 import functools
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8  # glibc's mallopt parameters (malloc.h)
@@ -36,8 +35,8 @@ def limit_heap_growth() -> bool:
     build), before its threads start: at most ARENAS malloc arenas (glibc gives threads up to 8 a core, each keeping
     its own free memory), and blocks of MMAP_THRESHOLD or more mapped on their own and unmapped when freed (glibc
     raises that threshold up to 32 MiB as such blocks are freed, after which large arrays come from the heaps and their
-    pages stay). MALLOC_ARENA_MAX or MALLOC_MMAP_THRESHOLD_ in the
-    environment win. Whether the allocator took them (glibc on Linux)."""
+    pages stay). MALLOC_ARENA_MAX or MALLOC_MMAP_THRESHOLD_ in the environment win. Whether the allocator took them
+    (glibc on Linux)."""
     libc = _libc()
     if libc is None or not hasattr(libc, "mallopt"):
         return False
@@ -48,16 +47,9 @@ def limit_heap_growth() -> bool:
     return done
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    libc = _libc()
-    trim: Callable[[int], int] | None = getattr(libc, "malloc_trim", None)  # not glibc (musl has no malloc_trim)
-    return trim
-
-
 def release_free_memory() -> bool:
-    """Return the allocator's free heap pages to the system; whether it could (glibc on Linux)."""
-    trim = _malloc_trim()
+    """Return the allocator's free heap pages to the system; whether it could (glibc on Linux: musl has no malloc_trim)."""
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is None:
         return False
     trim(0)

@@ -112,7 +112,7 @@ def _current(index: OpenIndex, work: Path) -> tuple[Path, int]:
     try:
         state = collection.view
         work.mkdir(exist_ok=True)
-        corpus, _ = current_corpus(index, state.base_alive, state.live.docs, work)
+        corpus = current_corpus(index, state.base_alive, state.live.docs, work)
         return corpus, state.seq
     finally:
         collection.close()

@@ -121,11 +121,24 @@ class Representation(Protocol):
         ...
 
 
-def drop_second_copy(vectors: Path, params: FaissParams, count: int) -> None:
-    """Remove the .npy of `count` vectors once their vector index, built with `params`, holds them whole (flat, hnsw):
-    they are read from it (store.stored_vectors)."""
+def held_or_saved(index: Any, npy: Path) -> np.ndarray:
+    """The vectors a read FAISS `index` holds whole (flat, hnsw: format 3 keeps no other copy), else those of the .npy
+    beside it, memory-mapped either way."""
+    held = flat_vectors(index)
+    return held if held is not None else np.asarray(np.load(npy, mmap_mode="r"))  # a plain array: see BM25Index
+
+
+def save_unless_held(npy: Path, vectors: np.ndarray, params: FaissParams) -> None:
+    """Save `vectors` as `npy` unless their vector index, built with `params`, will hold them whole."""
+    if not params.holds_vectors(len(vectors)):
+        np.save(npy, np.asarray(vectors, dtype=np.float32))
+
+
+def drop_second_copy(npy: Path, params: FaissParams, count: int) -> None:
+    """Remove the .npy of `count` vectors written before their vector index (embedded into it), once that index,
+    built with `params`, holds them whole."""
     if params.holds_vectors(count):
-        vectors.unlink(missing_ok=True)  # given vectors it was never written
+        npy.unlink(missing_ok=True)
 
 
 def representation_of(chunking: ChunkingParams, model_folder: Path | None, dimension: int) -> Representation:
@@ -152,8 +165,7 @@ class WholeDocuments:
             if source.embedder is None:
                 raise ConfigError("an index without a model takes its documents' vectors as given")
             return _embed_documents(build, source.embedder), 0
-        if not build.faiss.holds_vectors(len(vectors)):  # else the vector index will be their only copy
-            np.save(build.folder / EMBEDDINGS, np.asarray(vectors, dtype=np.float32))
+        save_unless_held(build.folder / EMBEDDINGS, vectors, build.faiss)
         return vectors, 0
 
     def load(self, folder: Path, manifest: Manifest, device: str) -> None:
@@ -215,15 +227,13 @@ class Passages:
         passage_vectors = np.load(where / PASSAGE_EMBEDDINGS)
         faiss.write_index(build_faiss_index(passage_vectors, build.faiss, build.device, build.progress), str(where / PASSAGE_FAISS))
         drop_second_copy(where / PASSAGE_EMBEDDINGS, build.faiss, len(passage_vectors))
-        if not build.faiss.holds_vectors(len(vectors)):
-            np.save(build.folder / EMBEDDINGS, vectors)
+        save_unless_held(build.folder / EMBEDDINGS, vectors, build.faiss)
         return vectors, len(passage_vectors)
 
     def load(self, folder: Path, manifest: Manifest, device: str) -> PassageIndex:
         where = folder / PASSAGES_DIR
         index = faiss.read_index(str(where / PASSAGE_FAISS), faiss.IO_FLAG_MMAP_IFC)
-        held = flat_vectors(index)
-        vectors = held if held is not None else np.asarray(np.load(where / PASSAGE_EMBEDDINGS, mmap_mode="r"))
+        vectors = held_or_saved(index, where / PASSAGE_EMBEDDINGS)
         rows, spans = np.load(where / PASSAGE_ROWS), np.load(where / PASSAGE_SPANS)
         counts = {"manifest": manifest.counts.get("passages", 0), "rows": len(rows), "vectors": len(vectors), "spans": len(spans)}
         if len(set(counts.values())) != 1 or (len(rows) and (rows[-1] >= manifest.documents or np.any(np.diff(rows) < 0))):

@@ -22,14 +22,14 @@ from hybrid_retrieval.common.publish import link_or_copy
 from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.files import BM25_DIR, DOC_OFFSETS, DOCS, EMBEDDINGS, FAISS_FILE, MODEL_DIR, RERANKER_DIR
 from hybrid_retrieval.indexer.manifest import MANIFEST, IndexOpenError, Manifest, read_manifest
-from hybrid_retrieval.indexer.representation import Representation, representation_of
+from hybrid_retrieval.indexer.representation import Representation, held_or_saved, representation_of
 from hybrid_retrieval.models.embedder import NO_MODEL, Embedder, NoEmbedder, OnnxEmbedder, TorchEmbedder
 from hybrid_retrieval.models.onnx_export import resolve_precision
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.registry import ResolvedModel, resolve_model
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.bm25 import BM25Index
-from hybrid_retrieval.search.dense import DenseIndex, flat_vectors
+from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.hubness import BIAS_COLUMNS, Banks, HubnessCorrection, HubnessSearcher
@@ -370,8 +370,7 @@ def stored_vectors(folder: Path, index: Any = None) -> np.ndarray:
     whole (a flat or hnsw one: format 3 keeps no other copy), else embeddings.npy. `index`: its dense.faiss, read."""
     if index is None:
         index = faiss.read_index(str(folder / FAISS_FILE), faiss.IO_FLAG_MMAP_IFC)
-    held = flat_vectors(index)
-    return held if held is not None else np.asarray(np.load(folder / EMBEDDINGS, mmap_mode="r"))  # a plain array: see BM25Index
+    return held_or_saved(index, folder / EMBEDDINGS)
 
 
 def open_index(folder: Path | str, verify: str = "full", device: str = "auto", embedder=None, query_precision: str = "auto") -> OpenIndex:

@@ -38,7 +38,7 @@ def build_compacted(
     on_compact: OnCompact | None = None,
     checkpoint: Callable[[], None] = lambda: None,
 ) -> None:
-    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus's files;
+    """The new base of `state` in `folder`: built from its documents (`corpus` and `vectors`: current_corpus's and current_vectors' files;
     what its representation carries as it is: a chunked index's passages), with what it keeps of the old base and what
     `on_compact(state, manifest, folder)` adds; the manifest is written last. The build runs in a child process when
     the collection is large (indexer.build_process). `checkpoint` runs between stages and may stop the build."""
@@ -97,16 +97,22 @@ def reopen(index: OpenIndex) -> OpenIndex:
     )
 
 
-def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> tuple[Path, Path]:
-    """The collection's documents as a JSONL corpus (alive base documents in order, then live ones) and their vectors
-    (an .npy file), in `work`. The corpus's lines are those of the document store (the base's copied as they are), so
-    that the new base adopts the file as its store (build_into's `stored_lines`)."""
-    corpus, vectors = work / "corpus.jsonl", work / "vectors.npy"
-    alive = np.flatnonzero(base_alive)
+def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> Path:
+    """The collection's documents as a JSONL corpus in `work` (alive base documents in order, then live ones). Its
+    lines are those of the document store (the base's copied as they are), so that the new base adopts the file as its
+    store (build_into's `stored_lines`)."""
+    corpus = work / "corpus.jsonl"
     with corpus.open("wb") as fh:
-        index.docs.copy_lines(alive, fh)
+        index.docs.copy_lines(np.flatnonzero(base_alive), fh)
         for written in live:
             fh.write(document_line(written.doc_id, written.title, written.text, written.metadata))
+    return corpus
+
+
+def current_vectors(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocument], work: Path) -> Path:
+    """The vectors of current_corpus's documents, in its order, as an .npy file in `work`."""
+    vectors = work / "vectors.npy"
+    alive = np.flatnonzero(base_alive)
     out = np.lib.format.open_memmap(vectors, mode="w+", dtype=np.float32, shape=(len(alive) + len(live), index.dense.dimension))
     for start in range(0, len(alive), VECTOR_CHUNK):
         chunk = alive[start : start + VECTOR_CHUNK]
@@ -115,7 +121,7 @@ def current_corpus(index: OpenIndex, base_alive: np.ndarray, live: list[LiveDocu
         out[len(alive) :] = np.stack([doc.vector for doc in live])
     out.flush()
     del out
-    return corpus, vectors
+    return vectors
 
 
 def build_options_of(index: OpenIndex) -> BuildOptions:

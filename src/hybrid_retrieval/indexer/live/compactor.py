@@ -12,7 +12,7 @@ import threading
 from hybrid_retrieval.common.memory import release_free_memory
 from hybrid_retrieval.common.publish import publish_dir, scratch_dir
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
-from hybrid_retrieval.indexer.live.compaction import OnCompact, build_compacted, current_corpus, link_log, reopen
+from hybrid_retrieval.indexer.live.compaction import OnCompact, build_compacted, current_corpus, current_vectors, link_log, reopen
 from hybrid_retrieval.indexer.live.fence import Closed
 from hybrid_retrieval.indexer.live.reader import Reader
 from hybrid_retrieval.indexer.live.view import ReadView
@@ -68,7 +68,8 @@ class Compactor:
         write lock held across the swap: no write may fall between the two folders."""
         writer, path = self.writer, state.index.path
         with scratch_dir(path) as work:
-            corpus, vectors = current_corpus(state.index, state.base_alive, state.live.docs, work)
+            corpus = current_corpus(state.index, state.base_alive, state.live.docs, work)
+            vectors = current_vectors(state.index, state.base_alive, state.live.docs, work)
             held = False
             try:
                 with publish_dir(path) as tmp:

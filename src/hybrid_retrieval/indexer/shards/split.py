@@ -22,6 +22,7 @@ from hybrid_retrieval.indexer.corpus import indexed_text
 from hybrid_retrieval.indexer.live.collection import current_view
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import write_manifest
+from hybrid_retrieval.indexer.representation import save_unless_held
 from hybrid_retrieval.indexer.shards.layout import (
     HASH,
     POSITIONS,
@@ -142,8 +143,7 @@ def _write_shard(
     np.save(folder / POSITIONS, positions)
     vectors = np.ascontiguousarray(index.embeddings[positions], dtype=np.float32)
     faiss.write_index(build_faiss_index(vectors, manifest.faiss.params, "cpu"), str(folder / store.FAISS_FILE))
-    if not manifest.faiss.params.holds_vectors(len(vectors)):  # else the shard's vector index is where they are stored
-        np.save(folder / store.EMBEDDINGS, vectors)
+    save_unless_held(folder / store.EMBEDDINGS, vectors, manifest.faiss.params)
     shutil.copytree(index.path / store.MODEL_DIR, folder / store.MODEL_DIR, copy_function=link_or_copy)
     if index.metadata is not None:
         index.metadata.take(positions).save(folder)
