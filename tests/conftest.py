@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hybrid_retrieval.engine import serving
@@ -192,3 +193,10 @@ def wait_until_ready(client, server, timeout_s: float, pause_s: float = 0.2) -> 
             pytest.fail(f"the service exited ({server.returncode}): {(err.decode() if isinstance(err, bytes) else err)[-3000:]}")
         assert time.monotonic() < deadline, "the service did not become ready"
         time.sleep(pause_s)
+
+
+def centroids(index) -> np.ndarray:
+    """An IVF index's cluster centroids, as a flat array."""
+    import faiss
+
+    return faiss.vector_to_array(faiss.downcast_index(faiss.extract_index_ivf(index).quantizer).codes).view(np.float32)

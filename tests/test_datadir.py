@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -12,11 +13,13 @@ from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.errors import Conflict, HybridError, NotFound, SpecError
 from hybrid_retrieval.common.names import check_name, name_of_folder
+from hybrid_retrieval.indexer.build import BuildOptions
 from hybrid_retrieval.indexer.datadir.layout import DataDir
-from hybrid_retrieval.indexer.datadir.settings import EXACT_BELOW, CollectionSettings
+from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search.dense import FaissParams
-from tests.conftest import TINY_CORPUS
+from hybrid_retrieval.search.dense import EXACT_BELOW, FaissParams
+from tests.conftest import TINY_CORPUS, centroids
 
 WRITER = {"X-API-Key": "w"}
 DOCS = [{"id": d["_id"], "title": d["title"], "text": d["text"]} for d in TINY_CORPUS]
@@ -113,6 +116,38 @@ def test_a_collection_starts_exact_and_takes_its_kind_past_the_threshold():
     assert hnsw.factory(99) == "Flat" and hnsw.factory(100) == "HNSW32,Flat"
     assert FaissParams(kind="ivf").factory(38) == "Flat"  # too few vectors to train one cluster
     assert CollectionSettings.parse({"vectors": {"kind": "hnsw"}}).vectors.exact_below == EXACT_BELOW
+    default = CollectionSettings.parse({}).vectors
+    assert (default.kind, default.exact_below) == ("ivf_sq8", EXACT_BELOW) == (BuildOptions().faiss.kind, BuildOptions().faiss.exact_below)
+
+
+def test_a_compaction_keeps_the_clusters_it_trained_until_the_collection_outgrows_them(tmp_path):
+    """An IVF collection trains its clusters at the compaction that crosses exact_below and the later ones reuse them
+    (dense.trained.faiss) until the collection holds four times as many documents; searches stay exact cosines."""
+    import faiss
+
+    data = DataDir(tmp_path / "data")
+    settings = {"embedder": {"kind": "none", "dimension": 8}, "vectors": {"kind": "ivf_sq8", "exact_below": 100, "nprobe": 512}}
+    data.create("notes", CollectionSettings.parse(settings))
+    vectors = np.random.default_rng(0).standard_normal((1200, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    collection = Collection(open_index(data.path("notes"), verify="size"))
+    factories, trained = [], []
+    for upto in (60, 200, 400, 1200):  # clusters min(4 * sqrt(n), n // 39): none (flat), 5, 10 (reused: 5), 30
+        first = collection.view.documents
+        collection.upsert([{"id": f"n{i}", "text": f"note {i}", "vector": vectors[i].tolist()} for i in range(first, upto)])
+        index = collection.compact().index
+        factories.append(index.manifest.faiss.factory)
+        file = index.path / "dense.trained.faiss"
+        trained.append(faiss.read_index(str(file)) if file.exists() else None)
+    assert factories == ["Flat", "IVF5,SQ8", "IVF5,SQ8", "IVF30,SQ8"]
+    assert trained[0] is None and [t.nlist for t in trained[1:]] == [5, 5, 30]
+    np.testing.assert_array_equal(centroids(trained[1]), centroids(trained[2]))
+    view = collection.refresh()
+    result = view.pipeline().search(None, k=5, spec={"mode": "dense"}, vector=vectors[7])
+    expected = np.argsort(-(vectors @ vectors[7]), kind="stable")[:5]  # nprobe 512: every cluster scanned, then rescored
+    assert [view.document(int(i))["id"] for i in result.ranking.doc_idx] == [f"n{i}" for i in expected]
+    np.testing.assert_allclose(result.ranking.scores, (vectors @ vectors[7])[expected], rtol=1e-6)
+    collection.close()
 
 
 @pytest.fixture

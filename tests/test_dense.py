@@ -4,6 +4,7 @@ import pytest
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.dense import DenseIndex, FaissParams, build_faiss_index
 from hybrid_retrieval.search.filters.language import Allowed
+from tests.conftest import centroids
 
 
 def unit_vectors(n, dim, seed):
@@ -121,7 +122,7 @@ def test_ivfpq_keeps_pq_m_bytes_a_vector_and_ranks_close_to_exact(count, dim, pq
         build_faiss_index(docs, FaissParams(kind="ivfpq", pq_m=10), "cpu")
 
 
-@pytest.mark.parametrize("kind, factory", [("sq8", "SQ8"), ("hnsw_sq8", "HNSW32,SQ8")])
+@pytest.mark.parametrize("kind, factory", [("sq8", "SQ8"), ("hnsw_sq8", "HNSW32,SQ8"), ("ivf_sq8", "IVF51,SQ8")])
 def test_scalar_quantized_kinds_keep_a_byte_a_dimension_and_rescore_to_the_exact_ranking(kind, factory):
     import faiss
 
@@ -129,7 +130,7 @@ def test_scalar_quantized_kinds_keep_a_byte_a_dimension_and_rescore_to_the_exact
     index = build_faiss_index(DOCS, params, "cpu")
     assert params.factory(len(DOCS)) == factory
     codes = faiss.downcast_index(index.storage if kind == "hnsw_sq8" else index)  # type: ignore[attr-defined]
-    assert codes.code_size == DOCS.shape[1]  # a byte a dimension, vs 4 for float32
+    assert codes.code_size == DOCS.shape[1]  # a byte a dimension, vs 4 for float32 (ivf_sq8: 51 clusters, all 64 probed)
     expected_idx, expected_scores = brute_force_top_k(QUERIES, DOCS, 10)
     refined = DenseIndex(index, params, "cpu", vectors=DOCS).search_batch(QUERIES, 10)
     for ranking, idx, scores in zip(refined, expected_idx, expected_scores):  # 40 candidates rescored: the exact top 10
@@ -139,3 +140,23 @@ def test_scalar_quantized_kinds_keep_a_byte_a_dimension_and_rescore_to_the_exact
     filtered = DenseIndex(index, params, "cpu", vectors=DOCS).search(QUERIES[0], 10, allowed)
     assert all(i % 2 == 0 for i in filtered.doc_idx)
     np.testing.assert_allclose(filtered.scores, DOCS[filtered.doc_idx] @ QUERIES[0], rtol=1e-6)
+
+
+def test_an_ivf_index_keeps_its_training_while_its_cluster_count_suits_the_vectors():
+    """min(4 * sqrt(n), n // 39) clusters: 25 for 1,000 vectors, 38 for 1,500 (reused: within twice 25), 51 for 2,000
+    (trained again)."""
+    from hybrid_retrieval.search.dense import fill, ivf_lists, trained_index
+
+    params = FaissParams(kind="ivf_sq8")
+    trained = trained_index(DOCS[:1000], params, "cpu")
+    assert (ivf_lists(trained), trained.ntotal) == (25, 0)
+    assert params.reuses(trained, 1500, 32) and not params.reuses(trained, 2000, 32)
+    assert not params.reuses(trained, 1500, 16)  # another dimension
+    assert not FaissParams(kind="ivf").reuses(trained, 1500, 32)  # another kind of codes
+    assert not FaissParams(kind="ivf_sq8", exact_below=2000).reuses(trained, 1500, 32)  # flat at that size
+    kept = trained_index(DOCS[:1500], params, "cpu", reuse=trained)
+    np.testing.assert_array_equal(centroids(kept), centroids(trained))
+    assert ivf_lists(trained_index(DOCS, params, "cpu", reuse=trained)) == 51
+    filled = fill(kept, DOCS[:1500], params, "cpu")
+    assert filled.ntotal == 1500 and not params.reuses(filled, 1500, 32)  # a filled index is nobody's training
+    assert trained.ntotal == 0  # the copy was filled, not the training

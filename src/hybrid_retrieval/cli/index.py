@@ -33,7 +33,7 @@ from hybrid_retrieval.models.providers import BACKENDS
 from hybrid_retrieval.search.analyzer import NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.bm25 import BM25_METHODS, BM25Params
 from hybrid_retrieval.search.cjk import CJK_MODES
-from hybrid_retrieval.search.dense import FAISS_KINDS, FaissParams
+from hybrid_retrieval.search.dense import DEFAULT_PARAMS, FAISS_KINDS, FaissParams
 from hybrid_retrieval.training.reembed import reembed_index
 
 
@@ -151,7 +151,12 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
         default=default(BuildOptions, "precision"),
         help="ONNX weights that embed documents and later writes (int8: faster on CPU, see docs/BENCHMARKS.md)",
     )
-    g.add_argument("--faiss", choices=FAISS_KINDS, default=default(FaissParams, "kind"))
+    g.add_argument(
+        "--faiss",
+        choices=FAISS_KINDS,
+        help=f"the vector index (default: flat below --exact-below documents, {DEFAULT_PARAMS.kind} from there: "
+        "8-bit codes in IVF clusters, candidates rescored from the stored vectors)",
+    )
     g.add_argument("--nlist", type=int, default=default(FaissParams, "nlist"), help="IVF clusters (default ~4*sqrt(n))")
     g.add_argument("--nprobe", type=int, default=default(FaissParams, "nprobe"))
     g.add_argument("--hnsw-m", type=int, default=default(FaissParams, "hnsw_m"))
@@ -184,9 +189,9 @@ def add_build_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--exact-below",
         type=int,
-        default=default(FaissParams, "exact_below"),
-        help="below this many documents the vector index is exact (Flat) whatever --faiss says (a collection's "
-        "vectors.exact_below: build one offline with its value to get the same index)",
+        help="below this many documents the vector index is exact (Flat) whatever --faiss says (default: "
+        f"{DEFAULT_PARAMS.exact_below:,} without --faiss, 0 with it; a collection's vectors.exact_below: build one "
+        "offline with its value to get the same index)",
     )
     g.add_argument(
         "--filterable",
@@ -268,7 +273,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
         synonyms=tuple(json.loads(args.synonyms.read_text())) if args.synonyms else (),
         bm25=BM25Params(method=args.bm25_method, k1=args.k1, b=args.b),
         faiss=FaissParams(
-            kind=args.faiss,
+            kind=args.faiss or DEFAULT_PARAMS.kind,
             nlist=args.nlist,
             nprobe=args.nprobe,
             hnsw_m=args.hnsw_m,
@@ -276,7 +281,7 @@ def build_options(args: argparse.Namespace) -> BuildOptions:
             pq_refine=args.pq_refine,
             ef_search=args.ef_search,
             flat_search_cutoff=args.flat_search_cutoff,
-            exact_below=args.exact_below,
+            exact_below=args.exact_below if args.exact_below is not None else DEFAULT_PARAMS.exact_below if args.faiss is None else 0,
         ),
         device=args.device,
         batch_size=args.batch_size,

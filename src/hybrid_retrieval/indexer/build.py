@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -33,6 +34,7 @@ from hybrid_retrieval.indexer.chunking import (
     ChunkingParams,
 )
 from hybrid_retrieval.indexer.corpus import corpus_file, count_records, read_corpus
+from hybrid_retrieval.indexer.files import TRAINED_FAISS
 from hybrid_retrieval.indexer.leftovers import remove_leftovers
 from hybrid_retrieval.indexer.manifest import (
     MANIFEST,
@@ -53,7 +55,7 @@ from hybrid_retrieval.models.providers import BACKENDS
 from hybrid_retrieval.models.registry import DEFAULT_MODEL, resolve_model
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
-from hybrid_retrieval.search.dense import FaissParams, build_faiss_index, use_gpu
+from hybrid_retrieval.search.dense import DEFAULT_PARAMS, IVF_KINDS, FaissParams, fill, ivf_lists, trained_index, use_gpu
 from hybrid_retrieval.search.filters.columns import MetadataCollector, check_filterable
 from hybrid_retrieval.search.postings import Postings, PostingsBuilder
 from hybrid_retrieval.search.spec import SearchSpec
@@ -75,7 +77,7 @@ class BuildOptions:
     precision: str = "fp32"  # the ONNX weights that embed documents (and later writes): fp32 or int8
     analyzer: Analyzer = field(default_factory=Analyzer)
     bm25: BM25Params = field(default_factory=BM25Params)
-    faiss: FaissParams = field(default_factory=FaissParams)
+    faiss: FaissParams = DEFAULT_PARAMS
     device: str = "auto"
     batch_size: int = EMBED_BATCH
     onnx_cache: Path | None = None
@@ -207,6 +209,7 @@ def build_into(  # noqa: PLR0913
     checkpoint: Callable[[], None] = lambda: None,
     analysed: tuple[Postings, dict[str, int]] | None = None,
     stored_lines: bool = False,
+    trained: Path | None = None,
 ) -> Manifest:
     """Write a complete index of the corpus `source` into the empty folder `tmp` (which the caller publishes).
     The documents' vectors come from `vectors` (indexer.representation: embedded, or as given), in the index's
@@ -216,7 +219,8 @@ def build_into(  # noqa: PLR0913
     whose collection is being closed stops at the next stage instead of finishing a base nobody takes). `analysed`: the
     documents' postings and vocabulary when the caller has them (a compaction merges its segments'), in corpus order:
     the documents are not analysed again. `stored_lines`: the corpus is written as the document store keeps it (a
-    compaction's current_corpus): adopted as the store, not written again."""
+    compaction's current_corpus): adopted as the store, not written again. `trained`: the trained (empty) vector index
+    of the index this one replaces (a compaction's), kept when it suits (search.dense.trained_index)."""
     started = time.perf_counter() if started is None else started
     t = time.perf_counter()
     timings = {"model_s": t - started}  # the export, or a profile's distillation, made before (build_index)
@@ -244,14 +248,18 @@ def build_into(  # noqa: PLR0913
     checkpoint()
 
     t = time.perf_counter()
-    faiss_index = build_faiss_index(document_vectors, options.faiss, options.device, options.progress)
+    reuse = faiss.read_index(str(trained)) if trained is not None and trained.exists() else None
+    faiss_index = trained_index(document_vectors, options.faiss, options.device, reuse)
+    if options.faiss.built_for(len(document_vectors)).kind in IVF_KINDS:  # the next compaction's `trained`
+        faiss.write_index(faiss_index, str(tmp / TRAINED_FAISS))
+    faiss_index = fill(faiss_index, document_vectors, options.faiss, options.device, options.progress)
     faiss.write_index(faiss_index, str(tmp / store.FAISS_FILE))
     drop_second_copy(tmp / store.EMBEDDINGS, options.faiss, len(document_vectors))
     timings["faiss_s"] = time.perf_counter() - t
 
     if onnx_folder is not None:  # None: a collection without a model (its documents bring their vectors)
         shutil.copytree(onnx_folder, tmp / store.MODEL_DIR, copy_function=link_or_copy)
-    manifest = _manifest(tmp, source, options, embedder_spec, len(document_vectors), bm25.vocabulary_size, passage_count, metadata.fields)
+    manifest = _manifest(tmp, source, options, embedder_spec, faiss_index, bm25.vocabulary_size, passage_count, metadata.fields)
     manifest.build = {
         **{k: round(v, 3) for k, v in timings.items()},
         "total_s": round(time.perf_counter() - started, 3),
@@ -279,12 +287,13 @@ def _manifest(
     source: Path,
     options: BuildOptions,
     embedder_spec: dict,
-    num_docs: int,
+    faiss_index: Any,  # the vector index built: one vector a document
     vocabulary_size: int,
     passage_count: int,
     fields: dict,
 ) -> Manifest:
     """The manifest of the index written into `tmp` (its build timings are the caller's to add)."""
+    num_docs = faiss_index.ntotal
     return Manifest(
         builder_version=BUILDER_VERSION,
         created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -296,7 +305,7 @@ def _manifest(
         bm25=options.bm25,
         embedder=EmbedderInfo(**embedder_spec, document_backend=options.backend, document_precision=options.precision),
         faiss=FaissInfo(
-            factory=options.faiss.factory(num_docs),
+            factory=options.faiss.factory(num_docs, ivf_lists(faiss_index)),
             metric="inner_product",
             built_on_gpu=use_gpu(options.device, options.faiss.built_for(num_docs).kind),
             params=options.faiss,

@@ -47,6 +47,7 @@ class _Job:
     vocabulary: dict[str, int] | None
     collection: bool
     stored_lines: bool
+    trained: Path | None
 
 
 def build_given(  # noqa: PLR0913
@@ -63,6 +64,7 @@ def build_given(  # noqa: PLR0913
     analysed: tuple[Postings, dict[str, int]] | None = None,
     collection: bool = False,
     stored_lines: bool = False,
+    trained: Path | None = None,
     checkpoint: Callable[[], None] = lambda: None,
 ) -> Manifest:
     """build_into `folder` of the corpus `source` with the given document `vectors` (an .npy file) and `passages`,
@@ -81,6 +83,7 @@ def build_given(  # noqa: PLR0913
             checkpoint=checkpoint,
             analysed=analysed,
             stored_lines=stored_lines,
+            trained=trained,
         )
     postings, vocabulary, passage_folder = None, None, None
     if passages is not None:  # arrays the size of the passages' vectors: files the child maps, not a pickle
@@ -93,7 +96,20 @@ def build_given(  # noqa: PLR0913
         postings.mkdir()
         analysed[0].save(postings)
         vocabulary = analysed[1]
-    job = _Job(folder, source, options, onnx_folder, embedder_spec, vectors, passage_folder, postings, vocabulary, collection, stored_lines)
+    job = _Job(
+        folder,
+        source,
+        options,
+        onnx_folder,
+        embedder_spec,
+        vectors,
+        passage_folder,
+        postings,
+        vocabulary,
+        collection,
+        stored_lines,
+        trained,
+    )
     job_file, result_file, log_file = work / "build-job.pickle", work / "build-result.pickle", work / "build.log"
     job_file.write_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
     with log_file.open("wb") as log:
@@ -138,6 +154,7 @@ def _run(job_file: Path, result_file: Path) -> None:
         collection=job.collection,
         analysed=analysed,
         stored_lines=job.stored_lines,
+        trained=job.trained,
     )
     result_file.write_bytes(pickle.dumps(manifest, protocol=pickle.HIGHEST_PROTOCOL))
 

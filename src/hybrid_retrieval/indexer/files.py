@@ -7,6 +7,7 @@ Layout (all paths relative to the index folder, all listed with size and sha256 
     bm25/                  bm25s sparse score matrix (memory-mapped .npy) and vocabulary
     embeddings.npy         float32 unit document vectors, (n, dimension), unless dense.faiss holds them whole
     dense.faiss            FAISS inner-product index over those vectors (flat or hnsw: their only copy)
+    dense.trained.faiss    an IVF index's training (clusters, codebooks), empty: what a compaction reuses
     model/                 the ONNX query/document embedder the index was built with
     postings/              term frequencies and document lengths (search.postings): BM25 with live statistics
     metadata/              filterable metadata columns (search.filters), when the documents have any
@@ -21,5 +22,6 @@ DOC_OFFSETS = "docs.offsets.npy"
 BM25_DIR = "bm25"
 EMBEDDINGS = "embeddings.npy"
 FAISS_FILE = "dense.faiss"
+TRAINED_FAISS = "dense.trained.faiss"
 MODEL_DIR = "model"
 RERANKER_DIR = "reranker"  # the index's own cross-encoder (ONNX export and training record), written by `hybrid optimize`

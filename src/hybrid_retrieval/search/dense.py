@@ -18,12 +18,12 @@ from hybrid_retrieval.search.ranking import Ranking, top_k
 
 logger = logging.getLogger(__name__)
 
-FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq", "sq8", "hnsw_sq8")
-IVF_KINDS = ("ivf", "ivfpq")
+FAISS_KINDS = ("flat", "ivf", "hnsw", "ivfpq", "sq8", "hnsw_sq8", "ivf_sq8")
+IVF_KINDS = ("ivf", "ivfpq", "ivf_sq8")
 HNSW_KINDS = ("hnsw", "hnsw_sq8")
 # kinds that keep codes, not vectors, in memory (product-quantized, or 8-bit scalar: a byte a dimension); their
 # candidates (`pq_refine` a result) are rescored with the stored full-precision vectors, memory-mapped from disk
-COMPRESSED_KINDS = ("ivfpq", "sq8", "hnsw_sq8")
+COMPRESSED_KINDS = ("ivfpq", "sq8", "hnsw_sq8", "ivf_sq8")
 # kinds whose index holds the vectors whole, in document order (a flat index, or an HNSW graph's flat storage): the
 # stored vectors are read from it (flat_vectors), and an index folder keeps no second copy of them
 WHOLE_KINDS = ("flat", "hnsw")
@@ -31,14 +31,20 @@ SCAN_KINDS = ("flat", "sq8")  # every vector scored, no walk: exact (flat) or ne
 FLAT_GATHER_CUTOFF = 1_000
 TIE_MARGIN = 8  # results a dense search asks FAISS for beyond its cut, to see whether a tie crosses it (_past_ties)
 ADD_CHUNK = 65_536  # vectors added to a FAISS index at a time on a CPU (a step of the build's progress)
-EXACT_BELOW = 10_000  # a collection's default: its vector index is exact (Flat) until it holds this many documents
+EXACT_BELOW = 10_000  # the default: a vector index is exact (Flat) until it holds this many documents
+# ...and then this kind: 8-bit codes in memory (a byte a number), in ~4*sqrt(n) clusters of which nprobe are scanned,
+# candidates rescored from the stored vectors. Unlike HNSW, whose graph of a million vectors takes this 2-core machine
+# most of an hour, an IVF index is filled in one pass and keeps its training across compactions (trained_index).
+SCALED_KIND = "ivf_sq8"
+TRAIN_POINTS_PER_LIST = 64  # k-means points per IVF cluster (FAISS's 256 takes ~10 min to train a million vectors)
+IVF_CLASSES = {"ivf": "IndexIVFFlat", "ivfpq": "IndexIVFPQ", "ivf_sq8": "IndexIVFScalarQuantizer"}
 
 
 @dataclass(frozen=True)
 class FaissParams:
     kind: str = "flat"
     nlist: int | None = None  # ivf: number of clusters (default ~4*sqrt(n))
-    nprobe: int = 16  # ivf: clusters visited per query
+    nprobe: int = 64  # ivf kinds: clusters visited per query
     hnsw_m: int = 32  # hnsw: links per node
     pq_m: int = 48  # ivfpq: sub-quantizers, each coding dimension / pq_m dimensions in one byte (must divide the dimension)
     pq_refine: int = 4  # ivfpq, sq8, hnsw_sq8: candidates fetched per result, rescored exactly with the stored vectors
@@ -81,13 +87,18 @@ class FaissParams:
         """Whether an index of `num_vectors` built with these parameters holds them whole (flat_vectors reads them)."""
         return self.built_for(num_vectors).kind in WHOLE_KINDS
 
-    def factory(self, num_vectors: int) -> str:
+    def factory(self, num_vectors: int, nlist: int | None = None) -> str:
+        """The FAISS factory string of an index of `num_vectors` (`nlist`: an IVF index's clusters, when its training
+        was reused rather than sized for `num_vectors`)."""
         if self.built_for(num_vectors).kind == "flat":
             return "Flat"
+        nlist = nlist or self.resolved_nlist(num_vectors)
         if self.kind == "ivf":
-            return f"IVF{self.resolved_nlist(num_vectors)},Flat"
+            return f"IVF{nlist},Flat"
         if self.kind == "ivfpq":  # 8-bit codes: pq_m bytes a vector in memory (docs/SCALING.md)
-            return f"IVF{self.resolved_nlist(num_vectors)},PQ{self.pq_m}x8"
+            return f"IVF{nlist},PQ{self.pq_m}x8"
+        if self.kind == "ivf_sq8":
+            return f"IVF{nlist},SQ8"
         if self.kind == "hnsw":
             return f"HNSW{self.hnsw_m},Flat"
         if self.kind == "sq8":
@@ -96,6 +107,23 @@ class FaissParams:
             return f"HNSW{self.hnsw_m},SQ8"
         return "Flat"
 
+    def reuses(self, trained: Any, num_vectors: int, dimension: int) -> bool:
+        """Whether the trained, empty index `trained` (an earlier build's, trained_index) can take `num_vectors` of
+        `dimension` numbers as an index of these parameters: the same IVF kind (and code size) with between half and
+        twice the clusters this many vectors would get. A collection that keeps growing is trained again each time it
+        has grown fourfold or so: its clusters follow what it holds, at a cost that sums to about a third more than
+        training once at its final size."""
+        import faiss
+
+        kind = self.built_for(num_vectors).kind
+        if kind not in IVF_KINDS or trained.d != dimension or trained.ntotal or not trained.is_trained:
+            return False
+        ivf: Any = faiss.downcast_index(trained)  # faiss stubs: an Index, not its IVF subclass
+        if type(ivf).__name__ != IVF_CLASSES[kind] or (kind == "ivfpq" and self.pq_m != ivf.pq.M):
+            return False
+        wanted, nlist = self.resolved_nlist(num_vectors), int(ivf.nlist)
+        return wanted <= 2 * nlist and nlist <= 2 * wanted
+
     def resolved_nlist(self, num_vectors: int) -> int:
         # FAISS wants ~39 training points per centroid; never ask for more clusters than that allows.
         wanted = self.nlist or int(4 * math.sqrt(num_vectors))
@@ -103,6 +131,11 @@ class FaissParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# What an index gets unless told otherwise (`hybrid index`, a collection, BuildOptions): exact below EXACT_BELOW
+# documents, SCALED_KIND from there. FaissParams() alone is flat at every size (what a comparison of kinds builds).
+DEFAULT_PARAMS = FaissParams(kind=SCALED_KIND, exact_below=EXACT_BELOW)
 
 
 def gpu_count() -> int:
@@ -125,16 +158,25 @@ def use_gpu(device: str, kind: str) -> bool:
 
 
 def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "auto", progress: bool = False) -> Any:  # a faiss.Index
-    """Build a CPU-serialisable FAISS index (trained and filled on GPU when available; on a CPU filled in chunks, with a
-    progress bar when `progress`: an HNSW graph of millions of vectors takes minutes)."""
+    """A CPU-serialisable FAISS index of `vectors` (see trained_index and fill)."""
+    return fill(trained_index(vectors, params, device), vectors, params, device, progress)
+
+
+def trained_index(vectors: np.ndarray, params: FaissParams, device: str = "auto", reuse: Any | None = None) -> Any:  # a faiss.Index
+    """An empty index of `params` for `vectors`, trained on them (on GPU when available), or a copy of `reuse`, an
+    earlier build's trained index, when `params.reuses` it: the clusters a compaction would train again are kept."""
     import faiss
 
     n, dim = vectors.shape
     params.check_dimension(dim)
+    if reuse is not None and params.reuses(reuse, n, dim):
+        return faiss.clone_index(reuse)
     params = params.built_for(n)
     index = faiss.index_factory(dim, params.factory(n), faiss.METRIC_INNER_PRODUCT)
     if params.kind in HNSW_KINDS:
         index.hnsw.efConstruction = params.ef_construction  # type: ignore[attr-defined]  # faiss stubs: an Index, not its HNSW subclass
+    if params.kind in IVF_KINDS:
+        faiss.extract_index_ivf(index).cp.max_points_per_centroid = TRAIN_POINTS_PER_LIST
     if params.kind == "ivfpq":
         # the factory turns on polysemous training (codebooks reordered for Hamming filtering, which we never search
         # with): same distances and rankings, but 50 times the training time
@@ -142,15 +184,36 @@ def build_faiss_index(vectors: np.ndarray, params: FaissParams, device: str = "a
     if use_gpu(device, params.kind):
         gpu_index = faiss.index_cpu_to_all_gpus(index)
         gpu_index.train(vectors)
-        gpu_index.add(vectors)
-        index = faiss.index_gpu_to_cpu(gpu_index)
-    else:
-        index.train(vectors)
-        with progress_bar(n, "vector index", "vectors", progress) as bar:
-            for start in range(0, n, ADD_CHUNK):
-                index.add(vectors[start : start + ADD_CHUNK])
-                bar.update(min(ADD_CHUNK, n - start))
+        return faiss.index_gpu_to_cpu(gpu_index)
+    index.train(vectors)
     return index
+
+
+def fill(index: Any, vectors: np.ndarray, params: FaissParams, device: str = "auto", progress: bool = False) -> Any:  # a faiss.Index
+    """`index` (trained_index's) with `vectors` added: on GPU when available, else in chunks, with a progress bar
+    when `progress` (an HNSW graph of millions of vectors takes minutes)."""
+    import faiss
+
+    n = len(vectors)
+    if use_gpu(device, params.built_for(n).kind):
+        gpu_index = faiss.index_cpu_to_all_gpus(index)
+        gpu_index.add(vectors)
+        return faiss.index_gpu_to_cpu(gpu_index)
+    with progress_bar(n, "vector index", "vectors", progress) as bar:
+        for start in range(0, n, ADD_CHUNK):
+            index.add(vectors[start : start + ADD_CHUNK])
+            bar.update(min(ADD_CHUNK, n - start))
+    return index
+
+
+def ivf_lists(index: Any) -> int | None:
+    """An IVF index's number of clusters (None for other kinds)."""
+    import faiss
+
+    try:
+        return int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:  # not an IVF index
+        return None
 
 
 class DenseIndex:

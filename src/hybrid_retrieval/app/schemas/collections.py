@@ -16,7 +16,7 @@ from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import LANGUAGES, NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.cjk import CJK_MODES
-from hybrid_retrieval.search.dense import EXACT_BELOW, FAISS_KINDS
+from hybrid_retrieval.search.dense import DEFAULT_PARAMS, FAISS_KINDS
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
 SETTINGS_EXAMPLE = {
@@ -98,14 +98,16 @@ class BM25Settings(Strict):
 
 class VectorSettings(Strict):
     kind: Literal[FAISS_KINDS] = Field(  # type: ignore[valid-type]
-        default="flat", description="the vector index once the collection holds `exact_below` documents"
+        default=DEFAULT_PARAMS.kind, description="the vector index once the collection holds `exact_below` documents"
     )
-    exact_below: Int = Field(default=EXACT_BELOW, ge=0, description="below this many documents the vector index is exact (Flat)")
-    nlist: Int | None = Field(default=None, ge=1, description="ivf, ivfpq: clusters (default ~4*sqrt(n))")
-    nprobe: Int = Field(default=16, ge=1, le=65536, description="ivf, ivfpq: clusters visited per query")
+    exact_below: Int = Field(
+        default=DEFAULT_PARAMS.exact_below, ge=0, description="below this many documents the vector index is exact (Flat)"
+    )
+    nlist: Int | None = Field(default=None, ge=1, description="ivf, ivfpq, ivf_sq8: clusters (default ~4*sqrt(n))")
+    nprobe: Int = Field(default=DEFAULT_PARAMS.nprobe, ge=1, le=65536, description="ivf, ivfpq, ivf_sq8: clusters visited per query")
     hnsw_m: Int = Field(default=32, ge=2, le=256, description="hnsw, hnsw_sq8: links per node")
     pq_m: Int = Field(default=48, ge=1, le=1024, description="ivfpq: bytes a vector (must divide the dimension)")
-    pq_refine: Int = Field(default=4, ge=1, le=64, description="ivfpq, sq8, hnsw_sq8: candidates rescored exactly per result")
+    pq_refine: Int = Field(default=4, ge=1, le=64, description="ivfpq, sq8, hnsw_sq8, ivf_sq8: candidates rescored exactly per result")
     ef_construction: Int = Field(default=200, ge=1, le=65536)
     ef_search: Int = Field(default=128, ge=1, le=65536)
     flat_search_cutoff: Int = Field(

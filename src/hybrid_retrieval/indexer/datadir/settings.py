@@ -6,7 +6,7 @@ naming `settings.<field>`), then turned into the build options and default searc
                                                        # or stemmer / stopwords (a list: custom) given one by one
      "synonyms": [{"equivalent": ["car", "automobile"]}],  # search.synonyms; PATCH changes them without a rebuild
      "bm25": {"k1": 1.2, "b": 0.75},
-     "vectors": {"kind": "flat", ...},               # search.dense.FaissParams' fields
+     "vectors": {"kind": "ivf_sq8", ...},            # search.dense.FaissParams' fields
      "filterable": ["year", "tags"],                   # null or absent: every metadata field that can be
      "chunking": {"method": "tokens", "size": 128, "overlap": 16},   # indexer.chunking's (default none)
      "defaults": {"mode": "hybrid", ...}}              # a partial search spec (search.spec)
@@ -29,7 +29,7 @@ from hybrid_retrieval.models.profiles import PRECISION_PROFILES, PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
-from hybrid_retrieval.search.dense import EXACT_BELOW, FaissParams
+from hybrid_retrieval.search.dense import DEFAULT_PARAMS, FaissParams
 from hybrid_retrieval.search.spec import SearchSpec
 from hybrid_retrieval.search.synonyms import Synonyms
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
@@ -50,7 +50,7 @@ class CollectionSettings:
     dimension: int | None = None  # set: the embedder is `none`, and every vector has this many numbers
     analyzer: Analyzer = field(default_factory=Analyzer)
     bm25: BM25Params = field(default_factory=BM25Params)
-    vectors: FaissParams = field(default_factory=lambda: FaissParams(exact_below=EXACT_BELOW))
+    vectors: FaissParams = DEFAULT_PARAMS
     filterable: tuple[str, ...] | None = None
     defaults: SearchSpec = field(default_factory=SearchSpec)
     chunking: ChunkingParams = field(default_factory=ChunkingParams)
@@ -90,7 +90,7 @@ class CollectionSettings:
         bm25 = _build(BM25Params, "settings.bm25", _object(section.get("bm25", {}), "settings.bm25", BM25_FIELDS))
         vector_fields = tuple(f.name for f in fields(FaissParams))
         vectors = _object(section.get("vectors", {}), "settings.vectors", vector_fields)
-        vectors = _build(FaissParams, "settings.vectors", {"exact_below": EXACT_BELOW, **vectors})
+        vectors = _build(FaissParams, "settings.vectors", {**DEFAULT_PARAMS.to_dict(), **vectors})
         filterable = section.get("filterable")
         if filterable is not None and (not isinstance(filterable, list) or not all(isinstance(n, str) and n for n in filterable)):
             raise SpecError("settings.filterable", "must be a list of metadata field names, or null for every field that can be")

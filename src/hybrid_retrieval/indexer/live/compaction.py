@@ -15,6 +15,7 @@ import numpy as np
 
 from hybrid_retrieval.indexer.build import BuildOptions
 from hybrid_retrieval.indexer.build_process import build_given
+from hybrid_retrieval.indexer.files import TRAINED_FAISS
 from hybrid_retrieval.indexer.hubness import correction_folder_name, write_correction
 from hybrid_retrieval.indexer.live.log import LIVE_DIR, WAL_FILE
 from hybrid_retrieval.indexer.live.validate import filterable_fields
@@ -59,6 +60,7 @@ def build_compacted(
         analysed=merged_terms(state),
         collection=True,
         stored_lines=True,
+        trained=index.path / TRAINED_FAISS,
         checkpoint=checkpoint,
     )
     checkpoint()
