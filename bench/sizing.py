@@ -82,7 +82,7 @@ def render_sizing(records: list[dict[str, Any]]) -> str:
         "",
         f"What was measured: one service filled through the API with the dataset's documents plus generated distractors "
         f"of the same lengths (bench.haystack), two metadata fields, and their own {LOAD_DIMENSION}-number vectors; default "
-        "settings (flat vector index, background compaction); one client, or "
+        "settings (the vector index flat below 10,000 documents, ivf_sq8 from there; background compaction); one client, or "
         f"{LOAD_CLIENTS} at once for the req/s column.",
         "",
         "## By collection size",
@@ -111,8 +111,10 @@ def render_sizing(records: list[dict[str, Any]]) -> str:
     lines += [
         f"A straight line through the measured sizes: the serving process holds **{fixed / 2**20:,.0f} MiB** "
         f"(the process and its libraries) plus **{per_doc:,.0f} bytes a document** in memory, with {LOAD_DIMENSION}-number vectors. "
-        "A flat vector index holds 4 bytes a number (memory-mapped: every search scans it), sq8 and hnsw_sq8 one "
-        "byte (plus graph links for hnsw_sq8), with the 4-byte vectors on disk for rescoring.",
+        "The default index (ivf_sq8) holds one byte a number and 8 bytes of id a document in memory, and rescores its "
+        "candidates from the 4-byte vectors on disk (memory-mapped: only the candidates' pages are read); a flat index "
+        "holds 4 bytes a number, all of it touched by every search; sq8 and hnsw_sq8 one byte (plus graph links for "
+        "hnsw_sq8).",
         "",
     ]
     if part_rows:
@@ -121,8 +123,9 @@ def render_sizing(records: list[dict[str, Any]]) -> str:
         "## Documents a node holds",
         "",
         f"Documents whose index fits in {HEADROOM:.0%} of a node's memory (the rest for the operating system and its page "
-        f"cache), from the line above, with {LOAD_DIMENSION}-number vectors and a flat index; each further vector number "
-        "costs 4 bytes a document (1 with sq8); a bulk load needs more while it runs (the peak column above). Beyond the "
+        f"cache), from the line above, with {LOAD_DIMENSION}-number vectors and the default index; each further vector "
+        "number costs a byte a document in memory (4 with a flat index); a bulk load needs more while it runs (the peak "
+        "column above). Beyond the "
         "largest size measured this is the line's arithmetic, not a measurement: search latency there is not known.",
         "",
     ]

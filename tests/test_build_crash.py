@@ -15,7 +15,7 @@ from tests.conftest import REPO, TINY_CORPUS, write_jsonl
 # Where the child process kills itself (SIGKILL: no cleanup code runs), in build order.
 KILL_POINTS = {
     "bm25": "hybrid_retrieval.indexer.build.BM25Index.from_postings",  # documents stored, nothing else
-    "faiss": "hybrid_retrieval.indexer.build.build_faiss_index",  # embeddings written
+    "faiss": "hybrid_retrieval.indexer.build.trained_index",  # embeddings written
     "manifest": "hybrid_retrieval.indexer.build.write_manifest",  # every file but the manifest
     "fsync": "hybrid_retrieval.common.publish._fsync_tree",  # complete, not yet flushed
     "swap": "hybrid_retrieval.common.publish._exchange",  # flushed, about to replace the old index

@@ -16,9 +16,11 @@ from hybrid_retrieval.common.names import check_name, name_of_folder
 from hybrid_retrieval.indexer.build import BuildOptions
 from hybrid_retrieval.indexer.datadir.layout import DataDir
 from hybrid_retrieval.indexer.datadir.settings import CollectionSettings
+from hybrid_retrieval.indexer.hubness import fit_hubness
 from hybrid_retrieval.indexer.live.collection import Collection
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.dense import EXACT_BELOW, FaissParams
+from hybrid_retrieval.search.hubness import HubnessParams
 from tests.conftest import TINY_CORPUS, centroids
 
 WRITER = {"X-API-Key": "w"}
@@ -147,6 +149,18 @@ def test_a_compaction_keeps_the_clusters_it_trained_until_the_collection_outgrow
     expected = np.argsort(-(vectors @ vectors[7]), kind="stable")[:5]  # nprobe 512: every cluster scanned, then rescored
     assert [view.document(int(i))["id"] for i in result.ranking.doc_idx] == [f"n{i}" for i in expected]
     np.testing.assert_allclose(result.ranking.scores, (vectors @ vectors[7])[expected], rtol=1e-6)
+    # a hubness correction's augmented vectors stay whole (IVF-Flat), through the compactions that carry it
+    fit_hubness(collection.index, [], {"kind": "query log"}, HubnessParams(k=3), gallery_size=50, bank=vectors[:40])
+    collection.close()
+    collection = Collection(open_index(data.path("notes"), verify="size"))
+    collection.upsert([{"id": "extra", "text": "extra", "vector": vectors[0].tolist()}])
+    index = collection.compact().index
+    augmented = faiss.read_index(str(index.path / index.manifest.hubness.folder / "dense.faiss"))
+    assert type(faiss.downcast_index(augmented)).__name__ == "IndexIVFFlat" and augmented.ntotal == 1201
+    corrected = (
+        collection.refresh().pipeline().search(None, k=5, spec={"mode": "dense", "hubness": {"method": "qbnorm"}}, vector=vectors[7])
+    )
+    assert len(corrected.ranking) == 5
     collection.close()
 
 

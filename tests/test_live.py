@@ -372,7 +372,7 @@ def test_a_compaction_stops_at_its_next_stage_once_its_collection_closes(base_in
         return real_bm25(*args, **kwargs)
 
     monkeypatch.setattr(build.BM25Index, "from_postings", bm25_until_closed)
-    monkeypatch.setattr(build, "build_faiss_index", lambda *a, **k: later_stages.append("faiss"))
+    monkeypatch.setattr(build, "trained_index", lambda *a, **k: later_stages.append("faiss"))
     collection.on_compact = lambda *_: later_stages.append("on_compact")
     compaction, outcome = _compact_in_background(collection)
     assert building.wait(30)

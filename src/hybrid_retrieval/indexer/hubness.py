@@ -32,7 +32,7 @@ from hybrid_retrieval.common.publish import publish_dir
 from hybrid_retrieval.indexer.corpus import read_qrels, read_queries
 from hybrid_retrieval.indexer.manifest import HubnessInfo, Manifest, update_manifest
 from hybrid_retrieval.indexer.store import AUGMENTED_FAISS, BANK_FILES, GALLERY_IDS, OpenIndex, file_inventory
-from hybrid_retrieval.search.dense import COMPRESSED_KINDS, build_faiss_index
+from hybrid_retrieval.search.dense import build_faiss_index
 from hybrid_retrieval.search.hubness import (
     BIAS_COLUMNS,
     Banks,
@@ -120,7 +120,7 @@ def write_correction(folder: Path, correction: HubnessCorrection, banks: Banks, 
     for bank_name, (sims, idx) in banks.neighbours.items():
         np.save(folder / f"neighbours_{bank_name}_sims.npy", sims)
         np.save(folder / f"neighbours_{bank_name}_idx.npy", idx)
-    augmented = build_faiss_index(augment_documents(embeddings, correction), faiss_params, "cpu")
+    augmented = build_faiss_index(augment_documents(embeddings, correction), faiss_params.full_precision(), "cpu")
     faiss.write_index(augmented, str(folder / AUGMENTED_FAISS))
 
 
@@ -145,11 +145,6 @@ def fit_hubness(  # noqa: PLR0913
     to new betas or a new bank. Returns the new manifest."""
     if index.passages is not None:
         raise ConfigError(f"{index.path} ranks documents by their passages: hubness correction fits one vector per document")
-    if index.manifest.faiss.params.kind in COMPRESSED_KINDS:
-        raise ConfigError(
-            "a hubness correction searches vectors augmented with its biases, which quantization would blur: fit it "
-            "on an index built with --faiss flat, ivf or hnsw"
-        )
     started = time.perf_counter()
     bank = index.query_embedder.encode(bank_texts) if bank is None else bank
     embeddings = np.asarray(index.embeddings)

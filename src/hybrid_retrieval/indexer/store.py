@@ -451,7 +451,7 @@ def _load_hubness(folder: Path, manifest: Manifest, device: str) -> HubnessSearc
         lse={name: np.load(where / f"{name}.npy") for name in BIAS_COLUMNS},
         activation={bank: np.load(where / f"activation_{bank}.npy") for bank in ACTIVATION_BANKS},
     )
-    augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params, device)
+    augmented = DenseIndex(faiss.read_index(str(where / AUGMENTED_FAISS)), manifest.faiss.params.full_precision(), device)
     banks = None
     if (where / GALLERY_IDS).exists():
         query, gallery = (np.load(where / BANK_FILES[bank], mmap_mode="r") for bank in ACTIVATION_BANKS)

@@ -27,6 +27,7 @@ COMPRESSED_KINDS = ("ivfpq", "sq8", "hnsw_sq8", "ivf_sq8")
 # kinds whose index holds the vectors whole, in document order (a flat index, or an HNSW graph's flat storage): the
 # stored vectors are read from it (flat_vectors), and an index folder keeps no second copy of them
 WHOLE_KINDS = ("flat", "hnsw")
+UNCOMPRESSED = {"ivfpq": "ivf", "ivf_sq8": "ivf", "sq8": "flat", "hnsw_sq8": "hnsw"}  # FaissParams.full_precision
 SCAN_KINDS = ("flat", "sq8")  # every vector scored, no walk: exact (flat) or near it (sq8, then rescored)
 FLAT_GATHER_CUTOFF = 1_000
 TIE_MARGIN = 8  # results a dense search asks FAISS for beyond its cut, to see whether a tie crosses it (_past_ties)
@@ -82,6 +83,11 @@ class FaissParams:
         if self.kind != "flat" and (num_vectors < self.exact_below or (self.kind in IVF_KINDS and num_vectors < 39)):
             return replace(self, kind="flat")
         return self
+
+    def full_precision(self) -> FaissParams:
+        """These parameters for an index that keeps its vectors whole, each compressed kind's uncompressed twin: a
+        hubness correction's augmented index, whose bias dimensions 8-bit or product codes would blur."""
+        return replace(self, kind=UNCOMPRESSED.get(self.kind, self.kind))
 
     def holds_vectors(self, num_vectors: int) -> bool:
         """Whether an index of `num_vectors` built with these parameters holds them whole (flat_vectors reads them)."""

@@ -175,7 +175,7 @@ def _write_hubness(full: HubnessCorrection, positions: np.ndarray, vectors: np.n
         np.save(folder / f"{column}.npy", lse)
     for bank, mask in part.activation.items():
         np.save(folder / f"activation_{bank}.npy", mask)
-    augmented = build_faiss_index(augment_documents(vectors, part), faiss_params, "cpu")
+    augmented = build_faiss_index(augment_documents(vectors, part), faiss_params.full_precision(), "cpu")
     faiss.write_index(augmented, str(folder / store.AUGMENTED_FAISS))
 
 
