@@ -358,7 +358,9 @@ class _Loader:
 
     def compact_s(self) -> float:
         started = time.perf_counter()
-        self.client.post(f"/collections/{self.name}/compact").raise_for_status()
+        answer = self.client.post(f"/collections/{self.name}/compact")
+        if answer.is_error:  # what the service said, not only its status
+            raise RuntimeError(f"compaction: HTTP {answer.status_code}: {answer.text}")
         return time.perf_counter() - started
 
     def close(self) -> None:
@@ -380,7 +382,7 @@ def _api_load(ctx) -> list[Table]:
         env = {"HYBRID_DATA": str(data), "HYBRID_WRITE_KEYS": LOAD_KEY}
         documents = haystack.documents(sizes[-1])
         loaded, name = 0, "haystack"
-        server = running_server(None, env)
+        server = running_server(None, env, log=ctx.work / "api-load-server.log")
         url, process = server.__enter__()
         try:
             client = _Loader(url, name)
@@ -414,7 +416,7 @@ def _api_load(ctx) -> list[Table]:
                 client.close()
                 server.__exit__(None, None, None)
                 started = time.perf_counter()
-                server = running_server(None, env)
+                server = running_server(None, env, log=ctx.work / "api-load-server.log")
                 url, process = server.__enter__()
                 row["restart_s"] = round(time.perf_counter() - started, 2)
                 client = _Loader(url, name)

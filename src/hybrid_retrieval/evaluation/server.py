@@ -24,10 +24,12 @@ def running_server(
     ready_timeout_s: float = 120.0,
     cwd: Path | str | None = None,
     module: str = "hybrid_retrieval.app",
+    log: Path | None = None,
 ):
     """Yield (base url, process) once /ready answers 200; terminate the server on exit. `index_dir`: the --index folder
     (None: the data directory `env` names in HYBRID_DATA, or ./data in `cwd`). `cwd`: where the server runs;
-    `module`: what `python -m` starts (another version of the service, found through `env`'s PYTHONPATH)."""
+    `module`: what `python -m` starts (another version of the service, found through `env`'s PYTHONPATH); `log`: a
+    file its output is appended to (else it is discarded)."""
     import httpx  # a dev dependency: only benchmarks and tests start servers
 
     port = free_port()
@@ -42,9 +44,12 @@ def running_server(
         "HYBRID_QUERY_CACHE_SIZE": "0",
         **(env or {}),
     }
-    process = subprocess.Popen(
-        [sys.executable, "-m", module], env=environment, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    output = log.open("ab") if log is not None else subprocess.DEVNULL
+    try:
+        process = subprocess.Popen([sys.executable, "-m", module], env=environment, cwd=cwd, stdout=output, stderr=output)
+    finally:
+        if log is not None:
+            output.close()  # the child holds its own descriptor
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout_s
