@@ -252,6 +252,24 @@ def test_compaction_keeps_rankings_and_writes_logged_meanwhile(base_index, tmp_p
     reopened.close()
 
 
+def test_a_compaction_removes_what_killed_ones_left_before_the_next_may_start(base_index, tmp_path, monkeypatch):
+    """Leftovers are removed under the compaction lock: a compaction waiting for it makes its scratch folder before
+    locking it, so a sweep running after the lock is released could take that folder for a killed one's."""
+    from hybrid_retrieval.indexer.live import compactor
+
+    shutil.copytree(base_index, tmp_path / "index")
+    killed = tmp_path / ".index.compact-killed"  # what a killed compaction leaves: a sibling nobody holds
+    killed.mkdir()
+    collection = Collection(open_index(tmp_path / "index"))
+    held = []
+    sweep = compactor.remove_leftovers
+    monkeypatch.setattr(compactor, "remove_leftovers", lambda path: held.append(collection.compactor.lock.locked()) or sweep(path))
+    collection.upsert([{"id": "n1", "text": "quantum cat market"}])
+    collection.compact()
+    assert held == [True] and not killed.exists()
+    collection.close()
+
+
 def _compacted_files(base_index: Path, folder: Path) -> dict:
     """The checksums of the files of a compaction of these writes on a copy of `base_index` at `folder`."""
     shutil.copytree(base_index, folder)

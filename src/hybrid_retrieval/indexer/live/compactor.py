@@ -56,8 +56,9 @@ class Compactor:
             if not state.live.docs and state.base_alive.all():
                 return self.reader.refresh()  # nothing to merge
             self._build_and_swap(state)
+            # under the lock: the next compaction's scratch folder, made and then locked, is not a leftover yet
+            remove_leftovers(state.index.path)
         logger.info("compacted %s: %d documents up to sequence %d", state.index.path, self.reader.view.documents, state.seq)
-        remove_leftovers(state.index.path)
         view = self.reader.refresh()
         del state  # the old base and live documents, once no search holds them
         release_free_memory()
