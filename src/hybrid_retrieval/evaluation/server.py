@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -44,12 +45,9 @@ def running_server(
         "HYBRID_QUERY_CACHE_SIZE": "0",
         **(env or {}),
     }
-    output = log.open("ab") if log is not None else subprocess.DEVNULL
-    try:
+    # the file is closed once the child started: it holds its own descriptor
+    with log.open("ab") if log is not None else contextlib.nullcontext(subprocess.DEVNULL) as output:
         process = subprocess.Popen([sys.executable, "-m", module], env=environment, cwd=cwd, stdout=output, stderr=output)
-    finally:
-        if log is not None:
-            output.close()  # the child holds its own descriptor
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout_s

@@ -110,6 +110,11 @@ def build_given(  # noqa: PLR0913
         stored_lines,
         trained,
     )
+    return _build_in_child(job, work, checkpoint)
+
+
+def _build_in_child(job: _Job, work: Path, checkpoint: Callable[[], None]) -> Manifest:
+    """`job` built by a child process (its job, result and log files in `work`), `checkpoint` run every POLL_S."""
     job_file, result_file, log_file = work / "build-job.pickle", work / "build-result.pickle", work / "build.log"
     job_file.write_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
     with log_file.open("wb") as log:
