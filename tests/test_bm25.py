@@ -86,3 +86,15 @@ def test_the_score_matrix_is_the_one_bm25s_indexing_writes(tmp_path, method):
     assert files == sorted(p.name for p in (tmp_path / "ours").iterdir() if p.name != "analyzer.json")
     for name in files:
         assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "bm25s" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "bm25l"])
+def test_every_documents_score_is_bm25s_own_sum_of_the_query_columns(method):
+    """BM25Index.scores sums the score matrix with a compiled kernel: bit-identical to bm25s's get_scores (its
+    np.add.at of each column in query order, plus the non-occurrence score of bm25l), repeated terms included."""
+    analyzer = Analyzer()
+    corpus = ["the cat sat on the mat", "a dog chased the cat", "cats and dogs", "a mat of moss", "dog dog dog"]
+    index = BM25Index.build([analyzer.analyze(text) for text in corpus], analyzer, BM25Params(method=method))
+    for query in ("cat", "dog mat", "cat cat moss", "the cat chased a dog on a mat"):
+        ids = index.query_token_ids(query)
+        np.testing.assert_array_equal(index.scores(query), index.engine.get_scores(ids))

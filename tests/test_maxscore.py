@@ -17,13 +17,15 @@ from hybrid_retrieval.search import maxscore, segments
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.maxscore import PostingList, exhaustive_scores, score_documents, top_k_pruned
-from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.maxscore import PostingList, exhaustive_scores, score_documents, top_k_pruned, top_matches
+from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.segments import LiveBM25, LiveDocument, LiveSegment
 
 
 def reference(scores: np.ndarray, depth: int, allowed: Allowed | None) -> Ranking:
-    return BM25Index.ranking_from_scores(scores, depth, allowed)
+    """The top `depth` of the matching (non-zero) allowed documents by search.ranking.top_k: numpy, no kernel."""
+    admitted = scores != 0 if allowed is None else (scores != 0) & allowed.mask
+    return top_k(scores, depth, candidates=np.flatnonzero(admitted))
 
 
 def assert_same(pruned: Ranking, exhaustive: Ranking) -> None:
@@ -70,6 +72,28 @@ def test_pruned_top_k_equals_the_exhaustive_top_k(case, depth, walk_limit, data)
     assert_same(pruned, reference(scores, depth, allowed))
     ids = np.flatnonzero(np.arange(num_docs) % 3 == 0)
     np.testing.assert_array_equal(score_documents(lists, ids, np.dtype(np.float64)), scores[ids])
+
+
+@given(
+    st.lists(st.integers(-3, 4), min_size=0, max_size=80),
+    st.integers(1, 20),
+    st.sampled_from([np.float32, np.float64]),
+    st.sampled_from(["none", "sparse", "dense"]),
+    st.data(),
+)
+@settings(max_examples=400, deadline=None)
+def test_the_top_matches_of_summed_scores_are_numpys_top_k_of_the_non_zero_ones(values, depth, dtype, filtered, data):
+    """The compiled one-pass top-k of every document's score (the exhaustive leg) against sorting them in numpy: ties
+    (small integers), negative scores (Robertson's idf), fewer matches than asked, and filters on both sides of the
+    share below which scores are gathered instead (maxscore.GATHER_BELOW)."""
+    scores = np.array(values, dtype=dtype)
+    allowed = None
+    if filtered != "none" and len(scores):
+        mask = np.array(data.draw(st.lists(st.booleans(), min_size=len(scores), max_size=len(scores))), dtype=bool)
+        if filtered == "sparse":
+            mask &= np.arange(len(mask)) % 20 == 0
+        allowed = Allowed(mask)
+    assert_same(top_matches(scores, depth, allowed), reference(scores, depth, allowed))
 
 
 def test_pruning_skips_what_cannot_reach_the_top():

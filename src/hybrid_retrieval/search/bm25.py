@@ -1,8 +1,9 @@
 """BM25 retrieval.
 
 `BM25Index` is the serving engine: bm25s precomputes every term-document score into sparse
-CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files on disk). Its top-k reads those
-columns with MaxScore pruning (search.maxscore); `scores` sums them all, the exhaustive reference.
+CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files on disk). Its top-k sums those
+columns and keeps the best in one pass (compiled: search.maxscore); in very large collections it prunes them with
+MaxScore instead (`worth_pruning`).
 `ReferenceBM25` wraps rank-bm25, kept as the reference implementation for tests and benchmarks.
 """
 
@@ -23,7 +24,15 @@ from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search import maxscore
 from hybrid_retrieval.search.analyzer import Analyzer, AnalyzerError
 from hybrid_retrieval.search.filters.language import Allowed
-from hybrid_retrieval.search.maxscore import PostingList, ScoreOf, exhaustive_leg, score_documents, top_k_pruned, top_matches
+from hybrid_retrieval.search.maxscore import (
+    PostingList,
+    ScoreOf,
+    exhaustive_leg,
+    exhaustive_scores,
+    score_documents,
+    top_k_pruned,
+    top_matches,
+)
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking
 
@@ -31,11 +40,13 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-# MaxScore beats summing every posting from about this many documents a result asked for (docs/BENCHMARKS.md, "A million
-# documents": top 10 from 100k documents, top 100 from 1M). A 1% filter leaves it few documents to raise its threshold
-# with (3.6 times slower at 1M) while the sum then ranks only the admitted; between 1% and no filter nothing was
-# measured, so a filter must admit a quarter of the documents: a cautious cut, not a measured crossover
-PRUNE_DOCS_PER_RESULT = 10_000
+# MaxScore (search.maxscore) against summing every posting with the compiled kernels, top 10 of a million documents
+# (an ad hoc run of the 1,300 benchmark queries): p50 the same (2.0 ms), p99 5 times worse (its probes of the frequent
+# terms); the top 100: 2.1 times slower at p50. So a collection sums up to a million; MaxScore's p50 grows as
+# n^0.66, the sum's as n, so it is used from 300,000 documents a result asked for (the top 10 from 3M, not measured:
+# an extrapolation). A 1% filter leaves it few documents to raise its threshold with (3.6 times slower at 1M), so a
+# filter must admit a quarter of the documents: a cautious cut, not a measured crossover
+PRUNE_DOCS_PER_RESULT = 300_000
 PRUNE_ADMITTED = 0.25
 TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
 
@@ -149,8 +160,7 @@ class BM25Index:
                 "queries would not match them: rebuild the index with the analyzer you want"
             )
         index = cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
-        if index.prunable and worth_pruning(index.num_docs, 1, None):
-            maxscore.warm()  # at open, so that no search waits for the kernel
+        maxscore.warm(pruning=index.prunable and worth_pruning(index.num_docs, 1, None))  # at open: no search waits
         return index
 
     @property
@@ -176,18 +186,26 @@ class BM25Index:
         ids = self.query_token_ids(query)
         if not ids:
             return np.zeros(self.num_docs, dtype=np.float32)
-        scores: np.ndarray = self._engine.get_scores(ids)
+        scores = exhaustive_scores(self._columns(ids), self.num_docs, np.dtype(self._engine.dtype))
+        if self._engine.nonoccurrence_array is not None:  # bm25l and bm25+ score a document without the term too
+            scores += self._engine.nonoccurrence_array[ids].sum()
         return scores
 
-    def posting_lists(self, query: str) -> list[PostingList]:
-        """The query terms' columns of the score matrix, in query order."""
+    def _columns(self, term_ids: list[int], bounded: bool = False) -> list[PostingList]:
+        """The terms' columns of the score matrix, in query order (with each one's largest entry when `bounded`:
+        MaxScore's bound, read once a term and kept)."""
         data, indices, indptr = (self._engine.scores[name] for name in ("data", "indices", "indptr"))
-        matrix = (indices, data)  # what every column is a slice of: the lists go to MaxScore without a copy
+        matrix = (indices, data)  # what every column is a slice of: the lists go to the kernels without a copy
         lists = []
-        for term_id in self.query_token_ids(query):
+        for term_id in term_ids:
             start, stop = indptr[term_id], indptr[term_id + 1]
-            lists.append(PostingList(indices[start:stop], data[start:stop], self._bound(term_id), within=matrix, start=int(start)))
+            bound = self._bound(term_id) if bounded else np.inf
+            lists.append(PostingList(indices[start:stop], data[start:stop], bound, within=matrix, start=int(start)))
         return lists
+
+    def posting_lists(self, query: str) -> list[PostingList]:
+        """The query terms' columns of the score matrix, in query order, with their bounds."""
+        return self._columns(self.query_token_ids(query), bounded=True)
 
     def leg(self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
