@@ -77,6 +77,7 @@ MODELS = {
     models.HitGroup: "HitGroup",
     models.Hit: "Hit",
     models.FacetValue: "FacetValue",
+    models.TypoVariant: "TypoVariant",
     models.SearchResponse: "SearchResponse",
     models.BatchResponse: "BatchResponse",
     models.Document: "DocumentIn",

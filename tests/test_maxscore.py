@@ -96,6 +96,32 @@ def test_the_top_matches_of_summed_scores_are_numpys_top_k_of_the_non_zero_ones(
     assert_same(top_matches(scores, depth, allowed), reference(scores, depth, allowed))
 
 
+@given(posting_lists(), st.data())
+@settings(max_examples=300, deadline=None)
+def test_a_group_of_variants_adds_each_documents_best_contribution_once(case, data):
+    """A typo's variants (adjacent lists of one group): the exhaustive sum, the scores of given documents and the
+    top-k (which sums them instead of pruning) against a NumPy reference: each group's maximum, where a list holds the
+    document, added in query order."""
+    num_docs, plain = case
+    group, lists = 0, []
+    for i, posting in enumerate(plain):
+        group += i == 0 or data.draw(st.booleans())
+        lists.append(PostingList(posting.docs, posting.values, posting.bound, posting.scale, group=group))
+    expected = np.zeros(num_docs)
+    for g in sorted({p.group for p in lists}):
+        best, held = np.zeros(num_docs), np.zeros(num_docs, dtype=bool)
+        for posting in (p for p in lists if p.group == g):
+            contributions = posting.contributions()
+            better = ~held[posting.docs] | (contributions > best[posting.docs])
+            best[posting.docs[better]] = contributions[better]
+            held[posting.docs] = True
+        expected[held] += best[held]
+    scores = exhaustive_scores(lists, num_docs, np.dtype(np.float64))
+    np.testing.assert_array_equal(scores, expected)
+    np.testing.assert_array_equal(score_documents(lists, np.arange(num_docs), np.dtype(np.float64)), expected)
+    assert_same(top_k_pruned(lists, 5, num_docs, np.dtype(np.float64)), reference(expected, 5, None))
+
+
 def test_pruning_skips_what_cannot_reach_the_top():
     # a rare term scoring 10 on 3 documents and a common one scoring at most 1 on all 1000: once documents 5 and 7
     # fill the top 2 (theta 10.5), the common list's bound (1) makes it non-essential, and document 9 (at most

@@ -16,6 +16,7 @@ from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANG
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
+from hybrid_retrieval.search.typo import TYPO_CHOICES
 from hybrid_retrieval.search.spec import (
     MAX_DEPTH,
     MODES,
@@ -57,6 +58,7 @@ specs = st.builds(
         snippet_chars=st.integers(*SNIPPET_CHARS_RANGE),
         snippets=st.integers(*SNIPPETS_RANGE),
     ),
+    typo=st.sampled_from(TYPO_CHOICES),
 )
 
 
@@ -83,6 +85,10 @@ def test_string_form_examples():
     assert SearchSpec().to_string() == "hybrid+cc:zscore:0.5+depth:100+nohub+rerank:off:d=50:w=1"
     assert parse_spec_string("rrf:60:w=1,0.5") == {"mode": "hybrid", "fusion": {"method": "rrf", "rrf_k": 60.0, "weights": [1.0, 0.5]}}
     assert parse_spec_string("bm25+rerank") == {"mode": "bm25", "rerank": {"enabled": True}}
+    assert parse_spec_string("bm25+typo:0") == {"mode": "bm25", "typo": 0}
+    assert parse_spec_string("hybrid+typo:auto") == {"mode": "hybrid", "typo": "auto"}
+    with pytest.raises(SpecError, match="typo: must be one of 'auto', 0, 1, 2, got 3"):
+        parse_spec_string("bm25+typo:3")
 
 
 def test_dynamic_without_a_correction_is_plain_no_correction():
@@ -194,6 +200,7 @@ def test_response_echoes_the_applied_spec(client):
         "filter": None,
         "highlight": {"enabled": False, "semantic": False, "snippet_chars": 160, "snippets": 1},
         "passage_scoring": {"aggregation": "max", "temperature": 0.05, "top": 3, "bm25": "document"},
+        "typo": "auto",
     }
     assert body["reranker"] == "LengthScorer"
     ready = client.get("/ready").json()
@@ -205,3 +212,16 @@ def test_settings_are_checked_by_the_spec():
         Settings(rerank_weight=1.5)
     with pytest.raises(ValueError, match="depth: must be between 1 and 1000"):
         Settings(depth=5000)
+
+
+@pytest.mark.server
+def test_a_misspelt_word_finds_its_documents_and_explain_names_the_variant(client):
+    asked = {"query": "qubts", "mode": "bm25", "explain": True}
+    body = client.post("/search", json=asked).json()
+    assert [hit["id"] for hit in body["hits"]] == ["d3"]
+    assert body["typos"] == {"qubt": [{"term": "qubit", "edits": 1}]}  # analysed terms: "qubits" is stemmed
+    off = client.post("/search", json={**asked, "typo": 0}).json()
+    assert off["hits"] == [] and off["typos"] == {} and off["spec"]["typo"] == 0
+    assert client.post("/search", json={"query": "qubts", "mode": "bm25"}).json()["typos"] is None  # without explain
+    response = client.post("/search", json={"query": "qubts", "typo": 3})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "typo"]

@@ -82,6 +82,7 @@ class Defaults(_Request):
     min_score: float | None = None
     highlight: bool | Highlight | None = None
     passage_scoring: PassageScoring | None = None
+    typo: Literal["auto", 0, 1, 2] | None = None
 
 
 class GroupBy(_Request):
@@ -186,6 +187,11 @@ class FacetValue(_Response):
     count: int
 
 
+class TypoVariant(_Response):
+    term: str
+    edits: int
+
+
 class SearchResponse(_Response):
     query: str | None
     k: int
@@ -195,6 +201,7 @@ class SearchResponse(_Response):
     reranker: str | None = None
     hits: list[Hit]
     facets: dict[str, list[FacetValue]] | None = None
+    typos: dict[str, list[TypoVariant]] | None = None
     timings_ms: dict[str, float]
 
 

@@ -216,6 +216,26 @@ class Analyzer:
                 tokens += self._pattern.findall(normalized)
         return self._terms(tokens)
 
+    def analyze_words(self, words: list[str]) -> list[str | None]:
+        """The term each word is as a whole (None: a stopword, or not one token), stemmed without remembering the words
+        (made-up words, such as a typo's neighbours, would fill the memory kept for a corpus's)."""
+        normalized = self._transform(" ".join(words), False).split(" ")
+        if len(normalized) != len(words):  # normalisation made or took spaces: word by word
+            normalized = [self._transform(w, False) for w in words]
+        terms = [w if self._pattern.fullmatch(w) and w not in self._stopset else None for w in normalized]
+        if self._raw_stem is None:
+            return terms
+        stems = iter(self._raw_stem.stemWords([t for t in terms if t is not None]))
+        return [next(stems) or None if t is not None else None for t in terms]
+
+    @cached_property
+    def _raw_stem(self) -> Any:  # a Stemmer.Stemmer (untyped), or None
+        if self.stemmer == "none":
+            return None
+        import Stemmer
+
+        return Stemmer.Stemmer(self.stemmer)
+
     def query_terms(self, query: str) -> list[str]:
         """A query's terms with what the synonym rules add."""
         return self.synonyms.expand(self.analyze(query))

@@ -35,6 +35,9 @@ from hybrid_retrieval.search.maxscore import (
 )
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking
+from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon
+from hybrid_retrieval.search.typo import variants as typo_variants
+from hybrid_retrieval.search.typo import warm as warm_typo_kernel
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +164,7 @@ class BM25Index:
             )
         index = cls(bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False), analyzer)
         maxscore.warm(pruning=index.prunable and worth_pruning(index.num_docs, 1, None))  # at open: no search waits
+        warm_typo_kernel()
         return index
 
     @property
@@ -181,38 +185,74 @@ class BM25Index:
         """Analysed query terms that exist in the index (repeated terms count again, as in Lucene)."""
         return [self._vocab[t] for t in self.analyzer.query_terms(query) if t in self._vocab]
 
-    def scores(self, query: str) -> np.ndarray:
-        """BM25 score of every document for `query` (zeros when no term matches)."""
-        ids = self.query_token_ids(query)
-        if not ids:
+    @functools.cached_property
+    def lexicon(self) -> Lexicon:
+        """The index's terms searchable by edit distance (search.typo): built at the first query that needs it."""
+        return Lexicon(t for t in self._vocab if t)
+
+    def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
+        """The typo variants (term, edits) each query term the index does not hold is matched to (search.typo)."""
+        return typo_variants(self.analyzer, query, typo, self._vocab.__contains__, self.near, self._df)
+
+    def near(self, term: str, edits: int) -> list[tuple[str, int]]:
+        """The index's terms within `edits` edits of `term` (but itself), with their distances (search.typo)."""
+        return [(self.lexicon.terms[at], distance) for at, distance in self.lexicon.near(term, edits)]
+
+    def _df(self, term: str) -> int:
+        indptr, term_id = self._engine.scores["indptr"], self._vocab[term]
+        return int(indptr[term_id + 1] - indptr[term_id])
+
+    def _weighted_terms(self, query: str, typo: str | int) -> list[list[tuple[int, float]]]:
+        """Per query term, in query order: [(its id, 1.0)] if the index holds it, else its typo variants' (id, weight)."""
+        # bm25l and bm25+ score every document for every term (non-occurrence): a best-of-variants would need its own
+        # non-occurrence, so they match terms exactly
+        variants = self.variants(query, typo) if typo != 0 and self._engine.nonoccurrence_array is None else {}
+        out = []
+        for term in self.analyzer.query_terms(query):
+            if term in self._vocab:
+                out.append([(self._vocab[term], 1.0)])
+            elif variants.get(term):
+                out.append([(self._vocab[v], VARIANT_WEIGHTS[d]) for v, d in variants[term]])
+        return out
+
+    def scores(self, query: str, typo: str | int = 0) -> np.ndarray:
+        """BM25 score of every document for `query` (zeros when no term matches), with typo tolerance `typo`."""
+        terms = self._weighted_terms(query, typo)
+        if not terms:
             return np.zeros(self.num_docs, dtype=np.float32)
-        scores = exhaustive_scores(self._columns(ids), self.num_docs, np.dtype(self._engine.dtype))
+        scores = exhaustive_scores(self._columns(terms), self.num_docs, np.dtype(self._engine.dtype))
         if self._engine.nonoccurrence_array is not None:  # bm25l and bm25+ score a document without the term too
-            scores += self._engine.nonoccurrence_array[ids].sum()
+            scores += self._engine.nonoccurrence_array[[alternatives[0][0] for alternatives in terms]].sum()
         return scores
 
-    def _columns(self, term_ids: list[int], bounded: bool = False) -> list[PostingList]:
-        """The terms' columns of the score matrix, in query order (with each one's largest entry when `bounded`:
-        MaxScore's bound, read once a term and kept)."""
+    def _columns(self, terms: list[list[tuple[int, float]]], bounded: bool = False) -> list[PostingList]:
+        """The terms' columns of the score matrix, in query order, a term's typo variants a group (with each one's
+        largest entry when `bounded`: MaxScore's bound, read once a term and kept)."""
         data, indices, indptr = (self._engine.scores[name] for name in ("data", "indices", "indptr"))
         matrix = (indices, data)  # what every column is a slice of: the lists go to the kernels without a copy
         lists = []
-        for term_id in term_ids:
-            start, stop = indptr[term_id], indptr[term_id + 1]
-            bound = self._bound(term_id) if bounded else np.inf
-            lists.append(PostingList(indices[start:stop], data[start:stop], bound, within=matrix, start=int(start)))
+        for position, alternatives in enumerate(terms):
+            group = position if len(alternatives) > 1 else None
+            for term_id, weight in alternatives:
+                start, stop = indptr[term_id], indptr[term_id + 1]
+                bound = weight * self._bound(term_id) if bounded else np.inf
+                scale = None if weight == 1.0 else weight
+                lists.append(PostingList(indices[start:stop], data[start:stop], bound, scale, within=matrix, start=int(start), group=group))
         return lists
 
-    def posting_lists(self, query: str) -> list[PostingList]:
+    def posting_lists(self, query: str, typo: str | int = 0) -> list[PostingList]:
         """The query terms' columns of the score matrix, in query order, with their bounds."""
-        return self._columns(self.query_token_ids(query), bounded=True)
+        return self._columns(self._weighted_terms(query, typo), bounded=True)
 
-    def leg(self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None) -> tuple[Ranking, ScoreOf]:
+    def leg(
+        self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None, typo: str | int = 0
+    ) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
-        `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says."""
+        `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says. `typo`: the
+        typo tolerance (search.typo)."""
         if not self.prunable or not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
-            return exhaustive_leg(self.scores(query), depth, allowed)
-        lists, dtype = self.posting_lists(query), np.dtype(self._engine.dtype)
+            return exhaustive_leg(self.scores(query, typo), depth, allowed)
+        lists, dtype = self.posting_lists(query, typo), np.dtype(self._engine.dtype)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 
     def search(self, query: str, depth: int, allowed: Allowed | None = None) -> Ranking:

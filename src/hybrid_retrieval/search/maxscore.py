@@ -57,6 +57,9 @@ class PostingList:
     # lists of one such pair go to the kernel without being copied
     within: tuple[np.ndarray, np.ndarray] | None = None
     start: int = 0
+    # lists of one group (adjacent in a query's lists) are a query term's typo variants (search.typo): a document
+    # counts the best of its contributions among them, not their sum; None: the list counts on its own
+    group: int | None = None
 
     def contributions(self, positions: np.ndarray | None = None) -> np.ndarray:
         values = self.values if positions is None else self.values[positions]
@@ -64,12 +67,22 @@ class PostingList:
 
 
 def exhaustive_scores(lists: list[PostingList], num_docs: int, dtype: np.dtype) -> np.ndarray:
-    """Every document's score: the reference the pruned path equals (each list's contributions added in query order)."""
+    """Every document's score: the reference the pruned path equals (each list's contributions added in query order,
+    a group's best contribution once where the group is)."""
     out = np.zeros(num_docs, dtype=dtype)
     if lists:
         docs, values, starts, ends, scales = _end_to_end(lists, dtype)
-        _add_lists(docs, values, starts, ends, scales, out)
+        groups = _groups(lists)
+        if (groups < 0).all():
+            _add_lists(docs, values, starts, ends, scales, out)
+        else:
+            best, held = np.zeros(num_docs, dtype=dtype), np.zeros(num_docs, dtype=np.bool_)
+            _add_groups((docs, values, starts, ends, scales, groups), out, best, held)
     return out
+
+
+def _groups(lists: list[PostingList]) -> np.ndarray:
+    return np.array([-1 if p.group is None else p.group for p in lists], dtype=np.int64)
 
 
 def _end_to_end(lists: list[PostingList], dtype: np.dtype) -> tuple[np.ndarray, ...]:
@@ -91,11 +104,21 @@ def _end_to_end(lists: list[PostingList], dtype: np.dtype) -> tuple[np.ndarray, 
 def score_documents(lists: list[PostingList], ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """The scores of the ascending documents `ids`, bit-identical to exhaustive_scores's (same order of additions)."""
     out = np.zeros(len(ids), dtype=dtype)
-    for posting in lists:
+    best, held = np.zeros(len(ids), dtype=dtype), np.zeros(len(ids), dtype=bool)  # the current group's
+    for k, posting in enumerate(lists):
         positions = np.searchsorted(posting.docs, ids.astype(posting.docs.dtype, copy=False))  # same dtype: no copy
         found = positions < len(posting.docs)
         found[found] = posting.docs[positions[found]] == ids[found]
-        out[found] += posting.contributions(positions[found])
+        contributions = posting.contributions(positions[found]).astype(dtype, copy=False)
+        if posting.group is None:
+            out[found] += contributions
+            continue
+        better = ~held[found] | (contributions > best[found])
+        best[np.flatnonzero(found)[better]] = contributions[better]
+        held |= found
+        if k + 1 == len(lists) or lists[k + 1].group != posting.group:  # the group ends: its best counts once
+            out[held] += best[held]
+            best[:], held[:] = 0, False
     return out
 
 
@@ -104,6 +127,8 @@ def top_k_pruned(lists: list[PostingList], depth: int, num_docs: int, dtype: np.
     search.ranking.top_k over the matching (non-zero) ones."""
     if not lists:
         return Ranking(np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype))
+    if any(p.group is not None for p in lists):  # a best-of-group has no bound MaxScore can split: summed instead
+        return top_matches(exhaustive_scores(lists, num_docs, dtype), depth, allowed)
     docs, values, starts, ends, scales = _end_to_end(lists, dtype)
     bounds = np.array([p.bound for p in lists], dtype=np.float64)
     mask = _NO_FILTER if allowed is None else allowed.mask
@@ -140,11 +165,14 @@ def _essential_share(lists: list[PostingList], theta: float) -> float:
 
 def warm(pruning: bool = True) -> None:
     """Compile (or load from numba's cache) the kernels an index serves with, so that no search waits for them: the
-    top-k of summed scores (float32 from an index's score matrix, float64 from a live collection's lists) and, when
-    `pruning`, MaxScore over either's lists (int32 documents and float32 scores, int64 and float64 end to end)."""
+    sums and top-k of scores (float32 from an index's score matrix, float64 from a live collection's lists), with
+    typo variants' groups, and, when `pruning`, MaxScore over either's lists (int32 documents and float32 scores,
+    int64 and float64 end to end)."""
     docs, values = np.array([0], np.int32), np.array([1.0], np.float32)
     for scores in (values, np.array([1.0])):
         top_matches(scores, 1)
+    for variant in (PostingList(docs, values, 1.0, within=(docs, values), group=0), PostingList(docs, np.array([1.0]), 1.0, group=0)):
+        exhaustive_scores([variant, variant], 1, variant.values.dtype)  # a typo's variants (search.typo)
     if pruning:
         top_k_pruned([PostingList(docs, values, 1.0, within=(docs, values))], 1, 1, values.dtype)
         top_k_pruned([PostingList(docs, np.array([1.0]), 1.0)], 1, 1, np.dtype(np.float64))
@@ -327,3 +355,31 @@ def _add_lists(docs, values, starts, ends, scales, out):
     for i in range(len(starts)):
         for p in range(starts[i], ends[i]):
             out[docs[p]] += scales[i] * values[p]
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_groups(lists, out, best, held):
+    """_add_lists where adjacent lists of one group (>= 0) add each document's best contribution among them, once.
+    `lists`: (documents, values, starts, ends, scales, groups); `best` and `held`: zeros, as long as `out` (left so)."""
+    docs, values, starts, ends, scales, groups = lists
+    i = 0
+    while i < len(starts):
+        if groups[i] < 0:
+            for p in range(starts[i], ends[i]):
+                out[docs[p]] += scales[i] * values[p]
+            i += 1
+            continue
+        j = i
+        while j < len(starts) and groups[j] == groups[i]:
+            j += 1
+        for k in range(i, j):
+            for p in range(starts[k], ends[k]):
+                contribution = scales[k] * values[p]
+                if not held[docs[p]] or contribution > best[docs[p]]:
+                    best[docs[p]], held[docs[p]] = contribution, True
+        for k in range(i, j):
+            for p in range(starts[k], ends[k]):
+                if held[docs[p]]:
+                    out[docs[p]] += best[docs[p]]
+                    best[docs[p]], held[docs[p]] = 0, False
+        i = j

@@ -7,6 +7,7 @@ import copy
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -200,13 +201,29 @@ class SearchPipeline:
         """A request's group_by, checked against this index's keyword fields."""
         return check_group_by(value, self.metadata, path)
 
-    def bm25_leg(self, query: str, depth: int, clock: Stopwatch, allowed: Allowed | None = None, scoring: PassageSpec | None = None):
+    def bm25_leg(
+        self,
+        query: str,
+        depth: int,
+        clock: Stopwatch,
+        allowed: Allowed | None = None,
+        scoring: PassageSpec | None = None,
+        typo: str | int = 0,
+    ):
         """(the query's BM25 score of any documents, the top `depth` of the allowed ones): of the whole document, or in
-        a chunked index of its best passage when `scoring` (default: the defaults') says so."""
+        a chunked index of its best passage when `scoring` (default: the defaults') says so; `typo`: search.typo."""
         scoring = scoring or self.defaults.passage_scoring
         bm25 = self.passages.lexical if scoring.bm25 == "passages" and self.passages is not None else self.bm25
-        ranking, score_of = clock.time("bm25", bm25.leg, query, depth, allowed)
+        ranking, score_of = clock.time("bm25", lambda: bm25.leg(query, depth, allowed, typo=typo))
         return score_of, ranking
+
+    def typo_variants(self, query: str, spec: SearchSpec) -> dict[str, list[dict[str, Any]]]:
+        """The terms the BM25 leg matches each query term the collection does not hold to under `spec` (search.typo)."""
+        if spec.mode == "dense" or spec.typo == 0:
+            return {}
+        scoring = spec.passage_scoring
+        bm25 = self.passages.lexical if scoring.bm25 == "passages" and self.passages is not None else self.bm25
+        return {term: [{"term": v, "edits": d} for v, d in found] for term, found in bm25.variants(query, spec.typo).items()}
 
     def dense_leg(
         self,
@@ -239,7 +256,7 @@ class SearchPipeline:
             return vector, clock.time("dense", exact_top_k, lambda ids: self.embeddings[ids] @ vector, allowed.ids, depth), None
         return vector, clock.time("dense", self.dense.search, vector, depth, allowed), None
 
-    def candidates(
+    def candidates(  # noqa: PLR0913
         self,
         query: str,
         depth: int,
@@ -249,17 +266,18 @@ class SearchPipeline:
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,
+        typo: str | int = 0,
     ) -> tuple[Candidates, np.ndarray]:
         """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
         (corrected) cosine, or its passages' score in a chunked index; and the query vector."""
         clock = clock or Stopwatch()
         scoring = scoring or self.defaults.passage_scoring
         if self.executor is not None:
-            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed, scoring)
+            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed, scoring, typo)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
             bm25_score_of, bm25_ranking = bm25_future.result()
         else:
-            bm25_score_of, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring)
+            bm25_score_of, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring, typo)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
         if self.passages is not None:
             dense_scores, floors = (lambda idx: self.passages.scores(idx, vector, scoring)), None
@@ -310,11 +328,13 @@ class SearchPipeline:
             single_depth = max(single_depth, (offset + k + 1) * group_by.size)
         fused = None
         if spec.mode == "bm25":
-            ranking = self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring)[1]
+            ranking = self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring, spec.typo)[1]
         elif spec.mode == "dense":
             vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector, None, spec.passage_scoring)
         else:
-            candidates, vector = self.candidates(query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring)
+            candidates, vector = self.candidates(
+                query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring, spec.typo
+            )
             fused = clock.time("fusion", fuse, candidates, spec.fusion)
             ranking = fused.ranking()
         reranked = None

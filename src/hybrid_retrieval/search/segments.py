@@ -33,6 +33,8 @@ from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import PassageSpec
+from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon
+from hybrid_retrieval.search.typo import variants as typo_variants
 
 
 @dataclass(frozen=True)
@@ -287,7 +289,7 @@ class LiveBM25:
     def __init__(self, base: BM25Index, postings: Postings, params: BM25Params, base_alive: np.ndarray, live: LiveSegment):
         check_live_method(params)
         self.analyzer, self.params, self.postings, self.alive, self.live = base.analyzer, params, postings, base_alive, live
-        self._vocab = base.vocabulary
+        self._vocab, self._base = base.vocabulary, base
         self.base_docs = len(base_alive)
         self.num_docs = self.base_docs + len(live)
         self.collection_size = int(base_alive.sum()) + len(live)
@@ -311,34 +313,54 @@ class LiveBM25:
         """This segment's statistics, with the document frequencies of `terms`."""
         return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
 
-    def posting_lists(self, query: str, statistics: CorpusStatistics | None = None) -> list[PostingList]:
+    def posting_lists(self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0) -> list[PostingList]:
         """Each query term's base and live entries, in query order: idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))
         (search.postings), with the document count, avgdl and document frequencies of `statistics` (default: of this
-        segment). Deleted documents have none."""
+        segment). Deleted documents have none. A term no document holds stands for its typo variants under `typo`
+        (search.typo), all their lists one group, each one's weights times its distance's weight."""
         n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
+        df = self.df if statistics is None else lambda term: statistics.df.get(term, 0)
+        variants = self.variants(query, typo) if typo != 0 and statistics is None else {}  # shards: search.typo
         lists = []
-        for term in self.analyzer.query_terms(query):  # a repeated query term counts again, as in bm25s and Lucene
-            term_id = self._vocab.get(term)
-            live_idx, live_tf = self.live.postings(term)
-            if statistics is None:
-                df = (int(self._base_df[term_id]) if term_id is not None else 0) + len(live_idx)
-            else:
-                df = statistics.df.get(term, 0)
-            if df == 0:
-                continue
-            idf = float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
-            if term_id is not None:
-                docs, weights, largest = self._base_weights(term_id, avgdl)
-                lists.append(PostingList(docs, weights, idf * largest, idf))
-            if len(live_idx):
-                weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
-                lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf))
+        for position, term in enumerate(self.analyzer.query_terms(query)):  # a repeated term counts again (bm25s, Lucene)
+            alternatives = [(v, VARIANT_WEIGHTS[d]) for v, d in variants[term]] if term in variants else [(term, 1.0)]
+            for name, weight in alternatives:
+                lists += self._term_lists(name, weight, df(name), n, avgdl, position if len(alternatives) > 1 else None)
         return lists
 
-    def scores(self, query: str, statistics: CorpusStatistics | None = None) -> np.ndarray:
+    def _term_lists(self, term: str, weight: float, df: int, n: int, avgdl: float, group: int | None) -> list[PostingList]:
+        """A term's lists (base, live), `weight` times its BM25 weights."""
+        if df == 0:
+            return []
+        idf = weight * float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
+        lists = []
+        if (term_id := self._vocab.get(term)) is not None:
+            docs, weights, largest = self._base_weights(term_id, avgdl)
+            lists.append(PostingList(docs, weights, idf * largest, idf, group=group))
+        live_idx, live_tf = self.live.postings(term)
+        if len(live_idx):
+            weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
+            lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf, group=group))
+        return lists
+
+    def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
+        """The typo variants (term, edits) of each query term no document holds (search.typo): among the base's terms
+        and those only written since."""
+        return typo_variants(self.analyzer, query, typo, lambda term: self.df(term) > 0, self._near, self.df)
+
+    def _near(self, term: str, edits: int) -> list[tuple[str, int]]:
+        return [*self._base.near(term, edits), *((self._written.terms[at], d) for at, d in self._written.near(term, edits))]
+
+    @functools.cached_property
+    def _written(self) -> Lexicon:
+        """The terms only live documents hold (built at the first typo that needs it: a view lasts until the next
+        refresh)."""
+        return Lexicon(t for t in list(self.live.vocabulary) if t not in self._vocab)
+
+    def scores(self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0) -> np.ndarray:
         """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches: the
         exhaustive reference of `leg`."""
-        return exhaustive_scores(self.posting_lists(query, statistics), self.num_docs, np.dtype(np.float64))
+        return exhaustive_scores(self.posting_lists(query, statistics, typo), self.num_docs, np.dtype(np.float64))
 
     def leg(
         self,
@@ -347,9 +369,10 @@ class LiveBM25:
         allowed: Allowed | None = None,
         statistics: CorpusStatistics | None = None,
         prune: bool | None = None,
+        typo: str | int = 0,
     ) -> tuple[Ranking, ScoreOf]:
         """As BM25Index.leg, over both segments."""
-        lists, dtype = self.posting_lists(query, statistics), np.dtype(np.float64)
+        lists, dtype = self.posting_lists(query, statistics, typo), np.dtype(np.float64)
         if not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
             return exhaustive_leg(exhaustive_scores(lists, self.num_docs, dtype), depth, allowed)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
@@ -425,7 +448,11 @@ class CorpusScoredBM25:
     def scores(self, query: str) -> np.ndarray:
         return self.bm25.scores(query, self.statistics)
 
-    def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
+    def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
+        return {}  # typos are not matched on shards (a variant's statistics would be the whole corpus's: search.typo)
+
+    def leg(self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int = 0) -> tuple[Ranking, ScoreOf]:
+        """`typo`: not applied (see `variants`)."""
         return self.bm25.leg(query, depth, allowed, self.statistics)
 
 
@@ -531,9 +558,12 @@ class PassageBM25:
         self.scorer = LiveBM25(base, postings, params, alive, live)
         self.rows, self.num_docs = rows, num_docs
 
-    def scores(self, query: str) -> np.ndarray:
+    def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
+        return self.scorer.variants(query, typo)
+
+    def scores(self, query: str, typo: str | int = 0) -> np.ndarray:
         """Every document's best passage's BM25 score (0: no passage matches)."""
-        passage_scores = self.scorer.scores(query)
+        passage_scores = self.scorer.scores(query, typo=typo)
         hit = np.flatnonzero(passage_scores)
         out = np.zeros(self.num_docs, dtype=np.float32)
         if len(hit):
@@ -541,9 +571,9 @@ class PassageBM25:
             out[docs] = best
         return out
 
-    def leg(self, query: str, depth: int, allowed: Allowed | None = None) -> tuple[Ranking, ScoreOf]:
+    def leg(self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int = 0) -> tuple[Ranking, ScoreOf]:
         """Exhaustive: a document's best passage is a maximum, which MaxScore's sums do not bound."""
-        return exhaustive_leg(self.scores(query), depth, allowed)
+        return exhaustive_leg(self.scores(query, typo), depth, allowed)
 
 
 def live_passages(base: PassageIndex, live: LiveSegment, terms: LiveSegment, base_alive: np.ndarray) -> PassageIndex:

@@ -270,9 +270,20 @@ class ShardedPipeline(SearchPipeline):
             self.consistency(query if bm25 else None),
         )
 
+    def typo_variants(self, query: str, spec: SearchSpec) -> dict[str, list[dict[str, Any]]]:
+        return {}  # typos are not matched on shards (bm25_leg)
+
     def bm25_leg(
-        self, query: str, depth: int, clock: Stopwatch, allowed: ShardFilter | None = None, scoring: PassageSpec | None = None
+        self,
+        query: str,
+        depth: int,
+        clock: Stopwatch,
+        allowed: ShardFilter | None = None,
+        scoring: PassageSpec | None = None,
+        typo: str | int = 0,
     ) -> tuple[None, Ranking]:
+        """`typo`: not applied (search.typo: a variant's statistics are the whole corpus's, which shards would have to
+        gather for terms only they know)."""
         request = self._request(query, depth, allowed, bm25=True)
         answers: list[ShardRanking] = clock.time("bm25", self.shards.all, lambda shard: shard.search("bm25", request))
         return None, merge_top(answers, depth)
@@ -308,7 +319,7 @@ class ShardedPipeline(SearchPipeline):
         answers: list[ShardRanking] = clock.time("dense", self.shards.all, lambda shard: shard.search("dense", request))
         return vector, merge_top(answers, depth), coef
 
-    def candidates(
+    def candidates(  # noqa: PLR0913
         self,
         query: str,
         depth: int,
@@ -318,6 +329,7 @@ class ShardedPipeline(SearchPipeline):
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,
+        typo: str | int = 0,
     ) -> tuple[Candidates, np.ndarray]:
         clock = clock or Stopwatch()
         if vector is None:

@@ -14,14 +14,14 @@ the library default where it can, e.g. RRF weights [1, 1] and an unset min_score
              "hubness": {"method": "none", "dynamic": false},
              "rerank": {"enabled": false, "depth": 50, "weight": 1.0}, "min_score": null,
              "filter": {"year": {"gte": 2015}},
-             "highlight": {"enabled": true, "semantic": false, "snippet_chars": 160, "snippets": 1}}
+             "highlight": {"enabled": true, "semantic": false, "snippet_chars": 160, "snippets": 1}, "typo": "auto"}
     string  hybrid+cc:zscore:0.5+depth:100+nohub+rerank:off:d=50:w=1+highlight:chars=160:snippets=1+filter:{"year": {"gte": 2015}}
 
 The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25, dense, hybrid) or a
 fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
 `+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`,
-`+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, and last `+filter:JSON` (search.filters; the JSON
-runs to the end of the string, so it may contain "+").
+`+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, `+typo:auto|0|1|2`, and last `+filter:JSON`
+(search.filters; the JSON runs to the end of the string, so it may contain "+").
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from hybrid_retrieval.search.fusion import (
 from hybrid_retrieval.search.highlight import DEFAULT_SNIPPET_CHARS, DEFAULT_SNIPPETS, check_snippet_options
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH, check_weight
+from hybrid_retrieval.search.typo import DEFAULT_TYPO, check_typo
 
 MODES = ("bm25", "dense", "hybrid")
 MAX_K = 1000
@@ -144,6 +145,7 @@ class SearchSpec:
     filter: dict[str, Any] | None = None  # which documents may be retrieved (search.filters); checked by the index
     highlight: HighlightSpec = field(default_factory=HighlightSpec)
     passage_scoring: PassageSpec = field(default_factory=PassageSpec)  # a chunked index's dense leg (search.passages)
+    typo: str | int = DEFAULT_TYPO  # the lexical leg's typo tolerance (search.typo): "auto", 0, 1 or 2
 
     def __post_init__(self) -> None:
         checks.choice("mode", self.mode, MODES)
@@ -153,6 +155,7 @@ class SearchSpec:
         if self.min_score is not None:
             object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
         object.__setattr__(self, "filter", check_filter(self.filter))
+        object.__setattr__(self, "typo", check_typo(self.typo))
 
     def merge(self, overrides: dict[str, Any] | None) -> SearchSpec:
         """This spec with the fields of the partial dict form `overrides` replaced, validated."""
@@ -210,6 +213,7 @@ class SearchSpec:
                 "top": self.passage_scoring.top,
                 "bm25": self.passage_scoring.bm25,
             },
+            "typo": self.typo,
         }
 
     def to_string(self) -> str:
@@ -260,6 +264,8 @@ def spec_to_string(spec: dict[str, Any]) -> str:  # noqa: C901
         )
         text += numbers + (f":bm25={scoring['bm25']}" if "bm25" in scoring else "")
         parts.append(text)
+    if "typo" in spec and spec["typo"] != DEFAULT_TYPO:  # named only when not the default
+        parts.append(f"typo:{spec['typo']}")
     if spec.get("filter"):
         parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
     return "+".join(parts)
@@ -300,12 +306,15 @@ def parse_spec_string(text: str) -> dict[str, Any]:  # noqa: C901
             spec["highlight"] = _parse_highlight(arg)
         elif name == "passages":
             spec["passage_scoring"] = _parse_passages(arg)
+        elif name == "typo":
+            spec["typo"] = check_typo(int(arg) if arg.isdigit() else arg)
         else:
             raise SpecError(
                 "spec",
                 f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
                 "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
-                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N][:bm25=U], filter:JSON (last)",
+                "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N][:bm25=U], "
+                "typo:auto|0|1|2, filter:JSON (last)",
             )
     return spec
 

@@ -135,6 +135,7 @@ def _response(serving: Serving, body: SearchRequest, result: SearchResult, shown
         "spec": result.spec.to_dict(),
         "hits": hits,
         "facets": presenter.facets(result, shown.facets),
+        "typos": serving.pipeline.typo_variants(body.query, result.spec) if body.explain and body.query else None,
         "reranker": reranker.name if result.reranked and reranker is not None else None,
         "timings_ms": {stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     }

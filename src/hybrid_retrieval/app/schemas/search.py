@@ -20,7 +20,7 @@ _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 # Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
 # which names the problem in plain words.
 QUERY_PATTERN = f"^[^{CONTROL_CHARS}]*[^{SPACE_CHARS}{CONTROL_CHARS}][^{CONTROL_CHARS}]*$"
-SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight")
+SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight", "typo")
 MAX_BATCH = 64
 
 
@@ -183,6 +183,11 @@ class FacetValue(BaseModel):
     count: int
 
 
+class TypoVariant(BaseModel):
+    term: str = Field(description="an analysed term the collection holds")
+    edits: int = Field(description="its distance from the query's term (search.typo)")
+
+
 class SearchResponse(BaseModel):
     query: str | None
     k: int
@@ -195,6 +200,11 @@ class SearchResponse(BaseModel):
     reranker: str | None = Field(default=None, description="the cross-encoder, when the spec reranks")
     hits: list[Hit]
     facets: dict[str, list[FacetValue]] | None = None
+    typos: dict[str, list[TypoVariant]] | None = Field(
+        default=None,
+        description="with `explain`: each query term the collection does not hold, and the terms the BM25 leg matched it "
+        "to under `typo` (a document counts the best of them)",
+    )
     timings_ms: dict[str, float] = Field(description="per stage: filter, bm25, embed, dense, candidates, fusion, rerank, total")
 
 

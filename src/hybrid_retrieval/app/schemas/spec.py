@@ -139,6 +139,12 @@ class DefaultsBody(Strict):
     passage_scoring: PassageScoringBody | None = Field(
         default=None, description="a chunked index: how a document scores from its passages in the dense leg (default: its best passage)"
     )
+    typo: Literal["auto", 0, 1, 2] | None = Field(
+        default=None,
+        description="typo tolerance of the BM25 leg: a query word the collection does not hold is matched to its terms "
+        'within this many edits (insertion, deletion, substitution, swap of two adjacent letters); "auto" (the '
+        "default): 1 edit for words of 5 letters or more, 2 from 9; 0: off. The variants used are in `typos`",
+    )
 
 
 class SpecBody(DefaultsBody):
