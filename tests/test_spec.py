@@ -16,7 +16,6 @@ from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANG
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
-from hybrid_retrieval.search.typo import TYPO_CHOICES
 from hybrid_retrieval.search.spec import (
     MAX_DEPTH,
     MODES,
@@ -27,6 +26,7 @@ from hybrid_retrieval.search.spec import (
     parse_spec_string,
     spec_to_string,
 )
+from hybrid_retrieval.search.typo import TYPO_CHOICES
 from tests.conftest import LengthScorer
 
 unit = st.floats(0, 1, allow_nan=False)

@@ -113,9 +113,7 @@ def test_a_collection_matches_typos_to_written_terms_and_not_to_deleted_ones(ind
     postings, _ = Postings.from_tokens([analyzer.analyze(text) for text in CORPUS])
     vocabulary: dict[str, int] = {}
     written_texts = ["zebrafish regeneration", "zebrafish larvae and vitamins"]
-    written = [
-        LiveDocument.analysed(f"w{i}", "", text, {}, analyzer.analyze(text), np.zeros(2), vocabulary) for i, text in enumerate(written_texts)
-    ]
+    written = [LiveDocument.analysed(f"w{i}", "", t, {}, analyzer.analyze(t), np.zeros(2), vocabulary) for i, t in enumerate(written_texts)]
     alive = np.ones(len(CORPUS), dtype=bool)
     alive[CORPUS.index("dorsally located neurons")] = False
     live = LiveBM25(index, postings, BM25Params(), alive, LiveSegment(written, 2, vocabulary))
