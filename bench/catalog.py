@@ -24,6 +24,7 @@ from bench import (
     serving_bench,
     shard_write_bench,
     snapshot_bench,
+    steering_bench,
 )
 from bench.harness import Case
 
@@ -35,6 +36,7 @@ CASES: list[Case] = [  # a section renders where its first case is
     *measure.CASES,
     *serving_bench.CASES,
     *filter_bench.CASES,
+    *steering_bench.CASES,
     *live_bench.CASES,
     *collections_bench.CASES,
     *snapshot_bench.CASES,

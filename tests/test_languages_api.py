@@ -34,7 +34,8 @@ def documents() -> list[dict]:
 
 
 def bm25_ids(client: httpx.Client, name: str, query: str) -> list[str]:
-    reply = client.post(f"/collections/{name}/search", json={"query": query, "mode": "bm25"})
+    """Exact terms only: typo tolerance would match "sirup" to "syrup" without any synonym rule."""
+    reply = client.post(f"/collections/{name}/search", json={"query": query, "mode": "bm25", "typo": 0})
     assert reply.status_code == 200, reply.text
     return [hit["id"] for hit in reply.json()["hits"]]
 

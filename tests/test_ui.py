@@ -135,6 +135,17 @@ def test_search_shows_hits_with_scores_and_the_explain_bars_match_the_json(page,
     assert "/search" in page.input_value("#curl") and '"query":"cells protein expression"' in page.input_value("#curl")
 
 
+def test_the_typo_control_sets_the_request_and_the_column_names_the_variants(page, server):
+    open_with_key(page, "/ui?compare=1&b.typo=0")
+    search(page, "cells protien expression")
+    page.wait_for_selector("#column-b .hit")
+    matched = api(server, {"query": "cells protien expression", "explain": True})["typos"]
+    assert matched == {"protien": [{"term": "protein", "edits": 1}]}
+    assert "protien → protein" in page.text_content("#column-a .column-head")
+    assert "no typo tolerance" in page.text_content("#column-b .column-head")
+    assert page.input_value("#b-typo") == "0" and page.is_visible("#b-typo")
+
+
 def test_compare_shows_two_columns_with_their_overlap(page, server):
     open_with_key(page, "/ui?compare=1&b.mode=bm25")
     search(page)

@@ -192,13 +192,14 @@ class BM25Index:
 
     def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
         """The typo variants (term, edits) each query term the index does not hold is matched to (search.typo)."""
-        return typo_variants(self.analyzer, query, typo, self._vocab.__contains__, self.near, self._df)
+        return typo_variants(self.analyzer, query, typo, self._vocab.__contains__, self.near, self.df)
 
     def near(self, term: str, edits: int) -> list[tuple[str, int]]:
         """The index's terms within `edits` edits of `term` (but itself), with their distances (search.typo)."""
         return [(self.lexicon.terms[at], distance) for at, distance in self.lexicon.near(term, edits)]
 
-    def _df(self, term: str) -> int:
+    def df(self, term: str) -> int:
+        """Documents that hold `term` (which the index must hold)."""
         indptr, term_id = self._engine.scores["indptr"], self._vocab[term]
         return int(indptr[term_id + 1] - indptr[term_id])
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
@@ -270,8 +270,10 @@ class ShardedPipeline(SearchPipeline):
             self.consistency(query if bm25 else None),
         )
 
-    def typo_variants(self, query: str, spec: SearchSpec) -> dict[str, list[dict[str, Any]]]:
-        return {}  # typos are not matched on shards (bm25_leg)
+    def _servable(self, spec: SearchSpec) -> SearchSpec:
+        """Shards match terms exactly (a typo's variants would need every shard's statistics of terms only some hold:
+        search.typo), and the spec applied says so."""
+        return super()._servable(replace(spec, typo=0))
 
     def bm25_leg(
         self,
@@ -282,8 +284,7 @@ class ShardedPipeline(SearchPipeline):
         scoring: PassageSpec | None = None,
         typo: str | int = 0,
     ) -> tuple[None, Ranking]:
-        """`typo`: not applied (search.typo: a variant's statistics are the whole corpus's, which shards would have to
-        gather for terms only they know)."""
+        """`typo`: 0 here (`_servable`)."""
         request = self._request(query, depth, allowed, bm25=True)
         answers: list[ShardRanking] = clock.time("bm25", self.shards.all, lambda shard: shard.search("bm25", request))
         return None, merge_top(answers, depth)

@@ -4,8 +4,9 @@
 "use strict";
 
 const KEY_STORAGE = "hybrid.apiKey";
-const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight"];
-const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "zscore", rrf_k: "60", hubness: "", rerank: "", weight: "1"};
+const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight", "typo"];
+const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "zscore", rrf_k: "60", hubness: "", rerank: "", weight: "1",
+                         typo: ""};
 const CHOICES = {
   mode: [["", "index default"], ["hybrid", "hybrid"], ["bm25", "BM25"], ["dense", "dense"]],
   fusion: [["", "index default"], ["rrf", "RRF"], ["cc", "convex combination"]],
@@ -13,6 +14,7 @@ const CHOICES = {
   hubness: [["", "index default"], ["none", "none"], ["qbnorm", "QB-Norm"], ["qbnorm+dis", "QB-Norm (dynamic)"],
             ["dbnorm", "DBNorm"], ["dbnorm+dis", "DBNorm (dynamic)"]],
   rerank: [["", "service default"], ["on", "on"], ["off", "off"]],
+  typo: [["", "index default"], ["auto", "auto"], ["0", "off"], ["1", "1 edit"], ["2", "2 edits"]],
 };
 
 const $ = (id) => document.getElementById(id);
@@ -86,7 +88,7 @@ function buildConfig(prefix) {
     el("label", {for: id(field), text: label}), el("input", {id: id(field), name: id(field), type: "number", min, max, step: "any"}));
   box.append(select("mode", "Mode"), select("fusion", "Fusion"), range("alpha", "Dense weight (alpha)", "0", "1", "0.05"),
              select("norm", "Normalisation"), number("rrf_k", "rrf_k", "0", "100000"), select("hubness", "Hubness correction"),
-             select("rerank", "Rerank"), range("weight", "Reranker weight", "0", "1", "0.05"));
+             select("rerank", "Rerank"), range("weight", "Reranker weight", "0", "1", "0.05"), select("typo", "Typo tolerance"));
   box.addEventListener("change", () => showRelevantControls(prefix));
 }
 
@@ -100,6 +102,7 @@ function showRelevantControls(prefix) {
   show("rrf_k", fused && value("fusion") === "rrf");
   show("hubness", value("mode") !== "bm25");
   show("weight", value("rerank") === "on");
+  show("typo", value("mode") !== "dense");
 }
 
 function fillForm(state) {
@@ -139,6 +142,7 @@ function requestBody(state, config) {
   }
   if (config.rerank === "on") body.rerank = {enabled: true, weight: Number(config.weight)};
   if (config.rerank === "off") body.rerank = {enabled: false};
+  if (config.typo && config.mode !== "dense") body.typo = config.typo === "auto" ? "auto" : Number(config.typo);
   if (state.filter.trim()) body.filter = JSON.parse(state.filter);
   if (state.highlight) body.highlight = true;
   return body;
@@ -310,6 +314,10 @@ function describeSpec(data) {
   }
   if (spec.hubness && spec.hubness.method !== "none") parts.push(`${spec.hubness.method}${spec.hubness.dynamic ? " (dynamic)" : ""}`);
   if (spec.rerank?.enabled) parts.push(`reranked, weight ${spec.rerank.weight}`);
+  if (spec.mode !== "dense" && spec.typo !== "auto") parts.push(spec.typo ? `typos within ${spec.typo}` : "no typo tolerance");
+  for (const [term, variants] of Object.entries(data.typos ?? {})) {
+    parts.push(`${term} → ${variants.length ? variants.map((v) => v.term).join(", ") : "nothing near"}`);
+  }
   return parts.join(" · ");
 }
 
