@@ -87,7 +87,8 @@ def visibility(url: str, samples: int = 30) -> dict:
             client.put("/documents", json={"documents": [{"id": f"vis-{i}", "text": f"{token} visibility probe"}]}).raise_for_status()
             acked = time.perf_counter()
             while True:
-                hits = client.post("/search", json={"query": token, "mode": "bm25", "k": 1}).json()["hits"]
+                # typo 0: the token must match exactly (an earlier probe's token may be within the typo budget)
+                hits = client.post("/search", json={"query": token, "mode": "bm25", "k": 1, "typo": 0}).json()["hits"]
                 if hits:
                     break
                 time.sleep(0.005)

@@ -351,7 +351,9 @@ class _Loader:
             doc = {"id": f"visible-{seed}-{i}", "text": f"{token} probe", "vector": _vectors(2**40 + seed * 100 + i, 1)[0]}
             self.client.put(f"/collections/{self.name}/documents", json={"documents": [doc]}).raise_for_status()
             acked = time.perf_counter()
-            while not self.client.post(f"/collections/{self.name}/search", json={"query": token, "mode": "bm25", "k": 1}).json()["hits"]:
+            # typo 0: the token must match exactly (the previous probe's token is one edit away)
+            probe = {"query": token, "mode": "bm25", "k": 1, "typo": 0}
+            while not self.client.post(f"/collections/{self.name}/search", json=probe).json()["hits"]:
                 time.sleep(0.005)
             out.append((time.perf_counter() - acked) * 1000)
         return out

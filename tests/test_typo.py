@@ -38,8 +38,9 @@ words = st.text(alphabet="abcdeé中", min_size=0, max_size=9)
 @given(st.lists(words, max_size=40, unique=True), words, st.integers(0, 3))
 @settings(max_examples=500, deadline=None)
 def test_a_lexicon_finds_exactly_the_terms_within_the_edits(terms, term, edits):
-    found = Lexicon(terms).near(term, edits)
-    assert sorted(found) == sorted((i, osa(t, term)) for i, t in enumerate(terms) if 0 < osa(t, term) <= edits)
+    lexicon = Lexicon(terms)
+    found = [(lexicon.terms[at], distance) for at, distance in lexicon.near(term, edits)]
+    assert sorted(found) == sorted((t, osa(t, term)) for t in terms if 0 < osa(t, term) <= edits)
 
 
 def test_one_edit_neighbours_are_one_edit_away_and_include_each_kind_of_edit():

@@ -207,9 +207,11 @@ class BM25Index:
         """Per query term, in query order: [(its id, 1.0)] if the index holds it, else its typo variants' (id, weight)."""
         # bm25l and bm25+ score every document for every term (non-occurrence): a best-of-variants would need its own
         # non-occurrence, so they match terms exactly
-        variants = self.variants(query, typo) if typo != 0 and self._engine.nonoccurrence_array is None else {}
+        terms = self.analyzer.query_terms(query)
+        unheld = any(term not in self._vocab for term in terms)
+        variants = self.variants(query, typo) if typo != 0 and unheld and self._engine.nonoccurrence_array is None else {}
         out = []
-        for term in self.analyzer.query_terms(query):
+        for term in terms:
             if term in self._vocab:
                 out.append([(self._vocab[term], 1.0)])
             elif variants.get(term):

@@ -320,9 +320,11 @@ class LiveBM25:
         (search.typo), all their lists one group, each one's weights times its distance's weight."""
         n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
         df = self.df if statistics is None else lambda term: statistics.df.get(term, 0)
-        variants = self.variants(query, typo) if typo != 0 and statistics is None else {}  # shards: search.typo
+        terms = self.analyzer.query_terms(query)
+        unheld = statistics is None and any(df(term) == 0 for term in terms)  # shards match exactly (search.typo)
+        variants = self.variants(query, typo) if typo != 0 and unheld else {}
         lists = []
-        for position, term in enumerate(self.analyzer.query_terms(query)):  # a repeated term counts again (bm25s, Lucene)
+        for position, term in enumerate(terms):  # a repeated term counts again (bm25s, Lucene)
             alternatives = [(v, VARIANT_WEIGHTS[d]) for v, d in variants[term]] if term in variants else [(term, 1.0)]
             for name, weight in alternatives:
                 lists += self._term_lists(name, weight, df(name), n, avgdl, position if len(alternatives) > 1 else None)

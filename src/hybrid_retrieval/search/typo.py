@@ -104,10 +104,11 @@ def _is_cjk(term: str) -> bool:
 
 
 class Lexicon:
-    """Terms searchable by edit distance. `terms[i]` is what `near` returns position i for."""
+    """Terms searchable by edit distance, kept in order of length (`terms[i]` is what `near` returns position i for),
+    so that only the terms of a near length are looked at."""
 
     def __init__(self, terms: Iterable[str]):
-        self.terms = list(terms)
+        self.terms = sorted(terms, key=len)
         self.lengths = np.fromiter((len(t) for t in self.terms), dtype=np.int64, count=len(self.terms))
         self.offsets = np.zeros(len(self.terms) + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=self.offsets[1:])
@@ -122,10 +123,10 @@ class Lexicon:
         """(position, distance) of every term within `edits` of `term` (the term itself excluded: 0 edits)."""
         if edits <= 0 or not self.terms:
             return []
-        mask = np.uint64(_mask(term))
-        close = np.abs(self.lengths - len(term)) <= edits
-        close &= np.bitwise_count(self.masks ^ mask) <= 2 * edits
-        candidates = np.flatnonzero(close)
+        low = int(np.searchsorted(self.lengths, len(term) - edits, side="left"))
+        high = int(np.searchsorted(self.lengths, len(term) + edits, side="right"))
+        close = np.bitwise_count(self.masks[low:high] ^ np.uint64(_mask(term))) <= 2 * edits
+        candidates = low + np.flatnonzero(close)
         query = np.array([ord(ch) for ch in term], dtype=np.int64)
         distances = _distances(self.codes, self.offsets, candidates, query, edits)
         return [(int(c), int(d)) for c, d in zip(candidates, distances) if 0 < d <= edits]
