@@ -126,3 +126,9 @@ def test_a_collection_matches_typos_to_written_terms_and_not_to_deleted_ones(ind
         np.testing.assert_allclose(live.scores(query, typo="auto")[order], fresh.scores(query, "auto"), rtol=1e-5)
     assert live.variants("zebrafsih", "auto") == {"zebrafsih": [("zebrafish", 1)]}  # only written documents hold it
     assert live.variants("dorsalyl", "auto") == {"dorsalyl": []}  # its one document is deleted
+
+
+def test_words_analyse_to_one_term_each_or_none():
+    analyzer = Analyzer()
+    assert analyzer.analyze_words(["dorsally", "the", "co-op", "Running", ""]) == ["dorsal", None, None, "run", None]
+    assert analyzer.analyze_words(["dorsally"]) == [analyzer.analyze("dorsally")[0]]

@@ -129,7 +129,8 @@ class Lexicon:
         candidates = low + np.flatnonzero(close)
         query = np.array([ord(ch) for ch in term], dtype=np.int64)
         distances = _distances(self.codes, self.offsets, candidates, query, edits)
-        return [(int(c), int(d)) for c, d in zip(candidates, distances) if 0 < d <= edits]
+        within = (distances > 0) & (distances <= edits)
+        return list(zip(candidates[within].tolist(), distances[within].tolist()))
 
 
 def warm() -> None:
