@@ -225,3 +225,7 @@ def test_a_misspelt_word_finds_its_documents_and_explain_names_the_variant(clien
     assert client.post("/search", json={"query": "qubts", "mode": "bm25"}).json()["typos"] is None  # without explain
     response = client.post("/search", json={"query": "qubts", "typo": 3})
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "typo"]
+    marked = client.post("/search", json={"query": "qubts", "mode": "bm25", "highlight": True}).json()["hits"][0]["highlight"]
+    assert marked["text"][0]["terms"] == ["qubit"] and "<mark>qubits</mark>" in marked["text"][0]["text"]  # the variant's
+    exact = client.post("/search", json={"query": "qubts computing", "typo": 0, "highlight": True}).json()["hits"][0]["highlight"]
+    assert exact["text"][0]["terms"] == ["comput"]  # typo 0: the misspelt word marks nothing

@@ -87,13 +87,15 @@ class Presenter:
         explain: bool = False,
         fields: list[str] | str | None = None,
         passages: int = 0,
+        variants: list[str] | None = None,
     ) -> list[dict[str, Any]]:
         """The page's hits: id, score, rank (from 1, counting earlier pages), title; and as asked the text,
-        metadata `fields`, highlights (the spec's), the score's components and the `passages` best passages."""
+        metadata `fields`, highlights (the spec's: the query's terms and the `variants` its typos were matched to),
+        the score's components and the `passages` best passages."""
         hits: list[dict[str, Any]] = []
         docs: list[dict[str, Any]] = []
         explain = explain and result.explainable
-        terms = self.highlighter.query_terms(query) if result.spec.highlight.enabled else None
+        terms = self.highlighter.query_terms(query) | frozenset(variants or ()) if result.spec.highlight.enabled else None
         page = self.documents(result.ranking.doc_idx[result.page.start : result.page.stop])
         for position, doc in zip(result.page, page):
             docs.append(doc)

@@ -123,8 +123,16 @@ def _presentation(serving: Serving, body: SearchRequest) -> Presentation:
 
 def _response(serving: Serving, body: SearchRequest, result: SearchResult, shown: Presentation) -> SearchResponse:
     presenter, reranker = serving.presenter, serving.pipeline.reranker
+    wanted = body.query and (body.explain or result.spec.highlight.enabled)  # the typos' variants are shown or marked
+    typos = serving.pipeline.typo_variants(body.query, result.spec) if wanted else {}
     hits = presenter.hits(
-        result, body.query or "", include_text=body.include_text, explain=body.explain, fields=shown.fields, passages=shown.passages
+        result,
+        body.query or "",
+        include_text=body.include_text,
+        explain=body.explain,
+        fields=shown.fields,
+        passages=shown.passages,
+        variants=[variant["term"] for found in typos.values() for variant in found],
     )
     # the presenter's hits and facets are plain dicts of the response's shape: validated into it here
     fields: dict[str, Any] = {
@@ -135,7 +143,7 @@ def _response(serving: Serving, body: SearchRequest, result: SearchResult, shown
         "spec": result.spec.to_dict(),
         "hits": hits,
         "facets": presenter.facets(result, shown.facets),
-        "typos": serving.pipeline.typo_variants(body.query, result.spec) if body.explain and body.query else None,
+        "typos": typos if body.explain and body.query else None,
         "reranker": reranker.name if result.reranked and reranker is not None else None,
         "timings_ms": {stage: round(ms, 3) for stage, ms in result.timings_ms.items()},
     }
