@@ -450,11 +450,8 @@ class CorpusScoredBM25:
     def scores(self, query: str) -> np.ndarray:
         return self.bm25.scores(query, self.statistics)
 
-    def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
-        return {}  # typos are not matched on shards (a variant's statistics would be the whole corpus's: search.typo)
-
     def leg(self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int = 0) -> tuple[Ranking, ScoreOf]:
-        """`typo`: not applied (see `variants`)."""
+        """`typo`: not applied (a variant's statistics would be the whole corpus's; search.sharded serves typo 0)."""
         return self.bm25.leg(query, depth, allowed, self.statistics)
 
 

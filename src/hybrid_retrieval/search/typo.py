@@ -116,9 +116,6 @@ class Lexicon:
         self.codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.int64) if joined else np.zeros(0, np.int64)
         self.masks = np.fromiter((_mask(t) for t in self.terms), dtype=np.uint64, count=len(self.terms))
 
-    def __len__(self) -> int:
-        return len(self.terms)
-
     def near(self, term: str, edits: int) -> list[tuple[int, int]]:
         """(position, distance) of every term within `edits` of `term` (the term itself excluded: 0 edits)."""
         if edits <= 0 or not self.terms:
