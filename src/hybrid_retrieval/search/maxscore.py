@@ -26,7 +26,7 @@ and is the faster of the two up to a million documents (search.bm25.worth_prunin
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numba
 import numpy as np
@@ -70,35 +70,21 @@ def exhaustive_scores(lists: list[PostingList], num_docs: int, dtype: np.dtype) 
     """Every document's score: the reference the pruned path equals (each list's contributions added in query order,
     a group's best contribution once where the group is)."""
     out = np.zeros(num_docs, dtype=dtype)
-    if lists:
-        docs, values, starts, ends, scales = _end_to_end(lists, dtype)
-        groups = _groups(lists)
-        if (groups < 0).all():
-            _add_lists(docs, values, starts, ends, scales, out)
-        else:
+    best = held = None  # a group's best contribution to each document, while the group is read
+    for k, posting in enumerate(lists):
+        values, scale = np.asarray(posting.values, dtype=dtype), dtype.type(1.0 if posting.scale is None else posting.scale)
+        if posting.group is None:
+            _add_list(posting.docs, values, scale, out)
+            continue
+        if best is None:
             best, held = np.zeros(num_docs, dtype=dtype), np.zeros(num_docs, dtype=np.bool_)
-            _add_groups((docs, values, starts, ends, scales, groups), out, best, held)
+        _keep_best(posting.docs, values, scale, best, held)
+        if k + 1 == len(lists) or lists[k + 1].group != posting.group:  # the group ends: its best counts once
+            for member in lists[k::-1]:
+                if member.group != posting.group:
+                    break
+                _add_best(member.docs, best, held, out)
     return out
-
-
-def _groups(lists: list[PostingList]) -> np.ndarray:
-    return np.array([-1 if p.group is None else p.group for p in lists], dtype=np.int64)
-
-
-def _end_to_end(lists: list[PostingList], dtype: np.dtype) -> tuple[np.ndarray, ...]:
-    """The lists as the kernels take them: (documents, values) that hold every list, each one's [start, end) there,
-    and each one's scale. Lists that are slices of one index's score matrix are passed as that matrix, uncopied."""
-    lengths = np.array([len(p.docs) for p in lists], dtype=np.int64)
-    whole = lists[0].within
-    if whole is not None and whole[1].dtype == dtype and all(p.within is whole for p in lists):
-        docs, values = whole
-        starts = np.array([p.start for p in lists], dtype=np.int64)
-    else:  # copied end to end (a live collection's: cached weights and the live segment's)
-        docs = np.concatenate([p.docs.astype(np.int64, copy=False) for p in lists])
-        values = np.concatenate([np.asarray(p.values, dtype=dtype) for p in lists])
-        starts = np.cumsum(lengths) - lengths
-    scales = np.array([1.0 if p.scale is None else p.scale for p in lists], dtype=dtype)
-    return docs, values, starts, starts + lengths, scales
 
 
 def score_documents(lists: list[PostingList], ids: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -129,7 +115,17 @@ def top_k_pruned(lists: list[PostingList], depth: int, num_docs: int, dtype: np.
         return Ranking(np.empty(0, dtype=np.int64), np.empty(0, dtype=dtype))
     if any(p.group is not None for p in lists):  # a best-of-group has no bound MaxScore can split: summed instead
         return top_matches(exhaustive_scores(lists, num_docs, dtype), depth, allowed)
-    docs, values, starts, ends, scales = _end_to_end(lists, dtype)
+    lengths = np.array([len(p.docs) for p in lists], dtype=np.int64)
+    whole = lists[0].within
+    if whole is not None and whole[1].dtype == dtype and all(p.within is whole for p in lists):
+        docs, values = whole
+        starts = np.array([p.start for p in lists], dtype=np.int64)
+    else:  # the lists end to end (a live collection's: cached weights and the live segment's)
+        docs = np.concatenate([p.docs.astype(np.int64, copy=False) for p in lists])
+        values = np.concatenate([np.asarray(p.values, dtype=dtype) for p in lists])
+        starts = np.cumsum(lengths) - lengths
+    ends = starts + lengths
+    scales = np.array([1.0 if p.scale is None else p.scale for p in lists], dtype=dtype)
     bounds = np.array([p.bound for p in lists], dtype=np.float64)
     mask = _NO_FILTER if allowed is None else allowed.mask
     theta = _theta_seed(lists, depth, dtype, allowed)
@@ -171,8 +167,10 @@ def warm(pruning: bool = True) -> None:
     docs, values = np.array([0], np.int32), np.array([1.0], np.float32)
     for scores in (values, np.array([1.0])):
         top_matches(scores, 1)
-    for variant in (PostingList(docs, values, 1.0, within=(docs, values), group=0), PostingList(docs, np.array([1.0]), 1.0, group=0)):
-        exhaustive_scores([variant, variant], 1, variant.values.dtype)  # a typo's variants (search.typo)
+    for doc_type, value_type in ((np.int32, np.float32), (np.int32, np.float64), (np.int64, np.float64)):  # live: both
+        alone = PostingList(np.array([0], doc_type), np.array([1.0], value_type), 1.0)
+        variant = replace(alone, group=0)  # a typo's variants (search.typo)
+        exhaustive_scores([alone, variant, variant], 1, alone.values.dtype)
     if pruning:
         top_k_pruned([PostingList(docs, values, 1.0, within=(docs, values))], 1, 1, values.dtype)
         top_k_pruned([PostingList(docs, np.array([1.0]), 1.0)], 1, 1, np.dtype(np.float64))
@@ -350,36 +348,25 @@ def _top_nonzero(scores, depth, allowed):
 
 
 @numba.njit(cache=True, nogil=True)
-def _add_lists(docs, values, starts, ends, scales, out):
-    """out[d] += each list's contribution to d, list by list (the order of additions of numpy's out[docs] += ...)."""
-    for i in range(len(starts)):
-        for p in range(starts[i], ends[i]):
-            out[docs[p]] += scales[i] * values[p]
+def _add_list(docs, values, scale, out):
+    """out[d] += the list's contribution to d (the addition of numpy's out[docs] += scale * values)."""
+    for p in range(len(docs)):
+        out[docs[p]] += scale * values[p]
 
 
 @numba.njit(cache=True, nogil=True)
-def _add_groups(lists, out, best, held):
-    """_add_lists where adjacent lists of one group (>= 0) add each document's best contribution among them, once.
-    `lists`: (documents, values, starts, ends, scales, groups); `best` and `held`: zeros, as long as `out` (left so)."""
-    docs, values, starts, ends, scales, groups = lists
-    i = 0
-    while i < len(starts):
-        if groups[i] < 0:
-            for p in range(starts[i], ends[i]):
-                out[docs[p]] += scales[i] * values[p]
-            i += 1
-            continue
-        j = i
-        while j < len(starts) and groups[j] == groups[i]:
-            j += 1
-        for k in range(i, j):
-            for p in range(starts[k], ends[k]):
-                contribution = scales[k] * values[p]
-                if not held[docs[p]] or contribution > best[docs[p]]:
-                    best[docs[p]], held[docs[p]] = contribution, True
-        for k in range(i, j):
-            for p in range(starts[k], ends[k]):
-                if held[docs[p]]:
-                    out[docs[p]] += best[docs[p]]
-                    best[docs[p]], held[docs[p]] = 0, False
-        i = j
+def _keep_best(docs, values, scale, best, held):
+    """A group's list read: each document's best contribution so far in `best` (`held`: it has one)."""
+    for p in range(len(docs)):
+        contribution = scale * values[p]
+        if not held[docs[p]] or contribution > best[docs[p]]:
+            best[docs[p]], held[docs[p]] = contribution, True
+
+
+@numba.njit(cache=True, nogil=True)
+def _add_best(docs, best, held, out):
+    """A group read whole: each of this list's documents adds its best once, and `best`/`held` are left zero."""
+    for p in range(len(docs)):
+        if held[docs[p]]:
+            out[docs[p]] += best[docs[p]]
+            best[docs[p]], held[docs[p]] = 0, False
