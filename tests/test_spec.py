@@ -11,11 +11,13 @@ from hybrid_retrieval.app.main import create_app
 from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.boosts import BOOST_MODES, DECAYS, check_boosts
 from hybrid_retrieval.search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
+from hybrid_retrieval.search.sorting import check_sort
 from hybrid_retrieval.search.spec import (
     MAX_DEPTH,
     MODES,
@@ -59,6 +61,21 @@ specs = st.builds(
         snippets=st.integers(*SNIPPETS_RANGE),
     ),
     typo=st.sampled_from(TYPO_CHOICES),
+    boosts=st.lists(
+        st.fixed_dictionaries({"field": st.sampled_from(["year", "a+b"]), "weight": st.floats(-5, 5)})
+        | st.fixed_dictionaries(
+            {
+                "decay": st.sampled_from(DECAYS),
+                "field": st.just("published"),
+                "origin": st.sampled_from(["now", "2020-01-01"]),
+                "scale": st.sampled_from(["30d", 7, 0.5]),
+            }
+        )
+        | st.fixed_dictionaries({"filter": st.just({"tags": "a+b"}), "weight": st.floats(-1, 1)}),
+        max_size=3,
+    ).map(check_boosts),
+    boost_mode=st.sampled_from(BOOST_MODES),
+    sort=st.lists(st.sampled_from(["price", "price:desc", "_score", "a:b"]), max_size=3).map(check_sort),
 )
 
 
@@ -201,6 +218,9 @@ def test_response_echoes_the_applied_spec(client):
         "highlight": {"enabled": False, "semantic": False, "snippet_chars": 160, "snippets": 1},
         "passage_scoring": {"aggregation": "max", "temperature": 0.05, "top": 3, "bm25": "document"},
         "typo": "auto",
+        "boosts": [],
+        "boost_mode": "sum",
+        "sort": [],
     }
     assert body["reranker"] == "LengthScorer"
     ready = client.get("/ready").json()

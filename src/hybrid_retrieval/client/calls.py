@@ -24,6 +24,7 @@ from hybrid_retrieval.client.models import (
     CollectionInfo,
     CollectionSettings,
     CollectionSummary,
+    CurationRule,
     Defaults,
     Document,
     Ready,
@@ -251,12 +252,19 @@ def get_collection(name: str) -> Call[CollectionInfo]:
     return Call("GET", scope(name), model(CollectionInfo))
 
 
-def update_settings(name: str, defaults: Defaults | dict | None, synonyms: list[SynonymRule | dict] | None) -> Call[CollectionInfo]:
+def update_settings(
+    name: str,
+    defaults: Defaults | dict | None,
+    synonyms: list[SynonymRule | dict] | None,
+    curation: list[CurationRule | dict] | None = None,
+) -> Call[CollectionInfo]:
     body: dict[str, Any] = {}
     if defaults is not None:
         body["defaults"] = _body(defaults)
     if synonyms is not None:
         body["synonyms"] = [_body(rule) for rule in synonyms]
+    if curation is not None:
+        body["curation"] = [_body(rule) for rule in curation]
     return Call("PATCH", f"{scope(name)}/settings", model(CollectionInfo), json=body)
 
 

@@ -21,6 +21,7 @@ from hybrid_retrieval.client.models import (
     CollectionInfo,
     CollectionSettings,
     CollectionSummary,
+    CurationRule,
     Defaults,
     Document,
     Hit,
@@ -130,10 +131,15 @@ class Client:
         return self.send(calls.get_collection(name))
 
     def update_settings(
-        self, name: str, defaults: Defaults | dict | None = None, synonyms: list[SynonymRule | dict] | None = None
+        self,
+        name: str,
+        defaults: Defaults | dict | None = None,
+        synonyms: list[SynonymRule | dict] | None = None,
+        curation: list[CurationRule | dict] | None = None,
     ) -> CollectionInfo:
-        """Change what needs no rebuild: fields of the default search spec, and the synonym rules (replaced whole)."""
-        return self.send(calls.update_settings(name, defaults, synonyms))
+        """Change what needs no rebuild: fields of the default search spec, the synonym rules and the curation rules
+        (each replaced whole)."""
+        return self.send(calls.update_settings(name, defaults, synonyms, curation))
 
     def drop_collection(self, name: str) -> None:
         return self.send(calls.drop_collection(name))
@@ -325,10 +331,14 @@ class AsyncClient:
         return await self.send(calls.get_collection(name))
 
     async def update_settings(
-        self, name: str, defaults: Defaults | dict | None = None, synonyms: list[SynonymRule | dict] | None = None
+        self,
+        name: str,
+        defaults: Defaults | dict | None = None,
+        synonyms: list[SynonymRule | dict] | None = None,
+        curation: list[CurationRule | dict] | None = None,
     ) -> CollectionInfo:
-        """Change what needs no rebuild: fields of the default search spec, and the synonym rules (replaced whole)."""
-        return await self.send(calls.update_settings(name, defaults, synonyms))
+        """As Client.update_settings."""
+        return await self.send(calls.update_settings(name, defaults, synonyms, curation))
 
     async def drop_collection(self, name: str) -> None:
         return await self.send(calls.drop_collection(name))

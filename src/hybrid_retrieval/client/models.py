@@ -83,6 +83,11 @@ class Defaults(_Request):
     highlight: bool | Highlight | None = None
     passage_scoring: PassageScoring | None = None
     typo: Literal["auto", 0, 1, 2] | None = None
+    boosts: list[dict[str, Any]] | None = Field(
+        None, description='e.g. {"decay": "gauss", "field": "published", "origin": "now", "scale": "30d", "weight": 0.5}'
+    )
+    boost_mode: Literal["sum", "product"] | None = None
+    sort: list[str | dict[str, str]] | None = Field(None, description='e.g. ["price", {"field": "published", "order": "desc"}]')
 
 
 class GroupBy(_Request):
@@ -104,6 +109,8 @@ class SearchRequest(Defaults):
     include_text: bool | None = None
     passages: int | None = None
     group_by: GroupBy | None = None
+    pinned: list[str] | None = None
+    hidden: list[str] | None = None
 
 
 # --- search results -------------------------------------------------------------------------------------------------
@@ -123,8 +130,21 @@ class RerankComponent(_Response):
     first_stage_score: float
 
 
+class BoostContribution(_Response):  # the boost as asked (field, modifier, decay, filter, weight ...) too
+    value: float
+    contribution: float
+
+
+class Boosted(_Response):
+    mode: Literal["sum", "product"]
+    base: float
+    boosts: list[BoostContribution]
+
+
 class Explanation(_Response):
-    final: float
+    final: float | None  # None: a pinned document that was no candidate
+    pinned: int | None = None
+    boosted: Boosted | None = None
     rerank: RerankComponent | None = None
     fused: float | None = None
     bm25: Component | None = None
@@ -155,7 +175,7 @@ class Passage(_Response):
 
 class GroupMember(_Response):
     id: str
-    score: float
+    score: float | None
 
 
 class HitGroup(_Response):
@@ -171,7 +191,7 @@ class HitHighlight(_Response):
 
 class Hit(_Response):
     id: str
-    score: float
+    score: float | None  # None: a pinned document that was no candidate
     rank: int
     title: str
     text: str | None = None
@@ -293,6 +313,15 @@ class AnalyzerSettings(_Request):
     lowercase: bool | None = None
 
 
+class CurationRule(_Request):
+    """`CurationRule(query="iphone", pinned=["sku-15"])`: pinned first or hidden when a query matches."""
+
+    query: str
+    match: Literal["exact", "contains"] | None = None
+    pinned: list[str] | None = None
+    hidden: list[str] | None = None
+
+
 class SynonymRule(_Request):
     """`SynonymRule(equivalent=["car", "automobile"])`, or one way: `SynonymRule(from_="heart attack", to=[...])`."""
 
@@ -356,6 +385,7 @@ class CollectionInfo(_Response):
     evidence: dict[str, Any]
     fusion_tuning: dict[str, Any] | None = None
     metadata: dict[str, Any]
+    curation: list[dict[str, Any]] = []
     stats: Stats
     disk_bytes: int
     memory_bytes: int

@@ -36,6 +36,7 @@ from hybrid_retrieval.models.embedder import OnnxEmbedder
 from hybrid_retrieval.models.onnx_export import ONNX_SUBDIR
 from hybrid_retrieval.models.providers import on_gpu
 from hybrid_retrieval.models.query_cache import CachedEmbedder, QueryCache
+from hybrid_retrieval.search.curation import CurationRule, check_rules
 from hybrid_retrieval.search.hits import Presenter
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.synonyms import Synonyms
@@ -54,6 +55,7 @@ class Serving:
     collection: WritableCollection | None = None  # None: this index takes no writes (`write_refusal` says why)
     write_refusal: str | None = None
     view: ReadView | ShardedView | None = None
+    curation_rules: tuple[CurationRule, ...] = ()  # the collection's (search.curation), from its manifest
 
     @property
     def documents(self) -> int:
@@ -196,6 +198,7 @@ class Reloader:
         self.opener = opener  # what a reload opens
         self.serving: Serving | None = None
         self._compaction: threading.Thread | None = None  # the last background compaction started
+        self._rules: tuple[list[dict], tuple[CurationRule, ...]] = ([], ())  # the manifest's curation, parsed once
         self._lock = threading.Lock()
 
     def open(self, index: OpenIndex | ShardedIndex) -> Serving:
@@ -266,13 +269,23 @@ class Reloader:
             cross_encoder_name=reranking.name,
             embedder=queries,
         )
-        serving = Serving(index, pipeline, view.presenter(embedder), reranking.evidence, collection, refusal, read_view)
+        serving = Serving(
+            index, pipeline, view.presenter(embedder), reranking.evidence, collection, refusal, read_view, self._curation_rules(index)
+        )
         previous, self.serving = self.serving, serving  # a single reference assignment: atomic
         if previous is None or previous.index is not index:
             resources.metrics.describe_index(self.name, index.manifest, serving.documents)
         else:  # a refresh of the same base: only the count changed
             resources.metrics.documents.labels(self.name).set(serving.documents)
         return serving
+
+    def _curation_rules(self, index: OpenIndex | ShardedIndex) -> tuple[CurationRule, ...]:
+        """The manifest's curation rules, parsed again only when they changed (a refresh publishes every second)."""
+        source, parsed = self._rules
+        if index.manifest.curation is not source:
+            parsed = tuple(check_rules(index.manifest.curation))
+            self._rules = (index.manifest.curation, parsed)
+        return parsed
 
     def _served_model(self, index: OpenIndex | ShardedIndex, precision: str):
         """What embeds a search's texts at `precision`: on a GPU, the index's own session; on CPU, sessions threaded as
@@ -290,10 +303,11 @@ class Reloader:
     def _session(self, index: OpenIndex | ShardedIndex, precision: str, threads: int | None) -> OnnxEmbedder:
         return self.resources.session(index.path / MODEL_DIR, model_identity(index.manifest), precision, "cpu", threads)
 
-    def change_settings(self, defaults: dict, synonyms: list[dict] | None = None) -> Serving:
+    def change_settings(self, defaults: dict, synonyms: list[dict] | None = None, curation: list[dict] | None = None) -> Serving:
         """Change what needs no rebuild and serve it at once: fields of the collection's default spec (each replaces
-        the field whole) and, when given, its synonym rules (replaced whole). SpecError naming the field when this
-        collection cannot serve them (e.g. hubness without a fitted correction, a phrase of stop words only)."""
+        the field whole) and, when given, its synonym rules and curation rules (each replaced whole). SpecError naming
+        the field when this collection cannot serve them (e.g. hubness without a fitted correction, a phrase of stop
+        words only, curation of a sharded index)."""
         serving = self.serving
         if serving is None or serving.collection is None:
             raise Conflict(f"collection {self.name!r} takes no changes: {serving.write_refusal if serving else 'not loaded'}")
@@ -303,12 +317,17 @@ class Reloader:
         except SpecError as exc:
             raise exc.within("defaults") from None
         rules = Synonyms(synonyms, serving.index.analyzer.analyze).rules if synonyms is not None else None
+        if curation:
+            serving.pipeline.check_curation("curation")
+        curated = [rule.to_dict() for rule in check_rules(curation)] if curation is not None else None
 
         def change(manifest) -> None:
             manifest.overrides = overrides
             if rules is not None:
                 manifest.synonyms = rules
                 manifest.analyzer.set_synonyms(rules)  # the served analyzer is the in-memory manifest's
+            if curated is not None:
+                manifest.curation = curated
 
         collection = serving.collection
         collection.update_manifest(change)

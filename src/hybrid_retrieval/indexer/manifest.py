@@ -139,6 +139,8 @@ class Manifest:
     # Query-time synonym rules of the lexical leg (search.synonyms): changed without a rebuild, so kept beside the
     # analyzer rather than in it; the open analyzer is given them.
     synonyms: list[dict] = field(default_factory=list)
+    # A collection's curation rules (search.curation: documents pinned or hidden for a query), set through the API.
+    curation: list[dict] = field(default_factory=list)
 
     @property
     def documents(self) -> int:
@@ -168,6 +170,7 @@ class Manifest:
             "overrides": self.overrides,
             "chunking": self.chunking.to_dict(),
             "synonyms": self.synonyms,
+            "curation": self.curation,
             "files": self.files,
             "build": self.build,
         }
@@ -215,6 +218,7 @@ class Manifest:
                 overrides=data.get("overrides") or {},
                 chunking=ChunkingParams(**data.get("chunking", {})),
                 synonyms=data.get("synonyms") or [],
+                curation=data.get("curation") or [],
             )
             manifest.analyzer.set_synonyms(manifest.synonyms)
             return manifest

@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -343,7 +343,12 @@ class OpenIndex:
             reranker=reranker,
             metadata=self.metadata,
             passages=self.passages,
+            positions_of=self.positions_of,
         )
+
+    def positions_of(self, ids: Sequence[str]) -> list[int | None]:
+        """Each document's position (None: no such document)."""
+        return [self.doc_positions.get(doc_id) for doc_id in ids]
 
     def presenter(self, embedder=None) -> Presenter:
         """Builds the hits of this index's results (stored fields, highlights, facets); `embedder` as in `pipeline`."""

@@ -33,6 +33,10 @@ class Encoder(Protocol):
     def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
+def score_or_none(score: float) -> float | None:
+    return None if np.isnan(score) else float(score)
+
+
 class Presenter:
     """Turns search results of one index into hits; created once per index, shared by requests."""
 
@@ -101,7 +105,7 @@ class Presenter:
             docs.append(doc)
             hit: dict[str, Any] = {
                 "id": doc["id"],
-                "score": float(result.ranking.scores[position]),
+                "score": score_or_none(result.ranking.scores[position]),  # None: a pin that was no candidate
                 "rank": position + 1,
                 "title": doc["title"],
             }
@@ -127,7 +131,8 @@ class Presenter:
         assert result.groups is not None
         members = result.groups.members[position]
         ids = [doc["id"] for doc in self.documents(members.doc_idx)]
-        return {"value": result.groups.values[position], "hits": [{"id": i, "score": float(s)} for i, s in zip(ids, members.scores)]}
+        hits = [{"id": i, "score": score_or_none(s)} for i, s in zip(ids, members.scores)]
+        return {"value": result.groups.values[position], "hits": hits}
 
     def _vector(self, query: str, result: SearchResult) -> np.ndarray:
         """The query's embedding: the search's, or (a BM25 search) one model run, kept on the result."""

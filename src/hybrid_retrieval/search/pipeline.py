@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,8 @@ import numpy as np
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import budget, checks
 from hybrid_retrieval.search.bm25 import BM25Index
+from hybrid_retrieval.search.boosts import Boosted, apply_boosts, check_fields
+from hybrid_retrieval.search.curation import Curation, Placed
 from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.filters.language import Allowed
@@ -25,6 +28,7 @@ from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranked, Reranker
 from hybrid_retrieval.search.segments import LiveBM25, LiveDense, LiveVectors
+from hybrid_retrieval.search.sorting import check_sort_fields, sort_ranking
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec, check_k
 
 MAX_OFFSET = 10_000
@@ -45,6 +49,7 @@ class Query:
     offset: int = 0
     vector: np.ndarray | None = None  # the query's own embedding (search.vectors.check_vector), when the caller has one
     group_by: GroupBy | None = None  # collapse hits by a keyword field (search.grouping; checked by check_group_by)
+    curation: Curation | None = None  # documents pinned first or hidden (search.curation)
 
 
 @dataclass
@@ -60,6 +65,8 @@ class SearchResult:
     allowed: Allowed | None = None  # the documents the filter admits (None: no filter)
     vector: np.ndarray | None = None  # the query embedding, when a stage computed one
     groups: Groups | None = None  # with group_by: each hit's group, by position in `ranking`
+    boosted: Boosted | None = None  # with boosts: each candidate's score before them and their contributions
+    pinned: tuple[int, ...] = ()  # the curated pins `ranking` starts with (search.curation), in order
 
     @property
     def page(self) -> range:
@@ -68,14 +75,27 @@ class SearchResult:
 
     @property
     def explainable(self) -> bool:
-        return self.fused is not None or self.reranked is not None
+        return self.fused is not None or self.reranked is not None or self.boosted is not None or bool(self.pinned)
 
     def explain(self, position: int) -> dict:
-        """Every component of the score of the hit at `position` (hybrid or reranked)."""
-        parts: dict = {"final": float(self.ranking.scores[position])}
+        """Every component of the score of the hit at `position` (hybrid, reranked, boosted or pinned): the final
+        score is the fused (or reranked, or retriever's) score plus each boost's contribution."""
+        score = float(self.ranking.scores[position])
+        parts: dict = {"final": None if np.isnan(score) else score}
+        doc = int(self.ranking.doc_idx[position])
+        if doc in self.pinned:
+            parts["pinned"] = self.pinned.index(doc) + 1
+        boosted = self.boosted.explain(doc, self.spec.boosts) if self.boosted is not None else None
+        if boosted is not None:
+            parts["boosted"] = {"mode": self.spec.boost_mode, **boosted}
+        elif self.boosted is not None:  # a pin that was no candidate: it has no score to explain
+            return parts
         reranked = self.reranked
         if reranked is not None:  # looked up by document: min_score and groups leave out some of the reranked
-            at = int(np.flatnonzero(reranked.ranking.doc_idx == self.ranking.doc_idx[position])[0])
+            found = np.flatnonzero(reranked.ranking.doc_idx == doc)
+            if not len(found):  # a pin from outside the candidates
+                return parts
+            at = int(found[0])
             parts["rerank"] = {
                 "score": float(reranked.rerank_score[at]) if at < reranked.depth else None,
                 "weight": reranked.weight,
@@ -83,12 +103,14 @@ class SearchResult:
                 "first_stage_score": float(reranked.first_stage_score[at]),
             }
         if self.fused is not None:
-            parts.update(self._fused_parts(position))
+            parts.update(self._fused_parts(doc))
         return parts
 
-    def _fused_parts(self, position: int) -> dict:
+    def _fused_parts(self, doc: int) -> dict:
         fused = self.fused
-        at = int(np.searchsorted(fused.candidates.doc_idx, self.ranking.doc_idx[position]))
+        at = int(np.searchsorted(fused.candidates.doc_idx, doc))
+        if at == len(fused.candidates.doc_idx) or fused.candidates.doc_idx[at] != doc:  # a pin from outside them
+            return {}
         parts = {}
         for name in ("bm25", "dense"):
             rank = int(fused.candidates.ranks[name][at])
@@ -147,13 +169,21 @@ class SearchPipeline:
         alive: np.ndarray | None = None,
         no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)",
         passages: PassageIndex | None = None,
+        positions_of: Callable[[Sequence[str]], list[int | None]] | None = None,
     ):
+        """`positions_of(ids)`: each document's position (None: no such document, or deleted), for curation."""
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.passages = passages  # a chunked index: the dense leg ranks documents by their passages
         self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.no_hubness_reason = no_hubness_reason
+        self.positions_of = positions_of
         self.defaults = self._servable(defaults)
+
+    @property
+    def num_docs(self) -> int:
+        """Documents in the numbering, deleted ones included."""
+        return len(self.embeddings)
 
     def with_bm25(self, bm25) -> SearchPipeline:
         """This pipeline with another BM25 scorer (a shard's, scoring with its whole corpus's statistics)."""
@@ -179,6 +209,8 @@ class SearchPipeline:
             )
         if spec.filter is not None:
             self._admitted(spec.filter)  # checks the filter against the index's fields (the answer is cached)
+        check_fields(spec.boosts, self.metadata)
+        check_sort_fields(spec.sort, self.metadata)
         return spec
 
     def _admitted(self, filter_: dict) -> Allowed:
@@ -196,6 +228,19 @@ class SearchPipeline:
             return self.alive
         allowed = self._admitted(filter_)
         return allowed if self.alive is None else Allowed(allowed.mask & self.alive.mask)
+
+    def placed(self, curation: Curation | None) -> Placed | None:
+        """`curation`'s documents by position (None: nothing curated)."""
+        if not curation:
+            return None
+        self.check_curation("pinned" if curation.pinned else "hidden")
+        assert self.positions_of is not None  # check_curation
+        return Placed.of(curation, self.positions_of)
+
+    def check_curation(self, path: str) -> None:
+        """SpecError under `path` when this index cannot pin or hide documents."""
+        if self.positions_of is None:
+            raise SpecError(path, "this index cannot pin or hide documents by id")
 
     def check_group_by(self, value: object, path: str = "group_by") -> GroupBy | None:
         """A request's group_by, checked against this index's keyword fields."""
@@ -304,6 +349,7 @@ class SearchPipeline:
         offset: int = 0,
         vector: np.ndarray | None = None,
         group_by: GroupBy | None = None,
+        curation: Curation | None = None,
     ) -> SearchResult:
         """Hits `offset` .. `offset + k` for `query` under `spec`: a full spec, or a partial one (dict form)
         merged onto the defaults. `vector` is the query's embedding when the caller has it (a batch, or an application
@@ -313,6 +359,11 @@ class SearchPipeline:
         `rerank.depth`, so page 2 with k=10 is ranks 11-20 of k=20 with the same scores. `min_score` applies
         to the final score: the fused (or single-retriever) score, or the reranker's (search.rerank.interpolate).
         With `group_by`, the hits and pages are groups (search.grouping), formed among at least `depth` candidates.
+
+        Then boosts (search.boosts) add to the final score and the candidates are ranked again, a sort
+        (search.sorting) orders them by fields, and a `curation` (search.curation) puts its pins first, its hidden
+        documents having been left out before retrieval. With boosts or a sort, a single retriever's hits stop at
+        its top `depth` too (the same candidates for every page).
         """
         spec = spec if isinstance(spec, SearchSpec) else self.resolve(spec)
         check_query(query, vector, spec)
@@ -321,9 +372,13 @@ class SearchPipeline:
         started = time.perf_counter()
         clock = Stopwatch()
         allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else self.alive
+        placed = self.placed(curation)
+        if placed is not None:
+            allowed = placed.hide(allowed, self.num_docs)
         rerank = spec.rerank
-        # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`
-        single_depth = max(offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
+        # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`;
+        # steered, to `depth` only: boosts and sorts reorder a fixed set of candidates
+        single_depth = max(0 if spec.steered else offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
         if group_by is not None:  # groups need more documents than hits: as many as a group could show, at least depth
             single_depth = max(single_depth, (offset + k + 1) * group_by.size)
         fused = None
@@ -343,9 +398,21 @@ class SearchPipeline:
                 vector = clock.time("embed", self.embedder.encode, [query])[0]
             reranked = clock.time("rerank", self.reranker.rerank, query, ranking, rerank.depth, rerank.weight, vector)
             ranking = reranked.ranking
+        boosted = None
+        if spec.boosts:
+            assert self.metadata is not None  # check_fields found the boosts' fields
+            boosted = clock.time("boost", apply_boosts, ranking.doc_idx, ranking.scores, spec.boosts, spec.boost_mode, self.metadata)
+            final = boosted.base + boosted.contributions.sum(axis=0)
+            order = np.lexsort((ranking.doc_idx, -final))
+            ranking = Ranking(ranking.doc_idx[order], final[order])
         if spec.min_score is not None:
             # float64: a huge min_score must not overflow a float32 cast; scores descend
             ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
+        if spec.sort:
+            ranking = clock.time("sort", sort_ranking, ranking, spec.sort, self.metadata)
+        pinned: tuple[int, ...] = ()
+        if placed is not None:
+            ranking, pinned = placed.pin(ranking, allowed)
         pool, groups = ranking.doc_idx, None  # facets count documents, grouped or not
         if group_by is not None:
             assert self.metadata is not None  # check_group_by found the field
@@ -363,6 +430,8 @@ class SearchPipeline:
             allowed=allowed,
             vector=vector,
             groups=groups,
+            boosted=boosted,
+            pinned=pinned,
         )
 
     def search_many(self, queries: list[Query]) -> list[SearchResult]:
@@ -373,7 +442,9 @@ class SearchPipeline:
             try:
                 spec = item.spec if isinstance(item.spec, SearchSpec) else self.resolve(item.spec)
                 check_query(item.text, item.vector, spec)
-                resolved.append(Query(item.text, check_k(item.k), spec, check_offset(item.offset), item.vector, item.group_by))
+                resolved.append(
+                    Query(item.text, check_k(item.k), spec, check_offset(item.offset), item.vector, item.group_by, item.curation)
+                )
                 check_semantic_hits(spec.highlight.semantic, resolved[-1].k)
             except SpecError as exc:
                 raise exc.within(f"searches[{i}]") from None
@@ -384,7 +455,7 @@ class SearchPipeline:
         results = []
         for i, item in enumerate(resolved):
             budget.check("a batch of searches")
-            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i, item.vector), item.group_by)
+            result = self.search(item.text, item.k, item.spec, item.offset, vectors.get(i, item.vector), item.group_by, item.curation)
             if i in vectors:
                 result.timings_ms["embed"] = embed_ms  # the batch's one model run
             results.append(result)

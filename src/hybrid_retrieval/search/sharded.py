@@ -272,8 +272,15 @@ class ShardedPipeline(SearchPipeline):
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
         """Shards match terms exactly (a typo's variants would need every shard's statistics of terms only some hold:
-        search.typo), and the spec applied says so."""
+        search.typo), and the spec applied says so. Boosts and sorts read field values the shards hold: refused."""
+        for name in ("boosts", "sort"):
+            if getattr(spec, name):
+                raise SpecError(name, f"a sharded index does not {name[:-1] if name == 'boosts' else name} hits: search it without {name}")
         return super()._servable(replace(spec, typo=0))
+
+    def check_curation(self, path: str) -> None:
+        """Pins and hidden documents are found by id in the shards' stores: not on a sharded index."""
+        raise SpecError(path, "a sharded index does not pin or hide documents: search it without them")
 
     def bm25_leg(
         self,

@@ -21,7 +21,8 @@ The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25,
 fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
 `+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`,
 `+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, `+typo:auto|0|1|2`, and last `+filter:JSON`
-(search.filters; the JSON runs to the end of the string, so it may contain "+").
+(search.filters; the JSON runs to the end of the string, so it may contain "+"), or with boosts or a sort
+`+json:{"filter": ..., "boosts": [...], "boost_mode": ..., "sort": [...]}` (search.boosts, search.sorting).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, TypeVar
 
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import checks
+from hybrid_retrieval.search.boosts import BOOST_MODES, Boost, check_boosts
 from hybrid_retrieval.search.filters.language import check_filter
 from hybrid_retrieval.search.fusion import (
     DEFAULT_FUSION,
@@ -45,9 +47,11 @@ from hybrid_retrieval.search.fusion import (
 from hybrid_retrieval.search.highlight import DEFAULT_SNIPPET_CHARS, DEFAULT_SNIPPETS, check_snippet_options
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.rerank import DEFAULT_RERANK_DEPTH, MAX_RERANK_DEPTH, check_weight
+from hybrid_retrieval.search.sorting import SortKey, check_sort, sort_to_list
 from hybrid_retrieval.search.typo import DEFAULT_TYPO, check_typo
 
 MODES = ("bm25", "dense", "hybrid")
+JSON_TAIL = ("filter", "boosts", "boost_mode", "sort")  # the string form's last part, as JSON
 MAX_K = 1000
 MAX_DEPTH = 1000
 DEFAULT_DEPTH = 100
@@ -146,6 +150,15 @@ class SearchSpec:
     highlight: HighlightSpec = field(default_factory=HighlightSpec)
     passage_scoring: PassageSpec = field(default_factory=PassageSpec)  # a chunked index's dense leg (search.passages)
     typo: str | int = DEFAULT_TYPO  # the lexical leg's typo tolerance (search.typo): "auto", 0, 1 or 2
+    boosts: tuple[Boost, ...] = ()  # added to the final score (search.boosts); checked against the index's fields
+    boost_mode: str = "sum"  # sum | product (search.boosts)
+    sort: tuple[SortKey, ...] = ()  # order the candidates by fields (search.sorting); () by score
+
+    @property
+    def steered(self) -> bool:
+        """Whether boosts or a sort reorder the candidates: a single retriever's then stop at `depth` too, so pages
+        stay the same whatever their size."""
+        return bool(self.boosts or self.sort)
 
     def __post_init__(self) -> None:
         checks.choice("mode", self.mode, MODES)
@@ -156,6 +169,9 @@ class SearchSpec:
             object.__setattr__(self, "min_score", checks.number("min_score", self.min_score))
         object.__setattr__(self, "filter", check_filter(self.filter))
         object.__setattr__(self, "typo", check_typo(self.typo))
+        object.__setattr__(self, "boosts", check_boosts(self.boosts))
+        checks.choice("boost_mode", self.boost_mode, BOOST_MODES)
+        object.__setattr__(self, "sort", check_sort(self.sort))
 
     def merge(self, overrides: dict[str, Any] | None) -> SearchSpec:
         """This spec with the fields of the partial dict form `overrides` replaced, validated."""
@@ -214,6 +230,9 @@ class SearchSpec:
                 "bm25": self.passage_scoring.bm25,
             },
             "typo": self.typo,
+            "boosts": [boost.to_dict() for boost in self.boosts],
+            "boost_mode": self.boost_mode,
+            "sort": sort_to_list(self.sort),
         }
 
     def to_string(self) -> str:
@@ -266,21 +285,28 @@ def spec_to_string(spec: dict[str, Any]) -> str:  # noqa: C901
         parts.append(text)
     if "typo" in spec and spec["typo"] != DEFAULT_TYPO:  # named only when not the default
         parts.append(f"typo:{spec['typo']}")
-    if spec.get("filter"):
-        parts.append("filter:" + json.dumps(spec["filter"], ensure_ascii=False))
+    tail = {name: spec[name] for name in JSON_TAIL if spec.get(name) and spec[name] != SearchSpec().to_dict()[name]}
+    if list(tail) == ["filter"]:
+        parts.append("filter:" + json.dumps(tail["filter"], ensure_ascii=False))
+    elif tail:
+        parts.append("json:" + json.dumps(tail, ensure_ascii=False))
     return "+".join(parts)
 
 
 def parse_spec_string(text: str) -> dict[str, Any]:  # noqa: C901
     """The partial dict form of a string form; unknown parts are errors that list the valid ones."""
-    text, _, filter_text = text.partition("+filter:")
-    first, *extras = text.split("+")
     spec: dict[str, Any] = {}
-    if filter_text:
-        try:
-            spec["filter"] = check_filter(json.loads(filter_text))
-        except json.JSONDecodeError as exc:
-            raise SpecError("filter", f"not JSON ({exc}): {filter_text[:60]!r}") from None
+    if "+json:" in text:
+        text, _, json_text = text.partition("+json:")
+        tail = _json_part("json", json_text)
+        if not isinstance(tail, dict) or not set(tail) <= set(JSON_TAIL):
+            raise SpecError("json", f"must be an object of {', '.join(JSON_TAIL)}, got {json_text[:60]!r}")
+        spec.update(tail)
+    else:
+        text, _, filter_text = text.partition("+filter:")
+        if filter_text:
+            spec["filter"] = check_filter(_json_part("filter", filter_text))
+    first, *extras = text.split("+")
     if first in MODES:
         spec["mode"] = first
     elif first.split(":")[0] in FUSIONS:
@@ -314,9 +340,16 @@ def parse_spec_string(text: str) -> dict[str, Any]:  # noqa: C901
                 f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
                 "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
                 "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N][:bm25=U], "
-                "typo:auto|0|1|2, filter:JSON (last)",
+                "typo:auto|0|1|2, filter:JSON or json:JSON (last)",
             )
     return spec
+
+
+def _json_part(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SpecError(name, f"not JSON ({exc}): {text[:60]!r}") from None
 
 
 def _parse_rerank(arg: str) -> dict[str, Any]:

@@ -80,11 +80,11 @@ def get_collection(name: Name, collections: CollectionsDep, request: Request) ->
 @writes.patch("/collections/{name}/settings", response_model=CollectionInfo)
 def patch_settings(name: Name, body: SettingsPatch, collections: CollectionsDep, request: Request) -> CollectionInfo:
     """Change what needs no rebuild: the default search spec (rerank settings included), each field given replacing
-    that field of the defaults, and the synonym rules, replaced whole. Served at once, kept across restarts and
-    compactions."""
+    that field of the defaults, and the synonym and curation rules, each replaced whole. Served at once, kept across
+    restarts and compactions."""
     reloader = scoped(request, name, lambda: collections.resolve(name))
-    if body.defaults is not None or body.synonyms is not None:  # an empty body changes nothing
-        reloader.change_settings(body.defaults_dict(), body.synonyms_list())
+    if body.defaults is not None or body.synonyms is not None or body.curation is not None:  # an empty body changes nothing
+        reloader.change_settings(body.defaults_dict(), body.synonyms_list(), body.curation_list())
     return collection_info(collections, reloader)
 
 
@@ -121,6 +121,7 @@ def _describe(collections: Collections, reloader: Reloader, serving: Serving) ->
         evidence=serving.evidence,
         fusion_tuning=asdict(manifest.fusion_tuning) if manifest.fusion_tuning else None,
         metadata={name: info.to_dict() for name, info in manifest.metadata.items()},
+        curation=manifest.curation,
         stats=stats_of(serving),
         disk_bytes=serving.disk_bytes,
         memory_bytes=memory_bytes(reloader),

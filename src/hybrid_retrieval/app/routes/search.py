@@ -22,6 +22,7 @@ from hybrid_retrieval.app.security import READ_KEY
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.engine.serving import Serving
 from hybrid_retrieval.search import budget
+from hybrid_retrieval.search.curation import Curation, for_query
 from hybrid_retrieval.search.grouping import GroupBy
 from hybrid_retrieval.search.pipeline import Query, SearchResult
 from hybrid_retrieval.search.vectors import check_vector
@@ -45,8 +46,10 @@ async def search(body: SearchRequest, request: Request, serving: CurrentServing)
     def run() -> Response:
         shown = _presentation(serving, body)
         vector = query_vector(serving, body)
-        group_by = _group_by(serving, body)
-        result = serving.pipeline.search(body.query, k=body.k, spec=body.spec(), offset=body.offset, vector=vector, group_by=group_by)
+        group_by, curation = _group_by(serving, body), _curation(serving, body)
+        result = serving.pipeline.search(
+            body.query, k=body.k, spec=body.spec(), offset=body.offset, vector=vector, group_by=group_by, curation=curation
+        )
         request.app.state.metrics.observe_search(result.timings_ms)
         return json_response(_response(serving, body, result, shown))
 
@@ -64,7 +67,7 @@ async def search_batch(body: BatchRequest, request: Request, serving: CurrentSer
             try:
                 shown.append(_presentation(serving, item))
                 vector, group_by = query_vector(serving, item), _group_by(serving, item)
-                queries.append(Query(item.query, item.k, item.spec(), item.offset, vector, group_by))
+                queries.append(Query(item.query, item.k, item.spec(), item.offset, vector, group_by, _curation(serving, item)))
             except SpecError as exc:
                 raise exc.within(f"searches[{i}]") from None
         results = serving.pipeline.search_many(queries)
@@ -105,6 +108,11 @@ def query_vector(serving: Serving, body: SearchRequest) -> np.ndarray | None:
 
 def _group_by(serving: Serving, body: SearchRequest) -> GroupBy | None:
     return serving.pipeline.check_group_by(body.group_by.model_dump() if body.group_by is not None else None)
+
+
+def _curation(serving: Serving, body: SearchRequest) -> Curation:
+    """The request's pins and hidden documents, then those of the collection's rules for its query."""
+    return body.curation().then(for_query(serving.curation_rules, body.query))
 
 
 @dataclass(frozen=True)

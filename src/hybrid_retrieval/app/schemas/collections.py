@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from hybrid_retrieval.app.schemas.documents import Stats
+from hybrid_retrieval.app.schemas.documents import DocumentId, Stats
+from hybrid_retrieval.app.schemas.search import MAX_QUERY_CHARS
 from hybrid_retrieval.app.schemas.shared import Float, Int, Strict, documented
 from hybrid_retrieval.app.schemas.spec import DefaultsBody
 from hybrid_retrieval.common.names import NAME_RULE, NAME_RULE_TEXT
@@ -16,6 +17,7 @@ from hybrid_retrieval.models.profiles import PROFILES
 from hybrid_retrieval.models.registry import DEFAULT_MODEL
 from hybrid_retrieval.search.analyzer import LANGUAGES, NORMALIZATIONS, STEMMERS, STOPWORD_LISTS
 from hybrid_retrieval.search.cjk import CJK_MODES
+from hybrid_retrieval.search.curation import MAX_CURATED, MAX_RULES
 from hybrid_retrieval.search.dense import DEFAULT_PARAMS, FAISS_KINDS
 from hybrid_retrieval.search.vectors import MAX_DIMENSION
 
@@ -83,6 +85,17 @@ class SynonymRule(Strict):
     equivalent: list[str] | None = None
     from_: str | list[str] | None = Field(default=None, alias="from")
     to: list[str] | None = None
+
+
+class CurationRuleBody(Strict):
+    """Documents pinned first or hidden when a query matches (search.curation)."""
+
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the query, case and spacing aside")
+    match: Literal["exact", "contains"] = Field(
+        default="exact", description="exact: the whole query; contains: the query holds it as a run of whole words"
+    )
+    pinned: list[DocumentId] | None = Field(default=None, max_length=MAX_CURATED, description="shown first, in this order")
+    hidden: list[DocumentId] | None = Field(default=None, max_length=MAX_CURATED, description="never returned")
 
 
 SYNONYMS_DESCRIPTION = (
@@ -156,9 +169,21 @@ class SettingsPatch(Strict):
         description=SYNONYMS_DESCRIPTION + "; replaces the collection's rules whole ([] removes them), served at once",
         examples=[[{"equivalent": ["car", "automobile"]}, {"from": "heart attack", "to": ["myocardial infarction"]}]],
     )
+    curation: list[CurationRuleBody] | None = Field(
+        default=None,
+        max_length=MAX_RULES,
+        description="rules that pin documents first or hide them for a query; replaces the collection's rules whole ([] "
+        "removes them), served at once. A request's own `pinned` come before its rules', `hidden` adds up",
+        examples=[
+            [{"query": "iphone", "pinned": ["sku-15", "sku-14"]}, {"query": "charger", "match": "contains", "hidden": ["sku-recalled"]}]
+        ],
+    )
 
     def defaults_dict(self) -> dict[str, Any]:
         return self.defaults.model_dump(exclude_unset=True, exclude_none=True) if self.defaults is not None else {}
+
+    def curation_list(self) -> list[dict[str, Any]] | None:
+        return [rule.model_dump(exclude_none=True) for rule in self.curation] if self.curation is not None else None
 
     def synonyms_list(self) -> list[dict[str, Any]] | None:
         if self.synonyms is None:
@@ -190,6 +215,7 @@ class CollectionInfo(BaseModel):
     evidence: dict[str, Any] = Field(description="what each fitted default rests on (tuning, hubness fit, reranker weight)")
     fusion_tuning: dict[str, Any] | None = Field(default=None, description="what `hybrid tune` measured when it chose the default fusion")
     metadata: dict[str, Any] = Field(description="metadata fields: filter type, or why not filterable")
+    curation: list[dict[str, Any]] = Field(default_factory=list, description="its curation rules (PATCH .../settings sets them)")
     stats: Stats
     disk_bytes: int = Field(description="size of its folder on disk (the model files, shared by hard links, counted)")
     memory_bytes: int = Field(description="what it holds in memory or maps: index files but stored texts and model; live vectors")

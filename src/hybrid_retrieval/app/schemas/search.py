@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
+from hybrid_retrieval.app.schemas.documents import DocumentId
 from hybrid_retrieval.app.schemas.shared import CONTROL_CHARS, SPACE_CHARS, Float, Int, Strict
 from hybrid_retrieval.app.schemas.spec import SpecBody
+from hybrid_retrieval.search.curation import MAX_CURATED, Curation, check_ids
 from hybrid_retrieval.search.grouping import MAX_GROUP_SIZE
 from hybrid_retrieval.search.hits import ALL_FIELDS, MAX_FACET_VALUES, MAX_PASSAGES
 from hybrid_retrieval.search.pipeline import MAX_OFFSET
@@ -20,7 +22,7 @@ _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 # Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
 # which names the problem in plain words.
 QUERY_PATTERN = f"^[^{CONTROL_CHARS}]*[^{SPACE_CHARS}{CONTROL_CHARS}][^{CONTROL_CHARS}]*$"
-SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight", "typo")
+SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight", "typo", "boosts", "boost_mode", "sort")
 MAX_BATCH = 64
 
 
@@ -85,6 +87,15 @@ class SearchRequest(SpecBody):
     group_by: GroupByBody | None = Field(
         default=None, description="collapse hits by a keyword field: `k` groups, each hit the best of its group, with `group.hits` of them"
     )
+    pinned: list[DocumentId] | None = Field(
+        default=None,
+        max_length=MAX_CURATED,
+        description="document ids shown first, in this order, when they exist and pass the filter (the collection's "
+        "curation rules for the query add theirs after); later pages do not repeat them",
+    )
+    hidden: list[DocumentId] | None = Field(
+        default=None, max_length=MAX_CURATED, description="document ids never returned (with the collection's rules' for the query)"
+    )
 
     @field_validator("query")
     @classmethod
@@ -96,6 +107,10 @@ class SearchRequest(SpecBody):
         if _CONTROL.search(value):
             raise ValueError("query must not contain control characters (tab and newline are allowed)")
         return value
+
+    def curation(self) -> Curation:
+        """The pins and hidden documents this request asks for (the collection's rules are added by the route)."""
+        return Curation(check_ids(self.pinned, "pinned"), check_ids(self.hidden, "hidden"))
 
     def spec(self) -> dict[str, Any]:
         """The partial search spec this request asks for (the fields it sets), in the spec's dict form."""
@@ -119,8 +134,25 @@ class RerankComponent(BaseModel):
     first_stage_score: float = Field(description="score before reranking (fused, BM25 or cosine)")
 
 
+class BoostContribution(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the boost as asked (field, modifier, decay, filter, weight ...)
+    value: float = Field(description="the boost's value of this document, before its weight")
+    contribution: float = Field(description="what it adds to the score")
+
+
+class Boosted(BaseModel):
+    mode: Literal["sum", "product"]
+    base: float = Field(description="the score before boosts: final = base + the contributions")
+    boosts: list[BoostContribution]
+
+
 class Explanation(BaseModel):
-    final: float = Field(description="the hit's score: the reranking's (see rerank.weight) when reranked, else the fused score")
+    final: float | None = Field(
+        description="the hit's score: the reranking's (see rerank.weight) when reranked, else the fused score, plus its "
+        "boosts; null for a pinned document that was no candidate"
+    )
+    pinned: int | None = Field(default=None, description="a curated pin: its place among the pins, from 1")
+    boosted: Boosted | None = None
     rerank: RerankComponent | None = None
     fused: float | None = Field(default=None, description="hybrid: = bm25.contribution + dense.contribution")
     bm25: Component | None = None
@@ -151,7 +183,7 @@ class Passage(BaseModel):
 
 class GroupMember(BaseModel):
     id: str
-    score: float
+    score: float | None
 
 
 class HitGroup(BaseModel):
@@ -167,7 +199,7 @@ class HitHighlight(BaseModel):
 
 class Hit(BaseModel):
     id: str
-    score: float
+    score: float | None = Field(description="the final score; null for a pinned document that was no candidate")
     rank: int = Field(description="from 1, counting the hits of earlier pages")
     title: str
     text: str | None = None

@@ -9,12 +9,14 @@ from pydantic import Field, StrictBool
 from pydantic.json_schema import JsonValue
 
 from hybrid_retrieval.app.schemas.shared import Float, Int, Strict, documented
+from hybrid_retrieval.search.boosts import BOOST_MODES, DECAYS, MAX_BOOSTS, MODIFIERS
 from hybrid_retrieval.search.filters.language import MAX_FILTER_DEPTH, MAX_LIST_VALUES, OPERATORS
 from hybrid_retrieval.search.fusion import MAX_RRF_K, MAX_RRF_WEIGHT
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.rerank import MAX_RERANK_DEPTH
+from hybrid_retrieval.search.sorting import MAX_SORT_KEYS
 from hybrid_retrieval.search.spec import AGGREGATIONS, BM25_UNITS, MAX_DEPTH, MODES
 
 # The search spec's fields are typed here and validated by search.spec alone (one set of rules for the API,
@@ -32,6 +34,19 @@ unknown operator answers 422 naming its path, e.g. `filter.year.gte`."""
 FILTER_EXAMPLES: list[JsonValue] = [
     {"year": {"gte": 2015}, "journal": {"in": ["Nature", "Cell"]}, "open_access": True},
     {"$or": [{"tags": "oncology"}, {"published": {"gte": "2020-01-01", "lt": "2021-01-01"}}], "$not": {"journal": "Cell"}},
+]
+
+
+BOOSTS_DESCRIPTION = f"""Added to each candidate's final score after fusion and reranking (up to {MAX_BOOSTS}), each shown
+by `explain`: `{{"field": F, "modifier": M, "missing": V, "weight": W}}` adds W * M(value) of a number or bool field (M one
+of {", ".join(MODIFIERS)}; `missing` for documents without one, default 0); `{{"decay": D, "field": F, "origin": O,
+"scale": S, "offset": 0, "decay_at_scale": 0.5, "weight": W}}` adds W times how near a number or date is to O (D one of
+{", ".join(DECAYS)}: 1 within `offset`, `decay_at_scale` at offset + scale, 0 without a value; dates take ISO-8601 or
+"now" and durations such as "30d"); `{{"filter": FILTER, "weight": W}}` adds W where the filter admits the document.
+Weights may be negative (a demotion). `boost_mode` says how they combine."""
+BOOSTS_EXAMPLES = [
+    [{"decay": "gauss", "field": "published", "origin": "now", "scale": "30d", "offset": "2d", "weight": 0.5}],
+    [{"field": "popularity", "modifier": "log1p", "weight": 0.2}, {"filter": {"in_stock": True}, "weight": 0.3}],
 ]
 
 
@@ -144,6 +159,25 @@ class DefaultsBody(Strict):
         description="typo tolerance of the BM25 leg: a query word the collection does not hold is matched to its terms "
         'within this many edits (insertion, deletion, substitution, swap of two adjacent letters); "auto" (the '
         "default): 1 edit for words of 5 letters or more, 2 from 9; 0: off. The variants used are in `typos`",
+    )
+    boosts: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=MAX_BOOSTS,
+        description=BOOSTS_DESCRIPTION,
+        json_schema_extra={"examples": BOOSTS_EXAMPLES},  # type: ignore[dict-item]
+    )
+    boost_mode: str | None = documented(
+        "how boosts combine with the score s: sum (s + each weight * value) or product (s + |s| * each weight * value)",
+        enum=list(BOOST_MODES),
+    )
+    sort: list[str | dict[str, str]] | None = Field(
+        default=None,
+        max_length=MAX_SORT_KEYS,
+        description='order the candidates by fields instead of by score: each key a filterable field ("price", '
+        '"price:desc", {"field": "published", "order": "desc"}) or "_score"; documents without the field last in either '
+        "order; ties by the final score. The candidates are the ranked ones (hybrid: the fused top `depth` of each "
+        "retriever), not the whole collection: raise `depth` to sort more of it",
+        examples=[["price"], [{"field": "published", "order": "desc"}, "_score"]],
     )
 
 

@@ -151,6 +151,7 @@ def _carry_over(state: ReadView, new: Manifest, folder: Path, vectors: np.ndarra
     correction fitted before fits kept their banks cannot be extended: it is dropped (refit it)."""
     old = state.index.manifest
     new.defaults, new.evidence, new.overrides, new.synonyms = old.defaults, dict(old.evidence), dict(old.overrides), list(old.synonyms)
+    new.curation = list(old.curation)
     new.fusion_tuning, new.corpus, new.applied_sequence = old.fusion_tuning, old.corpus, state.seq
     carry_reranker(state.index.path, folder, new.files)
     if old.hubness is None:

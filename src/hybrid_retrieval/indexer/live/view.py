@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,8 +121,24 @@ class ReadView:
             metadata=self.metadata,
             alive=alive,
             passages=self.passages,
+            positions_of=self.positions_of,
             **unfitted,
         )
+
+    @functools.cached_property
+    def _live_positions(self) -> dict[str, int]:
+        base = len(self.base_alive)
+        return {doc.doc_id: base + i for i, doc in enumerate(self.live.docs)}
+
+    def positions_of(self, ids: Sequence[str]) -> list[int | None]:
+        """Each document's position in the view (None: no such document, or deleted)."""
+        found: list[int | None] = []
+        for doc_id in ids:
+            position = self.index.doc_positions.get(doc_id)
+            if position is None or not self.base_alive[position]:
+                position = self._live_positions.get(doc_id)
+            found.append(position)
+        return found
 
     def presenter(self, embedder=None) -> Presenter:
         fields = set(self.index.manifest.metadata) | self.live.fields
