@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,7 +95,8 @@ class HybridVectorStore(VectorStore):
     ) -> list[tuple[LCDocument, float]]:
         body = {**retriever_request(self.spec, query), "k": k, **({"filter": filter} if filter else {}), **kwargs}
         response = self.client.search(self.collection, body)
-        return [(_document(hit, self.collection), hit.score) for hit in response.hits]
+        # a pin from outside the candidates has no score (kwargs may pin): NaN, as the pair needs a float
+        return [(_document(hit, self.collection), math.nan if hit.score is None else hit.score) for hit in response.hits]
 
     def similarity_search(self, query: str, k: int = 4, filter: dict | None = None, **kwargs: Any) -> list[LCDocument]:
         return [document for document, _ in self.similarity_search_with_score(query, k, filter, **kwargs)]
