@@ -27,6 +27,7 @@ from hybrid_retrieval.client import (
     CollectionSettings,
     Conflict,
     ConvexCombination,
+    CurationRule,
     NotFound,
     PayloadTooLarge,
     Retry,
@@ -166,11 +167,28 @@ def test_every_method_of_both_clients(server, kind, tmp_path):
         assert info.settings["synonyms"] == [{"from": ["wombat"], "to": ["quokka"]}]
         expanded, direct = (call("search", name, query=q, mode="bm25", k=100).hits for q in ("wombat", "quokka"))
         assert [h.id for h in expanded] == [h.id for h in direct] and direct
+        # steering: a boost explained, a sort, pins and hidden documents, a curation rule (kept by the compaction below)
+        boosted = call(
+            "search", name, SearchRequest(query="note", mode="bm25", k=5, explain=True, boosts=[{"field": "year", "weight": 0.1}])
+        )
+        for hit in boosted.hits:
+            assert hit.explain.boosted.base + sum(b.contribution for b in hit.explain.boosted.boosts) == pytest.approx(hit.score)
+            assert hit.explain.boosted.boosts[0].value in range(2000, 2005)
+        by_year = call("search", name, query="note", mode="bm25", k=30, sort=["year:desc"], fields=["year"])
+        years = [h.fields["year"] for h in by_year.hits if "year" in h.fields]
+        assert years == sorted(years, reverse=True) and len(years) > 20
+        top = boosted.hits[0].id
+        curated = call("search", name, query="note", mode="bm25", k=3, pinned=["d20", "missing"], hidden=[top])
+        assert curated.hits[0].id == "d20" and top not in [h.id for h in curated.hits]
+        info = call("update_settings", name, curation=[CurationRule(query="Quokka  Note", match="contains", pinned=["d9"])])
+        assert info.curation == [{"query": "Quokka  Note", "match": "contains", "pinned": ["d9"], "hidden": []}]
+        assert call("search", name, query="the quokka note", k=2).hits[0].id == "d9"
         assert call("delete", name, ["d1", "d2"], wait=True).documents == 2
         assert call("delete_document", name, "d3", wait=True).documents == 1
         stats = call("stats", name)
         assert stats.documents == 22 and stats.writable
         assert call("compact", name).live_documents == 0
+        assert call("search", name, query="quokka note", k=1).hits[0].id == "d9" and call("get_collection", name).curation
         assert call("set_alias", f"{name}-live", name) == {**call("aliases")}
         assert call("search", f"{name}-live", query="quokka", k=5).hits == call("search", name, query="quokka", k=5).hits
 

@@ -118,8 +118,8 @@ class Placed:
     def of(cls, curation: Curation, positions_of: Callable[[Sequence[str]], list[int | None]]) -> Placed:
         """Unknown ids are left out (an editor's list may name a document deleted since)."""
 
-        def found(ids: tuple[str, ...]) -> np.ndarray:
-            return np.array([p for p in positions_of(ids) if p is not None], dtype=np.int64)
+        def found(ids: tuple[str, ...]) -> np.ndarray:  # each document once, where it first appears
+            return np.array(list(dict.fromkeys(p for p in positions_of(ids) if p is not None)), dtype=np.int64)
 
         hidden = found(curation.hidden)
         pinned = found(curation.pinned)
