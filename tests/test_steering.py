@@ -390,5 +390,6 @@ def test_boosts_on_a_date_field_written_after_the_build_rank_as_a_fresh_build(st
         for spec in specs:
             live, expected = (p.search(query, 20, spec) for p in (live_pipeline, fresh_pipeline))
             assert [view.document(int(i))["id"] for i in live.ranking.doc_idx] == [fresh.doc_ids[i] for i in expected.ranking.doc_idx]
-            np.testing.assert_allclose(live.ranking.scores, expected.ranking.scores, rtol=0, atol=1e-6)
+            # float32 BM25 of live statistics: a score of 18 differs from the fresh build's in its 7th digit
+            np.testing.assert_allclose(live.ranking.scores, expected.ranking.scores, rtol=1e-7, atol=1e-6)
     collection.close()
