@@ -1,4 +1,5 @@
-"""Steering the ranking: typo tolerance, measured on the dataset's test queries and a misspelt copy of them.
+"""Steering the ranking: typo tolerance, measured on the dataset's test queries and a misspelt copy of them; boosts,
+sorts and pins, timed against the plain search on the corpus with synthetic metadata (bench.filter_bench).
 
 The typo set (`misspelt`): each test query with one edit in its rarest word of five letters or more (by the document
 frequency of the word's term in the index; the first such word on a tie): two adjacent letters swapped at a position
@@ -14,10 +15,12 @@ import zlib
 
 import numpy as np
 
+from bench.filter_bench import metadata_index
 from bench.harness import Case, Table, interleaved, percentiles
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import OpenIndex, open_index
 from hybrid_retrieval.quality.metrics import evaluate
+from hybrid_retrieval.search.curation import Curation
 
 WORD = re.compile(r"[^\W\d_]{5,}")  # letters only, five or more
 MODES = ("bm25", "hybrid")
@@ -98,7 +101,55 @@ def _typos(ctx) -> list[Table]:
     return [Table("Typo tolerance: quality", quality_rows, note), Table("Typo tolerance: latency", latency_rows, latency_note)]
 
 
+# What an application adds to a hybrid search: freshness by two decays (a date and a number), a sort by date, pins.
+RECENCY = [
+    {"decay": "gauss", "field": "published", "origin": "2019-06-01", "scale": "1000d", "offset": "30d", "weight": 0.3},
+    {"decay": "exp", "field": "year", "origin": 2019, "scale": 5, "weight": 0.2},
+]
+STEERED = {
+    "plain": {},
+    "two decay boosts": {"boosts": RECENCY},
+    "sorted by date": {"sort": [{"field": "published", "order": "desc"}]},
+}
+
+
+def _boosts(ctx) -> list[Table]:
+    index = metadata_index(ctx.data, ctx.work / "metadata")
+    pipeline = index.pipeline()
+    test, _ = split_queries(ctx.data, "test")
+    queries = list(test.items())[: ctx.size(len(test), 40)]
+    vectors = dict(zip([qid for qid, _ in queries], index.query_embedder.encode([text for _, text in queries])))
+    texts = dict(queries)
+    pins = Curation(pinned=tuple(index.doc_ids[:3]))
+
+    def search(qid: str, mode: str, spec: dict, curation: Curation | None = None):
+        return pipeline.search(texts[qid], 10, {"mode": mode, **spec}, vector=vectors[qid] if mode == "hybrid" else None, curation=curation)
+
+    rows = []
+    for mode in ("hybrid", "bm25"):
+        calls = {name: (lambda qid, m=mode, s=spec: search(qid, m, s)) for name, spec in STEERED.items()}
+        calls["three pins"] = lambda qid, m=mode: search(qid, m, {}, pins)
+        times = interleaved(calls, list(texts))
+        plain = percentiles(times["plain"])["p50_ms"]
+        for name, samples in times.items():
+            p = percentiles(samples)
+            ratio = round(p["p50_ms"] / plain, 3)
+            rows.append({"mode": mode, "search": name, "p50 ms": p["p50_ms"], "p99 ms": p["p99_ms"], "p50 / plain": ratio})
+    note = (
+        f"{len(texts)} test queries, pipeline.search in process with the query vectors given (embedding is the same for "
+        f"all), k 10, depth 100, one thread, the searches interleaved query by query; {index.num_docs} documents with "
+        f"synthetic metadata. Decays: {RECENCY}."
+    )
+    return [Table("Boosts, sort and pins: latency", rows, note)]
+
+
 CASES = [
+    Case(
+        "Steer the ranking",
+        "Boosts and sort",
+        "hybrid and BM25 with two decay boosts, a sort by date or three pins, against the plain search",
+        _boosts,
+    ),
     Case(
         "Steer the ranking",
         "Typo tolerance",

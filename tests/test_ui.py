@@ -38,7 +38,8 @@ def server(scifact_slice, tmp_path_factory):
     from hybrid_retrieval.indexer.manifest import update_manifest
 
     root = tmp_path_factory.mktemp("ui")
-    docs = [json.loads(line) for line in scifact_slice.read_text().splitlines()[:100]]
+    lines = scifact_slice.read_text().splitlines()[:100]
+    docs = [{**json.loads(line), "metadata": {"year": 2000 + i % 20}} for i, line in enumerate(lines)]
     docs.append({"_id": "xss", "title": XSS_TITLE, "text": "zyxwv quokka marsupial <script>alert(2)</script> & friends"})
     build_index(write_jsonl(root / "corpus.jsonl", docs), root / "index", BuildOptions(progress=False))
     update_manifest(root / "index", record_kept_default)
@@ -144,6 +145,34 @@ def test_the_typo_control_sets_the_request_and_the_column_names_the_variants(pag
     assert "protien → protein" in page.text_content("#column-a .column-head")
     assert "no typo tolerance" in page.text_content("#column-b .column-head")
     assert page.input_value("#b-typo") == "0" and page.is_visible("#b-typo")
+
+
+def test_the_steering_controls_boost_sort_and_pin_and_the_panel_shows_each_boost(page, server):
+    boosts = '[{"field": "year", "modifier": "ln1p", "weight": 0.5}]'
+    open_with_key(page, "/ui?compare=1")
+    page.fill("#b-boosts", boosts)
+    page.fill("#b-pinned", "xss")
+    search(page)
+    page.wait_for_selector("#column-b .hit")
+    asked = {"query": QUERY, "k": 10, "offset": 0, "explain": True, "include_text": True, "highlight": True}
+    served = api(server, {**asked, "boosts": json.loads(boosts), "pinned": ["xss"]})
+    first = page.locator("#column-b .hit").nth(0)
+    assert first.get_attribute("data-id") == "xss" == served["hits"][0]["id"]  # pinned, though no retriever ranked it
+    assert "1 boost (sum)" in page.text_content("#column-b .column-head") and "1 pinned" in page.text_content("#column-b .column-head")
+    second = page.locator("#column-b .hit").nth(1)
+    second.locator(".explain-toggle").click()
+    boost = served["hits"][1]["explain"]["boosted"]["boosts"][0]
+    shown = second.locator(".bar-row[data-component=boost] .bar-value")
+    assert float(shown.get_attribute("data-value")) == pytest.approx(boost["contribution"])
+    assert f"value {boost['value']:.4f} × weight 0.5" in second.locator(".bar-row[data-component=boost] .bar-detail").text_content()
+    page.fill("#b-boosts", "")
+    page.fill("#b-pinned", "")
+    page.fill("#b-sort", "year:desc")
+    page.click("button[type=submit]")
+    wait_until(page, "document.querySelector('#column-b .column-head').textContent.includes('sorted by year desc')")
+    ids = [page.locator("#column-b .hit").nth(i).get_attribute("data-id") for i in range(10)]
+    assert ids == [hit["id"] for hit in api(server, {"query": QUERY, "sort": ["year:desc"]})["hits"]]
+    assert "b.sort=year%3Adesc" in page.url
 
 
 def test_compare_shows_two_columns_with_their_overlap(page, server):

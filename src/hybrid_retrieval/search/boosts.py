@@ -80,7 +80,7 @@ class DecayBoost:
     origin: float | str  # a number, or for a date field an ISO-8601 text or "now"
     scale: float | str  # > 0: a number, or for a date field a duration ("30d") or seconds
     offset: float | str = 0.0
-    decay: float = 0.5  # the value at offset + scale, in (0, 1)
+    decay_at_scale: float = 0.5  # the value at offset + scale, in (0, 1)
     weight: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,23 +90,19 @@ class DecayBoost:
             "origin": self.origin,
             "scale": self.scale,
             "offset": self.offset,
-            "decay_at_scale": self.decay,
+            "decay_at_scale": self.decay_at_scale,
             "weight": self.weight,
         }
 
-    def distances(self, values: np.ndarray, is_date: bool) -> np.ndarray:
-        """max(0, |v - origin| - offset), in the field's unit (seconds for a date)."""
-        origin = _origin(self.origin, is_date)
-        offset = _length(self.offset, is_date)
-        return np.maximum(np.abs(values.astype(np.float64) - origin) - offset, 0.0)
-
-    def factors(self, distances: np.ndarray, is_date: bool) -> np.ndarray:
-        scale = _length(self.scale, is_date)
+    def values(self, field_values: np.ndarray) -> np.ndarray:
+        """The decay of each value, in the field's unit (seconds for a date): 1 within `offset` of the origin."""
+        distances = np.maximum(np.abs(field_values - _origin(self.origin)) - _length(self.offset), 0.0)
+        scale = _length(self.scale)
         if self.decay_function == "gauss":
-            return np.exp(distances**2 * math.log(self.decay) / scale**2)  # = exp(-d^2 / 2s^2)
+            return np.exp(distances**2 * math.log(self.decay_at_scale) / scale**2)  # = exp(-d^2 / 2s^2)
         if self.decay_function == "exp":
-            return np.exp(distances * math.log(self.decay) / scale)
-        return np.maximum(1.0 - distances * (1.0 - self.decay) / scale, 0.0)
+            return np.exp(distances * math.log(self.decay_at_scale) / scale)
+        return np.maximum(1.0 - distances * (1.0 - self.decay_at_scale) / scale, 0.0)
 
 
 @dataclass(frozen=True)
@@ -121,13 +117,13 @@ class FilterBoost:
 Boost = FieldBoost | DecayBoost | FilterBoost
 
 
-def _origin(origin: float | str, is_date: bool) -> float:
+def _origin(origin: float | str) -> float:
     if origin == "now":
         return time.time()
-    return parse_date(origin) if isinstance(origin, str) else float(origin)  # type: ignore[return-value]
+    return parse_date(origin) if isinstance(origin, str) else float(origin)  # type: ignore[return-value]  # checked
 
 
-def _length(value: float | str, is_date: bool) -> float:
+def _length(value: float | str) -> float:
     if isinstance(value, str):
         match = _DURATION.fullmatch(value)
         assert match is not None  # checked by check_boosts
@@ -268,15 +264,14 @@ def boost_values(boosts: tuple[Boost, ...], docs: np.ndarray, metadata: Metadata
         if isinstance(boost, FieldBoost):
             values[b] = _MODIFIER[boost.modifier](np.where(present, raw, boost.missing))
         else:
-            is_date = metadata.fields[boost.field].type == "date"
-            values[b] = np.where(present, boost.factors(boost.distances(raw, is_date), is_date), 0.0)
+            values[b] = np.where(present, boost.values(raw), 0.0)
     return values
 
 
-def apply_boosts(ranking_docs: np.ndarray, scores: np.ndarray, boosts: tuple[Boost, ...], mode: str, metadata: MetadataColumns) -> Boosted:
-    """Each document's boosts' values and contributions to its score (module docstring)."""
+def apply_boosts(docs: np.ndarray, scores: np.ndarray, boosts: tuple[Boost, ...], mode: str, metadata: MetadataColumns) -> Boosted:
+    """The boosts' values of `docs`, scored `scores`, and their contributions (module docstring)."""
     base = scores.astype(np.float64)
-    values = boost_values(boosts, ranking_docs, metadata)
+    values = boost_values(boosts, docs, metadata)
     weights = np.array([boost.weight for boost in boosts], dtype=np.float64)[:, None]
     contributions = weights * values * (np.abs(base) if mode == "product" else 1.0)
-    return Boosted(ranking_docs, base, values, contributions)
+    return Boosted(docs, base, values, contributions)

@@ -4,9 +4,10 @@
 "use strict";
 
 const KEY_STORAGE = "hybrid.apiKey";
-const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight", "typo"];
+const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight", "typo", "boosts", "sort", "pinned",
+                       "hidden"];
 const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "zscore", rrf_k: "60", hubness: "", rerank: "", weight: "1",
-                         typo: ""};
+                         typo: "", boosts: "", sort: "", pinned: "", hidden: ""};
 const CHOICES = {
   mode: [["", "index default"], ["hybrid", "hybrid"], ["bm25", "BM25"], ["dense", "dense"]],
   fusion: [["", "index default"], ["rrf", "RRF"], ["cc", "convex combination"]],
@@ -86,9 +87,15 @@ function buildConfig(prefix) {
   };
   const number = (field, label, min, max) => el("div", {className: `control control-${field}`},
     el("label", {for: id(field), text: label}), el("input", {id: id(field), name: id(field), type: "number", min, max, step: "any"}));
+  const text = (field, label, placeholder) => el("div", {className: `control control-${field}`},
+    el("label", {for: id(field), text: label}),
+    el("input", {id: id(field), name: id(field), type: "text", placeholder, spellcheck: "false"}));
   box.append(select("mode", "Mode"), select("fusion", "Fusion"), range("alpha", "Dense weight (alpha)", "0", "1", "0.05"),
              select("norm", "Normalisation"), number("rrf_k", "rrf_k", "0", "100000"), select("hubness", "Hubness correction"),
-             select("rerank", "Rerank"), range("weight", "Reranker weight", "0", "1", "0.05"), select("typo", "Typo tolerance"));
+             select("rerank", "Rerank"), range("weight", "Reranker weight", "0", "1", "0.05"), select("typo", "Typo tolerance"),
+             text("boosts", "Boosts (JSON list)", '[{"field": "year", "modifier": "log1p", "weight": 0.1}]'),
+             text("sort", "Sort (fields, comma-separated)", "year:desc, _score"),
+             text("pinned", "Pinned ids (comma-separated)", "id1, id2"), text("hidden", "Hidden ids (comma-separated)", "id3"));
   box.addEventListener("change", () => showRelevantControls(prefix));
 }
 
@@ -143,9 +150,22 @@ function requestBody(state, config) {
   if (config.rerank === "on") body.rerank = {enabled: true, weight: Number(config.weight)};
   if (config.rerank === "off") body.rerank = {enabled: false};
   if (config.typo && config.mode !== "dense") body.typo = config.typo === "auto" ? "auto" : Number(config.typo);
-  if (state.filter.trim()) body.filter = JSON.parse(state.filter);
+  if (config.boosts.trim()) body.boosts = parseJson("Boosts", config.boosts);
+  const list = (text) => text.split(",").map((item) => item.trim()).filter(Boolean);
+  if (list(config.sort).length) body.sort = list(config.sort);
+  if (list(config.pinned).length) body.pinned = list(config.pinned);
+  if (list(config.hidden).length) body.hidden = list(config.hidden);
+  if (state.filter.trim()) body.filter = parseJson("The filter", state.filter);
   if (state.highlight) body.highlight = true;
   return body;
+}
+
+function parseJson(what, text) {
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new SyntaxError(`${what} is not valid JSON: ${error.message}`);
+  }
 }
 
 function headers() {
@@ -243,7 +263,7 @@ function explainPanel(hit) {
   const explain = hit.explain;
   const panel = el("div", {className: "explain", id: `explain-${++panelCount}`});
   if (!explain) {
-    panel.append(el("p", {text: `Score ${fmt(hit.score)}: one retriever ranked this hit (nothing was fused or reranked).`}));
+    panel.append(el("p", {text: `Score ${fmt(hit.score)}: one retriever ranked this hit (nothing was fused, reranked or boosted).`}));
     return panel;
   }
   if (explain.bm25 && explain.dense) {
@@ -252,6 +272,15 @@ function explainPanel(hit) {
     panel.append(el("p", {className: "explain-title", text: `Fused score ${fmt(explain.fused)} = BM25 + dense contributions`}),
                  bar("BM25", explain.bm25.contribution, scale, detail(explain.bm25), "bm25"),
                  bar("Dense", explain.dense.contribution, scale, detail(explain.dense), "dense"));
+  }
+  if (explain.pinned) panel.append(el("p", {className: "explain-title", text: `Pinned: ${explain.pinned} of the curated documents`}));
+  if (explain.boosted) {
+    const b = explain.boosted;
+    const scale = Math.max(Math.abs(b.base), ...b.boosts.map((x) => Math.abs(x.contribution)));
+    panel.append(el("p", {className: "explain-title", text: `Final ${fmt(explain.final)} = score ${fmt(b.base)} + boosts (${b.mode})`}),
+                 bar("Score", b.base, scale, "before boosts", "base"),
+                 ...b.boosts.map((x) => bar(x.filter ? "Filter boost" : `${x.decay ?? "Boost"} ${x.field ?? ""}`.trim(), x.contribution, scale,
+                                            `value ${fmt(x.value)} × weight ${x.weight}`, "boost")));
   }
   if (explain.rerank) {
     const r = explain.rerank;
@@ -315,6 +344,10 @@ function describeSpec(data) {
   if (spec.hubness && spec.hubness.method !== "none") parts.push(`${spec.hubness.method}${spec.hubness.dynamic ? " (dynamic)" : ""}`);
   if (spec.rerank?.enabled) parts.push(`reranked, weight ${spec.rerank.weight}`);
   if (spec.mode !== "dense" && spec.typo !== "auto") parts.push(spec.typo ? `typos within ${spec.typo}` : "no typo tolerance");
+  if (spec.boosts?.length) parts.push(`${spec.boosts.length} boost${spec.boosts.length > 1 ? "s" : ""} (${spec.boost_mode})`);
+  if (spec.sort?.length) parts.push(`sorted by ${spec.sort.map((key) => `${key.field} ${key.order}`).join(", ")}`);
+  const pinned = data.hits.filter((h) => h.explain?.pinned).length;
+  if (pinned) parts.push(`${pinned} pinned`);
   for (const [term, variants] of Object.entries(data.typos ?? {})) {
     parts.push(`${term} → ${variants.length ? variants.map((v) => v.term).join(", ") : "nothing near"}`);
   }
@@ -376,8 +409,8 @@ async function search(page = 1) {
   try {
     bodies = (state.compare ? ["a", "b"] : ["a"]).map((prefix) => requestBody(state, state[prefix]));
   } catch (error) {
-    message(`The filter is not valid JSON: ${error.message}`);
-    $("filter-box").open = true;
+    message(error.message);
+    if (error.message.startsWith("The filter")) $("filter-box").open = true;
     return;
   }
   message("");
