@@ -62,19 +62,23 @@ def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():
     from hybrid_retrieval.search.postings import merged_postings
 
     base_docs = [["cat", "mat", "cat"], ["dog"], ["yak", "dog"], ["cat", "bird"]]
+    base_titles = [["cat"], [], ["yak"], ["cat", "bird"]]  # each document's first tokens
     written = [["zebra", "cat"], ["dog", "dog", "yak"]]
+    written_titles = [["zebra"], ["dog"]]
     keep = np.array([True, True, False, True])  # "yak"'s only base document is deleted; a written one has it again
-    base, base_vocabulary = Postings.from_tokens(base_docs)
+    base, base_vocabulary = Postings.from_tokens(base_docs, base_titles)
     written_vocabulary: dict[str, int] = {}
     counts = []
-    for tokens in written:
-        tally = Counter(tokens)
+    for tokens, title in zip(written, written_titles):
+        tally, in_title = Counter(tokens), Counter(title)
         ids = np.array([written_vocabulary.setdefault(t, len(written_vocabulary)) for t in tally])
-        counts.append((ids, np.array(list(tally.values())), len(tokens)))
+        counts.append((ids, np.array(list(tally.values())), len(tokens), np.array([in_title[t] for t in tally]), len(title)))
     merged, vocabulary = merged_postings(base, base_vocabulary, keep, counts, sorted(written_vocabulary, key=written_vocabulary.get))
-    fresh, fresh_vocabulary = Postings.from_tokens([d for d, k in zip(base_docs, keep) if k] + written)
+    kept = [i for i, k in enumerate(keep) if k]
+    fresh, fresh_vocabulary = Postings.from_tokens([base_docs[i] for i in kept] + written, [base_titles[i] for i in kept] + written_titles)
     assert vocabulary == fresh_vocabulary and list(vocabulary)[-1] == ""
-    for name in ("indptr", "docs", "tfs", "lengths"):
+    assert fresh.has_fields and fresh.title_term(vocabulary["cat"]).tolist() == [1, 1, 0]  # in 2 titles, not the zebra's
+    for name in ("indptr", "docs", "tfs", "lengths", "title_tfs", "title_lengths"):
         np.testing.assert_array_equal(getattr(merged, name), getattr(fresh, name), err_msg=name)
         assert getattr(merged, name).dtype == getattr(fresh, name).dtype, name
 

@@ -12,6 +12,7 @@ from hybrid_retrieval.app.settings import Settings
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.boosts import BOOST_MODES, DECAYS, check_boosts
+from hybrid_retrieval.search.fields import check_text_fields
 from hybrid_retrieval.search.fusion import MAX_RRF_WEIGHT, RRF, ConvexCombination
 from hybrid_retrieval.search.highlight import SNIPPET_CHARS_RANGE, SNIPPETS_RANGE
 from hybrid_retrieval.search.hubness import HUBNESS_METHODS
@@ -76,6 +77,7 @@ specs = st.builds(
     ).map(check_boosts),
     boost_mode=st.sampled_from(BOOST_MODES),
     sort=st.lists(st.sampled_from(["price", "price:desc", "_score", "a:b"]), max_size=3).map(check_sort),
+    text_fields=st.none() | st.sampled_from([{"title": 3}, {"title": 0.5, "text": 1}, {"text": 2}]).map(check_text_fields),
 )
 
 
@@ -221,6 +223,7 @@ def test_response_echoes_the_applied_spec(client):
         "boosts": [],
         "boost_mode": "sum",
         "sort": [],
+        "text_fields": None,
     }
     assert body["reranker"] == "LengthScorer"
     ready = client.get("/ready").json()

@@ -130,5 +130,8 @@ def test_a_collection_matches_typos_to_written_terms_and_not_to_deleted_ones(ind
 
 def test_words_analyse_to_one_term_each_or_none():
     analyzer = Analyzer()
-    assert analyzer.analyze_words(["dorsally", "the", "co-op", "Running", ""]) == ["dorsal", None, None, "run", None]
-    assert analyzer.analyze_words(["dorsally"]) == [analyzer.analyze("dorsally")[0]]
+    tokens = [analyzer.token_of(word) for word in ["Dorsally", "the", "co-op", "Running", ""]]
+    assert tokens == ["dorsally", "the", None, "running", None]
+    assert analyzer.stem_tokens(["dorsally", "the", "running"]) == ["dorsal", None, "run"]
+    assert analyzer.stem_tokens(["dorsally"]) == [analyzer.analyze("dorsally")[0]]
+    assert Analyzer(fold_accents=True).token_of("Café") == "cafe"

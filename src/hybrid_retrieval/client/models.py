@@ -87,6 +87,7 @@ class Defaults(_Request):
         None, description='e.g. {"decay": "gauss", "field": "published", "origin": "now", "scale": "30d", "weight": 0.5}'
     )
     boost_mode: Literal["sum", "product"] | None = None
+    text_fields: dict[str, float] | None = Field(None, description='BM25F weights, e.g. {"title": 3, "text": 1}')
     sort: list[str | dict[str, str]] | None = Field(None, description='e.g. ["price", {"field": "published", "order": "desc"}]')
 
 

@@ -148,7 +148,7 @@ def _write_documents(
                     writer.add(doc.doc_id, doc.title, doc.text, doc.metadata)
                 metadata.add(doc.metadata)
                 if analysed is None:
-                    terms.add(analyzer.analyze(doc.indexed_text))
+                    terms.add(analyzer.analyze(doc.indexed_text), analyzer.analyze(doc.title))
                 stored += 1
                 bar.update()
     finally:

@@ -37,6 +37,7 @@ from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.postings import POSTINGS_DIR, Postings
 from hybrid_retrieval.search.rerank import Reranker
+from hybrid_retrieval.search.segments import LIVE_METHOD, LiveBM25, LiveSegment
 
 logger = logging.getLogger(__name__)
 
@@ -344,7 +345,17 @@ class OpenIndex:
             metadata=self.metadata,
             passages=self.passages,
             positions_of=self.positions_of,
+            fielded=lambda: self.fielded_bm25,
         )
+
+    @functools.cached_property
+    def fielded_bm25(self) -> LiveBM25 | None:
+        """BM25 from the stored term frequencies, which weighs title and text (search.fields); None where the method
+        is not lucene (the frequencies score the lucene variant only). Made at the first search that weighs fields."""
+        if self.manifest.bm25.method != LIVE_METHOD or not (self.path / POSTINGS_DIR).is_dir():
+            return None
+        empty = LiveSegment([], self.manifest.embedder.dimension, {})
+        return LiveBM25(self.bm25, self.postings, self.manifest.bm25, np.ones(self.num_docs, dtype=bool), empty)
 
     def positions_of(self, ids: Sequence[str]) -> list[int | None]:
         """Each document's position (None: no such document)."""

@@ -216,13 +216,15 @@ class Analyzer:
                 tokens += self._pattern.findall(normalized)
         return self._terms(tokens)
 
-    def analyze_words(self, words: list[str]) -> list[str | None]:
-        """The term each word is as a whole (None: a stopword, or not one token), stemmed without remembering the words
-        (made-up words, such as a typo's neighbours, would fill the memory kept for a corpus's)."""
-        normalized = self._transform(" ".join(words), False).split(" ")
-        if len(normalized) != len(words):  # normalisation made or took spaces: word by word
-            normalized = [self._transform(w, False) for w in words]
-        terms = [w if self._pattern.fullmatch(w) and w not in self._stopset else None for w in normalized]
+    def token_of(self, word: str) -> str | None:
+        """`word` normalised, if it is one token (None otherwise)."""
+        normalized = self._transform(word, False)
+        return normalized if self._pattern.fullmatch(normalized) else None
+
+    def stem_tokens(self, tokens: list[str]) -> list[str | None]:
+        """The term of each normalised token (None: a stopword), stemmed without remembering the tokens (made-up words,
+        such as a typo's neighbours, would fill the memory kept for a corpus's)."""
+        terms = [t if t not in self._stopset else None for t in tokens]
         if self._raw_stem is None:
             return terms
         stems = iter(self._raw_stem.stemWords([t for t in terms if t is not None]))

@@ -18,6 +18,7 @@ from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.boosts import Boosted, apply_boosts, check_fields
 from hybrid_retrieval.search.curation import Curation, Placed
 from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
+from hybrid_retrieval.search.fields import weights_of
 from hybrid_retrieval.search.filters.columns import MetadataColumns
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.fusion import Candidates, Fused, fuse
@@ -170,14 +171,19 @@ class SearchPipeline:
         no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)",
         passages: PassageIndex | None = None,
         positions_of: Callable[[Sequence[str]], list[int | None]] | None = None,
+        fielded: Callable[[], LiveBM25 | None] | None = None,
     ):
-        """`positions_of(ids)`: each document's position (None: no such document, or deleted), for curation."""
+        """`positions_of(ids)`: each document's position (None: no such document, or deleted), for curation;
+        `fielded()`: BM25 from term frequencies, which weighs title and text (search.fields), when `bm25` cannot."""
         self.bm25, self.dense, self.embedder, self.embeddings = bm25, dense, embedder, embeddings
         self.passages = passages  # a chunked index: the dense leg ranks documents by their passages
         self.executor, self.hubness, self.reranker, self.metadata = executor, hubness, reranker, metadata
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.no_hubness_reason = no_hubness_reason
         self.positions_of = positions_of
+        self._fielded: Callable[[], LiveBM25 | None] | None = fielded
+        if fielded is None and isinstance(bm25, LiveBM25):
+            self._fielded = lambda: bm25
         self.defaults = self._servable(defaults)
 
     @property
@@ -211,7 +217,20 @@ class SearchPipeline:
             self._admitted(spec.filter)  # checks the filter against the index's fields (the answer is cached)
         check_fields(spec.boosts, self.metadata)
         check_sort_fields(spec.sort, self.metadata)
+        if spec.text_fields is not None and spec.mode != "dense":
+            self._check_text_fields(spec)
         return spec
+
+    def _check_text_fields(self, spec: SearchSpec) -> None:
+        if spec.passage_scoring.bm25 == "passages":
+            raise SpecError("text_fields", 'passages are scored as one field: use passage_scoring.bm25 "document" to weigh fields')
+        fielded = self._fielded() if self._fielded is not None else None
+        if fielded is None or not fielded.has_fields:
+            raise SpecError(
+                "text_fields",
+                "this index keeps no title frequencies (built before fields, or with a BM25 method other than lucene): "
+                "rebuild or compact it to weigh title and text",
+            )
 
     def _admitted(self, filter_: dict) -> Allowed:
         if self.metadata is None:
@@ -254,10 +273,17 @@ class SearchPipeline:
         allowed: Allowed | None = None,
         scoring: PassageSpec | None = None,
         typo: str | int = 0,
+        text_fields: dict[str, float] | None = None,
     ):
         """(the query's BM25 score of any documents, the top `depth` of the allowed ones): of the whole document, or in
-        a chunked index of its best passage when `scoring` (default: the defaults') says so; `typo`: search.typo."""
+        a chunked index of its best passage when `scoring` (default: the defaults') says so; `typo`: search.typo;
+        `text_fields`: title and text weighted as BM25F fields (search.fields)."""
         scoring = scoring or self.defaults.passage_scoring
+        if text_fields is not None:
+            fielded, weights = self._fielded() if self._fielded is not None else None, weights_of(text_fields)
+            assert fielded is not None  # _check_text_fields
+            ranking, score_of = clock.time("bm25", lambda: fielded.leg(query, depth, allowed, typo=typo, fields=weights))
+            return score_of, ranking
         bm25 = self.passages.lexical if scoring.bm25 == "passages" and self.passages is not None else self.bm25
         ranking, score_of = clock.time("bm25", lambda: bm25.leg(query, depth, allowed, typo=typo))
         return score_of, ranking
@@ -312,17 +338,18 @@ class SearchPipeline:
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,
         typo: str | int = 0,
+        text_fields: dict[str, float] | None = None,
     ) -> tuple[Candidates, np.ndarray]:
         """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and
         (corrected) cosine, or its passages' score in a chunked index; and the query vector."""
         clock = clock or Stopwatch()
         scoring = scoring or self.defaults.passage_scoring
         if self.executor is not None:
-            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed, scoring, typo)
+            bm25_future = self.executor.submit(self.bm25_leg, query, depth, clock, allowed, scoring, typo, text_fields)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
             bm25_score_of, bm25_ranking = bm25_future.result()
         else:
-            bm25_score_of, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring, typo)
+            bm25_score_of, bm25_ranking = self.bm25_leg(query, depth, clock, allowed, scoring, typo, text_fields)
             vector, dense_ranking, coef = self.dense_leg(query, depth, clock, hubness, allowed, vector, coef, scoring)
         if self.passages is not None:
             dense_scores, floors = (lambda idx: self.passages.scores(idx, vector, scoring)), None
@@ -383,12 +410,12 @@ class SearchPipeline:
             single_depth = max(single_depth, (offset + k + 1) * group_by.size)
         fused = None
         if spec.mode == "bm25":
-            ranking = self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring, spec.typo)[1]
+            ranking = self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring, spec.typo, spec.text_fields)[1]
         elif spec.mode == "dense":
             vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector, None, spec.passage_scoring)
         else:
             candidates, vector = self.candidates(
-                query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring, spec.typo
+                query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring, spec.typo, spec.text_fields
             )
             fused = clock.time("fusion", fuse, candidates, spec.fusion)
             ranking = fused.ranking()

@@ -9,6 +9,12 @@ does in Lucene until a merge), so the index also keeps raw term frequencies:
     postings/docs.npy     int32           document of each entry, ascending within a term
     postings/tfs.npy      uint8 (uint16, int32 where a frequency needs it)  term frequency of each entry
     postings/lengths.npy  int32 (n,)      analysed length of each document
+    postings/title_tfs.npy      like tfs  how many of each entry's occurrences are in the document's title
+    postings/title_lengths.npy  int32 (n,)  analysed length of each title
+
+The title's frequencies (absent from indexes built before fields) are what scores title and text as separate fields
+(search.fields): the text's are the entry's less the title's, as the analysed document is its title's terms then
+its text's.
 
 Term ids are the bm25s vocabulary's. The Lucene variant (bm25s "lucene", the default):
     score(q, d) = sum over query terms t of  idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl)),
@@ -17,6 +23,7 @@ Term ids are the bm25s vocabulary's. The Lucene variant (bm25s "lucene", the def
 
 from __future__ import annotations
 
+import itertools
 from array import array
 from collections import Counter
 from collections.abc import Iterable
@@ -26,6 +33,7 @@ import numpy as np
 
 POSTINGS_DIR = "postings"
 _PARTS = ("indptr", "docs", "tfs", "lengths")
+_FIELD_PARTS = ("title_tfs", "title_lengths")
 
 
 def narrowest(tfs: np.ndarray) -> np.ndarray:
@@ -38,19 +46,33 @@ def narrowest(tfs: np.ndarray) -> np.ndarray:
 class Postings:
     """Term frequencies of a set of documents, term-major (CSC), and their lengths."""
 
-    def __init__(self, indptr: np.ndarray, docs: np.ndarray, tfs: np.ndarray, lengths: np.ndarray):
+    def __init__(
+        self,
+        indptr: np.ndarray,
+        docs: np.ndarray,
+        tfs: np.ndarray,
+        lengths: np.ndarray,
+        title_tfs: np.ndarray | None = None,
+        title_lengths: np.ndarray | None = None,
+    ):
         self.indptr, self.docs, self.tfs, self.lengths = indptr, docs, tfs, lengths
+        self.title_tfs, self.title_lengths = title_tfs, title_lengths  # None: an index built before fields
 
     @property
     def num_docs(self) -> int:
         return len(self.lengths)
 
+    @property
+    def has_fields(self) -> bool:
+        return self.title_tfs is not None and self.title_lengths is not None
+
     @classmethod
-    def from_tokens(cls, corpus_tokens: Iterable[list[str]]) -> tuple[Postings, dict[str, int]]:
-        """Postings of analysed documents, and their vocabulary (term -> id, ids in sorted term order)."""
+    def from_tokens(cls, corpus_tokens: Iterable[list[str]], titles: Iterable[list[str]] | None = None) -> tuple[Postings, dict[str, int]]:
+        """Postings of analysed documents (with their titles' tokens, for fields), and their vocabulary (term -> id,
+        ids in sorted term order)."""
         builder = PostingsBuilder()
-        for tokens in corpus_tokens:
-            builder.add(tokens)
+        for tokens, title in zip(corpus_tokens, titles if titles is not None else itertools.repeat(None)):
+            builder.add(tokens, title)
         return builder.finish()
 
     def document_frequency(self, alive: np.ndarray | None = None) -> np.ndarray:
@@ -70,37 +92,54 @@ class Postings:
         start, stop = self.indptr[term_id], self.indptr[term_id + 1]
         return self.docs[start:stop], self.tfs[start:stop]
 
+    def title_term(self, term_id: int) -> np.ndarray:
+        """The title's share of `term`'s frequencies (aligned with `term(term_id)`)."""
+        assert self.title_tfs is not None  # has_fields
+        return self.title_tfs[self.indptr[term_id] : self.indptr[term_id + 1]]
+
     def save(self, folder: Path) -> None:
         where = folder / POSTINGS_DIR
         where.mkdir()
-        for name in _PARTS:
+        for name in _PARTS + (_FIELD_PARTS if self.has_fields else ()):
             np.save(where / f"{name}.npy", getattr(self, name))
 
     @classmethod
     def load(cls, folder: Path, mmap: bool = True) -> Postings:
         where = folder / POSTINGS_DIR
-        # np.asarray: plain arrays over the mapping (np.memmap's per-slice overhead dominates a query's cost)
-        return cls(*(np.asarray(np.load(where / f"{name}.npy", mmap_mode="r" if mmap else None)) for name in _PARTS))
+
+        def part(name: str) -> np.ndarray:  # plain arrays over the mapping (np.memmap's per-slice overhead is a query's cost)
+            return np.asarray(np.load(where / f"{name}.npy", mmap_mode="r" if mmap else None))
+
+        fields = [part(name) for name in _FIELD_PARTS] if (where / f"{_FIELD_PARTS[0]}.npy").is_file() else [None, None]
+        return cls(*(part(name) for name in _PARTS), *fields)
 
 
 class PostingsBuilder:
-    """Analysed documents collected one at a time into compact arrays (8 bytes a distinct term of a document, instead
+    """Analysed documents collected one at a time into compact arrays (12 bytes a distinct term of a document, instead
     of a Python string a token): what lets a build of a million documents hold its terms in memory."""
 
     def __init__(self) -> None:
         self._vocabulary: dict[str, int] = {}  # term -> id in order of first appearance
         self._terms, self._tfs = array("i"), array("i")  # each document's distinct terms and their frequencies
+        self._title_tfs = array("i")  # the title's share of each
         self._lengths, self._distinct = array("q"), array("q")  # each document's tokens and distinct terms
+        self._title_lengths = array("q")
+        self._fields = True  # every document came with its title's tokens
 
     def __len__(self) -> int:
         return len(self._lengths)
 
-    def add(self, tokens: list[str]) -> None:
-        counts = Counter(tokens)
+    def add(self, tokens: list[str], title_tokens: list[str] | None = None) -> None:
+        """A document's analysed tokens, and its title's (the first of them; None: not known, and the postings have no
+        fields)."""
+        counts, in_title = Counter(tokens), Counter(title_tokens or ())
+        self._fields = self._fields and title_tokens is not None
         vocabulary = self._vocabulary
         self._terms.extend([vocabulary.setdefault(term, len(vocabulary)) for term in counts])
         self._tfs.extend(counts.values())
+        self._title_tfs.extend([in_title[term] for term in counts])
         self._lengths.append(len(tokens))
+        self._title_lengths.append(len(title_tokens or ()))
         self._distinct.append(len(counts))
 
     def finish(self) -> tuple[Postings, dict[str, int]]:
@@ -117,25 +156,30 @@ class PostingsBuilder:
         entry_docs = np.repeat(np.arange(len(lengths), dtype=np.int32), np.frombuffer(self._distinct, dtype=np.int64))
         order = np.argsort(entry_terms, kind="stable")  # by term; documents stay ascending within one
         indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
-        tfs = narrowest(np.frombuffer(self._tfs, dtype=np.int32))[order] if len(self._tfs) else np.empty(0, np.uint8)
-        return Postings(indptr, entry_docs[order], tfs, lengths.astype(np.int32)), {t: i for i, t in enumerate(terms)}
+        tfs, title_tfs = (narrowest(np.frombuffer(f, dtype=np.int32))[order] for f in (self._tfs, self._title_tfs))
+        title_lengths = np.frombuffer(self._title_lengths, dtype=np.int64).astype(np.int32)
+        postings = Postings(indptr, entry_docs[order], tfs, lengths.astype(np.int32))
+        if self._fields:
+            postings.title_tfs, postings.title_lengths = title_tfs, title_lengths
+        return postings, {t: i for i, t in enumerate(terms)}
 
 
 def merged_postings(
     base: Postings,
     base_vocabulary: dict[str, int],
     keep: np.ndarray,
-    added: list[tuple[np.ndarray, np.ndarray, int]],
+    added: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, int]],
     added_terms: list[str],
 ) -> tuple[Postings, dict[str, int]]:
     """The postings of the `keep` documents of `base` followed by the `added` ones ((term ids into `added_terms`,
-    their frequencies, length) each), over the terms they hold: what PostingsBuilder makes of the same documents
-    analysed again (a compaction merges, it does not analyse a collection twice)."""
+    their frequencies, length, the title's frequencies, the title's length) each), over the terms they hold: what
+    PostingsBuilder makes of the same documents analysed again (a compaction merges, it does not analyse a collection
+    twice). Without the base's title frequencies (built before fields), the merge has none either."""
     renumber = np.cumsum(keep) - 1  # a kept base document's number in the merge
     held = keep[base.docs]
     base_terms, base_docs, base_tfs = base.entry_terms()[held], renumber[base.docs[held]], base.tfs[held]
-    counts = np.array([len(term_ids) for term_ids, _, _ in added], dtype=np.int64)
-    added_ids = np.concatenate([t for t, _, _ in added]).astype(np.int64) if added else np.empty(0, np.int64)
+    counts = np.array([len(term_ids) for term_ids, *_ in added], dtype=np.int64)
+    added_ids = np.concatenate([t for t, *_ in added]).astype(np.int64) if added else np.empty(0, np.int64)
     added_docs = np.repeat(np.arange(len(added), dtype=np.int64) + int(keep.sum()), counts)
     by_base_id = sorted(base_vocabulary, key=base_vocabulary.__getitem__)
     present = {by_base_id[t] for t in np.unique(base_terms).tolist()} | {added_terms[t] for t in np.unique(added_ids).tolist()}
@@ -149,6 +193,11 @@ def merged_postings(
     order = np.argsort(entry_terms, kind="stable")  # by term; base documents (ascending) before added ones (in order)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
     docs = np.concatenate([base_docs, added_docs]).astype(np.int32)[order]
-    tfs = narrowest(np.concatenate([base_tfs, *(f for _, f, _ in added)]))[order]  # narrowed before it is permuted
-    lengths = np.concatenate([base.lengths[keep], np.array([n for _, _, n in added], dtype=np.int64)]).astype(np.int32)
-    return Postings(indptr, docs, tfs, lengths), vocabulary
+    tfs = narrowest(np.concatenate([base_tfs, *(f for _, f, *_ in added)]))[order]  # narrowed before it is permuted
+    lengths = np.concatenate([base.lengths[keep], np.array([n for _, _, n, *_ in added], dtype=np.int64)]).astype(np.int32)
+    if not base.has_fields:
+        return Postings(indptr, docs, tfs, lengths), vocabulary
+    assert base.title_tfs is not None and base.title_lengths is not None  # has_fields
+    title_tfs = narrowest(np.concatenate([base.title_tfs[held], *(t for *_, t, _ in added)]))[order]
+    title_lengths = np.concatenate([base.title_lengths[keep], np.array([n for *_, n in added], dtype=np.int64)]).astype(np.int32)
+    return Postings(indptr, docs, tfs, lengths, title_tfs, title_lengths), vocabulary

@@ -25,6 +25,7 @@ import numpy as np
 from hybrid_retrieval.common.errors import ConfigError
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, worth_pruning
 from hybrid_retrieval.search.dense import DenseIndex
+from hybrid_retrieval.search.fields import FieldWeights, length_norms, saturated
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataCollector, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.filters.types import FieldInfo
@@ -52,6 +53,8 @@ class LiveDocument:
     position: int = -1  # in a shard: the document's position in the whole sharded index (indexer.shards)
     passage_spans: np.ndarray | None = None  # a chunked index: (m, 2) character spans of the document's passages
     passage_vectors: np.ndarray | None = None  # and their (m, dimension) unit vectors
+    title_tfs: np.ndarray | None = None  # int64: how many of each term's occurrences are in the title (search.fields)
+    title_length: int = 0  # the title's analysed tokens
 
     @classmethod
     def analysed(  # noqa: PLR0913
@@ -65,9 +68,11 @@ class LiveDocument:
         vocabulary: dict[str, int],
         position: int = -1,
         passages: tuple[np.ndarray, np.ndarray] | None = None,
+        title_tokens: list[str] | None = None,
     ) -> LiveDocument:
-        """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms."""
-        counts = Counter(tokens)
+        """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms;
+        `title_tokens`: the title's (the first of `tokens`), for scoring by field."""
+        counts, in_title = Counter(tokens), Counter(title_tokens or ())
         term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int64, count=len(counts))
         return cls(
             doc_id,
@@ -79,11 +84,15 @@ class LiveDocument:
             len(tokens),
             np.asarray(vector, dtype=np.float32),
             position,
-            *(passages or (None, None)),
+            passage_spans=passages[0] if passages else None,
+            passage_vectors=passages[1] if passages else None,
+            title_tfs=np.fromiter((in_title[t] for t in counts), dtype=np.int64, count=len(counts)),
+            title_length=len(title_tokens or ()),
         )
 
 
 _NO_POSTINGS = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+_NO_FIELD_POSTINGS = (*_NO_POSTINGS, np.empty(0, dtype=np.int64))
 WEIGHT_CACHE_BYTES = 128 * 2**20  # base weights a snapshot keeps (in bytes: a frequent term's are megabytes)
 
 
@@ -119,15 +128,17 @@ class _TermChunk:
     indptr: np.ndarray
     docs: np.ndarray  # segment positions
     tfs: np.ndarray
+    title_tfs: np.ndarray  # the title's share of each frequency
 
     @classmethod
     def of(cls, docs: list[LiveDocument], first: int, vocabulary_size: int) -> _TermChunk:
         term_ids = np.concatenate([d.term_ids for d in docs]) if docs else np.empty(0, np.int64)
         tfs = np.concatenate([d.tfs for d in docs]) if docs else np.empty(0, np.int64)
+        in_title = np.concatenate([title_tfs(d) for d in docs]) if docs else np.empty(0, np.int64)
         doc_of = np.repeat(np.arange(first, first + len(docs), dtype=np.int64), [len(d.term_ids) for d in docs])
         order = np.argsort(term_ids, kind="stable")  # by term, then document
         indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=vocabulary_size))])
-        return cls(first, len(docs), indptr, doc_of[order], tfs[order])
+        return cls(first, len(docs), indptr, doc_of[order], tfs[order], in_title[order])
 
     def merged(self, after: _TermChunk) -> _TermChunk:
         """This chunk and the one of the documents right after it, as one."""
@@ -136,13 +147,20 @@ class _TermChunk:
         order = np.argsort(term_ids, kind="stable")  # two sorted runs: merged in linear time; by term, then document
         indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=terms))])
         docs, tfs = np.concatenate([self.docs, after.docs])[order], np.concatenate([self.tfs, after.tfs])[order]
-        return _TermChunk(self.first, self.count + after.count, indptr, docs, tfs)
+        title_tfs = np.concatenate([self.title_tfs, after.title_tfs])[order]
+        return _TermChunk(self.first, self.count + after.count, indptr, docs, tfs, title_tfs)
 
-    def postings(self, term_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def postings(self, term_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(documents, frequencies, the title's share of each)."""
         if term_id + 1 >= len(self.indptr):
-            return _NO_POSTINGS
+            return _NO_FIELD_POSTINGS
         start, end = self.indptr[term_id], self.indptr[term_id + 1]
-        return self.docs[start:end], self.tfs[start:end]
+        return self.docs[start:end], self.tfs[start:end], self.title_tfs[start:end]
+
+
+def title_tfs(doc: LiveDocument) -> np.ndarray:
+    """A document's title frequencies (none in its title when written before fields: a log replays them analysed)."""
+    return doc.title_tfs if doc.title_tfs is not None else np.zeros(len(doc.term_ids), dtype=np.int64)
 
 
 def _term_of_entries(indptr: np.ndarray) -> np.ndarray:
@@ -159,6 +177,7 @@ class LiveSegment:
         self.docs, self.vocabulary, self.dimension = docs, vocabulary, dimension  # the vocabulary only grows
         self._chunks = (_TermChunk.of(docs, 0, len(vocabulary)),) if docs else ()
         self.lengths = np.array([d.length for d in docs], dtype=np.int64)
+        self.title_lengths = np.array([d.title_length for d in docs], dtype=np.int64)
         self._rows = _Rows(np.stack([d.vector for d in docs]).astype(np.float32) if docs else np.empty((0, dimension), np.float32))
         self.vectors = self._rows.buffer[: len(docs)]
         self.fields = frozenset(name for doc in docs for name in doc.metadata)  # the metadata fields the documents hold
@@ -178,6 +197,7 @@ class LiveSegment:
             chunks[-2:] = [chunks[-2].merged(chunks[-1])]
         segment._chunks = tuple(chunks)
         segment.lengths = np.concatenate([self.lengths, [d.length for d in added]]).astype(np.int64)
+        segment.title_lengths = np.concatenate([self.title_lengths, [d.title_length for d in added]]).astype(np.int64)
         rows = self._rows if self._rows.length == len(self.docs) else _Rows(self.vectors.copy())  # extended once: shared
         segment._rows = rows
         segment.vectors = rows.append(np.stack([d.vector for d in added]).astype(np.float32))
@@ -195,14 +215,17 @@ class LiveSegment:
 
     def postings(self, term: str) -> tuple[np.ndarray, np.ndarray]:
         """(live document positions, term frequencies) of `term`."""
+        return self.field_postings(term)[:2]
+
+    def field_postings(self, term: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(live document positions, term frequencies, the title's share of each) of `term`."""
         term_id = self.vocabulary.get(term)
         if term_id is None:
-            return _NO_POSTINGS
-        parts = [chunk.postings(term_id) for chunk in self._chunks]
-        parts = [part for part in parts if len(part[0])]
+            return _NO_FIELD_POSTINGS
+        parts = [part for part in (chunk.postings(term_id) for chunk in self._chunks) if len(part[0])]
         if len(parts) < 2:
-            return parts[0] if parts else _NO_POSTINGS
-        return np.concatenate([docs for docs, _ in parts]), np.concatenate([tfs for _, tfs in parts])
+            return parts[0] if parts else _NO_FIELD_POSTINGS
+        return tuple(np.concatenate(arrays) for arrays in zip(*parts))  # type: ignore[return-value]  # three arrays
 
     def columns(self, types: dict[str, str | None], base_fields: Collection[str]) -> MetadataColumns | None:
         """The filterable metadata columns of these documents, each field of the type the collection decided for it
@@ -303,6 +326,14 @@ class LiveBM25:
         self._norms = functools.lru_cache(maxsize=2)(functools.partial(_length_norms, params, postings.lengths, live.lengths))
         alive = None if base_alive.all() else base_alive
         self._base_weights = _WeightCache(functools.partial(_base_weights, postings, alive, self._norms))
+        self.has_fields = postings.has_fields  # title frequencies: title and text can be weighted (search.fields)
+        if self.has_fields:
+            assert postings.title_lengths is not None  # has_fields
+            title_total = int(postings.title_lengths[base_alive].sum()) + int(live.title_lengths.sum())
+            count = max(1, self.collection_size)
+            self.field_averages = (title_total / count, (self.total_length - title_total) / count)
+            self._field_norms = functools.lru_cache(maxsize=2)(functools.partial(_field_norms, params, postings, live))
+            self._base_field_weights = _WeightCache(functools.partial(_base_field_weights, postings, alive, self._field_norms, params.k1))
 
     def df(self, term: str) -> int:
         """Documents that exist and contain `term`."""
@@ -313,11 +344,15 @@ class LiveBM25:
         """This segment's statistics, with the document frequencies of `terms`."""
         return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
 
-    def posting_lists(self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0) -> list[PostingList]:
+    def posting_lists(
+        self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0, fields: FieldWeights | None = None
+    ) -> list[PostingList]:
         """Each query term's base and live entries, in query order: idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))
         (search.postings), with the document count, avgdl and document frequencies of `statistics` (default: of this
         segment). Deleted documents have none. A term no document holds stands for its typo variants under `typo`
-        (search.typo), all their lists one group, each one's weights times its distance's weight."""
+        (search.typo), all their lists one group, each one's weights times its distance's weight. With `fields`
+        (title, text weights), BM25F's saturated frequencies instead (search.fields; not with `statistics`)."""
+        assert fields is None or (statistics is None and self.has_fields)  # shards and older indexes refuse fields
         n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
         df = self.df if statistics is None else lambda term: statistics.df.get(term, 0)
         terms = self.analyzer.query_terms(query)
@@ -327,22 +362,35 @@ class LiveBM25:
         for position, term in enumerate(terms):  # a repeated term counts again (bm25s, Lucene)
             alternatives = [(v, VARIANT_WEIGHTS[d]) for v, d in variants[term]] if term in variants else [(term, 1.0)]
             for name, weight in alternatives:
-                lists += self._term_lists(name, weight, df(name), n, avgdl, position if len(alternatives) > 1 else None)
+                group = position if len(alternatives) > 1 else None
+                lists += self._term_lists(name, weight, df(name), n, avgdl, group, fields)
         return lists
 
-    def _term_lists(self, term: str, weight: float, df: int, n: int, avgdl: float, group: int | None) -> list[PostingList]:
-        """A term's lists (base, live), `weight` times its BM25 weights."""
+    def _term_lists(
+        self, term: str, weight: float, df: int, n: int, avgdl: float, group: int | None, fields: FieldWeights | None
+    ) -> list[PostingList]:
+        """A term's lists (base, live), `weight` times its BM25 weights (or BM25F's, weighting `fields`)."""
         if df == 0:
             return []
         idf = weight * float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
         lists = []
         if (term_id := self._vocab.get(term)) is not None:
-            docs, weights, largest = self._base_weights(term_id, avgdl)
-            lists.append(PostingList(docs, weights, idf * largest, idf, group=group))
-        live_idx, live_tf = self.live.postings(term)
+            if fields is None:
+                docs, weights, largest = self._base_weights(term_id, avgdl)
+            else:
+                docs, weights, largest = self._base_field_weights(term_id, (self.field_averages, fields))
+            if len(docs):
+                lists.append(PostingList(docs, weights, idf * largest, idf, group=group))
+        live_idx, live_tf, live_title_tf = self.live.field_postings(term)
         if len(live_idx):
-            weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
-            lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf, group=group))
+            if fields is None:
+                weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
+            else:
+                title_norms, text_norms = self._field_norms(self.field_averages)[1]
+                weights = saturated(live_tf, live_title_tf, title_norms[live_idx], text_norms[live_idx], fields, self.params.k1)
+                live_idx, weights = live_idx[weights > 0], weights[weights > 0]
+            if len(live_idx):
+                lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf, group=group))
         return lists
 
     def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
@@ -359,10 +407,12 @@ class LiveBM25:
         refresh)."""
         return Lexicon(t for t in list(self.live.vocabulary) if t not in self._vocab)
 
-    def scores(self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0) -> np.ndarray:
+    def scores(
+        self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0, fields: FieldWeights | None = None
+    ) -> np.ndarray:
         """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches: the
         exhaustive reference of `leg`."""
-        return exhaustive_scores(self.posting_lists(query, statistics, typo), self.num_docs, np.dtype(np.float64))
+        return exhaustive_scores(self.posting_lists(query, statistics, typo, fields), self.num_docs, np.dtype(np.float64))
 
     def leg(
         self,
@@ -372,9 +422,10 @@ class LiveBM25:
         statistics: CorpusStatistics | None = None,
         prune: bool | None = None,
         typo: str | int = 0,
+        fields: FieldWeights | None = None,
     ) -> tuple[Ranking, ScoreOf]:
-        """As BM25Index.leg, over both segments."""
-        lists, dtype = self.posting_lists(query, statistics, typo), np.dtype(np.float64)
+        """As BM25Index.leg, over both segments; `fields` weights title and text (search.fields)."""
+        lists, dtype = self.posting_lists(query, statistics, typo, fields), np.dtype(np.float64)
         if not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
             return exhaustive_leg(exhaustive_scores(lists, self.num_docs, dtype), depth, allowed)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
@@ -405,18 +456,52 @@ def _base_weights(
     return docs, weights, float(weights.max(initial=0.0))
 
 
+def _field_norms(
+    params: BM25Params, postings: Postings, live: LiveSegment, averages: tuple[float, float]
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The title's and the text's length normalisations of every base and every live document (search.fields)."""
+    assert postings.title_lengths is not None  # has_fields
+    return (
+        length_norms(postings.title_lengths, postings.lengths, averages, params.b),
+        length_norms(live.title_lengths, live.lengths, averages, params.b),
+    )
+
+
+def _base_field_weights(
+    postings: Postings,
+    alive: np.ndarray | None,
+    norms: Callable[[tuple[float, float]], tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]],
+    k1: float,
+    term_id: int,
+    key: tuple[tuple[float, float], FieldWeights],
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """As _base_weights, BM25F's (search.fields) at `key` (the fields' average lengths, their weights); documents
+    holding the term only in a field weighted 0 are left out."""
+    averages, weights = key
+    docs, tfs = postings.term(term_id)
+    title_tfs = postings.title_term(term_id)
+    if alive is not None:
+        keep = alive[docs]
+        docs, tfs, title_tfs = docs[keep], tfs[keep], title_tfs[keep]
+    title_norms, text_norms = norms(averages)[0]
+    found = saturated(tfs, title_tfs, title_norms[docs], text_norms[docs], weights, k1)
+    held = found > 0
+    return docs[held], found[held], float(found.max(initial=0.0))
+
+
 class _WeightCache:
     """A term's base weights at an average length, the least recently used dropped past WEIGHT_CACHE_BYTES: memory
     bounded whatever the queries (a bound on the number of terms let a large collection's frequent terms take hundreds
     of MB)."""
 
-    def __init__(self, compute: Callable[[int, float], tuple[np.ndarray, np.ndarray, float]]):
+    def __init__(self, compute: Callable[[int, Any], tuple[np.ndarray, np.ndarray, float]]):
         self._compute = compute
-        self._entries: OrderedDict[tuple[int, float], tuple[np.ndarray, np.ndarray, float]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, Any], tuple[np.ndarray, np.ndarray, float]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def __call__(self, term_id: int, avgdl: float) -> tuple[np.ndarray, np.ndarray, float]:
+    def __call__(self, term_id: int, avgdl: Any) -> tuple[np.ndarray, np.ndarray, float]:
+        """The weights at `avgdl`: an average length, or any key of what they depend on."""
         key = (term_id, avgdl)
         with self._lock:
             if (found := self._entries.get(key)) is not None:

@@ -276,6 +276,8 @@ class ShardedPipeline(SearchPipeline):
         for name in ("boosts", "sort"):
             if getattr(spec, name):
                 raise SpecError(name, f"a sharded index does not {name[:-1] if name == 'boosts' else name} hits: search it without {name}")
+        if spec.text_fields is not None:
+            raise SpecError("text_fields", "a sharded index scores title and text as one field: search it without text_fields")
         return super()._servable(replace(spec, typo=0))
 
     def check_curation(self, path: str) -> None:
@@ -290,8 +292,9 @@ class ShardedPipeline(SearchPipeline):
         allowed: ShardFilter | None = None,
         scoring: PassageSpec | None = None,
         typo: str | int = 0,
+        text_fields: dict[str, float] | None = None,
     ) -> tuple[None, Ranking]:
-        """`typo`: 0 here (`_servable`)."""
+        """`typo`: 0 here, `text_fields` None (`_servable`)."""
         request = self._request(query, depth, allowed, bm25=True)
         answers: list[ShardRanking] = clock.time("bm25", self.shards.all, lambda shard: shard.search("bm25", request))
         return None, merge_top(answers, depth)
@@ -338,6 +341,7 @@ class ShardedPipeline(SearchPipeline):
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,
         typo: str | int = 0,
+        text_fields: dict[str, float] | None = None,
     ) -> tuple[Candidates, np.ndarray]:
         clock = clock or Stopwatch()
         if vector is None:

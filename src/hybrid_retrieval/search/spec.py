@@ -20,7 +20,8 @@ the library default where it can, e.g. RRF weights [1, 1] and an unset min_score
 The string form (`hybrid eval --pipelines`) names only what it sets: MODE (bm25, dense, hybrid) or a
 fusion (which implies hybrid) first, then any of `+rrf[:RRF_K[:w=B,D]]`, `+cc[:NORM[:ALPHA]]`,
 `+depth:N`, `+qbnorm[:dis]`, `+dbnorm[:dis]`, `+nohub`, `+rerank[:on|:off][:d=N][:w=W]`, `+min:SCORE`,
-`+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, `+typo:auto|0|1|2`, and last `+filter:JSON`
+`+highlight[:on|:off][:semantic][:chars=N][:snippets=N]`, `+typo:auto|0|1|2`, `+fields:title=W,text=W`, and last
+`+filter:JSON`
 (search.filters; the JSON runs to the end of the string, so it may contain "+"), or with boosts or a sort
 `+json:{"filter": ..., "boosts": [...], "boost_mode": ..., "sort": [...]}` (search.boosts, search.sorting).
 """
@@ -34,6 +35,7 @@ from typing import Any, TypeVar
 from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import checks
 from hybrid_retrieval.search.boosts import BOOST_MODES, Boost, check_boosts
+from hybrid_retrieval.search.fields import check_text_fields
 from hybrid_retrieval.search.filters.language import check_filter
 from hybrid_retrieval.search.fusion import (
     DEFAULT_FUSION,
@@ -153,6 +155,7 @@ class SearchSpec:
     boosts: tuple[Boost, ...] = ()  # added to the final score (search.boosts); checked against the index's fields
     boost_mode: str = "sum"  # sum | product (search.boosts)
     sort: tuple[SortKey, ...] = ()  # order the candidates by fields (search.sorting); () by score
+    text_fields: dict[str, float] | None = None  # BM25F weights of title and text (search.fields); None: one field
 
     @property
     def steered(self) -> bool:
@@ -172,6 +175,7 @@ class SearchSpec:
         object.__setattr__(self, "boosts", check_boosts(self.boosts))
         checks.choice("boost_mode", self.boost_mode, BOOST_MODES)
         object.__setattr__(self, "sort", check_sort(self.sort))
+        object.__setattr__(self, "text_fields", check_text_fields(self.text_fields))
 
     def merge(self, overrides: dict[str, Any] | None) -> SearchSpec:
         """This spec with the fields of the partial dict form `overrides` replaced, validated."""
@@ -233,6 +237,7 @@ class SearchSpec:
             "boosts": [boost.to_dict() for boost in self.boosts],
             "boost_mode": self.boost_mode,
             "sort": sort_to_list(self.sort),
+            "text_fields": self.text_fields,
         }
 
     def to_string(self) -> str:
@@ -285,6 +290,8 @@ def spec_to_string(spec: dict[str, Any]) -> str:  # noqa: C901
         parts.append(text)
     if "typo" in spec and spec["typo"] != DEFAULT_TYPO:  # named only when not the default
         parts.append(f"typo:{spec['typo']}")
+    if spec.get("text_fields"):
+        parts.append("fields:" + ",".join(f"{name}={checks.compact(weight)}" for name, weight in spec["text_fields"].items()))
     tail = {name: spec[name] for name in JSON_TAIL if spec.get(name) and spec[name] != SearchSpec().to_dict()[name]}
     if list(tail) == ["filter"]:
         parts.append("filter:" + json.dumps(tail["filter"], ensure_ascii=False))
@@ -334,15 +341,25 @@ def parse_spec_string(text: str) -> dict[str, Any]:  # noqa: C901
             spec["passage_scoring"] = _parse_passages(arg)
         elif name == "typo":
             spec["typo"] = check_typo(int(arg) if arg.isdigit() else arg)
+        elif name == "fields":
+            spec["text_fields"] = _parse_fields(arg)
         else:
             raise SpecError(
                 "spec",
                 f"unknown part {extra!r} in {text!r}; valid: rrf[:...], cc[:...], depth:N, qbnorm[:dis], "
                 "dbnorm[:dis], nohub, rerank[:on|:off][:d=N][:w=W], min:SCORE, "
                 "highlight[:on|:off][:semantic][:chars=N][:snippets=N], passages:max|soft[:t=T][:top=N][:bm25=U], "
-                "typo:auto|0|1|2, filter:JSON or json:JSON (last)",
+                "typo:auto|0|1|2, fields:title=W,text=W, filter:JSON or json:JSON (last)",
             )
     return spec
+
+
+def _parse_fields(arg: str) -> dict[str, float]:
+    weights = {}
+    for part in arg.split(","):
+        name, _, weight = part.partition("=")
+        weights[name] = checks.parse_number(f"text_fields.{name}", weight)
+    return weights
 
 
 def _json_part(name: str, text: str) -> Any:

@@ -62,8 +62,10 @@ def variants(
         if term in out or holds(term) or not (budget := edit_budget(word, typo)):
             continue
         found = {variant: distance for variant, distance in near(term, budget) if holds(variant)}
-        if 1 not in found.values():  # the term may be a stem the edit moved (a swap in a suffix the stemmer strips)
-            for variant in analyzer.analyze_words(one_edit_away(word)):
+        token = analyzer.token_of(word)
+        if 1 not in found.values() and token is not None:  # the term may be a stem the edit moved (a swap in a suffix
+            # the stemmer strips); a token's neighbours are tokens, normalised (the added letters are a-z)
+            for variant in analyzer.stem_tokens(one_edit_away(token)):
                 if variant is not None and variant != term and holds(variant):
                     found[variant] = 1
         out[term] = sorted(found.items(), key=lambda v: (v[1], -frequency(v[0]), v[0]))[:MAX_VARIANTS]
@@ -122,12 +124,9 @@ class Lexicon:
             return []
         low = int(np.searchsorted(self.lengths, len(term) - edits, side="left"))
         high = int(np.searchsorted(self.lengths, len(term) + edits, side="right"))
-        close = np.bitwise_count(self.masks[low:high] ^ np.uint64(_mask(term))) <= 2 * edits
-        candidates = low + np.flatnonzero(close)
         query = np.array([ord(ch) for ch in term], dtype=np.int64)
-        distances = _distances(self.codes, self.offsets, candidates, query, edits)
-        within = (distances > 0) & (distances <= edits)
-        return list(zip(candidates[within].tolist(), distances[within].tolist()))
+        found, distances = _near(self.codes, self.offsets, self.masks, low, high, query, np.uint64(_mask(term)), edits)
+        return list(zip(found.tolist(), distances.tolist()))
 
 
 def warm() -> None:
@@ -140,6 +139,26 @@ def _mask(term: str) -> int:
     for ch in term:
         mask |= 1 << (ord(ch) % 64)
     return mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _near(codes, offsets, masks, low, high, query, query_mask, limit):
+    """(positions, distances) of the terms low..high-1 within `limit` edits of `query` but not equal to it: those whose
+    character masks differ in at most 2 * limit bits (an edit changes at most two), then by the distance itself."""
+    candidates = np.empty(high - low, dtype=np.int64)
+    count = 0
+    for at in range(low, high):
+        differ, bits = masks[at] ^ query_mask, 0
+        while differ and bits <= 2 * limit:
+            differ &= differ - np.uint64(1)
+            bits += 1
+        if bits <= 2 * limit:
+            candidates[count] = at
+            count += 1
+    candidates = candidates[:count]
+    distances = _distances(codes, offsets, candidates, query, limit)
+    within = (distances > 0) & (distances <= limit)
+    return candidates[within], distances[within]
 
 
 @numba.njit(cache=True, nogil=True)

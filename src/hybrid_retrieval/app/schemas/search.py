@@ -22,7 +22,21 @@ _CONTROL = re.compile(f"[{CONTROL_CHARS}]")
 # Documented in the schema (so generated clients and fuzzers know); enforced by the validator below,
 # which names the problem in plain words.
 QUERY_PATTERN = f"^[^{CONTROL_CHARS}]*[^{SPACE_CHARS}{CONTROL_CHARS}][^{CONTROL_CHARS}]*$"
-SPEC_FIELDS = ("mode", "depth", "fusion", "hubness", "rerank", "min_score", "filter", "highlight", "typo", "boosts", "boost_mode", "sort")
+SPEC_FIELDS = (
+    "mode",
+    "depth",
+    "fusion",
+    "hubness",
+    "rerank",
+    "min_score",
+    "filter",
+    "highlight",
+    "typo",
+    "boosts",
+    "boost_mode",
+    "sort",
+    "text_fields",
+)
 MAX_BATCH = 64
 
 

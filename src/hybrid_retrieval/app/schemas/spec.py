@@ -170,6 +170,13 @@ class DefaultsBody(Strict):
         "how boosts combine with the score s: sum (s + each weight * value) or product (s + |s| * each weight * value)",
         enum=list(BOOST_MODES),
     )
+    text_fields: dict[str, Float] | None = Field(
+        default=None,
+        description='the BM25 leg\'s fields and their weights, scored as BM25F: {"title": 3, "text": 1} counts a title match '
+        'three times a text match, before saturation; a field left out is not searched ({"title": 1}: titles only). '
+        "Default: title and text as one field. Needs an index built or compacted since fields came (422 otherwise)",
+        examples=[{"title": 3, "text": 1}, {"title": 1}],
+    )
     sort: list[str | dict[str, str]] | None = Field(
         default=None,
         max_length=MAX_SORT_KEYS,

@@ -91,9 +91,12 @@ class LiveState:
             return replace(
                 known, metadata=doc["metadata"], vector=vector, position=position, passage_spans=spans, passage_vectors=passage_vectors
             )
-        tokens = self.index.analyzer.analyze(indexed_text(doc["title"], doc["text"]))
+        analyze = self.index.analyzer.analyze
+        tokens, title_tokens = analyze(indexed_text(doc["title"], doc["text"])), analyze(doc["title"])
         metadata, vocabulary = doc["metadata"], self.vocabulary
-        return LiveDocument.analysed(doc["id"], doc["title"], doc["text"], metadata, tokens, vector, vocabulary, position, passages)
+        return LiveDocument.analysed(
+            doc["id"], doc["title"], doc["text"], metadata, tokens, vector, vocabulary, position, passages, title_tokens
+        )
 
     def forget_previous(self) -> None:
         """Drop the previous base's analysed documents (start): their writes are replayed."""

@@ -25,7 +25,7 @@ from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker,
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
 from hybrid_retrieval.search.postings import Postings, merged_postings
-from hybrid_retrieval.search.segments import LiveDocument
+from hybrid_retrieval.search.segments import LiveDocument, title_tfs
 
 VECTOR_CHUNK = 65_536  # vectors copied into the compaction's file at a time
 OnCompact = Callable[[ReadView, Manifest, Path], None]  # what else goes into the new base folder before its manifest
@@ -75,7 +75,7 @@ def merged_terms(state: ReadView) -> tuple[Postings, dict[str, int]]:
     segment's: the documents' terms as a fresh analysis gives them, without analysing the collection again."""
     live = state.live
     by_id = sorted(live.vocabulary, key=live.vocabulary.__getitem__)
-    written = [(doc.term_ids, doc.tfs, doc.length) for doc in live.docs]
+    written = [(doc.term_ids, doc.tfs, doc.length, title_tfs(doc), doc.title_length) for doc in live.docs]
     return merged_postings(state.index.postings, state.index.bm25.vocabulary, state.base_alive, written, by_id)
 
 

@@ -8,6 +8,7 @@ import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,8 @@ class ReadView:
         index = self.index
         defaults = index.manifest.defaults.merge(overrides)
         alive = None if self.base_alive.all() else np.concatenate([self.base_alive, np.ones(len(self.live), bool)])
-        hubness, unfitted = None, {}
+        hubness = None
+        unfitted: dict[str, Any] = {}
         if self.hubness is not None:
             assert index.hubness is not None  # a live correction extends the base's
             hubness = self.hubness.searcher(index.hubness, self.live.vectors, alive)

@@ -133,7 +133,7 @@ def _write_shard(
         for position in positions:
             doc = index.docs.get(int(position))
             writer.add(doc["id"], doc["title"], doc["text"], doc["metadata"])
-            terms.add(index.analyzer.analyze(indexed_text(doc["title"], doc["text"])))
+            terms.add(index.analyzer.analyze(indexed_text(doc["title"], doc["text"])), index.analyzer.analyze(doc["title"]))
     finally:
         writer.close()
     postings, vocabulary = terms.finish()
