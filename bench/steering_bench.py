@@ -19,8 +19,10 @@ from bench.filter_bench import metadata_index
 from bench.harness import Case, Table, interleaved, percentiles
 from hybrid_retrieval.indexer.corpus import split_queries
 from hybrid_retrieval.indexer.store import OpenIndex, open_index
-from hybrid_retrieval.quality.metrics import evaluate
+from hybrid_retrieval.quality.metrics import evaluate, per_query_scores
+from hybrid_retrieval.quality.significance import randomization_test
 from hybrid_retrieval.search.curation import Curation
+from hybrid_retrieval.training.fields import label, tune_text_fields
 
 WORD = re.compile(r"[^\W\d_]{5,}")  # letters only, five or more
 MODES = ("bm25", "hybrid")
@@ -143,7 +145,52 @@ def _boosts(ctx) -> list[Table]:
     return [Table("Boosts, sort and pins: latency", rows, note)]
 
 
+def _fields(ctx) -> list[Table]:
+    index = open_index(ctx.untuned_index)
+    pipeline = index.pipeline()
+    train, train_qrels = split_queries(ctx.data, "train")
+    test, test_qrels = split_queries(ctx.data, "test")
+    chosen, evidence = tune_text_fields(pipeline, index.doc_ids, train, train_qrels, "train", progress=False)
+    fitted = max((c for c in evidence["candidates"] if c != "one field"), key=evidence["candidates"].__getitem__)
+    fitted_fields = {"title": float(fitted.split()[1].rstrip(",")), "text": 1.0}
+    vectors = dict(zip(test, index.query_embedder.encode(list(test.values()))))
+    rows = []
+    for mode in ("bm25", "hybrid"):
+        scores = {}
+        for name, text_fields in (("one field", None), (label(fitted_fields), fitted_fields)):
+            run = {}
+            for qid, text in test.items():
+                vector = vectors[qid] if mode == "hybrid" else None
+                ranking = pipeline.search(text, 100, {"mode": mode, "text_fields": text_fields}, vector=vector).ranking
+                run[qid] = {index.doc_ids[i]: float(s) for i, s in zip(ranking.doc_idx.tolist(), ranking.scores.tolist())}
+            per_query = per_query_scores(run, test_qrels, ("ndcg@10",))["ndcg@10"]
+            scores[name] = np.array([per_query[q] for q in sorted(per_query)])
+        one, weighted = scores["one field"], scores[label(fitted_fields)]
+        rows.append(
+            {
+                "mode": mode,
+                "test nDCG@10, one field": round(float(one.mean()), 4),
+                f"test nDCG@10, BM25F {label(fitted_fields)}": round(float(weighted.mean()), 4),
+                "difference": round(float((weighted - one).mean()), 4),
+                "paired p": round(randomization_test(weighted, one), 4),
+            }
+        )
+    tuning = [{"candidate": name, "train nDCG@10 (BM25)": value} for name, value in evidence["candidates"].items()]
+    decision = (
+        f"`hybrid tune`'s rule on train ({evidence['queries']} queries, 5-fold cross-validated {evidence['values']['tuned, cross-validated']} "
+        f"against one field's {evidence['values']['untuned one field']}, p {evidence['p']}): {evidence['decision']}"
+        f"{'' if chosen is None else ', ' + label(chosen)}. Test: the weights best on train, against one field."
+    )
+    return [Table("Field weights: chosen on train", tuning, decision), Table("Field weights: test", rows, "untuned index, default fusion")]
+
+
 CASES = [
+    Case(
+        "Steer the ranking",
+        "Field weights",
+        "BM25F title weights fitted on the train queries as `hybrid tune` does, then test nDCG@10 against one field",
+        _fields,
+    ),
     Case(
         "Steer the ranking",
         "Boosts and sort",

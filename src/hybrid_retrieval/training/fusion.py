@@ -31,6 +31,7 @@ from hybrid_retrieval.search.fusion import RRF, ConvexCombination, Fusion, fuse,
 from hybrid_retrieval.search.normalize import NORMALIZERS
 from hybrid_retrieval.search.pipeline import SearchPipeline
 from hybrid_retrieval.search.spec import PassageSpec, SearchSpec
+from hybrid_retrieval.training.fields import tune_text_fields
 from hybrid_retrieval.training.passages import tune_passage_scoring
 from hybrid_retrieval.training.pseudo import generate, source_name
 
@@ -218,9 +219,10 @@ def tune_fusion_on_index(  # noqa: PLR0913
     level: float | None = SIGNIFICANCE_LEVEL,
 ) -> tuple[TuningResult, dict]:
     """Tune the fusion of an index on a labelled split (tune_fusion) and save table + plot; the winner becomes the
-    index's default only when tuning beats the untuned default out of sample. A chunked index's passage scoring is
-    chosen first, the same way (training.passages). Returns the result and the fusion's evidence (recorded in the
-    manifest with the passage scoring's when `write`); `level` as in `evidence`."""
+    index's default only when tuning beats the untuned default out of sample. A chunked index's passage scoring, then
+    the BM25 leg's field weights where the index keeps them, are chosen first, the same way (training.passages,
+    training.fields). Returns the result and the fusion's evidence (recorded in the manifest with the others' when
+    `write`); `level` as in `evidence`."""
     refuse_test_split(qrels_path)
     index = open_index(index_dir, verify="size", query_precision=query_precision)  # queries embedded as served
     scoring: PassageSpec | None = None
@@ -229,7 +231,15 @@ def tune_fusion_on_index(  # noqa: PLR0913
         scoring, scoring_proof = tune_passage_scoring(
             index.pipeline(), index.doc_ids, queries, qrels, str(qrels_path), metric, progress=progress
         )
-    pipeline = index.pipeline({"passage_scoring": asdict(scoring)} if scoring is not None else None)
+    overrides: dict = {"passage_scoring": asdict(scoring)} if scoring is not None else {}
+    fields: tuple[dict[str, float] | None, dict] | None = None
+    fielded = index.fielded_bm25
+    if fielded is not None and fielded.has_fields and (scoring is None or scoring.bm25 == "document"):
+        fields = tune_text_fields(
+            index.pipeline(overrides), index.doc_ids, queries, qrels, str(qrels_path), metric, progress=progress, level=level
+        )
+        overrides["text_fields"] = fields[0]
+    pipeline = index.pipeline(overrides or None)
     served = index.manifest.defaults.fusion
     result = tune_fusion(pipeline, index.doc_ids, queries, qrels, metric=metric, progress=progress)
     index.close()
@@ -242,15 +252,20 @@ def tune_fusion_on_index(  # noqa: PLR0913
     proof = evidence(result, qrels_path, level=level, served=served)
     if write:
         scored = (scoring, scoring_proof) if scoring is not None else None
-        update_manifest(index_dir, _recorder(result, proof, scored, str(qrels_path), pipeline.defaults.depth))
+        update_manifest(index_dir, _recorder(result, proof, scored, fields, str(qrels_path), pipeline.defaults.depth))
     return result, proof
 
 
 def _recorder(
-    result: TuningResult, proof: dict, scoring: tuple[PassageSpec, dict] | None, qrels: str, depth: int
+    result: TuningResult,
+    proof: dict,
+    scoring: tuple[PassageSpec, dict] | None,
+    fields: tuple[dict[str, float] | None, dict] | None,
+    qrels: str,
+    depth: int,
 ) -> Callable[[Manifest], None]:
     """What tuning writes into the manifest: the default fusion (the tuned one only when `proof` says so), the passage
-    scoring when one was chosen, their evidence, and the tuning's summary."""
+    scoring and the field weights when they were chosen, their evidence, and the tuning's summary."""
     tuned = proof["decision"] == "tuned"
 
     def record(manifest: Manifest) -> None:
@@ -259,6 +274,9 @@ def _recorder(
         if scoring is not None:
             manifest.defaults = replace(manifest.defaults, passage_scoring=scoring[0])
             manifest.evidence["passage_scoring"] = scoring[1]
+        if fields is not None:
+            manifest.defaults = replace(manifest.defaults, text_fields=fields[0])
+            manifest.evidence["text_fields"] = fields[1]
         manifest.fusion_tuning = FusionTuning(
             metric=result.metric,
             value=round(result.cross_validated() if tuned else result.value_of(SearchSpec().fusion), 4),
