@@ -176,9 +176,10 @@ def _fields(ctx) -> list[Table]:
             }
         )
     tuning = [{"candidate": name, "train nDCG@10 (BM25)": value} for name, value in evidence["candidates"].items()]
+    values = evidence["values"]
     decision = (
-        f"`hybrid tune`'s rule on train ({evidence['queries']} queries, 5-fold cross-validated {evidence['values']['tuned, cross-validated']} "
-        f"against one field's {evidence['values']['untuned one field']}, p {evidence['p']}): {evidence['decision']}"
+        f"`hybrid tune`'s rule on train ({evidence['queries']} queries, 5-fold cross-validated {values['tuned, cross-validated']} "
+        f"against one field's {values['untuned one field']}, p {evidence['p']}): {evidence['decision']}"
         f"{'' if chosen is None else ', ' + label(chosen)}. Test: the weights best on train, against one field."
     )
     return [Table("Field weights: chosen on train", tuning, decision), Table("Field weights: test", rows, "untuned index, default fusion")]
