@@ -167,12 +167,15 @@ def test_the_steering_controls_boost_sort_and_pin_and_the_panel_shows_each_boost
     assert f"value {boost['value']:.4f} × weight 0.5" in second.locator(".bar-row[data-component=boost] .bar-detail").text_content()
     page.fill("#b-boosts", "")
     page.fill("#b-pinned", "")
+    page.fill("#b-text_fields", "title=3, text=1")
     page.fill("#b-sort", "year:desc")
     page.click("button[type=submit]")
     wait_until(page, "document.querySelector('#column-b .column-head').textContent.includes('sorted by year desc')")
     ids = [page.locator("#column-b .hit").nth(i).get_attribute("data-id") for i in range(10)]
-    assert ids == [hit["id"] for hit in api(server, {"query": QUERY, "sort": ["year:desc"]})["hits"]]
-    assert "b.sort=year%3Adesc" in page.url
+    assert ids == [
+        hit["id"] for hit in api(server, {"query": QUERY, "sort": ["year:desc"], "text_fields": {"title": 3, "text": 1}})["hits"]
+    ]
+    assert "b.sort=year%3Adesc" in page.url and "fields title×3 text×1" in page.text_content("#column-b .column-head")
 
 
 def test_compare_shows_two_columns_with_their_overlap(page, server):

@@ -4,10 +4,10 @@
 "use strict";
 
 const KEY_STORAGE = "hybrid.apiKey";
-const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight", "typo", "boosts", "sort", "pinned",
-                       "hidden"];
+const CONFIG_FIELDS = ["mode", "fusion", "alpha", "norm", "rrf_k", "hubness", "rerank", "weight", "typo", "text_fields", "boosts", "sort",
+                       "pinned", "hidden"];
 const CONFIG_DEFAULTS = {mode: "", fusion: "", alpha: "0.5", norm: "zscore", rrf_k: "60", hubness: "", rerank: "", weight: "1",
-                         typo: "", boosts: "", sort: "", pinned: "", hidden: ""};
+                         typo: "", text_fields: "", boosts: "", sort: "", pinned: "", hidden: ""};
 const CHOICES = {
   mode: [["", "index default"], ["hybrid", "hybrid"], ["bm25", "BM25"], ["dense", "dense"]],
   fusion: [["", "index default"], ["rrf", "RRF"], ["cc", "convex combination"]],
@@ -93,6 +93,7 @@ function buildConfig(prefix) {
   box.append(select("mode", "Mode"), select("fusion", "Fusion"), range("alpha", "Dense weight (alpha)", "0", "1", "0.05"),
              select("norm", "Normalisation"), number("rrf_k", "rrf_k", "0", "100000"), select("hubness", "Hubness correction"),
              select("rerank", "Rerank"), range("weight", "Reranker weight", "0", "1", "0.05"), select("typo", "Typo tolerance"),
+             text("text_fields", "Field weights (BM25)", "title=3, text=1"),
              text("boosts", "Boosts (JSON list)", '[{"field": "year", "modifier": "log1p", "weight": 0.1}]'),
              text("sort", "Sort (fields, comma-separated)", "year:desc, _score"),
              text("pinned", "Pinned ids (comma-separated)", "id1, id2"), text("hidden", "Hidden ids (comma-separated)", "id3"));
@@ -110,6 +111,7 @@ function showRelevantControls(prefix) {
   show("hubness", value("mode") !== "bm25");
   show("weight", value("rerank") === "on");
   show("typo", value("mode") !== "dense");
+  show("text_fields", value("mode") !== "dense");
 }
 
 function fillForm(state) {
@@ -152,6 +154,12 @@ function requestBody(state, config) {
   if (config.typo && config.mode !== "dense") body.typo = config.typo === "auto" ? "auto" : Number(config.typo);
   if (config.boosts.trim()) body.boosts = parseJson("Boosts", config.boosts);
   const list = (text) => text.split(",").map((item) => item.trim()).filter(Boolean);
+  if (list(config.text_fields).length && config.mode !== "dense") {
+    body.text_fields = Object.fromEntries(list(config.text_fields).map((pair) => {
+      const [name, weight] = pair.split("=").map((part) => part.trim());
+      return [name, weight === undefined ? 1 : Number(weight)];
+    }));
+  }
   if (list(config.sort).length) body.sort = list(config.sort);
   if (list(config.pinned).length) body.pinned = list(config.pinned);
   if (list(config.hidden).length) body.hidden = list(config.hidden);
@@ -344,6 +352,9 @@ function describeSpec(data) {
   if (spec.hubness && spec.hubness.method !== "none") parts.push(`${spec.hubness.method}${spec.hubness.dynamic ? " (dynamic)" : ""}`);
   if (spec.rerank?.enabled) parts.push(`reranked, weight ${spec.rerank.weight}`);
   if (spec.mode !== "dense" && spec.typo !== "auto") parts.push(spec.typo ? `typos within ${spec.typo}` : "no typo tolerance");
+  if (spec.text_fields && spec.mode !== "dense") {
+    parts.push(`fields ${Object.entries(spec.text_fields).filter(([, w]) => w > 0).map(([f, w]) => `${f}×${w}`).join(" ")}`);
+  }
   if (spec.boosts?.length) parts.push(`${spec.boosts.length} boost${spec.boosts.length > 1 ? "s" : ""} (${spec.boost_mode})`);
   if (spec.sort?.length) parts.push(`sorted by ${spec.sort.map((key) => `${key.field} ${key.order}`).join(", ")}`);
   const pinned = data.hits.filter((h) => h.explain?.pinned).length;
