@@ -110,7 +110,7 @@ def test_fields_after_writes_and_compaction_rank_as_a_fresh_build(fielded_index,
     collection.close()
 
 
-def test_indexes_that_cannot_weigh_fields_say_so(fielded_index, tmp_path):
+def test_indexes_that_cannot_weigh_fields_say_so_and_a_compaction_gives_them_fields(fielded_index, corpus, tmp_path):
     shutil.copytree(fielded_index, tmp_path / "old")
     for part in ("title_tfs", "title_lengths"):  # as an index built before fields
         (tmp_path / "old" / "postings" / f"{part}.npy").unlink()
@@ -119,6 +119,17 @@ def test_indexes_that_cannot_weigh_fields_say_so(fielded_index, tmp_path):
         old.pipeline().resolve({"text_fields": {"title": 2}})
     assert caught.value.loc == ("text_fields",)
     assert old.pipeline().resolve({"mode": "dense", "text_fields": {"title": 2}}).mode == "dense"  # no BM25 leg
+    collection = Collection(old)  # a compaction analyses the titles an older index lacks
+    collection.upsert([{"id": corpus[5]["_id"], "title": corpus[5]["title"], "text": corpus[5]["text"]}])  # as it was
+    compacted = collection.compact()
+    assert compacted.index.postings.has_fields
+    current = open_index(fielded_index)
+    for weights in WEIGHTS:
+        spec, query = {"mode": "bm25", "text_fields": weights}, "vitamin D deficiency"
+        upgraded, built = compacted.pipeline().search(query, 20, spec), current.pipeline().search(query, 20, spec)
+        assert [compacted.document(int(i))["id"] for i in upgraded.ranking.doc_idx] == [current.doc_ids[i] for i in built.ranking.doc_idx]
+        np.testing.assert_allclose(upgraded.ranking.scores, built.ranking.scores, rtol=1e-12)
+    collection.close()
     pipeline = open_index(fielded_index).pipeline()
     for spec, loc, message in [
         ({"text_fields": {"title": 0, "text": 0}}, ("text_fields",), "above 0"),

@@ -229,7 +229,7 @@ class SearchPipeline:
             raise SpecError(
                 "text_fields",
                 "this index keeps no title frequencies (built before fields, or with a BM25 method other than lucene): "
-                "rebuild or compact it to weigh title and text",
+                "compact it (POST /admin/compact) or rebuild it to weigh title and text",
             )
 
     def _admitted(self, filter_: dict) -> Allowed:

@@ -164,6 +164,19 @@ class PostingsBuilder:
         return postings, {t: i for i, t in enumerate(terms)}
 
 
+def with_titles(postings: Postings, vocabulary: dict[str, int], titles: Iterable[list[str]]) -> Postings:
+    """`postings` (of an index built before fields) with the title frequencies of its documents' analysed `titles`: the
+    title's terms are among the document's, so each title entry finds its document's entry."""
+    title_postings, title_vocabulary = Postings.from_tokens(titles)
+    main_id = np.array([vocabulary[t] for t in sorted(title_vocabulary, key=title_vocabulary.__getitem__)], dtype=np.int64)
+    n = max(postings.num_docs, 1)
+    keys = postings.entry_terms().astype(np.int64) * n + postings.docs  # term-major, documents ascending: sorted
+    title_keys = main_id[title_postings.entry_terms()] * n + title_postings.docs
+    title_tfs = np.zeros(len(keys), dtype=title_postings.tfs.dtype)
+    title_tfs[np.searchsorted(keys, title_keys)] = title_postings.tfs
+    return Postings(postings.indptr, postings.docs, postings.tfs, postings.lengths, title_tfs, title_postings.lengths)
+
+
 def merged_postings(
     base: Postings,
     base_vocabulary: dict[str, int],

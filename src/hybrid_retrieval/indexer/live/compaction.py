@@ -24,7 +24,7 @@ from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, document_line, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
-from hybrid_retrieval.search.postings import Postings, merged_postings
+from hybrid_retrieval.search.postings import Postings, merged_postings, with_titles
 from hybrid_retrieval.search.segments import LiveDocument, title_tfs
 
 VECTOR_CHUNK = 65_536  # vectors copied into the compaction's file at a time
@@ -76,7 +76,11 @@ def merged_terms(state: ReadView) -> tuple[Postings, dict[str, int]]:
     live = state.live
     by_id = sorted(live.vocabulary, key=live.vocabulary.__getitem__)
     written = [(doc.term_ids, doc.tfs, doc.length, title_tfs(doc), doc.title_length) for doc in live.docs]
-    return merged_postings(state.index.postings, state.index.bm25.vocabulary, state.base_alive, written, by_id)
+    index, base = state.index, state.index.postings
+    if not base.has_fields:  # built before fields: its titles are analysed once, so that the compacted index has them
+        titles = (index.analyzer.analyze(index.docs.get(i)["title"]) for i in range(index.num_docs))
+        base = with_titles(base, index.bm25.vocabulary, titles)
+    return merged_postings(base, index.bm25.vocabulary, state.base_alive, written, by_id)
 
 
 def link_log(path: Path, folder: Path) -> None:
