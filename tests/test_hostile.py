@@ -220,7 +220,30 @@ SEARCH_FIELDS = [
     "facets",
     "explain",
     "include_text",
+    "typo",
+    "text_fields",
+    "boosts",
+    "boost_mode",
+    "sort",
+    "pinned",
+    "hidden",
 ]
+# boosts of the right keys with any values, the likely ones often: the shapes a client gets nearly right
+hostile_boost = st.fixed_dictionaries(
+    {},
+    optional={
+        "field": st.sampled_from(["year", "tags", "mixed"]) | json_values,
+        "decay": st.sampled_from(["gauss", "exp", "linear"]) | json_values,
+        "origin": st.sampled_from(["now", "2020-01-01", 2005, -1e308]) | json_values,
+        "scale": st.sampled_from(["3d", "0.5h", 2, 0, 1e-300]) | json_values,
+        "offset": st.sampled_from(["1w", 0, -1]) | json_values,
+        "decay_at_scale": st.sampled_from([0.5, 1, 0, 1e-300]) | json_values,
+        "modifier": st.sampled_from(["log1p", "square", "sqrt"]) | json_values,
+        "missing": st.sampled_from([0, -5, 1e308]) | json_values,
+        "weight": st.sampled_from([1, -1e6, 1e6, 0]) | json_values,
+        "filter": st.sampled_from([{"year": {"gte": 2003}}, {"tags": "pets"}]) | json_values,
+    },
+)
 
 
 def _body(value) -> bytes:
@@ -235,6 +258,16 @@ def test_any_json_in_any_search_field_is_never_a_5xx(client, field, value, batch
     path, body = ("/search/batch", {"searches": [search]}) if batch else ("/search", search)
     response = client.post(path, content=_body(body), headers={"content-type": "application/json"})
     assert response.status_code < 500, (field, value, response.text)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(boosts=st.lists(hostile_boost, max_size=3), sort=json_values | st.lists(st.sampled_from(["year", "tags:desc", "_score", "mixed"])))
+@pytest.mark.server
+def test_any_boost_or_sort_shape_is_never_a_5xx(client, boosts, sort):
+    """Boosts made of the right keys with any values (the shapes a client gets nearly right), and any sort."""
+    for body in ({"query": "cats", "boosts": boosts}, {"query": "cats", "sort": sort}, {"query": "cats", "boosts": boosts, "mode": "bm25"}):
+        response = client.post("/search", content=_body(body), headers={"content-type": "application/json"})
+        assert response.status_code < 500, (body, response.text)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))

@@ -329,6 +329,14 @@ def test_a_bad_boost_or_sort_names_its_path(opened, spec, loc, message):
     assert caught.value.loc == loc
 
 
+def test_a_boost_that_overflows_is_refused_naming_it(opened):
+    index, _, queries, _ = opened
+    squared = {"field": "price", "modifier": "square", "missing": 1e308, "weight": 2}  # documents without a price: inf
+    with pytest.raises(SpecError, match="overflow to infinity") as caught:
+        index.pipeline().search(queries[0], 5, {"boosts": [{"field": "price"}, squared]})
+    assert caught.value.loc == ("boosts", 1)
+
+
 def test_rules_apply_to_their_queries_in_order():
     rules = check_rules(
         [

@@ -271,7 +271,14 @@ def boost_values(boosts: tuple[Boost, ...], docs: np.ndarray, metadata: Metadata
 def apply_boosts(docs: np.ndarray, scores: np.ndarray, boosts: tuple[Boost, ...], mode: str, metadata: MetadataColumns) -> Boosted:
     """The boosts' values of `docs`, scored `scores`, and their contributions (module docstring)."""
     base = scores.astype(np.float64)
-    values = boost_values(boosts, docs, metadata)
-    weights = np.array([boost.weight for boost in boosts], dtype=np.float64)[:, None]
-    contributions = weights * values * (np.abs(base) if mode == "product" else 1.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # what overflows is refused below
+        values = boost_values(boosts, docs, metadata)
+        weights = np.array([boost.weight for boost in boosts], dtype=np.float64)[:, None]
+        contributions = weights * values * (np.abs(base) if mode == "product" else 1.0)
+        overflowing = ~np.isfinite(contributions).all(axis=1)
+        if not overflowing.any() and not np.isfinite(contributions.sum(axis=0) + base).all():  # finite alone, not in sum
+            overflowing = np.abs(contributions).max(axis=1) == np.abs(contributions).max()
+    if overflowing.any():
+        first = int(np.flatnonzero(overflowing)[0])
+        raise SpecError(("boosts", first), "its contributions overflow to infinity for some documents: lower its weight or values")
     return Boosted(docs, base, values, contributions)
