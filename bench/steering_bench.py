@@ -175,6 +175,16 @@ def _fields(ctx) -> list[Table]:
                 "paired p": round(randomization_test(weighted, one), 4),
             }
         )
+    latency = []
+    for mode in ("bm25", "hybrid"):
+        calls = {
+            name: (lambda qid, m=mode, f=text_fields: pipeline.search(test[qid], 10, {"mode": m, "text_fields": f}, vector=vectors[qid]))
+            for name, text_fields in (("one field", None), ("fields", fitted_fields))
+        }
+        times = interleaved(calls, list(test))
+        p50 = {name: percentiles(samples)["p50_ms"] for name, samples in times.items()}
+        ratio = round(p50["fields"] / p50["one field"], 3)
+        latency.append({"mode": mode, "p50 ms, one field": p50["one field"], "p50 ms, fields": p50["fields"], "fields / one field": ratio})
     tuning = [{"candidate": name, "train nDCG@10 (BM25)": value} for name, value in evidence["candidates"].items()]
     values = evidence["values"]
     decision = (
@@ -182,7 +192,12 @@ def _fields(ctx) -> list[Table]:
         f"against one field's {values['untuned one field']}, p {evidence['p']}): {evidence['decision']}"
         f"{'' if chosen is None else ', ' + label(chosen)}. Test: the weights best on train, against one field."
     )
-    return [Table("Field weights: chosen on train", tuning, decision), Table("Field weights: test", rows, "untuned index, default fusion")]
+    latency_note = "pipeline.search in process, k 10, query vectors given, one thread, interleaved query by query"
+    return [
+        Table("Field weights: chosen on train", tuning, decision),
+        Table("Field weights: test", rows, "untuned index, default fusion"),
+        Table("Field weights: latency", latency, latency_note),
+    ]
 
 
 CASES = [
