@@ -33,6 +33,8 @@ SPECS = [
     {"mode": "hybrid", "filter": {"year": {"gte": 2005}}},
     {"mode": "bm25", "filter": {"tags": "b"}},
     {"mode": "dense", "filter": {"$not": {"flag": True}}},
+    {"mode": "bm25", "text_fields": {"title": 3, "text": 1}},
+    {"mode": "hybrid", "text_fields": {"title": 2, "text": 0.5}},
 ]
 
 

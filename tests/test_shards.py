@@ -40,6 +40,8 @@ SPECS = [
     {"mode": "hybrid", "filter": {"tags": "b"}, "hubness": {"method": "qbnorm", "dynamic": True}},
     {"mode": "dense", "filter": {"flag": True}},
     {"mode": "bm25", "filter": {"$not": {"tags": "z"}}},
+    {"mode": "bm25", "text_fields": {"title": 3, "text": 1}},  # BM25F with the corpus's fields' average lengths
+    {"mode": "hybrid", "text_fields": {"title": 1}, "filter": {"year": {"lt": 2010}}},
 ]
 
 

@@ -28,7 +28,7 @@ from hybrid_retrieval.search.hubness import HubnessSearcher
 from hybrid_retrieval.search.passages import PassageIndex
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranked, Reranker
-from hybrid_retrieval.search.segments import LiveBM25, LiveDense, LiveVectors
+from hybrid_retrieval.search.segments import CorpusScoredBM25, LiveBM25, LiveDense, LiveVectors
 from hybrid_retrieval.search.sorting import check_sort_fields, sort_ranking
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec, check_k
 
@@ -171,7 +171,7 @@ class SearchPipeline:
         no_hubness_reason: str = "this index has no fitted hubness correction (run `hybrid hubness fit`)",
         passages: PassageIndex | None = None,
         positions_of: Callable[[Sequence[str]], list[int | None]] | None = None,
-        fielded: Callable[[], LiveBM25 | None] | None = None,
+        fielded: Callable[[], LiveBM25 | CorpusScoredBM25 | None] | None = None,
     ):
         """`positions_of(ids)`: each document's position (None: no such document, or deleted), for curation;
         `fielded()`: BM25 from term frequencies, which weighs title and text (search.fields), when `bm25` cannot."""
@@ -181,7 +181,7 @@ class SearchPipeline:
         self.alive = Allowed(alive) if alive is not None else None  # documents not deleted (None: all of them)
         self.no_hubness_reason = no_hubness_reason
         self.positions_of = positions_of
-        self._fielded: Callable[[], LiveBM25 | None] | None = fielded
+        self._fielded: Callable[[], LiveBM25 | CorpusScoredBM25 | None] | None = fielded
         if fielded is None and isinstance(bm25, LiveBM25):
             self._fielded = lambda: bm25
         self.defaults = self._servable(defaults)
@@ -195,6 +195,7 @@ class SearchPipeline:
         """This pipeline with another BM25 scorer (a shard's, scoring with its whole corpus's statistics)."""
         clone = copy.copy(self)
         clone.bm25 = bm25
+        clone._fielded = lambda: bm25  # fields are scored with its statistics too
         return clone
 
     def resolve(self, overrides: dict | None = None) -> SearchSpec:

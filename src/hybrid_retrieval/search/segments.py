@@ -291,17 +291,24 @@ class CorpusStatistics:
     documents: int
     length: int
     df: dict[str, int]
+    title_length: int = 0  # of which in titles (search.fields)
 
     @property
     def avgdl(self) -> float:
         return self.length / max(1, self.documents)
+
+    @property
+    def field_averages(self) -> tuple[float, float]:
+        """The average title's length, and the average text's."""
+        count = max(1, self.documents)
+        return self.title_length / count, (self.length - self.title_length) / count
 
     @classmethod
     def total(cls, parts: list[CorpusStatistics]) -> CorpusStatistics:
         df: Counter[str] = Counter()
         for part in parts:
             df.update(part.df)
-        return cls(sum(p.documents for p in parts), sum(p.length for p in parts), dict(df))
+        return cls(sum(p.documents for p in parts), sum(p.length for p in parts), dict(df), sum(p.title_length for p in parts))
 
 
 class LiveBM25:
@@ -327,11 +334,12 @@ class LiveBM25:
         alive = None if base_alive.all() else base_alive
         self._base_weights = _WeightCache(functools.partial(_base_weights, postings, alive, self._norms))
         self.has_fields = postings.has_fields  # title frequencies: title and text can be weighted (search.fields)
+        self.title_length = 0
         if self.has_fields:
             assert postings.title_lengths is not None  # has_fields
-            title_total = int(postings.title_lengths[base_alive].sum()) + int(live.title_lengths.sum())
+            self.title_length = int(postings.title_lengths[base_alive].sum()) + int(live.title_lengths.sum())
             count = max(1, self.collection_size)
-            self.field_averages = (title_total / count, (self.total_length - title_total) / count)
+            self.field_averages = (self.title_length / count, (self.total_length - self.title_length) / count)
             self._field_norms = functools.lru_cache(maxsize=2)(functools.partial(_field_norms, params, postings, live))
             self._base_field_weights = _WeightCache(functools.partial(_base_field_weights, postings, alive, self._field_norms, params.k1))
 
@@ -342,7 +350,7 @@ class LiveBM25:
 
     def statistics(self, terms: Iterable[str]) -> CorpusStatistics:
         """This segment's statistics, with the document frequencies of `terms`."""
-        return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)})
+        return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)}, self.title_length)
 
     def posting_lists(
         self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0, fields: FieldWeights | None = None
@@ -351,9 +359,10 @@ class LiveBM25:
         (search.postings), with the document count, avgdl and document frequencies of `statistics` (default: of this
         segment). Deleted documents have none. A term no document holds stands for its typo variants under `typo`
         (search.typo), all their lists one group, each one's weights times its distance's weight. With `fields`
-        (title, text weights), BM25F's saturated frequencies instead (search.fields; not with `statistics`)."""
-        assert fields is None or (statistics is None and self.has_fields)  # shards and older indexes refuse fields
+        (title, text weights), BM25F's saturated frequencies instead, at the fields' average lengths (search.fields)."""
+        assert fields is None or self.has_fields  # older indexes refuse fields (SearchPipeline._check_text_fields)
         n, avgdl = (self.collection_size, self.avgdl) if statistics is None else (statistics.documents, statistics.avgdl)
+        averages = statistics.field_averages if statistics is not None else self.field_averages if self.has_fields else (0.0, 0.0)
         df = self.df if statistics is None else lambda term: statistics.df.get(term, 0)
         terms = self.analyzer.query_terms(query)
         unheld = statistics is None and any(df(term) == 0 for term in terms)  # shards match exactly (search.typo)
@@ -363,13 +372,21 @@ class LiveBM25:
             alternatives = [(v, VARIANT_WEIGHTS[d]) for v, d in variants[term]] if term in variants else [(term, 1.0)]
             for name, weight in alternatives:
                 group = position if len(alternatives) > 1 else None
-                lists += self._term_lists(name, weight, df(name), n, avgdl, group, fields)
+                lists += self._term_lists(name, weight, df(name), (n, avgdl, averages), group, fields)
         return lists
 
     def _term_lists(
-        self, term: str, weight: float, df: int, n: int, avgdl: float, group: int | None, fields: FieldWeights | None
+        self,
+        term: str,
+        weight: float,
+        df: int,
+        corpus: tuple[int, float, tuple[float, float]],
+        group: int | None,
+        fields: FieldWeights | None,
     ) -> list[PostingList]:
-        """A term's lists (base, live), `weight` times its BM25 weights (or BM25F's, weighting `fields`)."""
+        """A term's lists (base, live), `weight` times its BM25 weights (or BM25F's, weighting `fields`), with the
+        `corpus`'s document count, average length and fields' average lengths."""
+        n, avgdl, averages = corpus
         if df == 0:
             return []
         idf = weight * float(np.log(1.0 + (n - df + 0.5) / (df + 0.5)))
@@ -378,7 +395,7 @@ class LiveBM25:
             if fields is None:
                 docs, weights, largest = self._base_weights(term_id, avgdl)
             else:
-                docs, weights, largest = self._base_field_weights(term_id, (self.field_averages, fields))
+                docs, weights, largest = self._base_field_weights(term_id, (averages, fields))
             if len(docs):
                 lists.append(PostingList(docs, weights, idf * largest, idf, group=group))
         live_idx, live_tf, live_title_tf = self.live.field_postings(term)
@@ -386,7 +403,7 @@ class LiveBM25:
             if fields is None:
                 weights = live_tf / (live_tf + self._norms(avgdl)[1][live_idx])
             else:
-                title_norms, text_norms = self._field_norms(self.field_averages)[1]
+                title_norms, text_norms = self._field_norms(averages)[1]
                 weights = saturated(live_tf, live_title_tf, title_norms[live_idx], text_norms[live_idx], fields, self.params.k1)
                 live_idx, weights = live_idx[weights > 0], weights[weights > 0]
             if len(live_idx):
@@ -531,13 +548,16 @@ class CorpusScoredBM25:
 
     def __init__(self, bm25: LiveBM25, statistics: CorpusStatistics):
         self.bm25, self.statistics, self.analyzer = bm25, statistics, bm25.analyzer
+        self.has_fields = bm25.has_fields
 
     def scores(self, query: str) -> np.ndarray:
         return self.bm25.scores(query, self.statistics)
 
-    def leg(self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int = 0) -> tuple[Ranking, ScoreOf]:
+    def leg(
+        self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int = 0, fields: FieldWeights | None = None
+    ) -> tuple[Ranking, ScoreOf]:
         """`typo`: not applied (a variant's statistics would be the whole corpus's; search.sharded serves typo 0)."""
-        return self.bm25.leg(query, depth, allowed, self.statistics)
+        return self.bm25.leg(query, depth, allowed, self.statistics, fields=fields)
 
 
 class LiveVectors:

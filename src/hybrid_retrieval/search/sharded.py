@@ -62,6 +62,7 @@ class ShardSearchRequest:
     hubness: str = "none"
     coef: np.ndarray | None = None
     consistency: Consistency = Consistency()
+    text_fields: dict[str, float] | None = None  # the BM25 leg's field weights (search.fields)
 
 
 @dataclass(frozen=True)
@@ -229,12 +230,14 @@ class ShardedPipeline(SearchPipeline):
         defaults: SearchSpec,
         hubness: ShardedHubness | None,
         metadata: ShardedColumns | None,
-        consistency: Callable[[str | None], Consistency],
+        consistency: Callable[[str | None, bool], Consistency],
         reranker: Reranker | None = None,
+        fields: bool = False,
     ):
-        """`consistency(query)`: what each shard request carries besides the search (after writes: the sequence
-        numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms)."""
-        self.shards, self.consistency = shards, consistency
+        """`consistency(query, fields)`: what each shard request carries besides the search (after writes: the sequence
+        numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms;
+        weighing fields, those statistics always). `fields`: every shard keeps its titles' term frequencies."""
+        self.shards, self.consistency, self.fields = shards, consistency, fields
         super().__init__(None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata)
 
     def check_group_by(self, value: object, path: str = "group_by") -> None:
@@ -258,6 +261,7 @@ class ShardedPipeline(SearchPipeline):
         vector: np.ndarray | None = None,
         hubness: HubnessSpec | None = None,
         coef: np.ndarray | None = None,
+        text_fields: dict[str, float] | None = None,
     ) -> ShardSearchRequest:
         """`bm25`: the request runs a BM25 leg, which scores with the corpus statistics of the query's terms."""
         return ShardSearchRequest(
@@ -267,7 +271,8 @@ class ShardedPipeline(SearchPipeline):
             vector,
             hubness.method if hubness is not None else "none",
             coef,
-            self.consistency(query if bm25 else None),
+            self.consistency(query if bm25 else None, text_fields is not None),
+            text_fields if bm25 else None,
         )
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
@@ -276,9 +281,11 @@ class ShardedPipeline(SearchPipeline):
         for name in ("boosts", "sort"):
             if getattr(spec, name):
                 raise SpecError(name, f"a sharded index does not {name[:-1] if name == 'boosts' else name} hits: search it without {name}")
-        if spec.text_fields is not None:
-            raise SpecError("text_fields", "a sharded index scores title and text as one field: search it without text_fields")
         return super()._servable(replace(spec, typo=0))
+
+    def _check_text_fields(self, spec: SearchSpec) -> None:
+        if not self.fields:
+            raise SpecError("text_fields", "a shard of this index keeps no title frequencies (split before fields): split it again")
 
     def check_curation(self, path: str) -> None:
         """Pins and hidden documents are found by id in the shards' stores: not on a sharded index."""
@@ -294,8 +301,8 @@ class ShardedPipeline(SearchPipeline):
         typo: str | int = 0,
         text_fields: dict[str, float] | None = None,
     ) -> tuple[None, Ranking]:
-        """`typo`: 0 here, `text_fields` None (`_servable`)."""
-        request = self._request(query, depth, allowed, bm25=True)
+        """`typo`: 0 here (`_servable`)."""
+        request = self._request(query, depth, allowed, True, text_fields=text_fields)
         answers: list[ShardRanking] = clock.time("bm25", self.shards.all, lambda shard: shard.search("bm25", request))
         return None, merge_top(answers, depth)
 
@@ -347,7 +354,7 @@ class ShardedPipeline(SearchPipeline):
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         coef = self.coefficients(vector, hubness) if coef is None else coef
-        request = self._request(query, depth, allowed, True, vector, hubness, coef)
+        request = self._request(query, depth, allowed, True, vector, hubness, coef, text_fields)
         answers: list[ShardCandidates] = clock.time("shards", self.shards.all, lambda shard: shard.candidates(request))
         floors = {"dense": self.hubness.score_floor(coef)} if coef is not None else None
         return clock.time("candidates", merge_candidates, answers, depth, floors), vector

@@ -84,6 +84,7 @@ class ShardedIndex:
         self.visible = [shard.seq for shard in latest]
         self.next_position = max([self.num_docs, *(int(np.max(shard.positions, initial=-1)) + 1 for shard in latest)])
         self.documents_count = sum(shard.documents_alive for shard in latest)
+        self.fields = all(shard.fields for shard in described)  # every shard can weigh title and text (search.fields)
         self.embedder = OnnxEmbedder(self.path / store.MODEL_DIR, device=device, precision=first.embedder.document_precision)
         self.query_precision = resolve_precision(query_precision, self.path / store.MODEL_DIR, on_gpu(self.embedder))
         self.hubness: ShardedHubness | None = None
@@ -144,11 +145,12 @@ class ShardedIndex:
         took writes (empty: none)."""
         return tuple(self.visible) if self.written else ()
 
-    def consistency(self, query: str | None = None) -> Consistency:
-        """What a shard search request carries: min_seq and, for a BM25 leg of `query` once the index took writes,
-        the corpus statistics of its terms."""
+    def consistency(self, query: str | None = None, fields: bool = False) -> Consistency:
+        """What a shard search request carries: min_seq and, for a BM25 leg of `query` once the index took writes or
+        when it weighs `fields` (whose average lengths the split's scores do not hold), the corpus statistics of its
+        terms."""
         min_seq = self.min_seq()
-        if not min_seq or query is None:
+        if query is None or not (min_seq or fields):
             return Consistency(min_seq)
         terms = self.analyzer.query_terms(query)
         return Consistency(min_seq, CorpusStatistics.total(self.shards.all(lambda shard: shard.statistics(terms, min_seq))))
@@ -204,6 +206,7 @@ class ShardedIndex:
             self.metadata,
             self.consistency,
             reranker,
+            fields=self.fields,
         )
 
     def presenter(self, embedder: Embedder | None = None) -> Presenter:

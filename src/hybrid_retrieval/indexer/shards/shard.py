@@ -118,6 +118,7 @@ class ShardSearcher:
             written=view.index.manifest.applied_sequence > 0 or seq > 0,
             seq=seq,
             max_bias=hubness.correction.max_bias if hubness is not None else None,
+            fields=view.bm25.has_fields,
         )
 
     def _searching(self, request: ShardSearchRequest) -> tuple[_ShardView, SearchPipeline, Allowed | None]:
@@ -133,7 +134,7 @@ class ShardSearcher:
         """One leg's local top-`depth` of the documents the request's filter admits."""
         view, pipe, allowed = self._searching(request)
         if leg == "bm25":
-            return view.ranking(pipe.bm25_leg(request.query, request.depth, Stopwatch(), allowed)[1])
+            return view.ranking(pipe.bm25_leg(request.query, request.depth, Stopwatch(), allowed, text_fields=request.text_fields)[1])
         hubness = HubnessSpec(method=request.hubness)
         return view.ranking(pipe.dense_leg(request.query, request.depth, Stopwatch(), hubness, allowed, request.vector, request.coef)[1])
 
@@ -141,7 +142,9 @@ class ShardSearcher:
         """Both legs: the local candidates, each with both scores, and each leg's local list."""
         view, pipe, allowed = self._searching(request)
         hubness = HubnessSpec(method=request.hubness)
-        candidates, _ = pipe.candidates(request.query, request.depth, hubness, Stopwatch(), allowed, request.vector, request.coef)
+        candidates, _ = pipe.candidates(
+            request.query, request.depth, hubness, Stopwatch(), allowed, request.vector, request.coef, text_fields=request.text_fields
+        )
         assert candidates.rankings is not None  # Candidates.from_rankings keeps them
         rankings = {leg: view.ranking(ranking) for leg, ranking in candidates.rankings.items()}
         return ShardCandidates(view.positions[candidates.doc_idx], candidates.scores, rankings)

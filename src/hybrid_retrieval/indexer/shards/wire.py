@@ -24,6 +24,7 @@ class ShardDescription:
     written: bool  # it took a write since the split
     seq: int
     max_bias: dict[str, float] | None  # each hubness bias column's largest value (None: no fitted correction)
+    fields: bool = False  # it keeps its titles' term frequencies (search.fields)
 
 
 @dataclass(frozen=True)
