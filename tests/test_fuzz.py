@@ -21,6 +21,7 @@ pytestmark = pytest.mark.server  # each test talks to the service (a process, or
 # what a schema-valid request may still name wrongly for the served index (its fields, its passages): a 422 is right
 INDEX_FIELD_KEYS = {"filter", "fields", "facets", "documents", "ids", "settings", "defaults", "vector"}
 INDEX_FIELD_KEYS |= {"passages", "group_by", "passage_scoring"}
+INDEX_FIELD_KEYS |= {"boosts", "sort", "text_fields"}  # its fields and their types; weights may leave no field searched
 
 
 def _cpython_ast_race(exc: BaseException) -> bool:

@@ -348,9 +348,9 @@ def test_rules_apply_to_their_queries_in_order():
     assert for_query(rules, "vitamin d deficiency") == Curation(("b", "c"), ("y",))  # the first rule is exact
     assert for_query(rules, "vitamins") == Curation()  # whole words only
     assert Curation(("c", "z")).then(for_query(rules, "vitamin d")) == Curation(("c", "z", "a", "b"), ("x", "y"))
-    with pytest.raises(SpecError, match="pins or hides nothing") as caught:
-        check_rules([{"query": "x"}])
-    assert caught.value.loc == ("curation", 0)
+    with pytest.raises(SpecError, match="must be a non-empty query") as caught:
+        check_rules([{"query": " ", "pinned": ["a"]}])
+    assert caught.value.loc == ("curation", 0, "query")
     with pytest.raises(SpecError, match="valid: exact, contains"):
         check_rules([{"query": "x", "match": "prefix", "pinned": ["a"]}])
 

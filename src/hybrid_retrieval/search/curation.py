@@ -91,8 +91,6 @@ def check_rules(value: object, path: str = "curation") -> list[CurationRule]:
         if not isinstance(query, str) or not query.strip():
             raise SpecError(f"{at}.query", f"must be a non-empty query, got {short_text(query)}")
         curation = Curation(check_ids(rule.get("pinned"), f"{at}.pinned"), check_ids(rule.get("hidden"), f"{at}.hidden"))
-        if not curation:
-            raise SpecError(at, "pins or hides nothing: give `pinned` or `hidden` ids")
         rules.append(CurationRule(query, checks.choice(f"{at}.match", rule.get("match", "exact"), MATCHES), curation))
     return rules
 

@@ -90,7 +90,7 @@ class SynonymRule(Strict):
 class CurationRuleBody(Strict):
     """Documents pinned first or hidden when a query matches (search.curation)."""
 
-    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="the query, case and spacing aside")
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"\S", description="the query, case and spacing aside")
     match: Literal["exact", "contains"] = Field(
         default="exact", description="exact: the whole query; contains: the query holds it as a run of whole words"
     )
