@@ -42,6 +42,14 @@ SPECS = [
     {"mode": "bm25", "filter": {"$not": {"tags": "z"}}},
     {"mode": "bm25", "text_fields": {"title": 3, "text": 1}},  # BM25F with the corpus's fields' average lengths
     {"mode": "hybrid", "text_fields": {"title": 1}, "filter": {"year": {"lt": 2010}}},
+    {"mode": "hybrid", "boosts": [{"field": "year", "modifier": "log1p", "weight": 0.3}, {"filter": {"tags": "b"}, "weight": 0.2}]},
+    {"mode": "bm25", "sort": ["year:desc", "_score"]},
+    {
+        "mode": "hybrid",
+        "boosts": [{"decay": "gauss", "field": "year", "origin": 2010, "scale": 5, "weight": 1}],
+        "boost_mode": "product",
+        "sort": ["tags", "_score"],
+    },
 ]
 
 

@@ -42,7 +42,7 @@ from hybrid_retrieval.indexer.shards.open import open_shard
 from hybrid_retrieval.indexer.shards.shard import ShardSearcher
 from hybrid_retrieval.indexer.shards.wire import ShardDescription, ShardStats
 from hybrid_retrieval.search.segments import CorpusStatistics
-from hybrid_retrieval.search.sharded import Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
+from hybrid_retrieval.search.sharded import FieldColumns, Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
 
 if TYPE_CHECKING:  # Ray is an optional extra, imported when serving
     from fastapi import FastAPI
@@ -137,6 +137,9 @@ class ShardReplica:
     def facet_counts(self, version: str, names: list[str], positions: np.ndarray, min_seq: MinSeq) -> dict[str, list[tuple[Any, int]]]:
         return self._at(version).facet_counts(names, positions, min_seq)
 
+    def field_columns(self, version: str, positions: np.ndarray, min_seq: MinSeq) -> FieldColumns:
+        return self._at(version).field_columns(positions, min_seq)
+
     def upsert(self, version: str, documents: list[dict[str, Any]], positions: list[int]) -> int:
         return self._at(version).upsert(documents, positions)
 
@@ -193,6 +196,9 @@ class RemoteShard:
 
     def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]:
         return self._call(self.handle.facet_counts, names, positions, min_seq)
+
+    def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns:
+        return self._call(self.handle.field_columns, positions, min_seq)
 
     def upsert(self, documents: list[dict[str, Any]], positions: list[int]) -> int:
         return self._call(self.handle.upsert, documents, positions)

@@ -251,8 +251,9 @@ class Boosted:
         }
 
 
-def boost_values(boosts: tuple[Boost, ...], docs: np.ndarray, metadata: MetadataColumns) -> np.ndarray:
-    """(boosts, docs): each boost's value of each document (module docstring)."""
+def boost_values(boosts: tuple[Boost, ...], rows: np.ndarray, metadata: MetadataColumns) -> np.ndarray:
+    """(boosts, documents): each boost's value of the documents at `rows` of `metadata` (module docstring)."""
+    docs = rows
     values = np.zeros((len(boosts), len(docs)), dtype=np.float64)
     for b, boost in enumerate(boosts):
         if isinstance(boost, FilterBoost):
@@ -268,11 +269,14 @@ def boost_values(boosts: tuple[Boost, ...], docs: np.ndarray, metadata: Metadata
     return values
 
 
-def apply_boosts(docs: np.ndarray, scores: np.ndarray, boosts: tuple[Boost, ...], mode: str, metadata: MetadataColumns) -> Boosted:
-    """The boosts' values of `docs`, scored `scores`, and their contributions (module docstring)."""
+def apply_boosts(
+    docs: np.ndarray, scores: np.ndarray, boosts: tuple[Boost, ...], mode: str, metadata: MetadataColumns, rows: np.ndarray
+) -> Boosted:
+    """The boosts' values of `docs`, scored `scores`, and their contributions (module docstring); `rows`: the
+    documents' rows in `metadata`."""
     base = scores.astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # what overflows is refused below
-        values = boost_values(boosts, docs, metadata)
+        values = boost_values(boosts, rows, metadata)
         weights = np.array([boost.weight for boost in boosts], dtype=np.float64)[:, None]
         contributions = weights * values * (np.abs(base) if mode == "product" else 1.0)
         overflowing = ~np.isfinite(contributions).all(axis=1)

@@ -426,18 +426,7 @@ class SearchPipeline:
                 vector = clock.time("embed", self.embedder.encode, [query])[0]
             reranked = clock.time("rerank", self.reranker.rerank, query, ranking, rerank.depth, rerank.weight, vector)
             ranking = reranked.ranking
-        boosted = None
-        if spec.boosts:
-            assert self.metadata is not None  # check_fields found the boosts' fields
-            boosted = clock.time("boost", apply_boosts, ranking.doc_idx, ranking.scores, spec.boosts, spec.boost_mode, self.metadata)
-            final = boosted.base + boosted.contributions.sum(axis=0)
-            order = np.lexsort((ranking.doc_idx, -final))
-            ranking = Ranking(ranking.doc_idx[order], final[order])
-        if spec.min_score is not None:
-            # float64: a huge min_score must not overflow a float32 cast; scores descend
-            ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
-        if spec.sort:
-            ranking = clock.time("sort", sort_ranking, ranking, spec.sort, self.metadata)
+        ranking, boosted = self._steered(ranking, spec, clock)
         pinned: tuple[int, ...] = ()
         if placed is not None:
             ranking, pinned = placed.pin(ranking, allowed)
@@ -461,6 +450,27 @@ class SearchPipeline:
             boosted=boosted,
             pinned=pinned,
         )
+
+    def _steered(self, ranking: Ranking, spec: SearchSpec, clock: Stopwatch) -> tuple[Ranking, Boosted | None]:
+        """`ranking` boosted (ranked again by the final score), above `min_score`, sorted: search's later stages. The
+        fields' values come from the metadata columns (a sharded index's, from its shards: ShardedColumns.for_docs)."""
+        boosted, columns, row_of = None, self.metadata, None
+        if spec.steered and self.metadata is not None:  # a sort by _score alone needs no field
+            columns, row_of = clock.time("fields", self.metadata.for_docs, ranking.doc_idx)
+        if spec.boosts:
+            assert columns is not None and row_of is not None  # check_fields found the boosts' fields
+            rows = row_of(ranking.doc_idx)
+            boosted = clock.time("boost", apply_boosts, ranking.doc_idx, ranking.scores, spec.boosts, spec.boost_mode, columns, rows)
+            final = boosted.base + boosted.contributions.sum(axis=0)
+            order = np.lexsort((ranking.doc_idx, -final))
+            ranking = Ranking(ranking.doc_idx[order], final[order])
+        if spec.min_score is not None:
+            # float64: a huge min_score must not overflow a float32 cast; scores descend
+            ranking = ranking.head(int(np.count_nonzero(ranking.scores.astype(np.float64) >= spec.min_score)))
+        if spec.sort:
+            rows = row_of(ranking.doc_idx) if row_of is not None else ranking.doc_idx
+            ranking = clock.time("sort", sort_ranking, ranking, spec.sort, columns, rows)
+        return ranking, boosted
 
     def search_many(self, queries: list[Query]) -> list[SearchResult]:
         """Several searches, their queries embedded in one model run. Every query is checked before any

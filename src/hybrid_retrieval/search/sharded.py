@@ -27,14 +27,14 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 import numpy as np
 
 from hybrid_retrieval.common.errors import SpecError
-from hybrid_retrieval.search.filters.columns import MetadataCollector, MetadataColumns
+from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataCollector, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.fusion import RETRIEVERS, Candidates
 from hybrid_retrieval.search.hubness import HubnessCorrection, HubnessParams, score_floor
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranker
-from hybrid_retrieval.search.segments import CorpusStatistics
+from hybrid_retrieval.search.segments import CorpusStatistics, concat_columns
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec
 
 Leg = Literal["bm25", "dense"]
@@ -84,6 +84,16 @@ class ShardCandidates:
 
 
 @dataclass(frozen=True)
+class FieldColumns:
+    """The filterable fields' values of the documents at `positions` that a shard holds: its columns' rows (plain
+    data, for a coordinator's boosts and sorts)."""
+
+    positions: np.ndarray
+    fields: dict[str, FieldInfo]
+    columns: dict[str, KeywordColumn | ValueColumn]
+
+
+@dataclass(frozen=True)
 class ShardTop1:
     """A shard's raw (uncorrected) dense top-1 and the hubness banks it activates."""
 
@@ -101,6 +111,7 @@ class ShardClient(Protocol):
     def statistics(self, terms: list[str], min_seq: MinSeq = ()) -> CorpusStatistics: ...
     def raw_top1(self, vector: np.ndarray) -> ShardTop1 | None: ...
     def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]: ...
+    def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns: ...
 
 
 C = TypeVar("C", covariant=True)  # a group of writers is a group of clients too (indexer.shards: in process, one group)
@@ -207,6 +218,23 @@ class ShardedColumns(MetadataColumns):
             out[name] = [{"value": value, "count": count} for value, count in pairs[:size]]
         return out
 
+    def for_docs(self, docs: np.ndarray) -> tuple[MetadataColumns, Callable[[np.ndarray], np.ndarray]]:
+        """The documents' field values, from the shards holding them, as columns of their own (one round to the
+        shards: boosts and sorts read a few hundred candidates), and each document's row in them."""
+        min_seq = self.min_seq()
+        asked = by_owner(self.owner(docs), docs, len(self.shards))
+        answers = self.shards.some(lambda shard, part: shard.field_columns(part, min_seq), asked)
+        held, columns, count = [], None, 0
+        for part in answers.values():
+            found = MetadataColumns(part.fields, part.columns, len(part.positions)) if part.columns else None
+            columns = concat_columns(columns, found, count, len(part.positions))
+            held.append(part.positions)
+            count += len(part.positions)
+        positions = np.concatenate(held) if held else np.empty(0, dtype=np.int64)
+        order = np.argsort(positions, kind="stable")
+        merged = columns if columns is not None else MetadataColumns(self.fields, {}, count)
+        return merged, lambda wanted: order[np.searchsorted(positions[order], wanted)]
+
 
 class ShardedHubness:
     """What the coordinator needs of a fitted correction: its parameters (coefficients) and each bias column's
@@ -277,10 +305,7 @@ class ShardedPipeline(SearchPipeline):
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
         """Shards match terms exactly (a typo's variants would need every shard's statistics of terms only some hold:
-        search.typo), and the spec applied says so. Boosts and sorts read field values the shards hold: refused."""
-        for name in ("boosts", "sort"):
-            if getattr(spec, name):
-                raise SpecError(name, f"a sharded index does not {name[:-1] if name == 'boosts' else name} hits: search it without {name}")
+        search.typo), and the spec applied says so."""
         return super()._servable(replace(spec, typo=0))
 
     def _check_text_fields(self, spec: SearchSpec) -> None:

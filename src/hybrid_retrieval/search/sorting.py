@@ -94,12 +94,12 @@ def sort_keys(key: SortKey, docs: np.ndarray, scores: np.ndarray, metadata: Meta
     return ~present, sign * np.where(present, column.values[docs].astype(np.float64), 0.0)
 
 
-def sort_ranking(ranking: Ranking, keys: tuple[SortKey, ...], metadata: MetadataColumns | None) -> Ranking:
-    """`ranking` ordered by `keys`, then score descending, then position."""
+def sort_ranking(ranking: Ranking, keys: tuple[SortKey, ...], metadata: MetadataColumns | None, rows: np.ndarray) -> Ranking:
+    """`ranking` ordered by `keys`, then score descending, then position; `rows`: its documents' rows in `metadata`."""
     docs, scores = ranking.doc_idx, ranking.scores
     columns: list[np.ndarray] = [docs, -scores.astype(np.float64)]  # np.lexsort: the last key is the primary one
     for key in reversed(keys):
-        missing, values = sort_keys(key, docs, scores, metadata)
+        missing, values = sort_keys(key, rows, scores, metadata)
         columns += [values, missing]
     order = np.lexsort(columns)
     return Ranking(docs[order], scores[order])

@@ -22,7 +22,7 @@ from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
 from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.segments import CorpusStatistics, LiveBM25, LiveSegment
-from hybrid_retrieval.search.sharded import Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
+from hybrid_retrieval.search.sharded import FieldColumns, Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
 from hybrid_retrieval.search.spec import HubnessSpec
 
 
@@ -181,6 +181,17 @@ class ShardSearcher:
         metadata = view.read_view.metadata if view.read_view is not None else view.index.metadata
         assert metadata is not None  # asked only of an index with filterable fields, which every shard holds
         return {name: metadata.columns[name].counts(local) for name in names}
+
+    def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns:
+        """The documents at `positions` that this shard holds (in that order), and their filterable fields' values
+        (for boosts and sorts: search.sharded.ShardedColumns.for_docs)."""
+        view = self.view(min_seq)
+        local, held = view.local(positions)
+        metadata = view.read_view.metadata if view.read_view is not None else view.index.metadata
+        kept = np.asarray(positions, dtype=np.int64)[held]
+        if metadata is None:
+            return FieldColumns(kept, {}, {})
+        return FieldColumns(kept, metadata.fields, metadata.take(local[held]).columns)
 
     # writes (the shard's writer)
 

@@ -11,7 +11,7 @@ import bisect
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -133,6 +133,11 @@ class MetadataColumns:
             pairs.sort(key=lambda pair: -pair[1])  # stable: equal counts keep value order
             out[name] = [{"value": value, "count": count} for value, count in pairs[:size]]
         return out
+
+    def for_docs(self, docs: np.ndarray) -> tuple[MetadataColumns, Callable[[np.ndarray], np.ndarray]]:
+        """Columns holding `docs`' values, and each document's row in them: these columns, where documents are rows
+        (a sharded index's coordinator fetches them from the shards: search.sharded)."""
+        return self, lambda rows: rows
 
     def take(self, docs: np.ndarray) -> MetadataColumns:
         """The columns of `docs` (in that order): a shard's (indexer.shards)."""
