@@ -20,6 +20,7 @@ from hybrid_retrieval.indexer.shards.open import open_sharded
 from hybrid_retrieval.indexer.shards.split import split_index
 from hybrid_retrieval.indexer.shards.writes import ShardedCollection
 from hybrid_retrieval.indexer.store import open_index
+from hybrid_retrieval.search.curation import Curation
 from hybrid_retrieval.search.segments import CorpusStatistics
 from tests.conftest import SHARDED_SLICE as SLICE
 from tests.conftest import sample_queries, with_metadata
@@ -117,6 +118,13 @@ def test_writes_go_to_the_owning_shard_and_answers_equal_the_whole_index(pair, s
         assert (total.documents, total.length) == (expected.collection_size, expected.total_length)
         assert total.df == {t: expected.df(t) for t in terms}
         assert assert_same_answers(whole.view, sharded, [changed["text"], *queries]) == 9 * len(SPECS)
+        # pins and hidden documents, written ones among them, found in the shards as in the whole index
+        curation = Curation((added[5]["id"], base_ids[10], added[0]["id"]), (added[6]["id"], base_ids[5]))  # added[0] deleted
+        pw, ps = whole.view.pipeline(), sharded.pipeline()
+        for query in queries[:3]:
+            a, b = pw.search(query, 10, {"typo": 0}, curation=curation), ps.search(query, 10, {}, curation=curation)
+            assert [whole.view.document(int(i))["id"] for i in a.ranking.doc_idx] == [d["id"] for d in sharded.documents(b.ranking.doc_idx)]
+            assert len(b.pinned) == 2 and added[6]["id"] not in [d["id"] for d in sharded.documents(b.ranking.doc_idx)]
 
         # compaction of every shard keeps the answers; writes after it too; reopening replays every shard's log
         writes.compact()

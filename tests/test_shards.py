@@ -21,6 +21,7 @@ from hybrid_retrieval.indexer.shards.split import global_bm25, split_index
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
+from hybrid_retrieval.search.curation import Curation
 from hybrid_retrieval.search.postings import Postings
 from tests.conftest import REPO, sample_queries
 from tests.conftest import SHARDED_SLICE as SLICE
@@ -123,6 +124,21 @@ def test_sharded_search_equals_the_whole_index_in_every_mode(whole_index, sharde
         assert [whole.doc_ids[i] for i in a.ranking.doc_idx] == [d["id"] for d in sharded.documents(b.ranking.doc_idx)]
     finally:
         sharded.close()
+
+
+def test_sharded_curation_pins_and_hides_like_the_whole_index(whole_index, sharded_index, scifact):
+    whole, sharded = open_index(whole_index), open_sharded(sharded_index)
+    pw, ps = whole.pipeline(), sharded.pipeline()
+    filtered_out = next(i for i in range(whole.num_docs) if whole.docs.get(i)["metadata"]["year"] < 2005)
+    for query in sample_queries(scifact, 3, 40):
+        for spec in ({"mode": "hybrid"}, {"mode": "bm25", "filter": {"year": {"gte": 2005}}}, {"mode": "dense", "sort": ["year"]}):
+            top = pw.search(query, 3, {**spec, "typo": 0}).ranking.doc_idx
+            pins = (whole.doc_ids[150], whole.doc_ids[filtered_out], "no-such-id", whole.doc_ids[int(top[2])])
+            curation = Curation(pins, (whole.doc_ids[int(top[0])], whole.doc_ids[150]))  # a hidden pin is no pin
+            a, b = pw.search(query, 10, {**spec, "typo": 0}, curation=curation), ps.search(query, 10, dict(spec), curation=curation)
+            assert [whole.doc_ids[i] for i in a.ranking.doc_idx] == [doc["id"] for doc in sharded.documents(b.ranking.doc_idx)]
+            np.testing.assert_allclose(b.ranking.scores, a.ranking.scores, rtol=0, atol=1e-5)
+            assert len(a.pinned) == len(b.pinned) == (1 if "filter" in spec else 2)
 
 
 def test_a_sharded_index_checks_specs_like_the_whole_one(sharded_index):

@@ -137,6 +137,12 @@ class ShardReplica:
     def facet_counts(self, version: str, names: list[str], positions: np.ndarray, min_seq: MinSeq) -> dict[str, list[tuple[Any, int]]]:
         return self._at(version).facet_counts(names, positions, min_seq)
 
+    def positions_of(self, version: str, ids: list[str], min_seq: MinSeq) -> list[int | None]:
+        return self._at(version).positions_of(ids, min_seq)
+
+    def admits(self, version: str, filter_: dict[str, Any], positions: np.ndarray, min_seq: MinSeq) -> np.ndarray:
+        return self._at(version).admits(filter_, positions, min_seq)
+
     def field_columns(self, version: str, positions: np.ndarray, min_seq: MinSeq) -> FieldColumns:
         return self._at(version).field_columns(positions, min_seq)
 
@@ -199,6 +205,12 @@ class RemoteShard:
 
     def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns:
         return self._call(self.handle.field_columns, positions, min_seq)
+
+    def positions_of(self, ids: list[str], min_seq: MinSeq = ()) -> list[int | None]:
+        return self._call(self.handle.positions_of, ids, min_seq)
+
+    def admits(self, filter_: dict[str, Any], positions: np.ndarray, min_seq: MinSeq = ()) -> np.ndarray:
+        return self._call(self.handle.admits, filter_, positions, min_seq)
 
     def upsert(self, documents: list[dict[str, Any]], positions: list[int]) -> int:
         return self._call(self.handle.upsert, documents, positions)

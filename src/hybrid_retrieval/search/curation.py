@@ -123,23 +123,24 @@ class Placed:
         pinned = found(curation.pinned)
         return cls(pinned[~np.isin(pinned, hidden)], hidden)
 
-    def hide(self, allowed: Allowed | None, num_docs: int) -> Allowed | None:
-        """`allowed` (None: every document) without the hidden documents."""
-        if not len(self.hidden):
-            return allowed
-        mask = np.ones(num_docs, dtype=bool) if allowed is None else allowed.mask.copy()
-        mask[self.hidden] = False
-        return Allowed(mask)
 
-    def pin(self, ranking: Ranking, allowed: Allowed | None) -> tuple[Ranking, tuple[int, ...]]:
-        """(the pins `allowed` admits first, in order, then `ranking` without them; those pins). A pin
-        keeps its score when it was ranked, else NaN (no score: it was not among the candidates)."""
-        pins = self.pinned if allowed is None else self.pinned[allowed.mask[self.pinned]]
-        if not len(pins):
-            return ranking, ()
-        ranked = np.isin(ranking.doc_idx, pins)
-        score_of = dict(zip(ranking.doc_idx[ranked].tolist(), ranking.scores[ranked].tolist()))
-        pin_scores = np.array([score_of.get(int(p), np.nan) for p in pins], dtype=np.float64)
-        docs = np.concatenate([pins, ranking.doc_idx[~ranked]])
-        scores = np.concatenate([pin_scores, ranking.scores[~ranked].astype(np.float64)])
-        return Ranking(docs, scores), tuple(pins.tolist())
+def without(allowed: Allowed | None, hidden: np.ndarray, num_docs: int) -> Allowed | None:
+    """`allowed` (None: every document) without `hidden`."""
+    if not len(hidden):
+        return allowed
+    mask = np.ones(num_docs, dtype=bool) if allowed is None else allowed.mask.copy()
+    mask[hidden] = False
+    return Allowed(mask)
+
+
+def pin(ranking: Ranking, pins: np.ndarray) -> tuple[Ranking, tuple[int, ...]]:
+    """(`pins` first, in order, then `ranking` without them; those pins). A pin keeps its score when it was ranked,
+    else NaN (no score: it was not among the candidates)."""
+    if not len(pins):
+        return ranking, ()
+    ranked = np.isin(ranking.doc_idx, pins)
+    score_of = dict(zip(ranking.doc_idx[ranked].tolist(), ranking.scores[ranked].tolist()))
+    pin_scores = np.array([score_of.get(int(p), np.nan) for p in pins], dtype=np.float64)
+    docs = np.concatenate([pins, ranking.doc_idx[~ranked]])
+    scores = np.concatenate([pin_scores, ranking.scores[~ranked].astype(np.float64)])
+    return Ranking(docs, scores), tuple(pins.tolist())

@@ -16,7 +16,7 @@ from hybrid_retrieval.common.errors import SpecError
 from hybrid_retrieval.search import budget, checks
 from hybrid_retrieval.search.bm25 import BM25Index
 from hybrid_retrieval.search.boosts import Boosted, apply_boosts, check_fields
-from hybrid_retrieval.search.curation import Curation, Placed
+from hybrid_retrieval.search.curation import Curation, Placed, pin, without
 from hybrid_retrieval.search.dense import DenseIndex, exact_top_k
 from hybrid_retrieval.search.fields import weights_of
 from hybrid_retrieval.search.filters.columns import MetadataColumns
@@ -257,6 +257,14 @@ class SearchPipeline:
         assert self.positions_of is not None  # check_curation
         return Placed.of(curation, self.positions_of)
 
+    def hide(self, allowed: Allowed | None, hidden: np.ndarray) -> Allowed | None:
+        """What `allowed` admits (None: every document) but `hidden`."""
+        return without(allowed, hidden, self.num_docs)
+
+    def admitted_pins(self, pins: np.ndarray, allowed: Allowed | None) -> np.ndarray:
+        """The `pins` that `allowed` admits, in order."""
+        return pins if allowed is None else pins[allowed.mask[pins]]
+
     def check_curation(self, path: str) -> None:
         """SpecError under `path` when this index cannot pin or hide documents."""
         if self.positions_of is None:
@@ -402,7 +410,7 @@ class SearchPipeline:
         allowed = clock.time("filter", self.allowed, spec.filter) if spec.filter is not None else self.alive
         placed = self.placed(curation)
         if placed is not None:
-            allowed = placed.hide(allowed, self.num_docs)
+            allowed = self.hide(allowed, placed.hidden)
         rerank = spec.rerank
         # a single retriever goes down to the page's end and one more (does another page exist?), at least `depth`;
         # steered, to `depth` only: boosts and sorts reorder a fixed set of candidates
@@ -429,7 +437,7 @@ class SearchPipeline:
         ranking, boosted = self._steered(ranking, spec, clock)
         pinned: tuple[int, ...] = ()
         if placed is not None:
-            ranking, pinned = placed.pin(ranking, allowed)
+            ranking, pinned = pin(ranking, self.admitted_pins(placed.pinned, allowed))
         pool, groups = ranking.doc_idx, None  # facets count documents, grouped or not
         if group_by is not None:
             assert self.metadata is not None  # check_group_by found the field

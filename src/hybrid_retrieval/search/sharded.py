@@ -63,6 +63,7 @@ class ShardSearchRequest:
     coef: np.ndarray | None = None
     consistency: Consistency = Consistency()
     text_fields: dict[str, float] | None = None  # the BM25 leg's field weights (search.fields)
+    excluded: np.ndarray | None = None  # positions left out besides the filter's (curation's hidden documents)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ class ShardClient(Protocol):
     def statistics(self, terms: list[str], min_seq: MinSeq = ()) -> CorpusStatistics: ...
     def raw_top1(self, vector: np.ndarray) -> ShardTop1 | None: ...
     def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]: ...
+    def positions_of(self, ids: list[str], min_seq: MinSeq = ()) -> list[int | None]: ...
+    def admits(self, filter_: dict[str, Any], positions: np.ndarray, min_seq: MinSeq = ()) -> np.ndarray: ...
     def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns: ...
 
 
@@ -181,9 +184,11 @@ def merge_candidates(parts: Sequence[ShardCandidates], depth: int, floors: dict[
 
 @dataclass(frozen=True)
 class ShardFilter:
-    """A checked filter, evaluated by each shard over its own documents."""
+    """A checked filter (None: every document), evaluated by each shard over its own documents, and the positions of
+    documents it leaves out besides (curation's hidden ones)."""
 
-    filter: dict[str, Any]
+    filter: dict[str, Any] | None
+    excluded: np.ndarray | None = None
 
 
 class ShardedColumns(MetadataColumns):
@@ -251,7 +256,7 @@ class ShardedHubness:
 class ShardedPipeline(SearchPipeline):
     """SearchPipeline over shards: the legs are answered by the shards and merged; the rest is the base class's."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913
         self,
         shards: ShardGroup[ShardClient],
         embedder: Any,
@@ -261,12 +266,16 @@ class ShardedPipeline(SearchPipeline):
         consistency: Callable[[str | None, bool], Consistency],
         reranker: Reranker | None = None,
         fields: bool = False,
+        positions_of: Callable[[Sequence[str]], list[int | None]] | None = None,
     ):
         """`consistency(query, fields)`: what each shard request carries besides the search (after writes: the sequence
         numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms;
-        weighing fields, those statistics always). `fields`: every shard keeps its titles' term frequencies."""
+        weighing fields, those statistics always). `fields`: every shard keeps its titles' term frequencies.
+        `positions_of`: as SearchPipeline's, from the shards."""
         self.shards, self.consistency, self.fields = shards, consistency, fields
-        super().__init__(None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata)
+        super().__init__(
+            None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata, positions_of=positions_of
+        )
 
     def check_group_by(self, value: object, path: str = "group_by") -> None:
         """Groups need every candidate's field values, which the shards hold: not on a sharded index."""
@@ -301,6 +310,7 @@ class ShardedPipeline(SearchPipeline):
             coef,
             self.consistency(query if bm25 else None, text_fields is not None),
             text_fields if bm25 else None,
+            allowed.excluded if allowed is not None else None,
         )
 
     def _servable(self, spec: SearchSpec) -> SearchSpec:
@@ -312,9 +322,19 @@ class ShardedPipeline(SearchPipeline):
         if not self.fields:
             raise SpecError("text_fields", "a shard of this index keeps no title frequencies (split before fields): split it again")
 
-    def check_curation(self, path: str) -> None:
-        """Pins and hidden documents are found by id in the shards' stores: not on a sharded index."""
-        raise SpecError(path, "a sharded index does not pin or hide documents: search it without them")
+    def hide(self, allowed: ShardFilter | None, hidden: np.ndarray) -> ShardFilter | None:  # type: ignore[override]
+        """The shards leave `hidden` out as they evaluate the filter."""
+        if not len(hidden):
+            return allowed
+        return ShardFilter(allowed.filter if allowed is not None else None, hidden)
+
+    def admitted_pins(self, pins: np.ndarray, allowed: ShardFilter | None) -> np.ndarray:  # type: ignore[override]
+        """The pins the filter admits, as the shards holding them say (hidden ones are no pins: Placed.of)."""
+        if allowed is None or allowed.filter is None or not len(pins):
+            return pins
+        filter_, min_seq = allowed.filter, self.metadata.min_seq() if isinstance(self.metadata, ShardedColumns) else ()
+        admitted = self.shards.all(lambda shard: shard.admits(filter_, pins, min_seq))
+        return pins[np.isin(pins, np.concatenate(admitted))]
 
     def bm25_leg(
         self,

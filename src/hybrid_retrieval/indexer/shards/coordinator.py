@@ -187,6 +187,13 @@ class ShardedIndex:
         """The stored document with this id, from the shard its hash names."""
         return self.shards.clients[self.owner_of(doc_id)].document_by_id(doc_id)
 
+    def positions_of(self, ids: Sequence[str]) -> list[int | None]:
+        """Each document's position (None: no such document), from the shards its hash names (curation's pins)."""
+        owners, min_seq = shard_of(list(ids), len(self.shards)), self.min_seq()
+        asked = {int(shard): [doc_id for doc_id, owner in zip(ids, owners) if owner == shard] for shard in set(owners.tolist())}
+        found = self.shards.some(lambda shard, part: dict(zip(part, shard.positions_of(part, min_seq))), asked)
+        return [found[int(owner)][doc_id] for doc_id, owner in zip(ids, owners)]
+
     def pipeline(
         self,
         overrides: dict[str, Any] | None = None,
@@ -207,6 +214,7 @@ class ShardedIndex:
             self.consistency,
             reranker,
             fields=self.fields,
+            positions_of=self.positions_of,
         )
 
     def presenter(self, embedder: Embedder | None = None) -> Presenter:

@@ -18,6 +18,7 @@ from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.manifest import IndexOpenError, Manifest
 from hybrid_retrieval.indexer.shards.layout import POSITIONS, base_positions
 from hybrid_retrieval.indexer.shards.wire import ShardDescription, ShardStats
+from hybrid_retrieval.search.curation import without
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.pipeline import SearchPipeline, Stopwatch
 from hybrid_retrieval.search.ranking import Ranking
@@ -128,7 +129,11 @@ class ShardSearcher:
         pipe = view.pipeline
         if request.consistency.statistics is not None:
             pipe = pipe.with_bm25(view.bm25.with_statistics(request.consistency.statistics))
-        return view, pipe, pipe.allowed(request.filter)
+        allowed = pipe.allowed(request.filter)
+        if request.excluded is not None:  # curation's hidden documents
+            local, held = view.local(request.excluded)
+            allowed = without(allowed, local[held], pipe.num_docs)
+        return view, pipe, allowed
 
     def search(self, leg: Leg, request: ShardSearchRequest) -> ShardRanking:
         """One leg's local top-`depth` of the documents the request's filter admits."""
@@ -181,6 +186,20 @@ class ShardSearcher:
         metadata = view.read_view.metadata if view.read_view is not None else view.index.metadata
         assert metadata is not None  # asked only of an index with filterable fields, which every shard holds
         return {name: metadata.columns[name].counts(local) for name in names}
+
+    def positions_of(self, ids: list[str], min_seq: MinSeq = ()) -> list[int | None]:
+        """The position of each document of `ids` this shard holds (None: not held here, or deleted)."""
+        view = self.view(min_seq)
+        local = view.read_view.positions_of(ids) if view.read_view is not None else view.index.positions_of(ids)
+        return [int(view.positions[at]) if at is not None else None for at in local]
+
+    def admits(self, filter_: dict[str, Any], positions: np.ndarray, min_seq: MinSeq = ()) -> np.ndarray:
+        """Those of `positions` this shard holds and `filter_` admits."""
+        view = self.view(min_seq)
+        local, held = view.local(positions)
+        allowed = view.pipeline.allowed(filter_)
+        kept = held.copy() if allowed is None else held & allowed.mask[np.where(held, local, 0)]
+        return np.asarray(positions, dtype=np.int64)[kept]
 
     def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns:
         """The documents at `positions` that this shard holds (in that order), and their filterable fields' values
