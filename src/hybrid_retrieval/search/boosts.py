@@ -25,6 +25,7 @@ boost's contribution is a term of `final = s + sum of contributions`, which `exp
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -96,13 +97,19 @@ class DecayBoost:
 
     def values(self, field_values: np.ndarray) -> np.ndarray:
         """The decay of each value, in the field's unit (seconds for a date): 1 within `offset` of the origin."""
-        distances = np.maximum(np.abs(field_values - _origin(self.origin)) - _length(self.offset), 0.0)
-        scale = _length(self.scale)
+        origin = time.time() if self.origin == "now" else self._numbers[0]
+        _, offset, scale = self._numbers
+        distances = np.maximum(np.abs(field_values - origin) - offset, 0.0)
         if self.decay_function == "gauss":
-            return np.exp(distances**2 * math.log(self.decay_at_scale) / scale**2)  # = exp(-d^2 / 2s^2)
+            return np.exp(distances**2 * (math.log(self.decay_at_scale) / scale**2))  # = exp(-d^2 / 2s^2)
         if self.decay_function == "exp":
-            return np.exp(distances * math.log(self.decay_at_scale) / scale)
-        return np.maximum(1.0 - distances * (1.0 - self.decay_at_scale) / scale, 0.0)
+            return np.exp(distances * (math.log(self.decay_at_scale) / scale))
+        return np.maximum(1.0 - distances * ((1.0 - self.decay_at_scale) / scale), 0.0)
+
+    @functools.cached_property
+    def _numbers(self) -> tuple[float, float, float]:
+        """(origin, offset, scale) as numbers, parsed once (the origin "now" is read at each search instead)."""
+        return (0.0 if self.origin == "now" else _origin(self.origin)), _length(self.offset), _length(self.scale)
 
 
 @dataclass(frozen=True)
