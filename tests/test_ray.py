@@ -78,7 +78,7 @@ def test_ray_serve_answers_like_the_whole_index(serve_port, whole_index, scifact
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for spec in SPECS:
             for query in sample_queries(scifact, 4, 100):
-                expected = pipeline.search(query, 20, {**spec, "typo": 0})  # shards match terms exactly
+                expected = pipeline.search(query, 20, dict(spec))
                 served = search(client, query, spec, headers=reader)
                 assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in expected.ranking.doc_idx], spec
                 np.testing.assert_allclose([hit["score"] for hit in served["hits"]], expected.ranking.scores, rtol=0, atol=1e-5)
@@ -96,7 +96,7 @@ def test_ray_serve_answers_like_the_whole_index(serve_port, whole_index, scifact
         retuned = open_index(whole_index).pipeline()
         query = sample_queries(scifact, 1, 150)[0]
         served = search(client, query, {}, headers=reader)
-        assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in retuned.search(query, 20, {"typo": 0}).ranking.doc_idx]
+        assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in retuned.search(query, 20).ranking.doc_idx]
 
 
 def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve_port, metadata_index, scifact, tmp_path):
@@ -125,7 +125,7 @@ def test_writes_through_ray_serve_reach_the_owning_shard_and_every_replica(serve
             for _ in range(rounds):  # calls go to either replica of a shard
                 for spec in WRITE_SPECS:
                     for query in queries:
-                        expected = pipeline.search(query, 20, {**spec, "typo": 0})  # shards match terms exactly
+                        expected = pipeline.search(query, 20, dict(spec))
                         served = search(client, query, spec, headers=writer)
                         ids = [whole.view.document(int(i))["id"] for i in expected.ranking.doc_idx]
                         assert [hit["id"] for hit in served["hits"]] == ids, spec
@@ -167,5 +167,5 @@ def test_serve_comes_up_when_the_proxy_misses_rays_own_wait(serve_port, sharded_
     with httpx.Client(base_url=f"http://127.0.0.1:{serve_port}", timeout=60) as http:
         for query in sample_queries(scifact, 2, 60):
             served = search(http, query, {"mode": "hybrid"}, k=10)
-            expected = whole.pipeline().search(query, 10, {"mode": "hybrid", "typo": 0})
+            expected = whole.pipeline().search(query, 10, {"mode": "hybrid"})
             assert [hit["id"] for hit in served["hits"]] == [whole.doc_ids[i] for i in expected.ranking.doc_idx]

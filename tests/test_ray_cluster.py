@@ -68,7 +68,7 @@ def test_serve_through_a_head_and_a_worker_node(whole_index, scifact, tmp_path):
             whole = open_index(whole_index)
             for query in sample_queries(scifact, 3, 120):
                 hits = client.post("/search", json={"query": query, "k": 10, "mode": "hybrid"}).json()["hits"]
-                expected = whole.pipeline().search(query, 10, {"mode": "hybrid", "typo": 0})  # shards: exact terms
+                expected = whole.pipeline().search(query, 10, {"mode": "hybrid"})
                 assert [hit["id"] for hit in hits] == [whole.doc_ids[i] for i in expected.ranking.doc_idx]
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0

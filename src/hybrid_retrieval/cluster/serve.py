@@ -43,6 +43,7 @@ from hybrid_retrieval.indexer.shards.shard import ShardSearcher
 from hybrid_retrieval.indexer.shards.wire import ShardDescription, ShardStats
 from hybrid_retrieval.search.segments import CorpusStatistics
 from hybrid_retrieval.search.sharded import FieldColumns, Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
+from hybrid_retrieval.search.typo import TypoTerms
 
 if TYPE_CHECKING:  # Ray is an optional extra, imported when serving
     from fastapi import FastAPI
@@ -137,6 +138,9 @@ class ShardReplica:
     def facet_counts(self, version: str, names: list[str], positions: np.ndarray, min_seq: MinSeq) -> dict[str, list[tuple[Any, int]]]:
         return self._at(version).facet_counts(names, positions, min_seq)
 
+    def typo_terms(self, version: str, query: str, typo: str | int, min_seq: MinSeq) -> TypoTerms:
+        return self._at(version).typo_terms(query, typo, min_seq)
+
     def positions_of(self, version: str, ids: list[str], min_seq: MinSeq) -> list[int | None]:
         return self._at(version).positions_of(ids, min_seq)
 
@@ -208,6 +212,9 @@ class RemoteShard:
 
     def positions_of(self, ids: list[str], min_seq: MinSeq = ()) -> list[int | None]:
         return self._call(self.handle.positions_of, ids, min_seq)
+
+    def typo_terms(self, query: str, typo: str | int, min_seq: MinSeq = ()) -> TypoTerms:
+        return self._call(self.handle.typo_terms, query, typo, min_seq)
 
     def admits(self, filter_: dict[str, Any], positions: np.ndarray, min_seq: MinSeq = ()) -> np.ndarray:
         return self._call(self.handle.admits, filter_, positions, min_seq)

@@ -35,7 +35,7 @@ from hybrid_retrieval.search.maxscore import (
 )
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking
-from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon
+from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon, Variants
 from hybrid_retrieval.search.typo import variants as typo_variants
 from hybrid_retrieval.search.typo import warm as warm_typo_kernel
 
@@ -203,22 +203,27 @@ class BM25Index:
         indptr, term_id = self._engine.scores["indptr"], self._vocab[term]
         return int(indptr[term_id + 1] - indptr[term_id])
 
-    def _weighted_terms(self, query: str, typo: str | int) -> list[list[tuple[int, float]]]:
-        """Per query term, in query order: [(its id, 1.0)] if the index holds it, else its typo variants' (id, weight)."""
+    def _weighted_terms(self, query: str, typo: str | int | Variants) -> list[list[tuple[int, float]]]:
+        """Per query term, in query order: [(its id, 1.0)] if the index holds it, else its typo variants' (id, weight)
+        (`typo` the variants themselves: a shard's, which its coordinator chose for the whole index; those this shard
+        holds)."""
         # bm25l and bm25+ score every document for every term (non-occurrence): a best-of-variants would need its own
         # non-occurrence, so they match terms exactly
         terms = self.analyzer.query_terms(query)
-        unheld = any(term not in self._vocab for term in terms)
-        variants = self.variants(query, typo) if typo != 0 and unheld and self._engine.nonoccurrence_array is None else {}
+        if isinstance(typo, dict):
+            variants = typo
+        else:
+            unheld = any(term not in self._vocab for term in terms)
+            variants = self.variants(query, typo) if typo != 0 and unheld and self._engine.nonoccurrence_array is None else {}
         out = []
         for term in terms:
             if term in self._vocab:
                 out.append([(self._vocab[term], 1.0)])
-            elif variants.get(term):
-                out.append([(self._vocab[v], VARIANT_WEIGHTS[d]) for v, d in variants[term]])
+            elif held := [(self._vocab[v], VARIANT_WEIGHTS[d]) for v, d in variants.get(term, ()) if v in self._vocab]:
+                out.append(held)
         return out
 
-    def scores(self, query: str, typo: str | int = 0) -> np.ndarray:
+    def scores(self, query: str, typo: str | int | Variants = 0) -> np.ndarray:
         """BM25 score of every document for `query` (zeros when no term matches), with typo tolerance `typo`."""
         terms = self._weighted_terms(query, typo)
         if not terms:
@@ -243,12 +248,12 @@ class BM25Index:
                 lists.append(PostingList(indices[start:stop], data[start:stop], bound, scale, within=matrix, start=int(start), group=group))
         return lists
 
-    def posting_lists(self, query: str, typo: str | int = 0) -> list[PostingList]:
+    def posting_lists(self, query: str, typo: str | int | Variants = 0) -> list[PostingList]:
         """The query terms' columns of the score matrix, in query order, with their bounds."""
         return self._columns(self._weighted_terms(query, typo), bounded=True)
 
     def leg(
-        self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None, typo: str | int = 0
+        self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None, typo: str | int | Variants = 0
     ) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
         `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says. `typo`: the

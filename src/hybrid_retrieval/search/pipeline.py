@@ -31,6 +31,7 @@ from hybrid_retrieval.search.rerank import Reranked, Reranker
 from hybrid_retrieval.search.segments import CorpusScoredBM25, LiveBM25, LiveDense, LiveVectors
 from hybrid_retrieval.search.sorting import check_sort_fields, sort_ranking
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec, check_k
+from hybrid_retrieval.search.typo import Variants
 
 MAX_OFFSET = 10_000
 
@@ -281,7 +282,7 @@ class SearchPipeline:
         clock: Stopwatch,
         allowed: Allowed | None = None,
         scoring: PassageSpec | None = None,
-        typo: str | int = 0,
+        typo: str | int | Variants = 0,
         text_fields: dict[str, float] | None = None,
     ):
         """(the query's BM25 score of any documents, the top `depth` of the allowed ones): of the whole document, or in
@@ -346,7 +347,7 @@ class SearchPipeline:
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,
-        typo: str | int = 0,
+        typo: str | int | Variants = 0,
         text_fields: dict[str, float] | None = None,
     ) -> tuple[Candidates, np.ndarray]:
         """Union of both top-`depth` lists (of the allowed documents), every document with its BM25 score and

@@ -34,7 +34,7 @@ from hybrid_retrieval.search.passages import PassageIndex, aggregate
 from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import PassageSpec
-from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon
+from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon, TypoTerms, Variants
 from hybrid_retrieval.search.typo import variants as typo_variants
 
 
@@ -353,7 +353,7 @@ class LiveBM25:
         return CorpusStatistics(self.collection_size, self.total_length, {t: self.df(t) for t in set(terms)}, self.title_length)
 
     def posting_lists(
-        self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0, fields: FieldWeights | None = None
+        self, query: str, statistics: CorpusStatistics | None = None, typo: str | int | Variants = 0, fields: FieldWeights | None = None
     ) -> list[PostingList]:
         """Each query term's base and live entries, in query order: idf(t) * tf / (tf + k1 * (1 - b + b * |d| / avgdl))
         (search.postings), with the document count, avgdl and document frequencies of `statistics` (default: of this
@@ -365,8 +365,11 @@ class LiveBM25:
         averages = statistics.field_averages if statistics is not None else self.field_averages if self.has_fields else (0.0, 0.0)
         df = self.df if statistics is None else lambda term: statistics.df.get(term, 0)
         terms = self.analyzer.query_terms(query)
-        unheld = statistics is None and any(df(term) == 0 for term in terms)  # shards match exactly (search.typo)
-        variants = self.variants(query, typo) if typo != 0 and unheld else {}
+        if isinstance(typo, dict):  # the variants themselves (a shard's, chosen by its coordinator for the whole index)
+            variants = typo
+        else:  # statistics without variants: a shard that was told none
+            unheld = statistics is None and any(df(term) == 0 for term in terms)
+            variants = self.variants(query, typo) if typo != 0 and unheld else {}
         lists = []
         for position, term in enumerate(terms):  # a repeated term counts again (bm25s, Lucene)
             alternatives = [(v, VARIANT_WEIGHTS[d]) for v, d in variants[term]] if term in variants else [(term, 1.0)]
@@ -413,9 +416,15 @@ class LiveBM25:
     def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
         """The typo variants (term, edits) of each query term no document holds (search.typo): among the base's terms
         and those only written since."""
-        return typo_variants(self.analyzer, query, typo, lambda term: self.df(term) > 0, self._near, self.df)
+        return typo_variants(self.analyzer, query, typo, lambda term: self.df(term) > 0, self.near, self.df)
 
-    def _near(self, term: str, edits: int) -> list[tuple[str, int]]:
+    def typo_terms(self, query: str, typo: str | int) -> TypoTerms:
+        """What these documents hold of what `query`'s typos may be matched to (a shard's part: search.sharded)."""
+        return TypoTerms.of(self.analyzer, query, typo, self.df, self.near)
+
+    def near(self, term: str, edits: int) -> list[tuple[str, int]]:
+        """The terms within `edits` of `term` among the base's and those only written since (some may be held by
+        deleted documents only: `df` says)."""
         return [*self._base.near(term, edits), *((self._written.terms[at], d) for at, d in self._written.near(term, edits))]
 
     @functools.cached_property
@@ -425,7 +434,7 @@ class LiveBM25:
         return Lexicon(t for t in list(self.live.vocabulary) if t not in self._vocab)
 
     def scores(
-        self, query: str, statistics: CorpusStatistics | None = None, typo: str | int = 0, fields: FieldWeights | None = None
+        self, query: str, statistics: CorpusStatistics | None = None, typo: str | int | Variants = 0, fields: FieldWeights | None = None
     ) -> np.ndarray:
         """BM25 score of every document (base then live numbering); 0 for deleted ones and non-matches: the
         exhaustive reference of `leg`."""
@@ -438,7 +447,7 @@ class LiveBM25:
         allowed: Allowed | None = None,
         statistics: CorpusStatistics | None = None,
         prune: bool | None = None,
-        typo: str | int = 0,
+        typo: str | int | Variants = 0,
         fields: FieldWeights | None = None,
     ) -> tuple[Ranking, ScoreOf]:
         """As BM25Index.leg, over both segments; `fields` weights title and text (search.fields)."""
@@ -554,10 +563,10 @@ class CorpusScoredBM25:
         return self.bm25.scores(query, self.statistics)
 
     def leg(
-        self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int = 0, fields: FieldWeights | None = None
+        self, query: str, depth: int, allowed: Allowed | None = None, typo: str | int | Variants = 0, fields: FieldWeights | None = None
     ) -> tuple[Ranking, ScoreOf]:
-        """`typo`: not applied (a variant's statistics would be the whole corpus's; search.sharded serves typo 0)."""
-        return self.bm25.leg(query, depth, allowed, self.statistics, fields=fields)
+        """`typo`: the variants the coordinator chose, whose statistics `statistics` holds (search.sharded)."""
+        return self.bm25.leg(query, depth, allowed, self.statistics, typo=typo, fields=fields)
 
 
 class LiveVectors:

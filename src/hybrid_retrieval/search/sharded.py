@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 
 from hybrid_retrieval.common.errors import SpecError
+from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataCollector, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.fusion import RETRIEVERS, Candidates
@@ -36,6 +37,7 @@ from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.rerank import Reranker
 from hybrid_retrieval.search.segments import CorpusStatistics, concat_columns
 from hybrid_retrieval.search.spec import HubnessSpec, PassageSpec, SearchSpec
+from hybrid_retrieval.search.typo import TypoTerms, Variants
 
 Leg = Literal["bm25", "dense"]
 MinSeq = tuple[int, ...]  # by shard, the writer sequence number a shard must have caught up with (empty: none)
@@ -64,6 +66,7 @@ class ShardSearchRequest:
     consistency: Consistency = Consistency()
     text_fields: dict[str, float] | None = None  # the BM25 leg's field weights (search.fields)
     excluded: np.ndarray | None = None  # positions left out besides the filter's (curation's hidden documents)
+    variants: Variants | None = None  # the typos' variants the coordinator chose (search.typo)
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class ShardClient(Protocol):
     def raw_top1(self, vector: np.ndarray) -> ShardTop1 | None: ...
     def facet_counts(self, names: list[str], positions: np.ndarray, min_seq: MinSeq = ()) -> dict[str, list[tuple[Any, int]]]: ...
     def positions_of(self, ids: list[str], min_seq: MinSeq = ()) -> list[int | None]: ...
+    def typo_terms(self, query: str, typo: str | int, min_seq: MinSeq = ()) -> TypoTerms: ...
     def admits(self, filter_: dict[str, Any], positions: np.ndarray, min_seq: MinSeq = ()) -> np.ndarray: ...
     def field_columns(self, positions: np.ndarray, min_seq: MinSeq = ()) -> FieldColumns: ...
 
@@ -263,16 +267,17 @@ class ShardedPipeline(SearchPipeline):
         defaults: SearchSpec,
         hubness: ShardedHubness | None,
         metadata: ShardedColumns | None,
-        consistency: Callable[[str | None, bool], Consistency],
+        consistency: Callable[[str | None, bool, list[str]], Consistency],
         reranker: Reranker | None = None,
         fields: bool = False,
         positions_of: Callable[[Sequence[str]], list[int | None]] | None = None,
+        analyzer: Analyzer | None = None,
     ):
         """`consistency(query, fields)`: what each shard request carries besides the search (after writes: the sequence
         numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms;
         weighing fields, those statistics always). `fields`: every shard keeps its titles' term frequencies.
-        `positions_of`: as SearchPipeline's, from the shards."""
-        self.shards, self.consistency, self.fields = shards, consistency, fields
+        `positions_of`: as SearchPipeline's, from the shards; `analyzer`: the index's, which typos' variants follow."""
+        self.shards, self.consistency, self.fields, self.analyzer = shards, consistency, fields, analyzer or Analyzer()
         super().__init__(
             None, None, embedder, None, defaults, hubness=hubness, reranker=reranker, metadata=metadata, positions_of=positions_of
         )
@@ -289,7 +294,7 @@ class ShardedPipeline(SearchPipeline):
         self._admitted(filter_)  # raises the SpecError one index would (no filterable field, a bad condition)
         return ShardFilter(filter_)
 
-    def _request(
+    def _request(  # noqa: PLR0913
         self,
         query: str,
         depth: int,
@@ -299,8 +304,12 @@ class ShardedPipeline(SearchPipeline):
         hubness: HubnessSpec | None = None,
         coef: np.ndarray | None = None,
         text_fields: dict[str, float] | None = None,
+        typo: str | int | Variants = 0,
     ) -> ShardSearchRequest:
-        """`bm25`: the request runs a BM25 leg, which scores with the corpus statistics of the query's terms."""
+        """`bm25`: the request runs a BM25 leg, which scores with the corpus statistics of the query's terms and of its
+        typos' variants (chosen here for the whole index: `variants`)."""
+        variants = self.variants(query, typo) if bm25 else {}
+        extra = sorted({variant for found in variants.values() for variant, _ in found})
         return ShardSearchRequest(
             query,
             depth,
@@ -308,15 +317,25 @@ class ShardedPipeline(SearchPipeline):
             vector,
             hubness.method if hubness is not None else "none",
             coef,
-            self.consistency(query if bm25 else None, text_fields is not None),
+            self.consistency(query if bm25 else None, text_fields is not None, extra),
             text_fields if bm25 else None,
             allowed.excluded if allowed is not None else None,
+            variants or None,
         )
 
-    def _servable(self, spec: SearchSpec) -> SearchSpec:
-        """Shards match terms exactly (a typo's variants would need every shard's statistics of terms only some hold:
-        search.typo), and the spec applied says so."""
-        return super()._servable(replace(spec, typo=0))
+    def variants(self, query: str, typo: str | int | Variants) -> Variants:
+        """The variants one index would match `query`'s typos to, from what every shard holds (search.typo.TypoTerms):
+        one round to the shards, as they may each hold some of a variant's documents."""
+        if isinstance(typo, dict) or typo == 0:
+            return typo if isinstance(typo, dict) else {}
+        min_seq = self.consistency(None, False, []).min_seq
+        parts = self.shards.all(lambda shard: shard.typo_terms(query, typo, min_seq))
+        return TypoTerms.merged(parts).variants(self.analyzer, query, typo)
+
+    def typo_variants(self, query: str, spec: SearchSpec) -> dict[str, list[dict[str, Any]]]:
+        if spec.mode == "dense" or spec.typo == 0:
+            return {}
+        return {term: [{"term": v, "edits": d} for v, d in found] for term, found in self.variants(query, spec.typo).items()}
 
     def _check_text_fields(self, spec: SearchSpec) -> None:
         if not self.fields:
@@ -343,11 +362,10 @@ class ShardedPipeline(SearchPipeline):
         clock: Stopwatch,
         allowed: ShardFilter | None = None,
         scoring: PassageSpec | None = None,
-        typo: str | int = 0,
+        typo: str | int | Variants = 0,
         text_fields: dict[str, float] | None = None,
     ) -> tuple[None, Ranking]:
-        """`typo`: 0 here (`_servable`)."""
-        request = self._request(query, depth, allowed, True, text_fields=text_fields)
+        request = self._request(query, depth, allowed, True, text_fields=text_fields, typo=typo)
         answers: list[ShardRanking] = clock.time("bm25", self.shards.all, lambda shard: shard.search("bm25", request))
         return None, merge_top(answers, depth)
 
@@ -392,14 +410,14 @@ class ShardedPipeline(SearchPipeline):
         vector: np.ndarray | None = None,
         coef: np.ndarray | None = None,
         scoring: PassageSpec | None = None,
-        typo: str | int = 0,
+        typo: str | int | Variants = 0,
         text_fields: dict[str, float] | None = None,
     ) -> tuple[Candidates, np.ndarray]:
         clock = clock or Stopwatch()
         if vector is None:
             vector = clock.time("embed", self.embedder.encode, [query])[0]
         coef = self.coefficients(vector, hubness) if coef is None else coef
-        request = self._request(query, depth, allowed, True, vector, hubness, coef, text_fields)
+        request = self._request(query, depth, allowed, True, vector, hubness, coef, text_fields, typo)
         answers: list[ShardCandidates] = clock.time("shards", self.shards.all, lambda shard: shard.candidates(request))
         floors = {"dense": self.hubness.score_floor(coef)} if coef is not None else None
         return clock.time("candidates", merge_candidates, answers, depth, floors), vector

@@ -25,7 +25,9 @@ budget: a vocabulary of 50,000 terms is searched in well under a millisecond.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from string import ascii_lowercase
 
 import numba
@@ -70,6 +72,53 @@ def variants(
                     found[variant] = 1
         out[term] = sorted(found.items(), key=lambda v: (v[1], -frequency(v[0]), v[0]))[:MAX_VARIANTS]
     return out
+
+
+Variants = dict[str, list[tuple[str, int]]]  # by query term: (variant, edits), as `variants` returns them
+
+
+@dataclass(frozen=True)
+class TypoTerms:
+    """What one part of a collection (a shard) holds of what typo tolerance may use for a query: the document
+    frequency of each term named below, each long enough query term's near terms within its budget (term -> edits),
+    and the terms its words' one-edit neighbours analyse to. Parts add up to what one index would see (`merged`)."""
+
+    df: dict[str, int]
+    near: dict[str, dict[str, int]]
+
+    @classmethod
+    def of(
+        cls, analyzer: Analyzer, query: str, typo: str | int, df: Callable[[str], int], near: Callable[[str, int], list[tuple[str, int]]]
+    ) -> TypoTerms:
+        """`df(term)`: documents holding the term here (0: none); `near(term, edits)`: terms here within the edits."""
+        frequencies: dict[str, int] = {}
+        found: dict[str, dict[str, int]] = {}
+        for term, start, end in analyzer.spans(query):
+            frequencies[term] = df(term)
+            word = query[start:end].lower()
+            if not (budget := edit_budget(word, typo)):
+                continue
+            close = {variant: distance for variant, distance in near(term, budget) if df(variant) > 0}
+            token = analyzer.token_of(word)
+            neighbours = [v for v in analyzer.stem_tokens(one_edit_away(token)) if v is not None] if token is not None else []
+            frequencies.update({variant: df(variant) for variant in [*close, *neighbours]})
+            found[term] = close
+        return cls({t: n for t, n in frequencies.items() if n > 0}, found)
+
+    @staticmethod
+    def merged(parts: Iterable[TypoTerms]) -> TypoTerms:
+        df: Counter[str] = Counter()
+        near: dict[str, dict[str, int]] = {}
+        for part in parts:
+            df.update(part.df)
+            for term, close in part.near.items():
+                near.setdefault(term, {}).update(close)
+        return TypoTerms(dict(df), near)
+
+    def variants(self, analyzer: Analyzer, query: str, typo: str | int) -> Variants:
+        """The variants one index holding these terms would choose (`variants`)."""
+        near = lambda term, edits: [(v, d) for v, d in self.near.get(term, {}).items() if d <= edits]
+        return variants(analyzer, query, typo, lambda term: self.df.get(term, 0) > 0, near, lambda term: self.df.get(term, 0))
 
 
 def one_edit_away(word: str) -> list[str]:

@@ -145,14 +145,14 @@ class ShardedIndex:
         took writes (empty: none)."""
         return tuple(self.visible) if self.written else ()
 
-    def consistency(self, query: str | None = None, fields: bool = False) -> Consistency:
+    def consistency(self, query: str | None = None, fields: bool = False, variants: Sequence[str] = ()) -> Consistency:
         """What a shard search request carries: min_seq and, for a BM25 leg of `query` once the index took writes or
         when it weighs `fields` (whose average lengths the split's scores do not hold), the corpus statistics of its
-        terms."""
+        terms and of its typos' `variants`."""
         min_seq = self.min_seq()
         if query is None or not (min_seq or fields):
             return Consistency(min_seq)
-        terms = self.analyzer.query_terms(query)
+        terms = [*self.analyzer.query_terms(query), *variants]
         return Consistency(min_seq, CorpusStatistics.total(self.shards.all(lambda shard: shard.statistics(terms, min_seq))))
 
     def owners(self, positions: np.ndarray) -> np.ndarray:
@@ -215,6 +215,7 @@ class ShardedIndex:
             reranker,
             fields=self.fields,
             positions_of=self.positions_of,
+            analyzer=self.analyzer,
         )
 
     def presenter(self, embedder: Embedder | None = None) -> Presenter:

@@ -25,6 +25,7 @@ from hybrid_retrieval.search.ranking import Ranking
 from hybrid_retrieval.search.segments import CorpusStatistics, LiveBM25, LiveSegment
 from hybrid_retrieval.search.sharded import FieldColumns, Leg, MinSeq, ShardCandidates, ShardRanking, ShardSearchRequest, ShardTop1
 from hybrid_retrieval.search.spec import HubnessSpec
+from hybrid_retrieval.search.typo import TypoTerms
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,8 @@ class ShardSearcher:
         """One leg's local top-`depth` of the documents the request's filter admits."""
         view, pipe, allowed = self._searching(request)
         if leg == "bm25":
-            return view.ranking(pipe.bm25_leg(request.query, request.depth, Stopwatch(), allowed, text_fields=request.text_fields)[1])
+            typo = request.variants or 0
+            return view.ranking(pipe.bm25_leg(request.query, request.depth, Stopwatch(), allowed, None, typo, request.text_fields)[1])
         hubness = HubnessSpec(method=request.hubness)
         return view.ranking(pipe.dense_leg(request.query, request.depth, Stopwatch(), hubness, allowed, request.vector, request.coef)[1])
 
@@ -148,7 +150,15 @@ class ShardSearcher:
         view, pipe, allowed = self._searching(request)
         hubness = HubnessSpec(method=request.hubness)
         candidates, _ = pipe.candidates(
-            request.query, request.depth, hubness, Stopwatch(), allowed, request.vector, request.coef, text_fields=request.text_fields
+            request.query,
+            request.depth,
+            hubness,
+            Stopwatch(),
+            allowed,
+            request.vector,
+            request.coef,
+            typo=request.variants or 0,
+            text_fields=request.text_fields,
         )
         assert candidates.rankings is not None  # Candidates.from_rankings keeps them
         rankings = {leg: view.ranking(ranking) for leg, ranking in candidates.rankings.items()}
@@ -186,6 +196,10 @@ class ShardSearcher:
         metadata = view.read_view.metadata if view.read_view is not None else view.index.metadata
         assert metadata is not None  # asked only of an index with filterable fields, which every shard holds
         return {name: metadata.columns[name].counts(local) for name in names}
+
+    def typo_terms(self, query: str, typo: str | int, min_seq: MinSeq = ()) -> TypoTerms:
+        """This shard's part of what `query`'s typos may be matched to (search.typo.TypoTerms)."""
+        return self.view(min_seq).bm25.typo_terms(query, typo)
 
     def positions_of(self, ids: list[str], min_seq: MinSeq = ()) -> list[int | None]:
         """The position of each document of `ids` this shard holds (None: not held here, or deleted)."""
