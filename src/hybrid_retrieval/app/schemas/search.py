@@ -241,7 +241,8 @@ class SearchResponse(BaseModel):
     has_more: bool = Field(description="whether hits exist after this page")
     spec: dict[str, Any] = Field(
         description="the search spec applied, in full: the index's defaults, the service's settings and "
-        "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score, filter, highlight)"
+        "this request's fields merged (mode, depth, fusion, hubness, rerank, min_score, filter, highlight, typo, boosts, "
+        "boost_mode, sort, text_fields)"
     )
     reranker: str | None = Field(default=None, description="the cross-encoder, when the spec reranks")
     hits: list[Hit]
@@ -251,7 +252,10 @@ class SearchResponse(BaseModel):
         description="with `explain`: each query term the collection does not hold, and the terms the BM25 leg matched it "
         "to under `typo` (a document counts the best of them)",
     )
-    timings_ms: dict[str, float] = Field(description="per stage: filter, bm25, embed, dense, candidates, fusion, rerank, total")
+    timings_ms: dict[str, float] = Field(
+        description="per stage: filter, bm25, embed, dense, candidates, fusion, rerank, fields (boosts' and sorts' values), "
+        "boost, sort, total"
+    )
 
 
 class BatchRequest(Strict):
