@@ -166,6 +166,7 @@ class Lexicon:
         joined = "".join(self.terms)
         self.codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32).astype(np.int64) if joined else np.zeros(0, np.int64)
         self.masks = np.fromiter((_mask(t) for t in self.terms), dtype=np.uint64, count=len(self.terms))
+        self.counts = np.fromiter((_counts(t) for t in self.terms), dtype=np.uint64, count=len(self.terms))
 
     def near(self, term: str, edits: int) -> list[tuple[int, int]]:
         """(position, distance) of every term within `edits` of `term` (the term itself excluded: 0 edits)."""
@@ -174,7 +175,8 @@ class Lexicon:
         low = int(np.searchsorted(self.lengths, len(term) - edits, side="left"))
         high = int(np.searchsorted(self.lengths, len(term) + edits, side="right"))
         query = np.array([ord(ch) for ch in term], dtype=np.int64)
-        found, distances = _near(self.codes, self.offsets, self.masks, low, high, query, np.uint64(_mask(term)), edits)
+        masks, counts = (self.masks, np.uint64(_mask(term))), (self.counts, np.uint64(_counts(term)))
+        found, distances = _near(self.codes, self.offsets, masks, counts, low, high, query, edits)
         return list(zip(found.tolist(), distances.tolist()))
 
 
@@ -190,21 +192,37 @@ def _mask(term: str) -> int:
     return mask
 
 
+def _counts(term: str) -> int:
+    """How many of the term's characters fall in each of 16 classes (code point mod 16), 4 bits each, capped at 15."""
+    counts = [0] * 16
+    for ch in term:
+        counts[ord(ch) % 16] += 1
+    return sum(min(count, 15) << (4 * i) for i, count in enumerate(counts))
+
+
 @numba.njit(cache=True, nogil=True)
-def _near(codes, offsets, masks, low, high, query, query_mask, limit):
-    """(positions, distances) of the terms low..high-1 within `limit` edits of `query` but not equal to it: those whose
-    character masks differ in at most 2 * limit bits (an edit changes at most two), then by the distance itself."""
-    candidates = np.empty(high - low, dtype=np.int64)
-    count = 0
-    for at in range(low, high):
-        differ, bits = masks[at] ^ query_mask, 0
-        while differ and bits <= 2 * limit:
-            differ &= differ - np.uint64(1)
-            bits += 1
-        if bits <= 2 * limit:
-            candidates[count] = at
-            count += 1
-    candidates = candidates[:count]
+def _near(codes, offsets, masks, counts, low, high, query, limit):
+    """(positions, distances) of the terms low..high-1 within `limit` edits of `query` but not equal to it. Two cheap
+    bounds first, as an edit changes at most two of either: the character masks (`masks`: the terms', the query's)
+    differ in at most 2 * limit bits, counted for every term in a branch-free pass that vectorises; then the counts of
+    16 character classes (`counts`) differ by at most 2 * limit in all; then the distance itself."""
+    (term_masks, query_mask), (term_counts, query_counts) = masks, counts
+    m1, m2, m4 = np.uint64(0x5555555555555555), np.uint64(0x3333333333333333), np.uint64(0x0F0F0F0F0F0F0F0F)
+    bits = np.empty(high - low, dtype=np.uint64)
+    for i in range(high - low):  # the population count of the masks' difference (SWAR)
+        x = term_masks[low + i] ^ query_mask
+        x = x - ((x >> np.uint64(1)) & m1)
+        x = (x & m2) + ((x >> np.uint64(2)) & m2)
+        bits[i] = (((x + (x >> np.uint64(4))) & m4) * np.uint64(0x0101010101010101)) >> np.uint64(56)
+    candidates = low + np.flatnonzero(bits <= np.uint64(2 * limit))
+    close = np.zeros(len(candidates), dtype=np.bool_)
+    for k in range(len(candidates)):
+        a, b, apart = term_counts[candidates[k]], query_counts, 0
+        for _ in range(16):
+            apart += abs(np.int64(a & np.uint64(15)) - np.int64(b & np.uint64(15)))
+            a, b = a >> np.uint64(4), b >> np.uint64(4)
+        close[k] = apart <= 2 * limit
+    candidates = candidates[close]
     distances = _distances(codes, offsets, candidates, query, limit)
     within = (distances > 0) & (distances <= limit)
     return candidates[within], distances[within]
