@@ -133,6 +133,19 @@ def scifact_slice_index(scifact_slice, tmp_path_factory) -> Path:
     return out
 
 
+# boosts and sorts over with_metadata's fields, which sharded answers must give as the whole index's
+STEERED_SPECS = [
+    {"mode": "hybrid", "boosts": [{"field": "year", "modifier": "log1p", "weight": 0.3}, {"filter": {"tags": "b"}, "weight": 0.2}]},
+    {"mode": "bm25", "sort": ["year:desc", "_score"]},
+    {
+        "mode": "hybrid",
+        "boosts": [{"decay": "gauss", "field": "year", "origin": 2010, "scale": 5, "weight": 1}],
+        "boost_mode": "product",
+        "sort": ["tags", "_score"],
+    },
+]
+
+
 def with_metadata(i: int, doc: dict) -> dict:
     return {**doc, "metadata": {"year": 1990 + i % 30, "tags": ["a", "b", "c"][: 1 + i % 3] if i % 4 else ["z"], "flag": i % 2 == 0}}
 

@@ -23,7 +23,7 @@ from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.curation import Curation
 from hybrid_retrieval.search.segments import CorpusStatistics
 from tests.conftest import SHARDED_SLICE as SLICE
-from tests.conftest import sample_queries, with_metadata
+from tests.conftest import STEERED_SPECS, sample_queries, with_metadata
 
 SPECS = [
     {"mode": "bm25"},
@@ -36,14 +36,7 @@ SPECS = [
     {"mode": "dense", "filter": {"$not": {"flag": True}}},
     {"mode": "bm25", "text_fields": {"title": 3, "text": 1}},
     {"mode": "hybrid", "text_fields": {"title": 2, "text": 0.5}},
-    {"mode": "hybrid", "boosts": [{"field": "year", "modifier": "log1p", "weight": 0.3}, {"filter": {"tags": "b"}, "weight": 0.2}]},
-    {"mode": "bm25", "sort": ["year:desc", "_score"]},
-    {
-        "mode": "hybrid",
-        "boosts": [{"decay": "gauss", "field": "year", "origin": 2010, "scale": 5, "weight": 1}],
-        "boost_mode": "product",
-        "sort": ["tags", "_score"],
-    },
+    *STEERED_SPECS,
 ]
 
 

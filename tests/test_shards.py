@@ -23,7 +23,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Params
 from hybrid_retrieval.search.curation import Curation
 from hybrid_retrieval.search.postings import Postings
-from tests.conftest import REPO, sample_queries
+from tests.conftest import REPO, STEERED_SPECS, sample_queries
 from tests.conftest import SHARDED_SLICE as SLICE
 
 # Every mode, both fusions, tmm floors under a correction, static and dynamic hubness, filters of each field type.
@@ -43,14 +43,7 @@ SPECS = [
     {"mode": "bm25", "filter": {"$not": {"tags": "z"}}},
     {"mode": "bm25", "text_fields": {"title": 3, "text": 1}},  # BM25F with the corpus's fields' average lengths
     {"mode": "hybrid", "text_fields": {"title": 1}, "filter": {"year": {"lt": 2010}}},
-    {"mode": "hybrid", "boosts": [{"field": "year", "modifier": "log1p", "weight": 0.3}, {"filter": {"tags": "b"}, "weight": 0.2}]},
-    {"mode": "bm25", "sort": ["year:desc", "_score"]},
-    {
-        "mode": "hybrid",
-        "boosts": [{"decay": "gauss", "field": "year", "origin": 2010, "scale": 5, "weight": 1}],
-        "boost_mode": "product",
-        "sort": ["tags", "_score"],
-    },
+    *STEERED_SPECS,
 ]
 
 

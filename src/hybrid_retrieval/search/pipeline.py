@@ -418,17 +418,7 @@ class SearchPipeline:
         single_depth = max(0 if spec.steered else offset + k + 1, spec.depth, rerank.depth if rerank.enabled else 0)
         if group_by is not None:  # groups need more documents than hits: as many as a group could show, at least depth
             single_depth = max(single_depth, (offset + k + 1) * group_by.size)
-        fused = None
-        if spec.mode == "bm25":
-            ranking = self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring, spec.typo, spec.text_fields)[1]
-        elif spec.mode == "dense":
-            vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector, None, spec.passage_scoring)
-        else:
-            candidates, vector = self.candidates(
-                query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring, spec.typo, spec.text_fields
-            )
-            fused = clock.time("fusion", fuse, candidates, spec.fusion)
-            ranking = fused.ranking()
+        ranking, fused, vector = self._retrieved(query, spec, clock, allowed, vector, single_depth)
         reranked = None
         if rerank.enabled:
             if self.passages is not None and vector is None:  # the reranker reads each document's best passage
@@ -459,6 +449,22 @@ class SearchPipeline:
             boosted=boosted,
             pinned=pinned,
         )
+
+    def _retrieved(
+        self, query: str | None, spec: SearchSpec, clock: Stopwatch, allowed: Allowed | None, vector: np.ndarray | None, single_depth: int
+    ) -> tuple[Ranking, Fused | None, np.ndarray | None]:
+        """(the first stage's ranking, the fusion when hybrid, the query vector): a single retriever's top
+        `single_depth`, or both retrievers' top `depth` fused."""
+        if spec.mode == "bm25":
+            return self.bm25_leg(query, single_depth, clock, allowed, spec.passage_scoring, spec.typo, spec.text_fields)[1], None, vector
+        if spec.mode == "dense":
+            vector, ranking, _ = self.dense_leg(query, single_depth, clock, spec.hubness, allowed, vector, None, spec.passage_scoring)
+            return ranking, None, vector
+        candidates, vector = self.candidates(
+            query, spec.depth, spec.hubness, clock, allowed, vector, None, spec.passage_scoring, spec.typo, spec.text_fields
+        )
+        fused = clock.time("fusion", fuse, candidates, spec.fusion)
+        return fused.ranking(), fused, vector
 
     def _steered(self, ranking: Ranking, spec: SearchSpec, clock: Stopwatch) -> tuple[Ranking, Boosted | None]:
         """`ranking` boosted (ranked again by the final score), above `min_score`, sorted: search's later stages. The
