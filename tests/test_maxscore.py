@@ -1,8 +1,9 @@
-"""MaxScore top-k (search.maxscore) equals the exhaustive scorer: same documents, same scores, same tie order, with
+"""Block-max pruned top-k (search.maxscore) equals the exhaustive scorer: same documents, same scores, same tie order, with
 filters, deletions and live documents; the exhaustive path (every posting summed) is the reference."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import weakref
@@ -48,27 +49,30 @@ def posting_lists(draw):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def always_walk():
-    """The compiled walk for every query here, however many postings it would read (tests choose the other path
+def never_give_up():
+    """The compiled walk for every query here, however many windows it opens (tests choose the other path
     themselves)."""
-    saved, maxscore.WALK_LIMIT = maxscore.WALK_LIMIT, 1.0
+    saved, maxscore.GIVE_UP = maxscore.GIVE_UP, 1.0
     yield
-    maxscore.WALK_LIMIT = saved
+    maxscore.GIVE_UP = saved
 
 
-@given(posting_lists(), st.integers(1, 20), st.sampled_from([1.0, 0.0]), st.data())
+@given(posting_lists(), st.integers(1, 20), st.sampled_from([1.0, 0.0]), st.sampled_from([0, 1, 2, 6]), st.data())
 @settings(max_examples=400, deadline=None)
-def test_pruned_top_k_equals_the_exhaustive_top_k(case, depth, walk_limit, data):
+def test_pruned_top_k_equals_the_exhaustive_top_k(case, depth, give_up, shift, data):
+    """Windows of 1, 2, 4 and 64 documents (up to 60 documents here: many windows, or one), visited out of document
+    order, so ties and window edges are crossed."""
     num_docs, lists = case
     allowed = None
     if data.draw(st.booleans()):
         allowed = Allowed(np.array(data.draw(st.lists(st.booleans(), min_size=num_docs, max_size=num_docs)), dtype=bool))
     scores = exhaustive_scores(lists, num_docs, np.dtype(np.float64))
-    saved, maxscore.WALK_LIMIT = maxscore.WALK_LIMIT, walk_limit  # 1: the walk; 0: the sum it falls back to
+    saved = maxscore.WINDOW_SHIFT, maxscore.GIVE_UP
+    maxscore.WINDOW_SHIFT, maxscore.GIVE_UP = shift, give_up  # GIVE_UP 1: the walk; 0: the sum it falls back to
     try:
         pruned = top_k_pruned(lists, depth, num_docs, np.dtype(np.float64), allowed)
     finally:
-        maxscore.WALK_LIMIT = saved
+        maxscore.WINDOW_SHIFT, maxscore.GIVE_UP = saved
     assert_same(pruned, reference(scores, depth, allowed))
     ids = np.flatnonzero(np.arange(num_docs) % 3 == 0)
     np.testing.assert_array_equal(score_documents(lists, ids, np.dtype(np.float64)), scores[ids])
@@ -122,16 +126,33 @@ def test_a_group_of_variants_adds_each_documents_best_contribution_once(case, da
     assert_same(top_k_pruned(lists, 5, num_docs, np.dtype(np.float64)), reference(expected, 5, None))
 
 
-def test_pruning_skips_what_cannot_reach_the_top():
-    # a rare term scoring 10 on 3 documents and a common one scoring at most 1 on all 1000: once documents 5 and 7
-    # fill the top 2 (theta 10.5), the common list's bound (1) makes it non-essential, and document 9 (at most
-    # 9 + 1) is dropped: the common list's entries past 9 are never read (NaN there would show in the scores)
+def test_pruning_never_opens_a_window_capped_below_the_top():
+    # a rare term scoring 10 on documents 5 and 7 and 9 on document 900, and a common one on all 1000 documents,
+    # bounded by 1 in every window: the first window (cap 11) is opened first, 5 and 7 fill the top 2 (theta 10.5),
+    # and every other window is capped below it (900's: 9 + 1), so the common list's entries past the first window
+    # are never read (they are NaN: read, they would show in the scores)
     common_docs = np.arange(1000, dtype=np.int64)
     common = np.full(1000, np.nan)
-    common[:10] = [0, 0, 0, 0, 0, 1.0, 0, 0.5, 0, 0.25]
-    lists = [PostingList(common_docs, common, 1.0), PostingList(np.array([5, 7, 9], dtype=np.int64), np.array([10.0, 10.0, 9.0]), 10.0)]
-    ranking = top_k_pruned(lists, 2, 1000, np.dtype(np.float64))
+    common[:64] = 0.0
+    common[[5, 7, 9]] = [1.0, 0.5, 0.25]
+    real = maxscore.WindowBounds.of(common_docs[:64], common[:64], 1000)
+    bounded = dataclasses.replace(real, codes=np.full(len(real.codes), 255, dtype=np.uint8))  # 1.0 in every window
+    rare = PostingList(np.array([5, 7, 900], dtype=np.int64), np.array([10.0, 10.0, 9.0]), 10.0)
+    ranking = top_k_pruned([PostingList(common_docs, common, 1.0, windows=bounded), rare], 2, 1000, np.dtype(np.float64))
     assert ranking.doc_idx.tolist() == [5, 7] and ranking.scores.tolist() == [11.0, 10.5]
+
+
+def test_window_bounds_cap_every_entry_and_point_at_each_windows_first():
+    rng = np.random.default_rng(3)
+    docs = np.sort(rng.choice(10_000, 3_000, replace=False))
+    values = rng.random(3_000).astype(np.float32)
+    bounds = maxscore.WindowBounds.of(docs, values, 10_000)
+    window = docs >> bounds.shift
+    assert bounds.top == values.max() and len(bounds.codes) == -(-10_000 >> bounds.shift) == 157
+    assert np.all(bounds.codes[window] * np.float64(bounds.top) / 255 >= values)
+    assert np.all(bounds.codes[np.setdiff1d(np.arange(157), window)] == 0)
+    firsts = bounds.bases[np.arange(157) >> 8] + bounds.firsts
+    np.testing.assert_array_equal(firsts, np.searchsorted(docs, np.arange(157) << bounds.shift))
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 `BM25Index` is the serving engine: bm25s precomputes every term-document score into sparse
 CSC arrays, so a query is a sum of a few columns (memory-mappable `.npy` files on disk). Its top-k sums those
-columns and keeps the best in one pass (compiled: search.maxscore); in very large collections it prunes them with
-MaxScore instead (`worth_pruning`).
+columns and keeps the best in one pass (compiled: search.maxscore); in large collections it prunes them by window
+bounds instead (`worth_pruning`).
 `ReferenceBM25` wraps rank-bm25, kept as the reference implementation for tests and benchmarks.
 """
 
@@ -27,6 +27,7 @@ from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.maxscore import (
     PostingList,
     ScoreOf,
+    WindowBounds,
     exhaustive_leg,
     exhaustive_scores,
     score_documents,
@@ -43,15 +44,17 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-# MaxScore (search.maxscore) against summing every posting with the compiled kernels, top 10 of a million documents
-# (an ad hoc run of the 1,300 benchmark queries): p50 the same (2.0 ms), p99 5 times worse (its probes of the frequent
-# terms); the top 100: 2.1 times slower at p50. So a collection sums up to a million; MaxScore's p50 grows as
-# n^0.66, the sum's as n, so it is used from 300,000 documents a result asked for (the top 10 from 3M, not measured:
-# an extrapolation). A 1% filter leaves it few documents to raise its threshold with (3.6 times slower at 1M), so a
-# filter must admit a quarter of the documents: a cautious cut, not a measured crossover
-PRUNE_DOCS_PER_RESULT = 300_000
+# Block-max pruning (search.maxscore) against summing every posting with the compiled kernels, 1,300 queries on a
+# generated haystack (an ad hoc run): the top 10 of 100,000 documents 1.3 times slower at p50, of a million 0.32
+# times; the top 100 of a million 1.36 times slower. So it is used from 30,000 documents a result asked for. A 1% filter
+# leaves it few documents to raise its threshold with, so a filter must admit a quarter of the documents: a cautious
+# cut, not a measured crossover
+PRUNE_DOCS_PER_RESULT = 30_000
 PRUNE_ADMITTED = 0.25
 TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
+# the window bounds of the terms searched last (3 bytes a window of 64 documents a term: 47 KB at a million documents):
+# the 3,000 terms of 1,300 benchmark queries at a million documents fit
+WINDOW_CACHE_BYTES = 144 << 20
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ class BM25Params:
 
 
 def worth_pruning(num_docs: int, depth: int, allowed: Allowed | None) -> bool:
-    """Whether MaxScore is expected to beat summing every posting for a top-`depth` among `allowed` (None: all)."""
+    """Whether block-max pruning is expected to beat summing every posting for a top-`depth` among `allowed` (None: all)."""
     return num_docs >= PRUNE_DOCS_PER_RESULT * depth and (allowed is None or allowed.fraction >= PRUNE_ADMITTED)
 
 
@@ -86,11 +89,13 @@ class BM25Index:
         self.analyzer = analyzer
         self._vocab: dict[str, int] = engine.vocab_dict
         self.num_docs = int(engine.scores["num_docs"])
-        # MaxScore needs entries >= 0 and no score outside the lists: not Robertson's idf (negative for common
+        # pruning needs entries >= 0 and no score outside the lists: not Robertson's idf (negative for common
         # terms), nor bm25l/bm25+, which give every document a non-occurrence score
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
         # over the arrays, not a method of self: a cache of a bound method is a cycle, freed only by a full collection
         self._bound = functools.lru_cache(maxsize=TERM_CACHE)(functools.partial(_largest_score, engine.scores))
+        terms = max(16, WINDOW_CACHE_BYTES // max(1, 3 * (self.num_docs >> maxscore.WINDOW_SHIFT)))
+        self._windows = functools.lru_cache(maxsize=terms)(functools.partial(_window_bounds, engine.scores))
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
@@ -235,7 +240,7 @@ class BM25Index:
 
     def _columns(self, terms: list[list[tuple[int, float]]], bounded: bool = False) -> list[PostingList]:
         """The terms' columns of the score matrix, in query order, a term's typo variants a group (with each one's
-        largest entry when `bounded`: MaxScore's bound, read once a term and kept)."""
+        largest entry and window bounds when `bounded`: what pruning needs, read once a term and kept)."""
         data, indices, indptr = (self._engine.scores[name] for name in ("data", "indices", "indptr"))
         matrix = (indices, data)  # what every column is a slice of: the lists go to the kernels without a copy
         lists = []
@@ -244,8 +249,10 @@ class BM25Index:
             for term_id, weight in alternatives:
                 start, stop = indptr[term_id], indptr[term_id + 1]
                 bound = weight * self._bound(term_id) if bounded else np.inf
+                windows = self._windows(term_id) if bounded and group is None else None
                 scale = None if weight == 1.0 else weight
-                lists.append(PostingList(indices[start:stop], data[start:stop], bound, scale, within=matrix, start=int(start), group=group))
+                column = (indices[start:stop], data[start:stop])
+                lists.append(PostingList(*column, bound, scale, within=matrix, start=int(start), group=group, windows=windows))
         return lists
 
     def posting_lists(self, query: str, typo: str | int | Variants = 0) -> list[PostingList]:
@@ -256,7 +263,7 @@ class BM25Index:
         self, query: str, depth: int, allowed: Allowed | None = None, prune: bool | None = None, typo: str | int | Variants = 0
     ) -> tuple[Ranking, ScoreOf]:
         """(the top `depth` documents that match a query term and the filter, the query's score of any documents).
-        `prune`: by MaxScore (search.maxscore) or every posting summed; None: as `worth_pruning` says. `typo`: the
+        `prune`: by block-max pruning (search.maxscore) or every posting summed; None: as `worth_pruning` says. `typo`: the
         typo tolerance (search.typo)."""
         if not self.prunable or not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
             return exhaustive_leg(self.scores(query, typo), depth, allowed)
@@ -284,6 +291,12 @@ class ReferenceBM25:
 
     def search(self, query: str, depth: int) -> Ranking:
         return BM25Index.ranking_from_scores(self.scores(query), depth)
+
+
+def _window_bounds(matrix: dict[str, Any], term_id: int) -> WindowBounds:
+    """A term's column of a bm25s score matrix by window (search.maxscore)."""
+    start, stop = matrix["indptr"][term_id], matrix["indptr"][term_id + 1]
+    return WindowBounds.of(matrix["indices"][start:stop], matrix["data"][start:stop], int(matrix["num_docs"]))
 
 
 def _largest_score(matrix: dict[str, Any], term_id: int) -> float:

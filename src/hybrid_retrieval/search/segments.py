@@ -23,7 +23,7 @@ from typing import Any, cast
 import numpy as np
 
 from hybrid_retrieval.common.errors import ConfigError
-from hybrid_retrieval.search.bm25 import BM25Index, BM25Params, worth_pruning
+from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.dense import DenseIndex
 from hybrid_retrieval.search.fields import FieldWeights, length_norms, saturated
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataCollector, MetadataColumns, ValueColumn
@@ -450,9 +450,11 @@ class LiveBM25:
         typo: str | int | Variants = 0,
         fields: FieldWeights | None = None,
     ) -> tuple[Ranking, ScoreOf]:
-        """As BM25Index.leg, over both segments; `fields` weights title and text (search.fields)."""
+        """As BM25Index.leg, over both segments (`prune` None: summed); `fields` weights title and text (search.fields)."""
         lists, dtype = self.posting_lists(query, statistics, typo, fields), np.dtype(np.float64)
-        if not (worth_pruning(self.num_docs, depth, allowed) if prune is None else prune):
+        # pruned only when asked: these lists are copied end to end and their window bounds made at each query, which
+        # reads every entry as the sum does (a BM25Index's lists are slices of one matrix with their bounds kept)
+        if not prune:
             return exhaustive_leg(exhaustive_scores(lists, self.num_docs, dtype), depth, allowed)
         return top_k_pruned(lists, depth, self.num_docs, dtype, allowed), lambda ids: score_documents(lists, ids, dtype)
 
