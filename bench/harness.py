@@ -80,14 +80,16 @@ def timed_ms(call: Callable[[], Any]) -> float:
 
 def interleaved(calls: dict[str, Callable[[Any], Any]], inputs: Sequence[Any], warmup: int = 3) -> dict[str, list[float]]:
     """Milliseconds of every call on every input, the calls alternating input by input so that machine noise hits all
-    of them alike; the first `warmup` inputs run once untimed."""
+    of them alike, and the first of them rotating from one input to the next (a call that runs right after another
+    on the same input finds its data in the caches); the first `warmup` inputs run once untimed."""
     for x in inputs[:warmup]:
         for call in calls.values():
             call(x)
+    names = list(calls)
     times: dict[str, list[float]] = {name: [] for name in calls}
-    for x in inputs:
-        for name, call in calls.items():
-            times[name].append(timed_ms(lambda call=call, x=x: call(x)))
+    for i, x in enumerate(inputs):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            times[name].append(timed_ms(lambda call=calls[name], x=x: call(x)))
     return times
 
 

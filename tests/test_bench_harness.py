@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench.catalog import CASES, select
-from bench.harness import NOISE, Case, Table, compare, percentiles, run_cases, verdict
+from bench.harness import NOISE, Case, Table, compare, interleaved, percentiles, run_cases, verdict
 from bench.render import HEADLINE_END, HEADLINE_START, UPDATED, render_benchmarks, update_benchmarks, write_headline
 from tests.conftest import REPO
 
@@ -19,6 +19,18 @@ def test_percentiles_are_numpys():
     p50, p95, p99 = np.percentile(values, [50, 95, 99])
     assert percentiles(values) == {"p50_ms": round(p50, 3), "p95_ms": round(p95, 3), "p99_ms": round(p99, 3)}
     assert all(np.isnan(v) for v in percentiles([]).values())
+
+
+def test_interleaved_calls_take_turns_going_first():
+    """Each call runs on every input, and each is the first on an input as often as the others (one that always ran
+    second found the first's data in the caches)."""
+    order: list[tuple[str, int]] = []
+    calls = {name: (lambda x, name=name: order.append((name, x))) for name in "abc"}
+    times = interleaved(calls, list(range(6)), warmup=0)
+    assert [len(t) for t in times.values()] == [6, 6, 6]
+    firsts = [order[3 * i][0] for i in range(6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"]
+    assert sorted(order) == sorted((name, x) for name in "abc" for x in range(6))
 
 
 def test_a_verdict_needs_a_change_beyond_noise_and_a_significant_sample():

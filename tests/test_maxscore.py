@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybrid_retrieval.indexer.store import open_index
-from hybrid_retrieval.search import maxscore, segments
+from hybrid_retrieval.search import bm25, maxscore, segments
 from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.bm25 import BM25Index, BM25Params
 from hybrid_retrieval.search.filters.language import Allowed
@@ -176,6 +176,27 @@ def test_scifact_rankings_equal_the_exhaustive_scorer(scifact_bm25, depth):
             assert_same(ranking, reference(scores, depth, allowed))
         ids = np.arange(0, index.num_docs, 7)
         np.testing.assert_array_equal(score_of(ids), scores[ids])
+
+
+def test_a_full_pool_of_window_bounds_is_replaced_and_rankings_stay_exact(scifact_bm25, monkeypatch):
+    """Bounds kept for at most 64 terms (the smallest pool): the 100 queries' terms fill it several times over, each
+    full pool replaced by an empty one (rows are never rewritten under a search), and every ranking equals the sum."""
+    index, queries = scifact_bm25
+    monkeypatch.setattr(bm25, "WINDOW_CACHE_BYTES", 1)
+    fresh = BM25Index(index.engine, index.analyzer)
+    pools: list = []  # the pools themselves: ids of freed ones could come back
+    for query in queries[:100]:
+        assert_same(fresh.leg(query, 10, prune=True)[0], reference(fresh.scores(query), 10, None))
+        if not any(pool is fresh._pool for pool in pools):
+            pools.append(fresh._pool)
+        assert fresh._pool.size <= 64 == len(fresh._pool.codes)
+    assert len(pools) > 2
+    term = fresh.query_token_ids(queries[99])[0]
+    start, stop = index.engine.scores["indptr"][term], index.engine.scores["indptr"][term + 1]
+    alone = maxscore.WindowBounds.of(index.engine.scores["indices"][start:stop], index.engine.scores["data"][start:stop], index.num_docs)
+    pooled = fresh._window_bounds(term)
+    for part in ("codes", "firsts", "bases"):
+        np.testing.assert_array_equal(getattr(pooled, part), getattr(alone, part))
 
 
 @pytest.mark.parametrize("method", ["robertson", "bm25l", "bm25+", "atire"])

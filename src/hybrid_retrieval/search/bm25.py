@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import threading
 import warnings
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ from hybrid_retrieval.search.maxscore import (
     PostingList,
     ScoreOf,
     WindowBounds,
+    WindowPool,
     exhaustive_leg,
     exhaustive_scores,
     score_documents,
@@ -94,8 +96,9 @@ class BM25Index:
         self.prunable = engine.method != "robertson" and engine.nonoccurrence_array is None
         # over the arrays, not a method of self: a cache of a bound method is a cycle, freed only by a full collection
         self._bound = functools.lru_cache(maxsize=TERM_CACHE)(functools.partial(_largest_score, engine.scores))
-        terms = max(16, WINDOW_CACHE_BYTES // max(1, 3 * (self.num_docs >> maxscore.WINDOW_SHIFT)))
-        self._windows = functools.lru_cache(maxsize=terms)(functools.partial(_window_bounds, engine.scores))
+        self._windows: dict[int, WindowBounds] = {}  # term id -> its rows in self._pool
+        self._pool: WindowPool | None = None
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def build(cls, corpus_tokens: Iterable[list[str]], analyzer: Analyzer, params: BM25Params) -> BM25Index:
@@ -249,11 +252,27 @@ class BM25Index:
             for term_id, weight in alternatives:
                 start, stop = indptr[term_id], indptr[term_id + 1]
                 bound = weight * self._bound(term_id) if bounded else np.inf
-                windows = self._windows(term_id) if bounded and group is None else None
+                windows = self._window_bounds(term_id) if bounded and group is None else None
                 scale = None if weight == 1.0 else weight
                 column = (indices[start:stop], data[start:stop])
                 lists.append(PostingList(*column, bound, scale, within=matrix, start=int(start), group=group, windows=windows))
         return lists
+
+    def _window_bounds(self, term_id: int) -> WindowBounds:
+        """A term's column by window (search.maxscore), kept in a pool of WINDOW_CACHE_BYTES: a full pool is replaced
+        by an empty one, so the terms searched since fill it (the old one lives while a search reads it)."""
+        if (found := self._windows.get(term_id)) is not None and found.pool is self._pool:
+            return found
+        matrix = self._engine.scores
+        start, stop = matrix["indptr"][term_id], matrix["indptr"][term_id + 1]
+        with self._pool_lock:
+            if (found := self._windows.get(term_id)) is not None and found.pool is self._pool:  # added meanwhile
+                return found
+            if self._pool is None or self._pool.full:
+                row_bytes = 3 * ((self.num_docs >> maxscore.WINDOW_SHIFT) + 1)
+                self._pool, self._windows = WindowPool(self.num_docs, max(64, WINDOW_CACHE_BYTES // row_bytes)), {}
+            self._windows[term_id] = found = self._pool.add(matrix["indices"][start:stop], matrix["data"][start:stop])
+        return found
 
     def posting_lists(self, query: str, typo: str | int | Variants = 0) -> list[PostingList]:
         """The query terms' columns of the score matrix, in query order, with their bounds."""
@@ -291,12 +310,6 @@ class ReferenceBM25:
 
     def search(self, query: str, depth: int) -> Ranking:
         return BM25Index.ranking_from_scores(self.scores(query), depth)
-
-
-def _window_bounds(matrix: dict[str, Any], term_id: int) -> WindowBounds:
-    """A term's column of a bm25s score matrix by window (search.maxscore)."""
-    start, stop = matrix["indptr"][term_id], matrix["indptr"][term_id + 1]
-    return WindowBounds.of(matrix["indices"][start:stop], matrix["data"][start:stop], int(matrix["num_docs"]))
 
 
 def _largest_score(matrix: dict[str, Any], term_id: int) -> float:
