@@ -614,12 +614,14 @@ class LiveDense:
         if allowed is None:
             base = self.base.search(vector, depth)
             live_ids = np.arange(len(self.live_vectors), dtype=np.int64)
+            live_scores = self.live_vectors @ vector  # in place: gathering every live row first copied them all per query
         else:
             base_allowed = Allowed(allowed.mask[: self.base_docs])
             base = self.base.search(vector, depth, base_allowed) if base_allowed.count else Ranking.empty()
             live_ids = allowed.ids[allowed.ids >= self.base_docs] - self.base_docs
+            live_scores = self.live_vectors[live_ids] @ vector
         ids = np.concatenate([base.doc_idx, live_ids + self.base_docs])
-        scores = np.concatenate([base.scores.astype(np.float32), self.live_vectors[live_ids] @ vector])
+        scores = np.concatenate([base.scores.astype(np.float32), live_scores])
         best = top_k(scores, depth)
         return Ranking(ids[best.doc_idx], best.scores)
 
