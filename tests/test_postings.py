@@ -53,13 +53,13 @@ def test_document_frequency_counts_only_alive_documents():
         assert postings.document_frequency(alive).tolist() == expected
 
 
-def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():
+def test_merged_postings_are_a_fresh_analysis_of_the_same_documents(tmp_path):
     # a compaction merges the base's postings (its alive documents) with the written documents' counts; the result must
     # be what analysing the surviving documents again gives: same vocabulary (a term only deleted documents held is
     # gone, a new term is in), same arrays
     from collections import Counter
 
-    from hybrid_retrieval.search.postings import merged_postings
+    from hybrid_retrieval.search.postings import AddedTerms, TermMerge
 
     base_docs = [["cat", "mat", "cat"], ["dog"], ["yak", "dog"], ["cat", "bird"]]
     base_titles = [["cat"], [], ["yak"], ["cat", "bird"]]  # each document's first tokens
@@ -73,7 +73,13 @@ def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():
         tally, in_title = Counter(tokens), Counter(title)
         ids = np.array([written_vocabulary.setdefault(t, len(written_vocabulary)) for t in tally])
         counts.append((ids, np.array(list(tally.values())), len(tokens), np.array([in_title[t] for t in tally]), len(title)))
-    merged, vocabulary = merged_postings(base, base_vocabulary, keep, counts, sorted(written_vocabulary, key=written_vocabulary.get))
+    added = AddedTerms.of(counts, sorted(written_vocabulary, key=written_vocabulary.get))
+    merge = TermMerge(base, base_vocabulary, keep, added)
+    merged, vocabulary = merge.merged()
+    saved = tmp_path / "merge"  # as a build in a child process gets it: files (the base's too, not loaded from a folder)
+    merge.save(saved)
+    assert TermMerge.load(saved).merged()[1] == vocabulary and TermMerge.load(saved).num_docs == merge.num_docs == 5
+    again = TermMerge.load(saved).merged()[0]
     kept = [i for i, k in enumerate(keep) if k]
     fresh, fresh_vocabulary = Postings.from_tokens([base_docs[i] for i in kept] + written, [base_titles[i] for i in kept] + written_titles)
     assert vocabulary == fresh_vocabulary and list(vocabulary)[-1] == ""
@@ -81,6 +87,7 @@ def test_merged_postings_are_a_fresh_analysis_of_the_same_documents():
     for name in ("indptr", "docs", "tfs", "lengths", "title_tfs", "title_lengths"):
         np.testing.assert_array_equal(getattr(merged, name), getattr(fresh, name), err_msg=name)
         assert getattr(merged, name).dtype == getattr(fresh, name).dtype, name
+        np.testing.assert_array_equal(getattr(again, name), getattr(fresh, name), err_msg=name)
 
 
 def test_frequencies_are_kept_in_the_narrowest_type_that_holds_them():

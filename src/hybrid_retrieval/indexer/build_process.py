@@ -4,7 +4,8 @@ Built in the service's own process, a compaction held the interpreter lock throu
 (each stored document read for its metadata, each line adopted), so searches and writes queued behind it, and its
 garbage stayed in the service's heap. A child process has its own lock and heap, and runs niced, so the service's
 threads come first on the cores. The job (build_into's arguments) and its result travel as files in the build's work
-folder; the vectors and postings as arrays the child maps.
+folder; the vectors and postings as arrays the child maps, a compaction's postings as what they merge from (the
+merge, a pass over every posting, runs in the child too).
 
 Builds of fewer than CHILD_ABOVE documents stay in the calling process: starting Python and importing the engine
 costs about a second.
@@ -26,7 +27,7 @@ from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer.build import BuildOptions, build_into
 from hybrid_retrieval.indexer.manifest import Manifest
 from hybrid_retrieval.indexer.representation import PassageArrays, VectorSource
-from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.postings import Postings, TermMerge
 
 CHILD_ABOVE = 20_000
 NICENESS = 10  # the child's priority below the service's (0 .. 19: lowest)
@@ -45,6 +46,7 @@ class _Job:
     passages: Path | None  # a folder of a chunked index's passages as PASSAGE_PARTS .npy files
     postings: Path | None  # a folder holding postings/ (Postings.save)
     vocabulary: dict[str, int] | None
+    merge: Path | None  # a folder of a TermMerge (TermMerge.save)
     collection: bool
     stored_lines: bool
     trained: Path | None
@@ -61,7 +63,7 @@ def build_given(  # noqa: PLR0913
     work: Path,
     documents: int,
     passages: PassageArrays | None = None,
-    analysed: tuple[Postings, dict[str, int]] | None = None,
+    analysed: tuple[Postings, dict[str, int]] | TermMerge | None = None,
     collection: bool = False,
     stored_lines: bool = False,
     trained: Path | None = None,
@@ -69,8 +71,11 @@ def build_given(  # noqa: PLR0913
 ) -> Manifest:
     """build_into `folder` of the corpus `source` with the given document `vectors` (an .npy file) and `passages`,
     in a child process when `documents` reach CHILD_ABOVE (its scratch files in `work`). `checkpoint` runs between
-    stages in process, and every POLL_S while a child builds; what it raises stops the child (killed) and the build."""
+    stages in process, and every POLL_S while a child builds; what it raises stops the child (killed) and the build.
+    `analysed`: the documents' postings, or the merge that makes them (made where the build runs)."""
     if documents < CHILD_ABOVE:
+        if isinstance(analysed, TermMerge):
+            analysed = analysed.merged()
         given = VectorSource(documents=np.load(vectors, mmap_mode="r"), passages=passages)
         return build_into(
             folder,
@@ -85,13 +90,16 @@ def build_given(  # noqa: PLR0913
             stored_lines=stored_lines,
             trained=trained,
         )
-    postings, vocabulary, passage_folder = None, None, None
+    postings, vocabulary, passage_folder, merge = None, None, None, None
     if passages is not None:  # arrays the size of the passages' vectors: files the child maps, not a pickle
         passage_folder = work / "passages"
         passage_folder.mkdir()
         for name in PASSAGE_PARTS:
             np.save(passage_folder / f"{name}.npy", getattr(passages, name))
-    if analysed is not None:
+    if isinstance(analysed, TermMerge):
+        merge = work / "merge"
+        analysed.save(merge)
+    elif analysed is not None:
         postings = work / "terms"
         postings.mkdir()
         analysed[0].save(postings)
@@ -106,6 +114,7 @@ def build_given(  # noqa: PLR0913
         passage_folder,
         postings,
         vocabulary,
+        merge,
         collection,
         stored_lines,
         trained,
@@ -149,6 +158,8 @@ def _run(job_file: Path, result_file: Path) -> None:
     if job.postings is not None:
         assert job.vocabulary is not None  # saved with the postings
         analysed = (Postings.load(job.postings), job.vocabulary)
+    elif job.merge is not None:
+        analysed = TermMerge.load(job.merge).merged()
     manifest = build_into(
         job.folder,
         job.source,

@@ -24,9 +24,11 @@ Term ids are the bm25s vocabulary's. The Lucene variant (bm25s "lucene", the def
 from __future__ import annotations
 
 import itertools
+import json
 from array import array
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -177,40 +179,111 @@ def with_titles(postings: Postings, vocabulary: dict[str, int], titles: Iterable
     return Postings(postings.indptr, postings.docs, postings.tfs, postings.lengths, title_tfs, title_postings.lengths)
 
 
+@dataclass(frozen=True)
+class AddedTerms:
+    """Documents' analysed terms end to end: each distinct term of each document (its id in `terms`, its frequency,
+    the title's share of it), and each document's count of distinct terms, length and title length."""
+
+    ids: np.ndarray
+    tfs: np.ndarray
+    title_tfs: np.ndarray
+    counts: np.ndarray
+    lengths: np.ndarray
+    title_lengths: np.ndarray
+    terms: list[str]
+
+    @classmethod
+    def of(cls, documents: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, int]], terms: list[str]) -> AddedTerms:
+        """From (term ids, frequencies, length, the title's frequencies, the title's length) a document."""
+
+        def joined(at: int) -> np.ndarray:
+            return np.concatenate([doc[at] for doc in documents]).astype(np.int64) if documents else np.empty(0, np.int64)
+
+        counts = np.array([len(doc[0]) for doc in documents], dtype=np.int64)
+        lengths, title_lengths = (np.array([doc[at] for doc in documents], dtype=np.int64) for at in (2, 4))
+        return cls(joined(0), joined(1), joined(3), counts, lengths, title_lengths, terms)
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir()
+        for name in _ADDED_PARTS:
+            np.save(folder / f"{name}.npy", getattr(self, name))
+        (folder / "terms.json").write_text(json.dumps(self.terms, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, folder: Path) -> AddedTerms:
+        ids, tfs, title_tfs, counts, lengths, title_lengths = (np.load(folder / f"{name}.npy", mmap_mode="r") for name in _ADDED_PARTS)
+        return cls(ids, tfs, title_tfs, counts, lengths, title_lengths, json.loads((folder / "terms.json").read_text()))
+
+
+_ADDED_PARTS = ("ids", "tfs", "title_tfs", "counts", "lengths", "title_lengths")
+
+
+@dataclass(frozen=True)
+class TermMerge:
+    """A compaction's postings, to be made: the `keep` documents of `base` (its terms by `base_vocabulary`) followed by
+    the `added` ones (`merged`). Saved as files (the base's by the folder it was read from, when given: not copied), so
+    that a build in a child process merges them there, not in the service (indexer.build_process)."""
+
+    base: Postings
+    base_vocabulary: dict[str, int]
+    keep: np.ndarray
+    added: AddedTerms
+    base_folder: Path | None = None  # where `base` was loaded from (Postings.load)
+
+    @property
+    def num_docs(self) -> int:
+        return int(np.count_nonzero(self.keep)) + len(self.added.counts)
+
+    def merged(self) -> tuple[Postings, dict[str, int]]:
+        return merged_postings(self.base, self.base_vocabulary, self.keep, self.added)
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir()
+        base_folder = self.base_folder
+        if base_folder is None:
+            base_folder = folder
+            self.base.save(folder)
+        np.save(folder / "keep.npy", self.keep)
+        self.added.save(folder / "added")
+        meta = {"base_folder": str(base_folder), "base_vocabulary": self.base_vocabulary}
+        (folder / "merge.json").write_text(json.dumps(meta, ensure_ascii=False))
+
+    @classmethod
+    def load(cls, folder: Path) -> TermMerge:
+        meta = json.loads((folder / "merge.json").read_text())
+        base_folder = Path(meta["base_folder"])
+        keep = np.load(folder / "keep.npy")
+        return cls(Postings.load(base_folder), meta["base_vocabulary"], keep, AddedTerms.load(folder / "added"), base_folder)
+
+
 def merged_postings(
-    base: Postings,
-    base_vocabulary: dict[str, int],
-    keep: np.ndarray,
-    added: list[tuple[np.ndarray, np.ndarray, int, np.ndarray, int]],
-    added_terms: list[str],
+    base: Postings, base_vocabulary: dict[str, int], keep: np.ndarray, added: AddedTerms
 ) -> tuple[Postings, dict[str, int]]:
-    """The postings of the `keep` documents of `base` followed by the `added` ones ((term ids into `added_terms`,
-    their frequencies, length, the title's frequencies, the title's length) each), over the terms they hold: what
+    """The postings of the `keep` documents of `base` followed by the `added` ones, over the terms they hold: what
     PostingsBuilder makes of the same documents analysed again (a compaction merges, it does not analyse a collection
     twice). Without the base's title frequencies (built before fields), the merge has none either."""
     renumber = np.cumsum(keep) - 1  # a kept base document's number in the merge
     held = keep[base.docs]
     base_terms, base_docs, base_tfs = base.entry_terms()[held], renumber[base.docs[held]], base.tfs[held]
-    counts = np.array([len(term_ids) for term_ids, *_ in added], dtype=np.int64)
-    added_ids = np.concatenate([t for t, *_ in added]).astype(np.int64) if added else np.empty(0, np.int64)
-    added_docs = np.repeat(np.arange(len(added), dtype=np.int64) + int(keep.sum()), counts)
+    added_ids = np.asarray(added.ids, dtype=np.int64)
+    added_docs = np.repeat(np.arange(len(added.counts), dtype=np.int64) + int(keep.sum()), added.counts)
     by_base_id = sorted(base_vocabulary, key=base_vocabulary.__getitem__)
-    present = {by_base_id[t] for t in np.unique(base_terms).tolist()} | {added_terms[t] for t in np.unique(added_ids).tolist()}
+    present = {by_base_id[t] for t in np.unique(base_terms).tolist()} | {added.terms[t] for t in np.unique(added_ids).tolist()}
     terms = sorted(present)
     if "" not in present:
         terms.append("")
     vocabulary = {t: i for i, t in enumerate(terms)}
     base_map = np.array([vocabulary.get(t, -1) for t in by_base_id], dtype=np.int64)
-    added_map = np.array([vocabulary.get(t, -1) for t in added_terms], dtype=np.int64)
+    added_map = np.array([vocabulary.get(t, -1) for t in added.terms], dtype=np.int64)
     entry_terms = np.concatenate([base_map[base_terms], added_map[added_ids]])
     order = np.argsort(entry_terms, kind="stable")  # by term; base documents (ascending) before added ones (in order)
     indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
     docs = np.concatenate([base_docs, added_docs]).astype(np.int32)[order]
-    tfs = narrowest(np.concatenate([base_tfs, *(f for _, f, *_ in added)]))[order]  # narrowed before it is permuted
-    lengths = np.concatenate([base.lengths[keep], np.array([n for _, _, n, *_ in added], dtype=np.int64)]).astype(np.int32)
+    tfs = narrowest(np.concatenate([base_tfs, added.tfs]))[order]  # narrowed before it is permuted
+    lengths = np.concatenate([base.lengths[keep], added.lengths]).astype(np.int32)
     if not base.has_fields:
         return Postings(indptr, docs, tfs, lengths), vocabulary
     assert base.title_tfs is not None and base.title_lengths is not None  # has_fields
-    title_tfs = narrowest(np.concatenate([base.title_tfs[held], *(t for *_, t, _ in added)]))[order]
-    title_lengths = np.concatenate([base.title_lengths[keep], np.array([n for *_, n in added], dtype=np.int64)]).astype(np.int32)
+    title_tfs = narrowest(np.concatenate([base.title_tfs[held], added.title_tfs]))[order]
+    title_lengths = np.concatenate([base.title_lengths[keep], added.title_lengths]).astype(np.int32)
     return Postings(indptr, docs, tfs, lengths, title_tfs, title_lengths), vocabulary

@@ -24,7 +24,7 @@ from hybrid_retrieval.indexer.manifest import Manifest, write_manifest
 from hybrid_retrieval.indexer.store import MODEL_DIR, OpenIndex, carry_reranker, document_line, file_inventory, open_index
 from hybrid_retrieval.models.embedder import NO_MODEL, no_model_spec
 from hybrid_retrieval.models.onnx_export import CONFIG_FILE
-from hybrid_retrieval.search.postings import Postings, merged_postings, with_titles
+from hybrid_retrieval.search.postings import AddedTerms, TermMerge, with_titles
 from hybrid_retrieval.search.segments import LiveDocument, title_tfs
 
 VECTOR_CHUNK = 65_536  # vectors copied into the compaction's file at a time
@@ -70,17 +70,18 @@ def build_compacted(
     write_manifest(folder, manifest)
 
 
-def merged_terms(state: ReadView) -> tuple[Postings, dict[str, int]]:
-    """The postings of current_corpus's documents, merged from the base's (its alive documents) and the live
+def merged_terms(state: ReadView) -> TermMerge:
+    """The postings of current_corpus's documents, to be merged from the base's (its alive documents) and the live
     segment's: the documents' terms as a fresh analysis gives them, without analysing the collection again."""
     live = state.live
     by_id = sorted(live.vocabulary, key=live.vocabulary.__getitem__)
-    written = [(doc.term_ids, doc.tfs, doc.length, title_tfs(doc), doc.title_length) for doc in live.docs]
+    added = AddedTerms.of([(doc.term_ids, doc.tfs, doc.length, title_tfs(doc), doc.title_length) for doc in live.docs], by_id)
     index, base = state.index, state.index.postings
+    base_folder: Path | None = index.path
     if not base.has_fields:  # built before fields: its titles are analysed once, so that the compacted index has them
         titles = (index.analyzer.analyze(index.docs.get(i)["title"]) for i in range(index.num_docs))
-        base = with_titles(base, index.bm25.vocabulary, titles)
-    return merged_postings(base, index.bm25.vocabulary, state.base_alive, written, by_id)
+        base, base_folder = with_titles(base, index.bm25.vocabulary, titles), None
+    return TermMerge(base, index.bm25.vocabulary, state.base_alive, added, base_folder)
 
 
 def link_log(path: Path, folder: Path) -> None:
