@@ -31,7 +31,7 @@ from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.filters.types import FieldInfo
 from hybrid_retrieval.search.maxscore import PostingList, ScoreOf, exhaustive_leg, exhaustive_scores, score_documents, top_k_pruned
 from hybrid_retrieval.search.passages import PassageIndex, aggregate
-from hybrid_retrieval.search.postings import Postings
+from hybrid_retrieval.search.postings import Postings, narrowest
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import PassageSpec
 from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon, TypoTerms, Variants
@@ -46,14 +46,14 @@ class LiveDocument:
     title: str
     text: str
     metadata: dict[str, Any]
-    term_ids: np.ndarray  # int64: its distinct analysed terms, as ids of the collection's live vocabulary
-    tfs: np.ndarray  # int64: their frequencies
+    term_ids: np.ndarray  # int32: its distinct analysed terms, as ids of the collection's live vocabulary
+    tfs: np.ndarray  # their frequencies, in the narrowest unsigned type (search.postings.narrowest)
     length: int  # analysed tokens
     vector: np.ndarray  # unit vector from the index's embedder
     position: int = -1  # in a shard: the document's position in the whole sharded index (indexer.shards)
     passage_spans: np.ndarray | None = None  # a chunked index: (m, 2) character spans of the document's passages
     passage_vectors: np.ndarray | None = None  # and their (m, dimension) unit vectors
-    title_tfs: np.ndarray | None = None  # int64: how many of each term's occurrences are in the title (search.fields)
+    title_tfs: np.ndarray | None = None  # how many of each term's occurrences are in the title (search.fields), narrowest
     title_length: int = 0  # the title's analysed tokens
 
     @classmethod
@@ -72,21 +72,22 @@ class LiveDocument:
     ) -> LiveDocument:
         """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms;
         `title_tokens`: the title's (the first of `tokens`), for scoring by field."""
+        # narrow arrays: a live document is held in memory until a compaction (int64 ones were a third of its bytes)
         counts, in_title = Counter(tokens), Counter(title_tokens or ())
-        term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int64, count=len(counts))
+        term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int32, count=len(counts))
         return cls(
             doc_id,
             title,
             text,
             metadata,
             term_ids,
-            np.fromiter(counts.values(), dtype=np.int64, count=len(counts)),
+            narrowest(np.fromiter(counts.values(), dtype=np.int64, count=len(counts))),
             len(tokens),
             np.asarray(vector, dtype=np.float32),
             position,
             passage_spans=passages[0] if passages else None,
             passage_vectors=passages[1] if passages else None,
-            title_tfs=np.fromiter((in_title[t] for t in counts), dtype=np.int64, count=len(counts)),
+            title_tfs=narrowest(np.fromiter((in_title[t] for t in counts), dtype=np.int64, count=len(counts))),
             title_length=len(title_tokens or ()),
         )
 
@@ -135,7 +136,7 @@ class _TermChunk:
         term_ids = np.concatenate([d.term_ids for d in docs]) if docs else np.empty(0, np.int64)
         tfs = np.concatenate([d.tfs for d in docs]) if docs else np.empty(0, np.int64)
         in_title = np.concatenate([title_tfs(d) for d in docs]) if docs else np.empty(0, np.int64)
-        doc_of = np.repeat(np.arange(first, first + len(docs), dtype=np.int64), [len(d.term_ids) for d in docs])
+        doc_of = np.repeat(np.arange(first, first + len(docs), dtype=np.int32), [len(d.term_ids) for d in docs])
         order = np.argsort(term_ids, kind="stable")  # by term, then document
         indptr = np.concatenate([[0], np.cumsum(np.bincount(term_ids, minlength=vocabulary_size))])
         return cls(first, len(docs), indptr, doc_of[order], tfs[order], in_title[order])
@@ -160,7 +161,7 @@ class _TermChunk:
 
 def title_tfs(doc: LiveDocument) -> np.ndarray:
     """A document's title frequencies (none in its title when written before fields: a log replays them analysed)."""
-    return doc.title_tfs if doc.title_tfs is not None else np.zeros(len(doc.term_ids), dtype=np.int64)
+    return doc.title_tfs if doc.title_tfs is not None else np.zeros(len(doc.term_ids), dtype=np.uint8)
 
 
 def _term_of_entries(indptr: np.ndarray) -> np.ndarray:
@@ -410,7 +411,7 @@ class LiveBM25:
                 weights = saturated(live_tf, live_title_tf, title_norms[live_idx], text_norms[live_idx], fields, self.params.k1)
                 live_idx, weights = live_idx[weights > 0], weights[weights > 0]
             if len(live_idx):
-                lists.append(PostingList(self.base_docs + live_idx, weights, idf * float(weights.max()), idf, group=group))
+                lists.append(PostingList(self.base_docs + live_idx.astype(np.int64), weights, idf * float(weights.max()), idf, group=group))
         return lists
 
     def variants(self, query: str, typo: str | int) -> dict[str, list[tuple[str, int]]]:
