@@ -46,16 +46,16 @@ logger = logging.getLogger(__name__)
 
 ANALYZER_FILE = "analyzer.json"
 BM25_METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-# Block-max pruning (search.maxscore) against summing every posting with the compiled kernels, 1,300 queries on a
-# generated haystack (an ad hoc run): the top 10 of 100,000 documents 1.3 times slower at p50, of a million 0.32
-# times; the top 100 of a million 1.36 times slower. So it is used from 30,000 documents a result asked for. A 1% filter
-# leaves it few documents to raise its threshold with, so a filter must admit a quarter of the documents: a cautious
-# cut, not a measured crossover
+# Block-max pruning (search.maxscore) against summing every posting with the compiled kernels, 1,300 queries on the
+# generated haystack (docs/BENCHMARKS.md, "BM25 at scale"): the top 10 of 100,000 documents 1.36 times slower at p50,
+# of 300,000 even, of a million 0.41 times; the top 100 of a million 1.45 times slower. So it is used from 30,000
+# documents a result asked for. A 1% filter leaves it few documents to raise its threshold with (2.2 times slower at
+# 1M), so a filter must admit a quarter of the documents: a cautious cut, not a measured crossover
 PRUNE_DOCS_PER_RESULT = 30_000
 PRUNE_ADMITTED = 0.25
 TERM_CACHE = 65_536  # terms whose largest score a BM25 index keeps (search.maxscore)
-# the window bounds of the terms searched last (3 bytes a window of 64 documents a term: 47 KB at a million documents):
-# the 3,000 terms of 1,300 benchmark queries at a million documents fit
+# the window bounds of the terms searched since the pool last filled (3 bytes a window of 64 documents a term: 47 KB at
+# a million documents): the 3,000 terms of the 1,300 benchmark queries at a million documents fit
 WINDOW_CACHE_BYTES = 144 << 20
 
 
