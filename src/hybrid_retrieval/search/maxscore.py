@@ -35,7 +35,7 @@ from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.ranking import Ranking, top_k
 
 # 64 documents a window: on a million documents (1,300 queries, an ad hoc run) 128 left most windows open, and 32 was
-# slower (0.40 against 0.35 ms at p50)
+# slower (0.40 against 0.37 ms at p50)
 WINDOW_SHIFT = 6
 BUCKETS = 256  # windows are visited bucket by bucket of their caps, highest first (a counting sort)
 # a query that opened this share of the windows is summed instead: on a million documents its p99 was 9 times the
@@ -71,10 +71,6 @@ class WindowBounds:
         bases = np.zeros((windows + 255) >> 8, dtype=np.int64)
         top = _window_bounds(docs, values, WINDOW_SHIFT, codes, firsts, bases)
         return cls(codes, firsts, bases, top, WINDOW_SHIFT)
-
-    @property
-    def nbytes(self) -> int:
-        return self.codes.nbytes + self.firsts.nbytes + self.bases.nbytes
 
 
 class WindowPool:
@@ -271,51 +267,28 @@ def _block_max(source, weights, windows, depth, allowed, zero, stops):  # noqa: 
     """(documents, scores, whether it finished): the top `depth`, or finished False once `limit` windows were opened
     with more to go. `source`: every list's entries (documents, values) and each list's [start, end) there; `weights`:
     each list's (scale, bound, largest entry); `windows`: (codes, firsts, bases, each list's row there, the windows'
-    shift);
-    `stops`: (the bounds' relative margin, limit)."""
-    docs, values, starts, ends = source
+    shift); `stops`: (the bounds' relative margin, limit)."""
+    docs, values, _, ends = source
     scales, bounds, tops = weights
-    codes, firsts, bases, rows, shift = windows
+    codes, _, _, rows, shift = windows
     margin, limit = stops
-    n, count_windows = len(rows), codes.shape[1]
+    n = len(rows)
     unit = scales * tops / 255.0 * (1.0 + 1e-6)  # a code's worth in each list, a little over
     order = np.argsort(bounds)  # ascending bound: order[:essential] are the lists only looked up
     prefix = np.zeros(n + 1)
     for k in range(n):
         prefix[k + 1] = prefix[k] + bounds[order[k]]
-    caps = np.zeros(count_windows)
-    for i in range(n):
-        for w in range(count_windows):
-            caps[w] += codes[rows[i], w] * unit[i]
-    highest = caps.max()
+    caps = _window_caps(codes, rows, unit)
     heap_docs, heap_scores = np.empty(depth, dtype=np.int64), np.empty(depth, dtype=zero.dtype)
-    if highest <= 0:
+    if caps.max() <= 0:
         return heap_docs[:0], heap_scores[:0], True
-    per_bucket = BUCKETS / (highest * (1.0 + 1e-9))  # bucket b (0: the highest caps) holds caps below (BUCKETS - b) / per_bucket
-    sizes = np.zeros(BUCKETS + 1, dtype=np.int64)
-    for w in range(count_windows):
-        if caps[w] > 0:
-            sizes[BUCKETS - 1 - int(caps[w] * per_bucket)] += 1
-    begins = np.zeros(BUCKETS + 1, dtype=np.int64)
-    for b in range(BUCKETS):
-        begins[b + 1] = begins[b] + sizes[b]
-    ranked, filled = np.empty(begins[BUCKETS], dtype=np.int64), begins.copy()
-    for w in range(count_windows):
-        if caps[w] > 0:
-            b = BUCKETS - 1 - int(caps[w] * per_bucket)
-            ranked[filled[b]] = w
-            filled[b] += 1
+    ranked, begins, per_bucket = _by_cap(caps)
     floor, essential, size, last, opened = -np.inf, 0, 0, 0, 0
     first, cursor = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
     for b in range(BUCKETS):
         if (BUCKETS - b) / per_bucket < floor:  # every window left is capped below theta
             break
-        ahead = 0  # the windows left that theta does not close yet
-        for c in range(b, BUCKETS):
-            if (BUCKETS - c) / per_bucket < floor:
-                break
-            ahead += sizes[c]
-        if opened > limit or (4 * opened > limit and opened + ahead > limit):
+        if opened > limit or (4 * opened > limit and opened + _still_open(begins, b, per_bucket, floor) > limit):
             return heap_docs[:0], heap_scores[:0], False
         for r in range(begins[b], begins[b + 1]):
             w = ranked[r]
@@ -323,11 +296,10 @@ def _block_max(source, weights, windows, depth, allowed, zero, stops):  # noqa: 
                 continue
             opened += 1
             high = (w + 1) << shift
+            _enter(windows, w, source, first, cursor)
             rest = 0.0  # the window's bounds of the lists only looked up
             for k in range(essential):
                 rest += codes[rows[order[k]], w] * unit[order[k]]
-            for i in range(n):
-                first[i] = cursor[i] = starts[i] + bases[rows[i], w >> 8] + firsts[rows[i], w] if codes[rows[i], w] > 0 else ends[i]
             while True:
                 doc = high  # the next document of the essential lists here
                 for k in range(essential, n):
@@ -342,27 +314,11 @@ def _block_max(source, weights, windows, depth, allowed, zero, stops):  # noqa: 
                     if cursor[i] < ends[i] and docs[cursor[i]] == doc:
                         partial += scales[i] * values[cursor[i]]
                         cursor[i] += 1
-                if (len(allowed) and not allowed[doc]) or partial + rest < floor:
+                if (len(allowed) and not allowed[doc]) or partial + rest < floor:  # most documents stop here
                     continue
-                left, reaches = rest, True
-                for k in range(essential - 1, -1, -1):  # highest bound first
-                    i = order[k]
-                    if codes[rows[i], w] == 0:
-                        continue
-                    left -= codes[rows[i], w] * unit[i]
-                    cursor[i] = _seek(docs, cursor[i], ends[i], doc)
-                    if cursor[i] < ends[i] and docs[cursor[i]] == doc:
-                        partial += scales[i] * values[cursor[i]]
-                    if partial + left < floor:
-                        reaches = False
-                        break
-                if not reaches:
+                if not _reaches(source, scales, (codes, rows, unit, w), (order, essential), cursor, doc, partial + rest, floor):
                     continue
-                score = zero[0]
-                for i in range(n):  # in query order, as the exhaustive scorer adds
-                    at = _seek(docs, first[i], ends[i], doc)
-                    if at < ends[i] and docs[at] == doc:
-                        score += scales[i] * values[at]
+                score = _score(source, scales, first, doc, zero)
                 if score == 0 or not _offer(heap_docs, heap_scores, size, last, doc, score):
                     continue
                 size = min(size + 1, depth)
@@ -374,6 +330,91 @@ def _block_max(source, weights, windows, depth, allowed, zero, stops):  # noqa: 
                             rest += codes[rows[order[essential]], w] * unit[order[essential]]
                             essential += 1
     return heap_docs[:size], heap_scores[:size], True
+
+
+@numba.njit(cache=True, nogil=True)
+def _window_caps(codes, rows, unit):
+    """Each window's bounds summed over the lists (`rows` of `codes`, a code worth `unit` in each)."""
+    caps = np.zeros(codes.shape[1])
+    for i in range(len(rows)):
+        for w in range(codes.shape[1]):
+            caps[w] += codes[rows[i], w] * unit[i]
+    return caps
+
+
+@numba.njit(cache=True, nogil=True)
+def _by_cap(caps):
+    """(the windows of a non-zero cap, by bucket of cap, highest first, ascending within a bucket (a counting sort);
+    where each bucket starts there, BUCKETS + 1 of them; buckets per unit of cap: bucket b holds caps below
+    (BUCKETS - b) / it)."""
+    per_bucket = BUCKETS / (caps.max() * (1.0 + 1e-9))
+    begins = np.zeros(BUCKETS + 1, dtype=np.int64)
+    for w in range(len(caps)):  # loops, not array expressions: no temporary the size of the windows
+        if caps[w] > 0:
+            begins[BUCKETS - int(caps[w] * per_bucket)] += 1
+    for b in range(BUCKETS):
+        begins[b + 1] += begins[b]
+    ranked, filled = np.empty(begins[BUCKETS], dtype=np.int64), begins.copy()
+    for w in range(len(caps)):
+        if caps[w] > 0:
+            b = BUCKETS - 1 - int(caps[w] * per_bucket)
+            ranked[filled[b]] = w
+            filled[b] += 1
+    return ranked, begins, per_bucket
+
+
+@numba.njit(cache=True, nogil=True)
+def _still_open(begins, b, per_bucket, floor):
+    """The windows of bucket b and after whose bucket's cap still reaches `floor`."""
+    c = b
+    while c < BUCKETS and (BUCKETS - c) / per_bucket >= floor:
+        c += 1
+    return begins[c] - begins[b]
+
+
+@numba.njit(cache=True, nogil=True)
+def _score(source, scales, first, doc, zero):
+    """`doc`'s exact score: its contributions added in query order from zero, as the exhaustive scorer adds them
+    (`first`: each list's first entry in the window, its end when it has none there)."""
+    docs, values, _, ends = source
+    score = zero[0]
+    for i in range(len(first)):
+        at = _seek(docs, first[i], ends[i], doc)
+        if at < ends[i] and docs[at] == doc:
+            score += scales[i] * values[at]
+    return score
+
+
+@numba.njit(cache=True, nogil=True)
+def _enter(windows, w, source, first, cursor):
+    """Where each list's entries of window w start in `source` (`first`, and `cursor` there; its end when it has
+    none)."""
+    codes, firsts, bases, rows, _ = windows
+    _, _, starts, ends = source
+    for i in range(len(rows)):
+        first[i] = cursor[i] = starts[i] + bases[rows[i], w >> 8] + firsts[rows[i], w] if codes[rows[i], w] > 0 else ends[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _reaches(source, scales, window, looked_up, cursor, doc, reach, floor):
+    """Whether `doc` can reach `floor`, `reach` (>= floor) being its score in the essential lists plus the bounds in `window`
+    ((codes, rows, each code's worth, w)) of the lists only looked up (`looked_up`: (order, essential):
+    order[:essential]): looked up in those, highest bound first, each bound replaced by what the list holds, until the
+    sum falls short."""
+    docs, values, _, ends = source
+    codes, rows, unit, w = window
+    order, essential = looked_up
+    for k in range(essential - 1, -1, -1):
+        i = order[k]
+        if codes[rows[i], w] == 0:
+            continue
+        reach -= codes[rows[i], w] * unit[i]
+        cursor[i] = _seek(docs, cursor[i], ends[i], doc)
+        if cursor[i] < ends[i] and docs[cursor[i]] == doc:
+            reach += scales[i] * values[cursor[i]]
+        if reach < floor:
+            return False
+    return True
 
 
 @numba.njit(cache=True, nogil=True)
