@@ -78,8 +78,8 @@ def test_merged_postings_are_a_fresh_analysis_of_the_same_documents(tmp_path):
     merged, vocabulary = merge.merged()
     saved = tmp_path / "merge"  # as a build in a child process gets it: files (the base's too, not loaded from a folder)
     merge.save(saved)
-    assert TermMerge.load(saved).merged()[1] == vocabulary and TermMerge.load(saved).num_docs == merge.num_docs == 5
-    again = TermMerge.load(saved).merged()[0]
+    again, again_vocabulary = TermMerge.load(saved).merged()
+    assert again_vocabulary == vocabulary and again.num_docs == merged.num_docs == 5
     kept = [i for i, k in enumerate(keep) if k]
     fresh, fresh_vocabulary = Postings.from_tokens([base_docs[i] for i in kept] + written, [base_titles[i] for i in kept] + written_titles)
     assert vocabulary == fresh_vocabulary and list(vocabulary)[-1] == ""

@@ -230,10 +230,6 @@ class TermMerge:
     added: AddedTerms
     base_folder: Path | None = None  # where `base` was loaded from (Postings.load)
 
-    @property
-    def num_docs(self) -> int:
-        return int(np.count_nonzero(self.keep)) + len(self.added.counts)
-
     def merged(self) -> tuple[Postings, dict[str, int]]:
         return merged_postings(self.base, self.base_vocabulary, self.keep, self.added)
 
