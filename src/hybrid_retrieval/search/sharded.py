@@ -273,9 +273,10 @@ class ShardedPipeline(SearchPipeline):
         positions_of: Callable[[Sequence[str]], list[int | None]] | None = None,
         analyzer: Analyzer | None = None,
     ):
-        """`consistency(query, fields)`: what each shard request carries besides the search (after writes: the sequence
-        numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its terms;
-        weighing fields, those statistics always). `fields`: every shard keeps its titles' term frequencies.
+        """`consistency(query, fields, variants)`: what each shard request carries besides the search (after writes: the
+        sequence numbers the shards must have caught up with and, for `query`'s BM25 leg, the corpus statistics of its
+        terms and its typos' `variants`; weighing fields, those statistics always). `fields`: every shard keeps its
+        titles' term frequencies.
         `positions_of`: as SearchPipeline's, from the shards; `analyzer`: the index's, which typos' variants follow."""
         self.shards, self.consistency, self.fields, self.analyzer = shards, consistency, fields, analyzer or Analyzer()
         super().__init__(
