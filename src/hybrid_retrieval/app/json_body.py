@@ -21,9 +21,18 @@ from fastapi import HTTPException, Request
 from fastapi.responses import Response
 from fastapi.routing import APIRoute
 
+from hybrid_retrieval.common import fastjson
 from hybrid_retrieval.common.errors import Loc, SpecError
 
 MAX_NESTING = 64
+_NUMBERS = frozenset({int, float, bool, type(None)})  # values clean leaves as they are, and an ASCII str
+_PLAIN = (*_NUMBERS, str)
+
+
+def _changes(value: Any) -> bool:
+    return type(value) is str and not value.isascii()
+
+
 _MAX_NUMBER_CHARS = 400  # a float's longest useful decimal form is far shorter; int() refuses 4,300+ digits
 
 
@@ -55,7 +64,7 @@ def _parse_float(text: str) -> float | _OutOfRange:
 def parse_json(text: str, where: Loc = ()) -> Any:
     """`text` as a checked, NFC-normalised JSON value; SpecError located under `where` (the body's root: ())."""
     try:
-        value = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_OutOfRange)
+        value = fastjson.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_OutOfRange)
     except json.JSONDecodeError as exc:
         raise SpecError(where or ("body",), f"not JSON ({exc.msg} at character {exc.pos})") from None
     except RecursionError:
@@ -76,7 +85,7 @@ def parse_body(body: bytes, ndjson: bool = False) -> Any:
 
 
 def clean(value: Any, where: Loc = ()) -> Any:
-    """`value` (from json.loads with the hooks above) checked and with every string NFC-normalised; iterative, so
+    """`value` (from fastjson.loads with the hooks above) checked and with every string NFC-normalised; iterative, so
     depth costs no recursion."""
     root = [value]
     stack: list[tuple[Any, Any, Loc, int]] = [(root, 0, where, 0)]  # (container, key, path, depth)
@@ -91,7 +100,8 @@ def clean(value: Any, where: Loc = ()) -> Any:
                 container[key] = item
             stack.extend((item, name, (*path, name), depth + 1) for name in item)
         elif isinstance(item, list):
-            stack.extend((item, i, (*path, i), depth + 1) for i in range(len(item)))
+            if not _NUMBERS.issuperset(map(type, item)):  # a vector's numbers need no visit
+                stack.extend((item, i, (*path, i), depth + 1) for i, v in enumerate(item) if type(v) not in _PLAIN or _changes(v))
         elif isinstance(item, str):
             if not item.isascii():
                 container[key] = _text(item, path)

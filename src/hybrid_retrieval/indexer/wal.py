@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import logging
 import os
 import struct
@@ -29,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_retrieval.common import fastjson
 from hybrid_retrieval.common.errors import HybridError, StorageError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class CorruptLog(HybridError):
 
 
 def frame(record: dict) -> bytes:
-    payload = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    payload = fastjson.dumps(record)  # its numbers were checked finite
     length = _LENGTH.pack(len(payload))
     return MAGIC + length + _LENGTH.pack(zlib.crc32(payload, zlib.crc32(length))) + payload
 
@@ -134,7 +134,7 @@ def _read_v2(data: bytes, offset: int) -> tuple[dict, int] | str:
     if zlib.crc32(payload, zlib.crc32(data[offset + 4 : offset + 8])) != crc:
         return "checksum mismatch"
     try:
-        record = json.loads(payload)
+        record = fastjson.loads(payload)
     except ValueError:
         return "not JSON"
     if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
@@ -151,7 +151,7 @@ def _read_v1(data: bytes, offset: int) -> tuple[dict, int] | str:
     if end > len(data) or zlib.crc32(payload) != crc:
         return "short or checksum mismatch"
     try:
-        return json.loads(payload), end
+        return fastjson.loads(payload), end
     except ValueError:
         return "not JSON"
 

@@ -29,9 +29,10 @@ from hybrid_retrieval.search.fields import FieldWeights, length_norms, saturated
 from hybrid_retrieval.search.filters.columns import KeywordColumn, MetadataCollector, MetadataColumns, ValueColumn
 from hybrid_retrieval.search.filters.language import Allowed
 from hybrid_retrieval.search.filters.types import FieldInfo
+from hybrid_retrieval.search.live_terms import TermCounts, coded, term_counts
 from hybrid_retrieval.search.maxscore import PostingList, ScoreOf, exhaustive_leg, exhaustive_scores, score_documents, top_k_pruned
 from hybrid_retrieval.search.passages import PassageIndex, aggregate
-from hybrid_retrieval.search.postings import Postings, narrowest
+from hybrid_retrieval.search.postings import Postings
 from hybrid_retrieval.search.ranking import Ranking, top_k
 from hybrid_retrieval.search.spec import PassageSpec
 from hybrid_retrieval.search.typo import VARIANT_WEIGHTS, Lexicon, TypoTerms, Variants
@@ -46,7 +47,7 @@ class LiveDocument:
     title: str
     text: str
     metadata: dict[str, Any]
-    term_ids: np.ndarray  # int32: its distinct analysed terms, as ids of the collection's live vocabulary
+    term_ids: np.ndarray  # int32: its distinct analysed terms, as ids of the collection's live vocabulary, ascending
     tfs: np.ndarray  # their frequencies, in the narrowest unsigned type (search.postings.narrowest)
     length: int  # analysed tokens
     vector: np.ndarray  # unit vector from the index's embedder
@@ -70,25 +71,39 @@ class LiveDocument:
         passages: tuple[np.ndarray, np.ndarray] | None = None,
         title_tokens: list[str] | None = None,
     ) -> LiveDocument:
-        """`vocabulary` (term -> id, append-only, shared by the collection's live documents) gains its new terms;
-        `title_tokens`: the title's (the first of `tokens`), for scoring by field."""
-        # narrow arrays: a live document is held in memory until a compaction (int64 ones were a third of its bytes)
-        counts, in_title = Counter(tokens), Counter(title_tokens or ())
-        term_ids = np.fromiter((vocabulary.setdefault(t, len(vocabulary)) for t in counts), dtype=np.int32, count=len(counts))
+        """A document of analysed terms `tokens`; `vocabulary` (term -> id, append-only, shared by the collection's live
+        documents) gains its new terms; `title_tokens`: the title's (the first of `tokens`), for scoring by field. A
+        write batch is analysed at once instead (search.live_terms.TermCoder, then `of`)."""
+        ids, title_ids = coded(tokens, vocabulary), coded(title_tokens or [], vocabulary)
+        (counts,) = term_counts(ids, np.array([len(ids)]), title_ids, np.array([len(title_ids)]))
+        return cls.of(doc_id, title, text, metadata, counts, vector, position, passages)
+
+    @classmethod
+    def of(
+        cls,
+        doc_id: str,
+        title: str,
+        text: str,
+        metadata: dict[str, Any],
+        counts: TermCounts,
+        vector: np.ndarray,
+        position: int = -1,
+        passages: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> LiveDocument:
         return cls(
             doc_id,
             title,
             text,
             metadata,
-            term_ids,
-            narrowest(np.fromiter(counts.values(), dtype=np.int64, count=len(counts))),
-            len(tokens),
+            counts.term_ids,
+            counts.tfs,
+            counts.length,
             np.asarray(vector, dtype=np.float32),
             position,
             passage_spans=passages[0] if passages else None,
             passage_vectors=passages[1] if passages else None,
-            title_tfs=narrowest(np.fromiter((in_title[t] for t in counts), dtype=np.int64, count=len(counts))),
-            title_length=len(title_tokens or ()),
+            title_tfs=counts.title_tfs,
+            title_length=counts.title_length,
         )
 
 

@@ -18,7 +18,10 @@ from hybrid_retrieval.indexer.live.validate import field_types_of, filterable_fi
 from hybrid_retrieval.indexer.live.view import ReadView
 from hybrid_retrieval.indexer.store import OpenIndex
 from hybrid_retrieval.search.live_hubness import LiveHubness, Prepared
+from hybrid_retrieval.search.live_terms import TermCoder
 from hybrid_retrieval.search.segments import LiveDocument, LiveSegment
+
+Passages = tuple[np.ndarray, np.ndarray]  # a chunked index's document: its passages' spans and vectors (decode_passages)
 
 
 class LiveState:
@@ -30,6 +33,7 @@ class LiveState:
         # bases (they only grow), so that documents analysed on one base keep their term ids on the next
         self.vocabulary: dict[str, int] = {}
         self.passage_vocabulary: dict[str, int] = {}
+        self.coder, self.passage_coder = TermCoder(self.vocabulary), TermCoder(self.passage_vocabulary)
         self.live: dict[str, LiveDocument] = {}
         self.passage_terms: dict[str, list[LiveDocument]] = {}
         self.start(index, seq)
@@ -67,13 +71,14 @@ class LiveState:
             self.hubness.remove(removed)
         if record["op"] == "upsert":
             self.field_types.update(added or {})
-            vectors = []
-            for doc in record["documents"]:
-                vectors.append(np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4"))
-                passages = decode_passages(doc["passages"], doc["text"], self.index.dense.dimension) if "passages" in doc else None
-                if passages is not None:
-                    self.passage_terms[doc["id"]] = self._passage_terms(doc, *passages)
-                self.live[doc["id"]] = self._analysed(doc, vectors[-1], passages)
+            docs = record["documents"]
+            vectors = [np.frombuffer(base64.b64decode(doc["vector"]), dtype="<f4") for doc in docs]
+            dimension = self.index.dense.dimension
+            passages = [decode_passages(doc["passages"], doc["text"], dimension) if "passages" in doc else None for doc in docs]
+            for doc, analysed, doc_passages in zip(docs, self._analysed(docs, vectors, passages), passages, strict=True):
+                if doc_passages is not None:
+                    self.passage_terms[doc["id"]] = self._passage_terms(doc, *doc_passages)
+                self.live[doc["id"]] = analysed
                 self.added.append(doc["id"])
                 self.last_position = max(self.last_position, doc.get("position", -1))
                 self.keys[doc["id"]], self.next_key = self.next_key, self.next_key + 1
@@ -83,20 +88,24 @@ class LiveState:
         self.seq = record["seq"]
         self.dirty = True
 
-    def _analysed(self, doc: dict, vector: np.ndarray, passages: tuple[np.ndarray, np.ndarray] | None) -> LiveDocument:
-        position = doc.get("position", -1)
-        known = self.previous.get(doc["id"])
-        if known is not None and (known.title, known.text) == (doc["title"], doc["text"]):  # analysed on the previous base
-            spans, passage_vectors = passages or (None, None)
-            return replace(
-                known, metadata=doc["metadata"], vector=vector, position=position, passage_spans=spans, passage_vectors=passage_vectors
-            )
-        analyze = self.index.analyzer.analyze
-        tokens, title_tokens = analyze(indexed_text(doc["title"], doc["text"])), analyze(doc["title"])
-        metadata, vocabulary = doc["metadata"], self.vocabulary
-        return LiveDocument.analysed(
-            doc["id"], doc["title"], doc["text"], metadata, tokens, vector, vocabulary, position, passages, title_tokens
-        )
+    def _analysed(self, docs: list[dict], vectors: list[np.ndarray], passages: list[Passages | None]) -> list[LiveDocument]:
+        """The documents of a batch, analysed at once (search.live_terms), or as they were on the previous base."""
+        previous = [self.previous.get(doc["id"]) for doc in docs]
+        reused = [p is not None and (p.title, p.text) == (doc["title"], doc["text"]) for p, doc in zip(previous, docs, strict=True)]
+        fresh = [doc for doc, again in zip(docs, reused, strict=True) if not again]
+        texts, titles = [indexed_text(doc["title"], doc["text"]) for doc in fresh], [doc["title"] for doc in fresh]
+        counts = iter(self.coder.counts(self.index.analyzer, texts, titles))
+        out = []
+        for doc, vector, parts, known, again in zip(docs, vectors, passages, previous, reused, strict=True):
+            position, metadata = doc.get("position", -1), doc["metadata"]
+            if again:
+                assert known is not None
+                spans, part_vectors = parts or (None, None)
+                changed = {"metadata": metadata, "vector": vector, "position": position}
+                out.append(replace(known, **changed, passage_spans=spans, passage_vectors=part_vectors))
+            else:
+                out.append(LiveDocument.of(doc["id"], doc["title"], doc["text"], metadata, next(counts), vector, position, parts))
+        return out
 
     def forget_previous(self) -> None:
         """Drop the previous base's analysed documents (start): their writes are replayed."""
@@ -104,8 +113,8 @@ class LiveState:
 
     def _passage_terms(self, doc: dict, spans: np.ndarray, vectors: np.ndarray) -> list[LiveDocument]:
         texts = [indexed_text(doc["title"], doc["text"][start:end]) for start, end in spans.tolist()]
-        analyze, vocabulary = self.index.analyzer.analyze, self.passage_vocabulary
-        return [LiveDocument.analysed(doc["id"], "", "", {}, analyze(text), v, vocabulary) for text, v in zip(texts, vectors)]
+        counts = self.passage_coder.counts(self.index.analyzer, texts)
+        return [LiveDocument.of(doc["id"], "", "", {}, c, v) for c, v in zip(counts, vectors, strict=True)]
 
     def _remove(self, doc_id: str) -> int | None:
         """Forget the document's current version; its key (None: it did not exist)."""
