@@ -1,6 +1,7 @@
 """Query-time BM25 from term-frequency postings equals bm25s's precomputed scores, and follows live statistics."""
 
 import numpy as np
+import pytest
 
 from hybrid_retrieval.indexer.store import open_index
 from hybrid_retrieval.search.postings import Postings
@@ -95,3 +96,36 @@ def test_frequencies_are_kept_in_the_narrowest_type_that_holds_them():
         postings, vocabulary = Postings.from_tokens([["cat"] * repeats + ["dog"], ["dog"]])
         assert postings.tfs.dtype == dtype and postings.term(vocabulary["cat"])[1].tolist() == [repeats]
         assert postings.term(vocabulary["dog"])[1].tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_merge_of_many_documents_is_a_fresh_analysis(seed):
+    # entries of every term placed without a sort: terms held by the base only, by written documents only, by both,
+    # and terms whose base documents are all deleted
+    from collections import Counter
+
+    from hybrid_retrieval.search.postings import AddedTerms, TermMerge
+
+    rng = np.random.default_rng(seed)
+    words = [f"w{i:02d}" for i in range(40)]
+
+    def documents(n: int) -> tuple[list[list[str]], list[list[str]]]:
+        docs = [list(rng.choice(words[: int(rng.integers(5, 40))], size=int(rng.integers(1, 12)))) for _ in range(n)]
+        return docs, [doc[: int(rng.integers(0, len(doc) + 1))] for doc in docs]
+
+    (base_docs, base_titles), (written, written_titles) = documents(60), documents(25)
+    keep = rng.random(60) < 0.7
+    base, base_vocabulary = Postings.from_tokens(base_docs, base_titles)
+    written_vocabulary: dict[str, int] = {}
+    counts = []
+    for tokens, title in zip(written, written_titles):
+        tally, in_title = Counter(tokens), Counter(title)
+        ids = np.array([written_vocabulary.setdefault(t, len(written_vocabulary)) for t in tally])
+        counts.append((ids, np.array(list(tally.values())), len(tokens), np.array([in_title[t] for t in tally]), len(title)))
+    added = AddedTerms.of(counts, sorted(written_vocabulary, key=written_vocabulary.get))
+    merged, vocabulary = TermMerge(base, base_vocabulary, keep, added).merged()
+    kept = np.flatnonzero(keep).tolist()
+    fresh, fresh_vocabulary = Postings.from_tokens([base_docs[i] for i in kept] + written, [base_titles[i] for i in kept] + written_titles)
+    assert vocabulary == fresh_vocabulary
+    for name in ("indptr", "docs", "tfs", "lengths", "title_tfs", "title_lengths"):
+        np.testing.assert_array_equal(getattr(merged, name), getattr(fresh, name), err_msg=name)

@@ -41,8 +41,13 @@ _FIELD_PARTS = ("title_tfs", "title_lengths")
 def narrowest(tfs: np.ndarray) -> np.ndarray:
     """Term frequencies in the smallest dtype that holds them: nearly every frequency is below 256, and a byte an
     entry instead of four is a quarter of what a large collection's frequencies keep on disk and in memory."""
-    largest = int(tfs.max(initial=0))
-    return tfs.astype(np.uint8 if largest <= np.iinfo(np.uint8).max else np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32)
+    return tfs.astype(narrowest_type(tfs))
+
+
+def narrowest_type(*parts: np.ndarray) -> type:
+    """The smallest dtype that holds the frequencies of all `parts`."""
+    largest = max(int(part.max(initial=0)) for part in parts)
+    return np.uint8 if largest <= np.iinfo(np.uint8).max else np.uint16 if largest <= np.iinfo(np.uint16).max else np.int32
 
 
 class Postings:
@@ -264,22 +269,49 @@ def merged_postings(
     added_ids = np.asarray(added.ids, dtype=np.int64)
     added_docs = np.repeat(np.arange(len(added.counts), dtype=np.int64) + int(keep.sum()), added.counts)
     by_base_id = sorted(base_vocabulary, key=base_vocabulary.__getitem__)
-    present = {by_base_id[t] for t in np.unique(base_terms).tolist()} | {added.terms[t] for t in np.unique(added_ids).tolist()}
+    base_counts = np.bincount(base_terms, minlength=len(by_base_id))  # each base term's kept entries
+    present = {by_base_id[t] for t in np.flatnonzero(base_counts).tolist()} | {added.terms[t] for t in np.unique(added_ids).tolist()}
     terms = sorted(present)
     if "" not in present:
         terms.append("")
     vocabulary = {t: i for i, t in enumerate(terms)}
     base_map = np.array([vocabulary.get(t, -1) for t in by_base_id], dtype=np.int64)
     added_map = np.array([vocabulary.get(t, -1) for t in added.terms], dtype=np.int64)
-    entry_terms = np.concatenate([base_map[base_terms], added_map[added_ids]])
-    order = np.argsort(entry_terms, kind="stable")  # by term; base documents (ascending) before added ones (in order)
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(entry_terms, minlength=len(terms)))]).astype(np.int64)
-    docs = np.concatenate([base_docs, added_docs]).astype(np.int32)[order]
-    tfs = narrowest(np.concatenate([base_tfs, added.tfs]))[order]  # narrowed before it is permuted
+    indptr, to_base, to_added, added_order = _placed(base_terms, base_counts, base_map, added_map[added_ids], len(terms))
+
+    def merged(base_values: np.ndarray, added_values: np.ndarray, dtype: type) -> np.ndarray:
+        out = np.empty(int(indptr[-1]), dtype=dtype)
+        out[to_base], out[to_added] = base_values, added_values[added_order]
+        return out
+
+    docs = merged(base_docs, added_docs, np.int32)
+    tfs = merged(base_tfs, added.tfs, narrowest_type(base_tfs, added.tfs))
     lengths = np.concatenate([base.lengths[keep], added.lengths]).astype(np.int32)
     if not base.has_fields:
         return Postings(indptr, docs, tfs, lengths), vocabulary
     assert base.title_tfs is not None and base.title_lengths is not None  # has_fields
-    title_tfs = narrowest(np.concatenate([base.title_tfs[held], added.title_tfs]))[order]
+    base_title_tfs = base.title_tfs[held]
+    title_tfs = merged(base_title_tfs, added.title_tfs, narrowest_type(base_title_tfs, added.title_tfs))
     title_lengths = np.concatenate([base.title_lengths[keep], added.title_lengths]).astype(np.int32)
     return Postings(indptr, docs, tfs, lengths, title_tfs, title_lengths), vocabulary
+
+
+def _placed(
+    base_terms: np.ndarray, base_counts: np.ndarray, base_map: np.ndarray, added_terms: np.ndarray, terms: int
+) -> tuple[np.ndarray, ...]:
+    """Where a merge puts each entry, without sorting them all: (indptr, each base entry's place, each added entry's
+    place in `added_order`, added_order). Within a term, the base's entries (documents ascending, as the base holds
+    them: `base_terms` are their term ids, non-decreasing, `base_counts` of each) come first, then the added ones in
+    order; `base_map` (base term id -> merged id) and `added_terms` are ids of the merged vocabulary (`terms` ids)."""
+    base_new = base_map[base_terms]
+    merged_base_counts = np.zeros(terms, dtype=np.int64)
+    merged_base_counts[base_map[base_counts > 0]] = base_counts[base_counts > 0]
+    added_counts = np.bincount(added_terms, minlength=terms)
+    indptr = np.concatenate([[0], np.cumsum(merged_base_counts + added_counts)]).astype(np.int64)
+    run_start = (np.cumsum(base_counts) - base_counts)[base_terms]  # where each entry's base term starts
+    to_base = indptr[base_new] + (np.arange(len(base_terms)) - run_start)
+    added_order = np.argsort(added_terms, kind="stable")  # the added entries only: a write's share of the collection
+    ordered = added_terms[added_order]
+    first_added = np.cumsum(added_counts) - added_counts
+    to_added = indptr[ordered] + merged_base_counts[ordered] + (np.arange(len(ordered)) - first_added[ordered])
+    return indptr, to_base, to_added, added_order
