@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hybrid_retrieval.common import fastjson
 from hybrid_retrieval.common.errors import HybridError
 from hybrid_retrieval.indexer.chunking import joined_paragraphs
 
@@ -66,7 +67,7 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
             if not raw.strip():
                 continue
             try:
-                record = json.loads(raw)
+                record = fastjson.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise CorpusError(path, line_no, f"malformed JSON ({exc})") from None
             if not isinstance(record, dict):
