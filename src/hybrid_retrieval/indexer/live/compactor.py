@@ -53,9 +53,14 @@ class Compactor:
                     raise Closed(writer.closed)
                 writer.refuse_if_replaced()
                 state = writer.state.freeze()
-            if not state.live.docs and state.base_alive.all():
-                return self.reader.refresh()  # nothing to merge
-            self._build_and_swap(state)
+                writer.logged_since = []
+            try:
+                if not state.live.docs and state.base_alive.all():
+                    return self.reader.refresh()  # nothing to merge
+                self._build_and_swap(state)
+            finally:
+                with writer.lock:
+                    writer.logged_since = None
             # under the lock: the next compaction's scratch folder, made and then locked, is not a leftover yet
             remove_leftovers(state.index.path)
         logger.info("compacted %s: %d documents up to sequence %d", state.index.path, self.reader.view.documents, state.seq)

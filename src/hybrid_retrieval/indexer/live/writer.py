@@ -39,6 +39,9 @@ class Writer:
         self.problem: str | None = None  # why the last write could not be logged (cleared by the next that is)
         self.closed: str | None = None  # why writes are refused for good (close)
         self.wal: WriteAheadLog | None = None  # opened (and the index locked for writing) by the first write
+        # the records applied since a compaction froze the state, which continue_on applies on the new base (reading
+        # them back from the log decoded every record again, all under the interpreter lock); None: no compaction
+        self.logged_since: list[dict] | None = None
 
     def upsert(self, documents: list, positions: list[int] | None = None) -> int:
         """Validate every document (SpecError naming `documents[i].field`), embed those that bring no vector, log
@@ -80,6 +83,8 @@ class Writer:
             except Exception as exc:  # logged (a restart applies it) but not here: no write may reuse its number
                 self.refuse(f"write {record['seq']} was logged but could not be applied ({exc!r}): reload the collection")
                 raise
+            if self.logged_since is not None:
+                self.logged_since.append(record)
             return int(record["seq"])
 
     def check_batch(self, documents: list) -> list[dict]:
@@ -108,8 +113,8 @@ class Writer:
         """(lock held) Continue on a compacted base that holds the writes up to `applied`: those logged after it are
         applied on top, and the log is cut to them."""
         try:
+            newer = self._logged_after(applied)
             self.state.start(index, applied)
-            newer = [r for r in WriteAheadLog.replay(log_path(index.path)) if r["seq"] > applied]
             replay_records(self.state, newer)  # the documents analysed on the old base are not analysed again
             self.state.forget_previous()
         except Exception as exc:  # the state is half rebuilt: no write may be numbered on top of it
@@ -124,6 +129,14 @@ class Writer:
                 self.problem = f"{log_path(index.path)} could not be shortened after a compaction: {exc}"
                 logger.warning("%s", self.problem)
         self.state.dirty = True
+
+    def _logged_after(self, applied: int) -> list[dict]:
+        """(lock held) The records after sequence `applied`, as applied: those kept since the compaction froze the
+        state when they are all there (another writer's records replayed meanwhile are not), else read from the log."""
+        kept = self.logged_since
+        if kept is not None and [r["seq"] for r in kept] == list(range(applied + 1, self.state.seq + 1)):
+            return kept
+        return [r for r in WriteAheadLog.replay(log_path(self.state.index.path)) if r["seq"] > applied]
 
     def check_own_folder(self) -> None:
         """(lock held) Refuse to read or change the folder on disk as this collection's when it was replaced."""
