@@ -270,9 +270,11 @@ def _vectors(first: int, count: int) -> list[list[float]]:
 
 
 def _memory_mib(pid: int) -> dict[str, float]:
-    """The process's resident memory now and its peak since it started (VmHWM), MiB."""
+    """The process's resident memory now, its peak since it started (VmHWM), and how much of it now are pages of mapped
+    files (RssFile: index files read through mmap, which the kernel may drop and read again), MiB."""
     status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {name: round(int(status[key].split()[0]) / 1024, 1) for name, key in (("rss", "VmRSS"), ("peak", "VmHWM"))}
+    keys = (("rss", "VmRSS"), ("peak", "VmHWM"), ("file", "RssFile"))
+    return {name: round(int(status[key].split()[0]) / 1024, 1) for name, key in keys}
 
 
 def _folder_bytes(folder: Path) -> int:
@@ -463,6 +465,8 @@ def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
         by_size("memory after a compaction, MiB", lambda r: r["after_compaction"]["rss"]),
         by_size("memory after a restart and the searches, MiB", lambda r: r["after_restart"]["rss"], exponent=True),
         by_size("after the load / after a restart", lambda r: round(r["after_load"]["rss"] / r["after_restart"]["rss"], 2)),
+        by_size("of it mapped files' pages after the load, MiB", lambda r: r["after_load"].get("file", "")),
+        by_size("of it mapped files' pages after a restart, MiB", lambda r: r["after_restart"].get("file", "")),
         by_size("peak memory since the last start, MiB", lambda r: r["after_compaction"]["peak"]),
         by_size("compaction s", lambda r: r["compaction_s"], exponent=True),
         by_size("compaction's build, peak memory MiB", lambda r: r.get("compaction_peak_mib", "")),
@@ -479,7 +483,7 @@ def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
         f"loading; bodies of {LOAD_BODY:,} documents with {LOAD_DIMENSION}-number vectors (the default vector index: "
         "flat, then ivf_sq8 from 10,000 documents); searches of generated queries, "
         f"each with a random vector, from one client (p50) or {LOAD_CLIENTS} at once for {LOAD_SECONDS} s (req/s); memory "
-        "is the server's resident set (VmRSS, VmHWM for the peak)."
+        "is the server's resident set (VmRSS, VmHWM for the peak; RssFile: its pages of mapped files)."
     )
     return [Table("A collection filled through the API, by size", rows, note)]
 
