@@ -368,6 +368,14 @@ class _Loader:
             out.append((time.perf_counter() - acked) * 1000)
         return out
 
+    def settled_memory(self, pid: int, timeout_s: float = 900) -> dict[str, float]:
+        """The server's memory once the background compaction the load started (if any) has finished: its scratch
+        folder is gone (`temporary_bytes`)."""
+        deadline = time.perf_counter() + timeout_s
+        while self.client.get(f"/collections/{self.name}/stats").json().get("temporary_bytes") and time.perf_counter() < deadline:
+            time.sleep(0.5)
+        return _memory_mib(pid)
+
     def compact_s(self) -> float:
         started = time.perf_counter()
         answer = self.client.post(f"/collections/{self.name}/compact")
@@ -415,6 +423,7 @@ def _api_load(ctx) -> list[Table]:
                 loaded = size
                 row: dict = {"load_docs_per_s": round(len(batch) / load_s, 1), "during": {k: percentiles(v) for k, v in during.items()}}
                 row["after_load"] = _memory_mib(process.pid)
+                row["after_load_settled"] = client.settled_memory(process.pid)
                 row["compaction_s"] = round(client.compact_s(), 1)
                 manifest = json.loads((data / "collections" / name / "manifest.json").read_text())
                 row["compaction_peak_mib"] = manifest["build"]["peak_rss_mib"]  # the build's process (a child above 20k)
@@ -465,6 +474,11 @@ def _load_tables(results: dict, sizes: tuple[int, ...]) -> list[Table]:
         by_size("memory after a compaction, MiB", lambda r: r["after_compaction"]["rss"]),
         by_size("memory after a restart and the searches, MiB", lambda r: r["after_restart"]["rss"], exponent=True),
         by_size("after the load / after a restart", lambda r: round(r["after_load"]["rss"] / r["after_restart"]["rss"], 2)),
+        by_size("memory once the load's background compaction ended, MiB", lambda r: r.get("after_load_settled", {}).get("rss", "")),
+        by_size(
+            "that / after a restart",
+            lambda r: round(r["after_load_settled"]["rss"] / r["after_restart"]["rss"], 2) if "after_load_settled" in r else "",
+        ),
         by_size("of it mapped files' pages after the load, MiB", lambda r: r["after_load"].get("file", "")),
         by_size("of it mapped files' pages after a restart, MiB", lambda r: r["after_restart"].get("file", "")),
         by_size("peak memory since the last start, MiB", lambda r: r["after_compaction"]["peak"]),
