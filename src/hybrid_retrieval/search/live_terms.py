@@ -18,7 +18,7 @@ from hybrid_retrieval.search.analyzer import Analyzer
 from hybrid_retrieval.search.postings import narrowest
 
 NO_TERM = -1  # a token that makes no term: a stop word, or one its stemmer leaves empty
-WORDS_REMEMBERED = 200_000  # distinct tokens a coder remembers (about 20 MB); later ones are stemmed each time
+WORDS_REMEMBERED = 200_000  # distinct tokens a coder remembers (a few tens of MB); later ones are stemmed each time
 
 
 @dataclass(frozen=True)
