@@ -280,7 +280,7 @@ def merged_postings(
     indptr, to_base, to_added, added_order = _placed(base_terms, base_counts, base_map, added_map[added_ids], len(terms))
 
     def merged(base_values: np.ndarray, added_values: np.ndarray, dtype: type) -> np.ndarray:
-        out = np.empty(int(indptr[-1]), dtype=dtype)
+        out: np.ndarray = np.empty(int(indptr[-1]), dtype=dtype)
         out[to_base], out[to_added] = base_values, added_values[added_order]
         return out
 
