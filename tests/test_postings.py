@@ -54,13 +54,26 @@ def test_document_frequency_counts_only_alive_documents():
         assert postings.document_frequency(alive).tolist() == expected
 
 
+def added_terms(written: list[list[str]], titles: list[list[str]]):
+    """Written documents' counts as a compaction gets them (search.postings.AddedTerms), counted one by one."""
+    from collections import Counter
+
+    from hybrid_retrieval.search.postings import AddedTerms
+
+    vocabulary: dict[str, int] = {}
+    counts = []
+    for tokens, title in zip(written, titles):
+        tally, in_title = Counter(tokens), Counter(title)
+        ids = np.array([vocabulary.setdefault(t, len(vocabulary)) for t in tally])
+        counts.append((ids, np.array(list(tally.values())), len(tokens), np.array([in_title[t] for t in tally]), len(title)))
+    return AddedTerms.of(counts, sorted(vocabulary, key=vocabulary.get))
+
+
 def test_merged_postings_are_a_fresh_analysis_of_the_same_documents(tmp_path):
     # a compaction merges the base's postings (its alive documents) with the written documents' counts; the result must
     # be what analysing the surviving documents again gives: same vocabulary (a term only deleted documents held is
     # gone, a new term is in), same arrays
-    from collections import Counter
-
-    from hybrid_retrieval.search.postings import AddedTerms, TermMerge
+    from hybrid_retrieval.search.postings import TermMerge
 
     base_docs = [["cat", "mat", "cat"], ["dog"], ["yak", "dog"], ["cat", "bird"]]
     base_titles = [["cat"], [], ["yak"], ["cat", "bird"]]  # each document's first tokens
@@ -68,13 +81,7 @@ def test_merged_postings_are_a_fresh_analysis_of_the_same_documents(tmp_path):
     written_titles = [["zebra"], ["dog"]]
     keep = np.array([True, True, False, True])  # "yak"'s only base document is deleted; a written one has it again
     base, base_vocabulary = Postings.from_tokens(base_docs, base_titles)
-    written_vocabulary: dict[str, int] = {}
-    counts = []
-    for tokens, title in zip(written, written_titles):
-        tally, in_title = Counter(tokens), Counter(title)
-        ids = np.array([written_vocabulary.setdefault(t, len(written_vocabulary)) for t in tally])
-        counts.append((ids, np.array(list(tally.values())), len(tokens), np.array([in_title[t] for t in tally]), len(title)))
-    added = AddedTerms.of(counts, sorted(written_vocabulary, key=written_vocabulary.get))
+    added = added_terms(written, written_titles)
     merge = TermMerge(base, base_vocabulary, keep, added)
     merged, vocabulary = merge.merged()
     saved = tmp_path / "merge"  # as a build in a child process gets it: files (the base's too, not loaded from a folder)
@@ -102,9 +109,7 @@ def test_frequencies_are_kept_in_the_narrowest_type_that_holds_them():
 def test_a_merge_of_many_documents_is_a_fresh_analysis(seed):
     # entries of every term placed without a sort: terms held by the base only, by written documents only, by both,
     # and terms whose base documents are all deleted
-    from collections import Counter
-
-    from hybrid_retrieval.search.postings import AddedTerms, TermMerge
+    from hybrid_retrieval.search.postings import TermMerge
 
     rng = np.random.default_rng(seed)
     words = [f"w{i:02d}" for i in range(40)]
@@ -116,13 +121,7 @@ def test_a_merge_of_many_documents_is_a_fresh_analysis(seed):
     (base_docs, base_titles), (written, written_titles) = documents(60), documents(25)
     keep = rng.random(60) < 0.7
     base, base_vocabulary = Postings.from_tokens(base_docs, base_titles)
-    written_vocabulary: dict[str, int] = {}
-    counts = []
-    for tokens, title in zip(written, written_titles):
-        tally, in_title = Counter(tokens), Counter(title)
-        ids = np.array([written_vocabulary.setdefault(t, len(written_vocabulary)) for t in tally])
-        counts.append((ids, np.array(list(tally.values())), len(tokens), np.array([in_title[t] for t in tally]), len(title)))
-    added = AddedTerms.of(counts, sorted(written_vocabulary, key=written_vocabulary.get))
+    added = added_terms(written, written_titles)
     merged, vocabulary = TermMerge(base, base_vocabulary, keep, added).merged()
     kept = np.flatnonzero(keep).tolist()
     fresh, fresh_vocabulary = Postings.from_tokens([base_docs[i] for i in kept] + written, [base_titles[i] for i in kept] + written_titles)
