@@ -25,14 +25,7 @@ from hybrid_retrieval.common import fastjson
 from hybrid_retrieval.common.errors import Loc, SpecError
 
 MAX_NESTING = 64
-_NUMBERS = frozenset({int, float, bool, type(None)})  # values clean leaves as they are, and an ASCII str
-_PLAIN = (*_NUMBERS, str)
-
-
-def _changes(value: Any) -> bool:
-    return type(value) is str and not value.isascii()
-
-
+_NUMBERS = frozenset({int, float, bool, type(None)})  # a list of only these (a vector) needs no visit by clean
 _MAX_NUMBER_CHARS = 400  # a float's longest useful decimal form is far shorter; int() refuses 4,300+ digits
 
 
@@ -100,8 +93,8 @@ def clean(value: Any, where: Loc = ()) -> Any:
                 container[key] = item
             stack.extend((item, name, (*path, name), depth + 1) for name in item)
         elif isinstance(item, list):
-            if not _NUMBERS.issuperset(map(type, item)):  # a vector's numbers need no visit
-                stack.extend((item, i, (*path, i), depth + 1) for i, v in enumerate(item) if type(v) not in _PLAIN or _changes(v))
+            if not _NUMBERS.issuperset(map(type, item)):
+                stack.extend((item, i, (*path, i), depth + 1) for i in range(len(item)))
         elif isinstance(item, str):
             if not item.isascii():
                 container[key] = _text(item, path)
